@@ -58,15 +58,19 @@ class Schedule:
         return out
 
     def loop_param_reductions(self) -> list:
-        """(item, parameter) gradients of per-frame ops that are reduced once over all frames."""
+        """(item, parameters) gradients of per-frame ops reduced once over all frames: one GEMM
+        per merged GEMM (its weights together), one sum per vector parameter of a fused group."""
+        if not self.hoist_param_grads:
+            return []
         out = []
         for st in self.loop:
             for it in st:
-                ps = it.weights if isinstance(it, Gemm) else sorted(
-                    {u for n in it.nodes for u, _ in self.cell.reads(n)
-                     if self.cell.op(u).kind is OpKind.PARAM})
-                out += [(it, p) for p in ps]
-        return out if self.hoist_param_grads else []
+                if isinstance(it, Gemm):
+                    out.append((it, it.weights))
+                else:
+                    ps = {u for n in it.nodes for u, _ in self.cell.reads(n) if self.cell.op(u).kind is OpKind.PARAM}
+                    out += [(it, (p,)) for p in sorted(ps)]
+        return out
 
     def summary(self) -> dict:
         cell = self.cell
@@ -89,8 +93,8 @@ class Schedule:
                 "forward": {"before_merge": len(loop_ops), "after_merge": n_items},
                 "backward": {"before_merge": slots, "after_merge": n_items},
             },
-            "param_grad_reductions": [f"{p} <- {'gemm' if isinstance(it, Gemm) else 'sum'} over T"
-                                      for it, p in self.loop_param_reductions()],
+            "param_grad_reductions": [f"{'; '.join(ps)} <- {'gemm' if isinstance(it, Gemm) else 'sum'} over T"
+                                      for it, ps in self.loop_param_reductions()],
         }
 
     def __str__(self) -> str:

@@ -1,0 +1,9 @@
+"""The CPU reference backend: numpy, float32 or float64."""
+import numpy
+
+from .base import ArrayBackend
+
+
+class NumpyBackend(ArrayBackend):
+    name = "numpy"
+    xp = numpy
