@@ -11,6 +11,7 @@ from .ops import FORWARD, VJP, OpKind, accumulate, concat_vjp, slice_vjp
 from .schedule import Gemm, Schedule, build_schedule
 
 ALL = None  # the frame selector meaning "all T frames at once"
+MODES = ("naive", "staged", "graph")
 
 
 class Workspace:
@@ -78,13 +79,17 @@ def _xp(a):
 
 
 class Executor:
-    """Forward and BPTT of one cell on one backend in one mode ('naive' or 'staged')."""
+    """Forward and BPTT of one cell on one backend in one mode: 'naive' (node by node, frame by
+    frame), 'staged' (the schedule) or 'graph' (the schedule, its loops replayed as CUDA graphs)."""
 
     def __init__(self, cell, backend, mode: str = "staged"):
-        if mode not in ("naive", "staged"):
-            raise RnnGraphError(f"unknown mode {mode!r}; choose 'naive' or 'staged'")
+        if mode not in MODES:
+            raise RnnGraphError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+        if (mode == "graph") != bool(getattr(backend, "capture", False)):
+            raise RnnGraphError("mode 'graph' runs on the cupy backend created with capture=True, and "
+                                "only there; use 'staged' for eager execution")
         self.cell, self.backend, self.mode = cell, backend, mode
-        self.sched = build_schedule(cell, optimize=(mode == "staged"))
+        self.sched = build_schedule(cell, optimize=(mode != "naive"))
         self._ws: dict = {}
         self.ws: Workspace | None = None
 
@@ -205,13 +210,16 @@ class Executor:
             if params:
                 be.gemm_tn(g, ws.read(it.operand, it.delay, t), gw)
             return
-        genv, env = {}, {}
+        genv, env, targets = {}, {}, {}
         for n in it.nodes:
             env[n], genv[n] = ws.read(n, 0, t), ws.read(n, 0, t, grads=True)
             for u, d in cell.reads(n):
                 env.setdefault((u, d), ws.read(u, d, t))
+                if cell.op(u).kind is not OpKind.PARAM:   # where this read's gradient is added
+                    targets[(u, d)] = ws.read(u, d, t, grads=True) if t is not ALL or d <= 1 else None
+        viewable = all(v is not None for v in targets.values())
         be.fused_backward(cell, it, env, genv, lambda u, d, v, cols=slice(None): ws.add(u, d, t, v, cols),
-                          params)
+                          params, targets if viewable else None)
 
     def _param_grad(self, it, ps, ws):
         """A loop op's parameter gradient, reduced over all frames at once (one GEMM or one sum)."""

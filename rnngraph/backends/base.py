@@ -37,7 +37,9 @@ class ArrayBackend:
     def fused_forward(self, cell, item, env):
         run_fused_forward(self.xp, cell, item, env)
 
-    def fused_backward(self, cell, item, env, genv, add, params):
+    def fused_backward(self, cell, item, env, genv, add, params, targets=None):
+        """Gradients of a fused group: into genv (its own nodes) and, through add(u, d, v, cols),
+        into what it reads; `targets` ((u, d) -> gradient view) lets a backend write them directly."""
         run_fused_backward(self.xp, cell, item, env, genv, add, params)
 
     def loop(self, key, fn):

@@ -1,0 +1,191 @@
+"""The GPU backend on CuPy: generated fused kernels, capturable GEMV/GEMM, CUDA-graph replay of loops.
+
+cupy is imported lazily, so rnngraph works without it. Any CUDA build of cupy (cupy-cuda12x,
+cupy-cuda13x) works: only the generic `cupy` module is used.
+"""
+from __future__ import annotations
+
+import warnings
+from collections import OrderedDict
+
+from ..errors import RnnGraphError, RnnGraphWarning
+from ..kernels import GEMV_ROWS, fusable, fused_backward_kernel, fused_forward_kernel, matmul_source
+from .base import ArrayBackend
+
+_KERNELS: dict = {}      # process-wide cache: generated source -> compiled kernel object
+
+
+def gpu_problem() -> str | None:
+    """None when cupy and a GPU are usable, else one line saying what is wrong and how to fix it."""
+    try:
+        import cupy
+    except Exception as e:
+        return f"cupy is not importable ({type(e).__name__}: {e}); install it with pip install 'rnngraph[gpu]'"
+    try:
+        rt = cupy.cuda.runtime
+        driver, runtime = rt.driverGetVersion(), rt.runtimeGetVersion()
+    except Exception as e:
+        return f"no usable CUDA driver for cupy ({type(e).__name__}: {e}); install the NVIDIA driver"
+    if driver < runtime:
+        return (f"cupy's CUDA runtime {_ver(runtime)} is newer than the driver supports (CUDA {_ver(driver)}); "
+                f"install the cupy build for CUDA {driver // 1000} (pip install cupy-cuda{driver // 1000}x) "
+                "or update the NVIDIA driver")
+    try:
+        if rt.getDeviceCount() < 1:
+            return "cupy sees no GPU; check CUDA_VISIBLE_DEVICES and the driver (nvidia-smi)"
+        cupy.zeros(1).sum().item()
+    except Exception as e:
+        return f"the GPU is not usable ({type(e).__name__}: {e}); check the driver with nvidia-smi"
+    return None
+
+
+def _ver(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
+class CupyBackend(ArrayBackend):
+    """cupy arrays; `capture=True` records each time loop once as a CUDA graph and replays it."""
+    name = "cupy"
+
+    def __init__(self, capture: bool = False, max_graphs: int = 32):
+        import cupy
+        self.xp = cupy
+        self.capture = capture
+        self.max_graphs = max_graphs
+        self._graphs: OrderedDict = OrderedDict()
+        self._own_matmul = False          # True while a loop may be captured: no cuBLAS allowed
+        self._transposed: dict = {}       # id(packed W) -> its transpose [K, M], refreshed by pack()
+        self.stream = cupy.cuda.Stream(non_blocking=True) if capture else None
+
+    def to_numpy(self, a):
+        return self.xp.asnumpy(a)
+
+    def synchronize(self):
+        self.xp.cuda.get_current_stream().synchronize()
+
+    def pack(self, out, parts):
+        super().pack(out, parts)
+        wt = self._transposed.get(id(out))
+        if wt is None or wt[0] is not out:
+            self._transposed[id(out)] = (out, self.xp.empty(out.shape[::-1], out.dtype))
+        self._transposed[id(out)][1][...] = out.T
+
+    # -- matrix products ----------------------------------------------------------------------
+    def gemm(self, x, w, out):
+        if self._own_matmul:
+            self._matmul(x, w, out, accumulate=False)
+        else:
+            self.xp.matmul(x, w.T, out=out)
+
+    def gemm_nn(self, g, w, out):
+        if self._own_matmul and id(w) in self._transposed:
+            self._matmul(g, self._transposed[id(w)][1], out, accumulate=True)
+        else:
+            out += g @ w
+
+    def _matmul(self, a, w, c, accumulate: bool):
+        """c [N, M] (+)= a [N, K] · w [M, K]ᵀ with our own kernels (capturable, unlike cuBLAS)."""
+        N, K = a.shape
+        M = w.shape[0]
+        if a.strides[1] != a.itemsize or c.strides[1] != c.itemsize or not w.flags.c_contiguous:
+            raise RnnGraphError("internal: capturable matmul needs unit column strides")
+        kind = "gemv" if N <= GEMV_ROWS else "gemm"
+        k = self._matmul_kernel(kind, a.dtype)
+        args = (a, self.xp.int64(a.strides[0] // a.itemsize), w, c, self.xp.int64(c.strides[0] // c.itemsize),
+                self.xp.int32(N), self.xp.int32(M), self.xp.int32(K), self.xp.int32(accumulate))
+        if kind == "gemv":
+            k(((M * 32 + 255) // 256,), (256,), args)
+        else:
+            k(((M + 31) // 32, (N + 31) // 32), (256,), args)
+
+    def _matmul_kernel(self, kind, dtype):
+        ctype = {"float32": "float", "float64": "double"}[str(dtype)]
+        src = matmul_source(kind, ctype)
+        if src not in _KERNELS:
+            _KERNELS[src] = self.xp.RawKernel(src, f"rg_{kind}_{ctype}")
+        return _KERNELS[src]
+
+    # -- fused elementwise groups --------------------------------------------------------------
+    def fused_forward(self, cell, item, env):
+        if not fusable(cell, item.nodes):
+            return super().fused_forward(cell, item, env)
+        spec = fused_forward_kernel(cell, item.nodes)
+        args = [_slice(env[(u, d)], cols) for _, (u, d, cols) in spec.inputs]
+        args += [env[n] for _, n in spec.outputs]
+        self._elementwise(spec)(*args)
+
+    def fused_backward(self, cell, item, env, genv, add, params, targets=None):
+        if params or targets is None or not fusable(cell, item.nodes):
+            return super().fused_backward(cell, item, env, genv, add, params)
+        spec = fused_backward_kernel(cell, item.nodes, set(cell.params))
+        args = []
+        for kind, key in spec.inputs:
+            args.append(env[key] if kind == "val" else _slice(env[key[:2]], key[2]))
+        for kind, key in spec.outputs:
+            args.append(genv[key] if kind == "grad" else _slice(targets[key[:2]], key[2]))
+        self._elementwise(spec)(*args)
+
+    def _elementwise(self, spec):
+        if spec.source not in _KERNELS:
+            _KERNELS[spec.source] = self.xp.ElementwiseKernel(spec.in_params, spec.out_params, spec.body,
+                                                              spec.name)
+        return _KERNELS[spec.source]
+
+    # -- CUDA graphs ---------------------------------------------------------------------------
+    def loop(self, key, fn):
+        """Eager unless capturing; then the first call runs eagerly with our own kernels and records
+        the loop, and later calls replay it. A failed capture warns and stays eager for that key."""
+        if not self.capture:
+            return fn()
+        cp = self.xp
+        graph = self._graphs.get(key)
+        if graph is not None:
+            self._graphs.move_to_end(key)
+            if graph == "eager":
+                return self._own(fn)
+            ready = cp.cuda.Event()
+            ready.record(cp.cuda.get_current_stream())
+            self.stream.wait_event(ready)
+            graph.launch(self.stream)
+            done = cp.cuda.Event()
+            done.record(self.stream)
+            cp.cuda.get_current_stream().wait_event(done)
+            return None
+        self._own(fn)                      # warm-up: compiles kernels, computes this call's result
+        self._graphs[key] = self._record(fn)
+        while len(self._graphs) > self.max_graphs:
+            self._graphs.popitem(last=False)
+        return None
+
+    def _own(self, fn):
+        self._own_matmul = True
+        try:
+            fn()
+        finally:
+            self._own_matmul = False
+
+    def _record(self, fn):
+        cp, s = self.xp, self.stream
+        self.synchronize()
+        graph, error = None, None
+        with s:
+            s.begin_capture()
+            try:
+                self._own(fn)
+            except Exception as e:          # never leave the stream capturing
+                error = e
+            finally:
+                try:
+                    graph = s.end_capture()
+                except Exception as e:
+                    error = error or e
+        if error is not None or graph is None:
+            warnings.warn(f"CUDA graph capture failed ({type(error).__name__}: {error}); running this "
+                          "loop eagerly instead", RnnGraphWarning, stacklevel=4)
+            return "eager"
+        cp.cuda.get_current_stream().synchronize()
+        return graph
+
+
+def _slice(a, cols):
+    return a if cols is None else a[..., cols[0]:cols[1]]

@@ -1,0 +1,183 @@
+"""CUDA source generation: one elementwise kernel per fused group (forward and backward), built from
+the op table's kernel rules, plus the capturable GEMV/GEMM kernels. Pure strings: runs without a GPU.
+
+Argument naming in generated kernels (ElementwiseKernel reserves `i`):
+  x<k>  external operand values        v<k>  member values (inputs in the backward kernel)
+  y<k>  member outputs (forward)       gm<k> member gradients, read then overwritten with the total
+  gx<k> gradients of external operands, accumulated (+=)
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from .ops import KERNEL, OpKind
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A generated elementwise kernel: its signature, body, and which arrays feed each argument."""
+    name: str
+    in_params: str
+    out_params: str
+    body: str
+    inputs: tuple      # keys: ("val", node) member value, or ("ext", (u, d, cols)) external value
+    outputs: tuple     # keys: ("out", node) / ("grad", node) / ("gext", (u, d, cols))
+
+    @property
+    def source(self) -> str:
+        return f"{self.in_params} -> {self.out_params}\n{self.body}"
+
+
+def _externals(cell, nodes):
+    """Ordered external reads (u, delay, cols) of a group; cols is the (start, stop) of a slice read."""
+    members, out = set(nodes), []
+    for n in nodes:
+        op = cell.op(n)
+        for u, d in cell.reads(n):
+            if u in members and d == 0:
+                continue
+            key = (u, d, op.attrs if op.kind is OpKind.SLICE else None)
+            if key not in out:
+                out.append(key)
+    return out
+
+
+def _operands(cell, n, idx, ext):
+    """C names of node n's operands: member values v<k> or external values x<k>."""
+    op, names = cell.op(n), []
+    for u, d in cell.reads(n):
+        if u in idx and d == 0:
+            names.append(f"v{idx[u]}")
+        else:
+            names.append(f"x{ext.index((u, d, op.attrs if op.kind is OpKind.SLICE else None))}")
+    return names
+
+
+def _expr(template: str, cell, n, operands, **extra) -> str:
+    op = cell.op(n)
+    consts = {"c": repr(op.attrs[0])} if op.kind is OpKind.SCALE else {}
+    return template.format(*operands, **consts, **extra)
+
+
+def _named(kind: str, text: str) -> str:
+    return f"rg_{kind}_{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+
+
+def fusable(cell, nodes) -> bool:
+    """Whether a group becomes one elementwise kernel (every op has an expression rule)."""
+    return all(isinstance(KERNEL[cell.op(n).kind], tuple) for n in nodes)
+
+
+def fused_forward_kernel(cell, nodes) -> KernelSpec:
+    idx = {n: k for k, n in enumerate(nodes)}
+    ext = _externals(cell, nodes)
+    lines = [f"T v{idx[n]} = {_expr(KERNEL[cell.op(n).kind][0], cell, n, _operands(cell, n, idx, ext))};"
+             for n in nodes]
+    lines += [f"y{idx[n]} = v{idx[n]};" for n in nodes]
+    ins = ", ".join(f"T x{k}" for k in range(len(ext)))
+    outs = ", ".join(f"T y{k}" for k in range(len(nodes)))
+    body = "\n".join(lines)
+    return KernelSpec(_named("fwd", ins + outs + body), ins, outs, body,
+                      tuple(("ext", e) for e in ext), tuple(("out", n) for n in nodes))
+
+
+def fused_backward_kernel(cell, nodes, param_names) -> KernelSpec:
+    """Reverse-mode kernel of a group; gradients of parameters are left to hoisted reductions."""
+    idx = {n: k for k, n in enumerate(nodes)}
+    ext = _externals(cell, nodes)
+    gext = [k for k, e in enumerate(ext) if e[0] not in param_names]
+    lines = [f"T d{idx[n]} = gm{idx[n]};" for n in nodes]
+    lines += [f"T a{k} = 0;" for k in gext]
+    for n in reversed(nodes):
+        op, ops = cell.op(n), _operands(cell, n, idx, ext)
+        for slot, ((u, d), name) in enumerate(zip(cell.reads(n), ops)):
+            if u in param_names:
+                continue
+            e = _expr(KERNEL[op.kind][1][slot], cell, n, ops, g=f"d{idx[n]}", y=f"v{idx[n]}")
+            lines.append(f"{'d' if name[0] == 'v' else 'a'}{name[1:]} += {e};")
+    lines += [f"gm{idx[n]} = d{idx[n]};" for n in nodes]
+    lines += [f"gx{k} += a{k};" for k in gext]
+    ins = ", ".join([f"T x{k}" for k in range(len(ext))] + [f"T v{k}" for k in range(len(nodes))])
+    outs = ", ".join([f"T gm{k}" for k in range(len(nodes))] + [f"T gx{k}" for k in gext])
+    body = "\n".join(lines)
+    return KernelSpec(_named("bwd", ins + outs + body), ins, outs, body,
+                      tuple([("ext", e) for e in ext] + [("val", n) for n in nodes]),
+                      tuple([("grad", n) for n in nodes] + [("gext", ext[k]) for k in gext]))
+
+
+# -------------------------------------------------------------------------------------------------
+# Capturable matrix products, both of the one form C[n, m] (+)= Σ_k A[n, k] · W[m, k]
+# A [N, K] with row stride lda; W [M, K] contiguous; C [N, M] with row stride ldc.
+
+GEMV_ROWS = 8   # at most this many rows go to the warp-per-output GEMV; more use the tiled GEMM
+
+GEMV_SOURCE = r"""
+extern "C" __global__ void rg_gemv_{T}(const {T}* __restrict__ A, long long lda,
+        const {T}* __restrict__ W, {T}* C, long long ldc, int N, int M, int K, int accumulate) {{
+    // one warp per output column m, all N (<= 8) rows at once; W's row m is read once, coalesced
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    if (warp >= M) return;
+    const {T}* w = W + (long long)warp * K;
+    {T} acc[8] = {{0, 0, 0, 0, 0, 0, 0, 0}};
+    for (int k = lane; k < K; k += 32) {{
+        {T} wk = w[k];
+        #pragma unroll
+        for (int n = 0; n < 8; ++n) if (n < N) acc[n] += A[n * lda + k] * wk;
+    }}
+    #pragma unroll
+    for (int n = 0; n < 8; ++n) {{
+        {T} v = acc[n];
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffff, v, off);
+        if (lane == 0 && n < N) {{
+            {T}* c = C + n * ldc + warp;
+            *c = accumulate ? *c + v : v;
+        }}
+    }}
+}}
+"""
+
+GEMM_SOURCE = r"""
+#define BM 32
+#define BN 32
+#define BK 32
+extern "C" __global__ void rg_gemm_{T}(const {T}* __restrict__ A, long long lda,
+        const {T}* __restrict__ W, {T}* C, long long ldc, int N, int M, int K, int accumulate) {{
+    // 32x32 output tile per block of 256 threads, 2x2 outputs per thread, K in steps of 32
+    __shared__ {T} As[BM][BK + 1];
+    __shared__ {T} Ws[BN][BK + 1];
+    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    int n0 = blockIdx.y * BM, m0 = blockIdx.x * BN;
+    {T} acc[2][2] = {{{{0, 0}}, {{0, 0}}}};
+    for (int k0 = 0; k0 < K; k0 += BK) {{
+        for (int e = threadIdx.x; e < BM * BK; e += 256) {{
+            int r = e / BK, c = e % BK;
+            As[r][c] = (n0 + r < N && k0 + c < K) ? A[(long long)(n0 + r) * lda + k0 + c] : ({T})0;
+            Ws[r][c] = (m0 + r < M && k0 + c < K) ? W[(long long)(m0 + r) * K + k0 + c] : ({T})0;
+        }}
+        __syncthreads();
+        #pragma unroll 8
+        for (int k = 0; k < BK; ++k) {{
+            {T} a0 = As[ty][k], a1 = As[ty + 16][k], w0 = Ws[tx][k], w1 = Ws[tx + 16][k];
+            acc[0][0] += a0 * w0; acc[0][1] += a0 * w1; acc[1][0] += a1 * w0; acc[1][1] += a1 * w1;
+        }}
+        __syncthreads();
+    }}
+    #pragma unroll
+    for (int a = 0; a < 2; ++a)
+        #pragma unroll
+        for (int b = 0; b < 2; ++b) {{
+            int n = n0 + ty + 16 * a, m = m0 + tx + 16 * b;
+            if (n < N && m < M) {{
+                {T}* c = C + (long long)n * ldc + m;
+                *c = accumulate ? *c + acc[a][b] : acc[a][b];
+            }}
+        }}
+}}
+"""
+
+
+def matmul_source(kind: str, ctype: str) -> str:
+    """CUDA source of the capturable 'gemv' or 'gemm' kernel for ctype 'float' or 'double'."""
+    return (GEMV_SOURCE if kind == "gemv" else GEMM_SOURCE).replace("{T}", ctype).replace(
+        "{{", "{").replace("}}", "}")

@@ -1,0 +1,104 @@
+"""GPU backend against the numpy float64 reference: every built-in cell and a random user cell, every mode."""
+import numpy as np
+import pytest
+
+import rnngraph as rg
+from rnngraph.backends.numpy_backend import NumpyBackend
+from rnngraph.executor import Executor
+
+pytestmark = pytest.mark.gpu
+TOL = {"float64": 1e-10, "float32": 1e-4}   # relative, by dtype (issue 4)
+
+
+def user_cell(D, H):
+    """A cell no library ships: a gated unit with a delay-2 skip and a peephole-style diagonal."""
+    c = rg.Cell("user")
+    x, h = c.input("x", D), c.state("h", H)
+    f = c.sigmoid(c.linear(x, "W_f", H, bias="b_f") + c.linear(h, "U_f", H) + c.diag(h.ago(2), "p"))
+    n = c.tanh(c.linear(x, "W_n", H) + c.linear(f * h, "U_n", H))
+    c.output(c.bind(h, (1 - f) * h + f * n - 0.5 * c.relu(n), name="h"))
+    return c.build()
+
+
+def _run(cell, backend, mode, params, x, init, gy, gf, xp, dtype):
+    ex = Executor(cell, backend, mode)
+    conv = {k: xp.asarray(v.astype(dtype)) for k, v in params.items()}
+    outs, fin = ex.forward(conv, {"x": xp.asarray(x.astype(dtype))},
+                           {k: xp.asarray(v.astype(dtype)) for k, v in init.items()})
+    res = {f"y.{k}": v.copy() for k, v in outs.items()} | {f"n.{k}": v.copy() for k, v in fin.items()}
+    gx, g0, gp = ex.backward({k: xp.asarray(v.astype(dtype)) for k, v in gy.items()},
+                             {k: xp.asarray(v.astype(dtype)) for k, v in gf.items()})
+    res |= {f"gx.{k}": v.copy() for k, v in gx.items()} | {f"g0.{k}": v.copy() for k, v in g0.items()}
+    res |= {f"gp.{k}": v.copy() for k, v in gp.items()}
+    return ex, res
+
+
+def _problem(cell, T=6, B=3, seed=0):
+    rng = np.random.default_rng(seed)
+    params = {p: rng.uniform(-0.5, 0.5, s) for p, s in cell.params.items()}
+    D = cell.inputs["x"]
+    x = rng.standard_normal((T, B, D))
+    init = {s: rng.standard_normal((B, n)) * 0.5 for s, (_, n) in cell.states.items()}
+    gy = {o: rng.standard_normal((T, B, cell.op(o).size)) for o in cell.outputs}
+    gf = {s: rng.standard_normal((B, n)) for s, (_, n) in cell.states.items()}
+    return params, x, init, gy, gf
+
+
+def _assert_close(got, ref, tol, what):
+    import cupy
+    for k, r in ref.items():
+        g = cupy.asnumpy(got[k]).astype(np.float64)
+        err = np.linalg.norm(g - r) / max(np.linalg.norm(r), 1e-300)
+        assert err <= tol, f"{what}: {k} relative error {err:.2e} > {tol:.0e}"
+
+
+CELLS = [*rg.CELLS, "user"]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("mode", ["naive", "staged", "graph"])
+@pytest.mark.parametrize("name", CELLS)
+def test_cupy_matches_numpy_reference(name, mode, dtype):
+    import cupy
+    from rnngraph.backends.cupy_backend import CupyBackend
+    cell = user_cell(5, 8) if name == "user" else rg.load_cell(name, 5, 8)
+    prob = _problem(cell)
+    _, ref = _run(cell, NumpyBackend(), "naive", *prob, np, np.float64)
+    be = CupyBackend(capture=(mode == "graph"))
+    ex, got = _run(cell, be, mode, *prob, cupy, dtype)
+    _assert_close(got, ref, TOL[dtype], f"{name}/{mode}/{dtype} first call")
+    if mode == "graph":   # replay with new inputs must give new, correct results (no stale values)
+        prob2 = _problem(cell, seed=1)
+        _, ref2 = _run(cell, NumpyBackend(), "naive", *prob2, np, np.float64)
+        got2 = _run_again(ex, prob2, cupy, dtype)
+        _assert_close(got2, ref2, TOL[dtype], f"{name}/graph replay")
+        assert len(be._graphs) == 2 and all(g != "eager" for g in be._graphs.values())
+
+
+def _run_again(ex, prob, xp, dtype):
+    params, x, init, gy, gf = prob
+    conv = lambda d: {k: xp.asarray(v.astype(dtype)) for k, v in d.items()}
+    outs, fin = ex.forward(conv(params), {"x": xp.asarray(x.astype(dtype))}, conv(init))
+    res = {f"y.{k}": v.copy() for k, v in outs.items()} | {f"n.{k}": v.copy() for k, v in fin.items()}
+    gx, g0, gp = ex.backward(conv(gy), conv(gf))
+    res |= {f"gx.{k}": v.copy() for k, v in gx.items()} | {f"g0.{k}": v.copy() for k, v in g0.items()}
+    return res | {f"gp.{k}": v.copy() for k, v in gp.items()}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("N,M,K", [(1, 96, 40), (3, 2048, 512), (8, 33, 7), (9, 64, 64), (64, 2048, 512), (70, 50, 33)])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_captured_matmul_kernels_match_cublas(N, M, K, dtype, accumulate):
+    import cupy
+    from rnngraph.backends.cupy_backend import CupyBackend
+    be = CupyBackend()
+    rng = np.random.default_rng(N * M + K)
+    big_a = cupy.asarray(rng.standard_normal((N, K + 5)).astype(dtype))
+    a = big_a[:, 2:K + 2]                               # row stride != K, as a merged-buffer view has
+    w = cupy.asarray(rng.standard_normal((M, K)).astype(dtype))
+    big_c = cupy.asarray(rng.standard_normal((N, M + 3)).astype(dtype))
+    c = big_c[:, 1:M + 1]
+    want = (c if accumulate else 0) + a @ w.T          # cuBLAS
+    be._matmul(a, w, c, accumulate)
+    err = float(cupy.linalg.norm(c - want) / cupy.linalg.norm(want))
+    assert err <= TOL[dtype], f"matmul {N}x{M}x{K} {dtype}: {err:.2e}"
