@@ -2,41 +2,69 @@
 
 Layout: every node's value lives in a buffer [T+1, B, F]; frame t is row t+1 and row 0 holds the
 initial state (zeros for nodes that are not states). A read with delay d at frame t is row
-max(t+1-d, 0). Gradients mirror values. `naive` and `staged` differ only in the schedule they run.
+max(t+1-d, 0). Gradients mirror values. `naive` and `staged` differ only in the schedule they run;
+`graph` runs the staged schedule with its time loops recorded once and replayed (cupy backend).
 """
 from __future__ import annotations
 
+import itertools
+from collections import Counter, OrderedDict
+
 from .errors import RnnGraphError
-from .ops import FORWARD, VJP, OpKind, accumulate, concat_vjp, slice_vjp
+from .ops import FORWARD, VJP, OpKind, accumulate, concat_vjp
 from .schedule import Gemm, Schedule, build_schedule
 
 ALL = None  # the frame selector meaning "all T frames at once"
 MODES = ("naive", "staged", "graph")
+_SERIAL = itertools.count()
 
 
 class Workspace:
-    """Static buffers for one (schedule, T, B, dtype): values, gradients, packed weights, params."""
+    """Static buffers for one (schedule, T, B, dtype): values and gradients carved from two flat
+    arenas (one fill zeroes every gradient), packed weights, and memoised per-frame views."""
 
     def __init__(self, sched: Schedule, backend, T: int, B: int, dtype):
-        cell, be = sched.cell, backend
-        self.T, self.B, self.dtype = T, B, dtype
-        self.vals, self.grads, self.cat, self.wcat = {}, {}, {}, {}
-        for it in sched.items:
-            if isinstance(it, Gemm):   # merged output [T+1, B, ΣF]; each linear node is a column block
-                buf, gbuf = (be.zeros((T + 1, B, sum(it.sizes)), dtype) for _ in range(2))
+        cell = sched.cell
+        self.T, self.B, self.dtype, self.serial, self.version = T, B, dtype, next(_SERIAL), 0
+        self.vals, self.grads, self.cat, self.wcat, self.memo = {}, {}, {}, {}, {}
+        self.shared_weights = {w for w, k in Counter(w for n in cell.graph if cell.op(n).kind is OpKind.LINEAR
+                                                     for w in [cell.reads(n)[1][0]]).items() if k > 1}
+        gemms = [it for it in sched.items if isinstance(it, Gemm)]
+        blocks = [((T + 1, B, sum(it.sizes)), it) for it in gemms]
+        blocks += [((T + 1, B, cell.op(n).size), n) for n in cell.graph
+                   if cell.op(n).kind is not OpKind.PARAM and n not in {m for it in gemms for m in it.nodes}]
+        wblocks = [((sum(it.sizes), cell.op(it.operand).size), it) for it in gemms]
+        pblocks = [(cell.params[p], p) for p in cell.params]
+        vals = _carve(backend, dtype, [s for s, _ in blocks + wblocks])
+        self.grad_arena, grads = _carve(backend, dtype, [s for s, _ in blocks + wblocks + pblocks], arena=True)
+        for (_, key), v, g in zip(blocks + wblocks + pblocks, vals + [None] * len(pblocks), grads):
+            if isinstance(key, Gemm) and v.ndim == 3:
+                self.cat[key] = (v, g)
                 off = 0
-                for n, f in zip(it.nodes, it.sizes):
-                    self.vals[n], self.grads[n] = buf[..., off:off + f], gbuf[..., off:off + f]
+                for n, f in zip(key.nodes, key.sizes):
+                    self.vals[n], self.grads[n] = v[..., off:off + f], g[..., off:off + f]
                     off += f
-                self.cat[it] = (buf, gbuf)
-                k = cell.op(it.operand).size
-                self.wcat[it] = (be.zeros((sum(it.sizes), k), dtype), be.zeros((sum(it.sizes), k), dtype))
-        for n in cell.graph:
-            op = cell.op(n)
-            if op.kind is OpKind.PARAM:
-                self.vals[n], self.grads[n] = be.zeros(op.attrs, dtype), be.zeros(op.attrs, dtype)
-            elif n not in self.vals:
-                self.vals[n], self.grads[n] = be.zeros((T + 1, B, op.size), dtype), be.zeros((T + 1, B, op.size), dtype)
+            elif isinstance(key, Gemm):
+                self.wcat[key] = (v, g)
+            else:
+                self.vals[key], self.grads[key] = v, g
+        for it, (_, g) in self.wcat.items():   # a weight read by one linear op: its grad is a row block
+            off = 0
+            for n, w, f in zip(it.nodes, it.weights, it.sizes):
+                if w not in self.shared_weights:
+                    self.grads[w] = g[off:off + f]
+                off += f
+
+    def bind_params(self, params: dict):
+        """Parameters are used in place; a new array object invalidates recorded loops and views."""
+        for n, a in params.items():
+            if self.vals.get(n) is not a:
+                if a.dtype != self.dtype:
+                    raise RnnGraphError(f"parameter '{n}' is {a.dtype} but the workspace is {self.dtype}; "
+                                        "cast parameters and inputs to one dtype")
+                self.vals[n] = a
+                self.version += 1
+                self.memo.clear()
 
     # -- frame selection: arrays handed to the rules are rows [N, F] -------------------------------
     def read(self, n: str, d: int, t, grads: bool = False):
@@ -49,8 +77,7 @@ class Workspace:
         if d <= 1:
             return _rows(buf[1 - d:self.T + 1 - d])
         xp = _xp(buf)   # d ≥ 2: frames before d-1 all read the initial state
-        idx = xp.maximum(xp.arange(self.T) + 1 - d, 0)
-        return _rows(buf[idx])
+        return _rows(buf[xp.maximum(xp.arange(self.T) + 1 - d, 0)])
 
     def add(self, n: str, d: int, t, v, cols=slice(None)):
         """Adds gradient v (rows of the read) into n's gradient at the rows a delay-d read came from."""
@@ -69,6 +96,22 @@ class Workspace:
                 g[0, :, cols] += v[:d - 1].sum(axis=0)
 
 
+def _carve(backend, dtype, shapes, arena=False):
+    """Views of the given shapes cut from one flat zeroed buffer (returned first when arena=True)."""
+    sizes = [int(_prod(s)) for s in shapes]
+    flat = backend.zeros((max(sum(sizes), 1),), dtype)
+    offs = list(itertools.accumulate([0] + sizes))
+    views = [flat[o:o + n].reshape(s) for o, n, s in zip(offs, sizes, shapes)]
+    return (flat, views) if arena else views
+
+
+def _prod(s):
+    out = 1
+    for k in s:
+        out *= k
+    return out
+
+
 def _rows(a):
     return a.reshape(-1, a.shape[-1])
 
@@ -82,6 +125,8 @@ class Executor:
     """Forward and BPTT of one cell on one backend in one mode: 'naive' (node by node, frame by
     frame), 'staged' (the schedule) or 'graph' (the schedule, its loops replayed as CUDA graphs)."""
 
+    max_workspaces = 4
+
     def __init__(self, cell, backend, mode: str = "staged"):
         if mode not in MODES:
             raise RnnGraphError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -90,35 +135,40 @@ class Executor:
                                 "only there; use 'staged' for eager execution")
         self.cell, self.backend, self.mode = cell, backend, mode
         self.sched = build_schedule(cell, optimize=(mode != "naive"))
-        self._ws: dict = {}
+        self._ws: OrderedDict = OrderedDict()
         self.ws: Workspace | None = None
+        self.serial = next(_SERIAL)
 
     def workspace(self, T: int, B: int, dtype) -> Workspace:
         key = (T, B, str(dtype))
         if key not in self._ws:
             self._ws[key] = Workspace(self.sched, self.backend, T, B, dtype)
+            while len(self._ws) > self.max_workspaces:
+                self._ws.popitem(last=False)
+        self._ws.move_to_end(key)
         return self._ws[key]
 
     # -- forward ------------------------------------------------------------------------------
     def forward(self, params: dict, inputs: dict, init: dict, lengths=None):
         """params: name -> array; inputs: name -> [T, B, F]; init: state -> [B, F] (or None).
-        Returns (outputs: name -> [T, B, F], finals: state -> [B, F]); finals are read at each
-        sequence's own last frame when lengths [B] is given."""
+        Returns (outputs: name -> [T, B, F], finals: state -> [B, F]), views into the workspace
+        that the next call overwrites; finals are read at each sequence's own last frame when
+        lengths [B] is given. Parameters are used in place, not copied."""
         cell, be = self.cell, self.backend
         x0 = inputs[next(iter(cell.inputs))]
-        T, B = x0.shape[0], x0.shape[1]
-        ws = self.ws = self.workspace(T, B, x0.dtype)
-        for n in cell.params:
-            be.copy(ws.vals[n], params[n])
+        ws = self.ws = self.workspace(x0.shape[0], x0.shape[1], x0.dtype)
+        ws.bind_params({n: params[n] for n in cell.params})
         for it, (w, _) in ws.wcat.items():
             be.pack(w, [ws.vals[p] for p in it.weights])
         for n, x in inputs.items():
             be.copy(ws.vals[n][1:], x)
         for s, (p, _) in cell.states.items():
             ws.vals[p][0] = 0 if init.get(s) is None else init[s]
-        self._run_section(self.sched.pre, ws)
-        be.loop(("fwd", id(self), id(ws)), lambda: self._forward_loop(ws))
-        self._run_section(self.sched.post, ws)
+        for it in self.sched.pre:
+            self._forward_item(it, ws, ALL)
+        be.loop(("fwd", self.serial, ws.serial, ws.version), lambda: self._forward_loop(ws))
+        for it in self.sched.post:
+            self._forward_item(it, ws, ALL)
         self.lengths = lengths
         outputs = {o: ws.vals[o][1:] for o in cell.outputs}
         finals = {s: self._final(ws.vals[p], lengths) for s, (p, _) in cell.states.items()}
@@ -129,10 +179,6 @@ class Executor:
             return buf[self.ws.T]
         return buf[lengths, _xp(buf).arange(self.ws.B)]
 
-    def _run_section(self, items, ws):
-        for it in items:
-            self._forward_item(it, ws, ALL)
-
     def _forward_loop(self, ws):
         for t in range(ws.T):
             for stage in self.sched.loop:
@@ -140,30 +186,40 @@ class Executor:
                     self._forward_item(it, ws, t)
 
     def _forward_item(self, it, ws, t):
-        cell, be = self.cell, self.backend
+        key = ("f", it, t)
+        if key not in ws.memo:
+            ws.memo[key] = self._forward_args(it, ws, t)
+        args = ws.memo[key]
+        if isinstance(it, Gemm):
+            self.backend.gemm(*args)
+        else:
+            self.backend.fused_forward(self.cell, it, *args)
+
+    def _forward_args(self, it, ws, t):
+        """The views one item reads and writes at frame t (memoised: the buffers are static)."""
         if isinstance(it, Gemm):
             out = ws.cat[it][0]
-            out = out[t + 1] if t is not ALL else _rows(out[1:])
-            be.gemm(ws.read(it.operand, it.delay, t), ws.wcat[it][0], out)
-            return
+            return ws.read(it.operand, it.delay, t), ws.wcat[it][0], out[t + 1] if t is not ALL else _rows(out[1:])
+        env = self._env(it, ws, t)
+        return env, self.backend.prepare_forward(self.cell, it, env)
+
+    def _env(self, it, ws, t):
         env = {}
         for n in it.nodes:
             env[n] = ws.read(n, 0, t)
-            for u, d in cell.reads(n):
+            for u, d in self.cell.reads(n):
                 env.setdefault((u, d), ws.read(u, d, t))
-        be.fused_forward(cell, it, env)
+        return env
 
     # -- backward -----------------------------------------------------------------------------
     def backward(self, grad_outputs: dict, grad_finals: dict | None = None):
         """grad_outputs: name -> [T, B, F] (or None); grad_finals: state -> [B, F] (or None).
-        Returns (grad_inputs: name -> [T, B, F], grad_init: state -> [B, F], grad_params: name -> array)."""
+        Returns (grad_inputs: name -> [T, B, F], grad_init: state -> [B, F], grad_params: name ->
+        array), views into the workspace that the next call overwrites."""
         cell, be, ws = self.cell, self.backend, self.ws
         if ws is None:
             raise RnnGraphError("backward() called before forward()")
-        for g in ws.grads.values():
-            g[...] = 0
-        for _, (_, gw) in ws.wcat.items():
-            gw[...] = 0
+        ws.grad_arena[...] = 0
         for o, g in (grad_outputs or {}).items():
             if g is not None:
                 ws.grads[o][1:] += g
@@ -174,21 +230,25 @@ class Executor:
                     ws.grads[p][ws.T] += g
                 else:   # each sequence's final state is its value at its own last frame
                     ws.grads[p][self.lengths, _xp(g).arange(ws.B)] += g
+        hoist = self.sched.hoist_param_grads
         for it in reversed(self.sched.post):
-            self._backward_item(it, ws, ALL, True)
-        be.loop(("bwd", id(self), id(ws)), lambda: self._backward_loop(ws))
-        for it, ps in self.sched.loop_param_reductions():
-            self._param_grad(it, ps, ws)
+            self._backward_item(it, ws, ALL, not hoist)
+        be.loop(("bwd", self.serial, ws.serial, ws.version), lambda: self._backward_loop(ws))
+        for it in [it for st in self.sched.loop for it in st] + list(self.sched.post):
+            self._param_grads(it, ws)
         for it in reversed(self.sched.pre):
-            self._backward_item(it, ws, ALL, True)
-        grads = {n: ws.grads[n].copy() for n in cell.params}
-        for it, (_, gw) in ws.wcat.items():
+            self._backward_item(it, ws, ALL, not hoist)
+        for it in self.sched.pre:
+            self._param_grads(it, ws)
+        for it, (_, gw) in ws.wcat.items():   # weights shared by several linear ops
             off = 0
-            for n, f in zip(it.nodes, it.sizes):
-                grads[cell.reads(n)[1][0]] += gw[off:off + f]
+            for w, f in zip(it.weights, it.sizes):
+                if w in ws.shared_weights:
+                    ws.grads[w] += gw[off:off + f]
                 off += f
         return ({n: ws.grads[n][1:] for n in cell.inputs},
-                {s: ws.grads[p][0] for s, (p, _) in cell.states.items()}, grads)
+                {s: ws.grads[p][0] for s, (p, _) in cell.states.items()},
+                {n: ws.grads[n] for n in cell.params})
 
     def _backward_loop(self, ws):
         params = not self.sched.hoist_param_grads
@@ -198,31 +258,45 @@ class Executor:
                     self._backward_item(it, ws, t, params)
 
     def _backward_item(self, it, ws, t, params: bool):
-        cell, be = self.cell, self.backend
+        be, key = self.backend, ("b", it, t)
+        if key not in ws.memo:
+            ws.memo[key] = self._backward_args(it, ws, t)
+        args = ws.memo[key]
         if isinstance(it, Gemm):
-            g = ws.cat[it][1]
-            g = g[t + 1] if t is not ALL else _rows(g[1:])
-            w, gw = ws.wcat[it]
-            if it.delay <= 1 or t is not ALL:
-                be.gemm_nn(g, w, ws.read(it.operand, it.delay, t, grads=True))
+            g, w, x, gx = args
+            if gx is not None:
+                be.gemm_nn(g, w, gx)
             else:
                 ws.add(it.operand, it.delay, t, VJP[OpKind.LINEAR][0](be.xp, g, None, w, None, ()))
             if params:
-                be.gemm_tn(g, ws.read(it.operand, it.delay, t), gw)
+                be.gemm_tn(g, x, ws.wcat[it][1])
             return
-        genv, env, targets = {}, {}, {}
+        env, genv, prep = args
+        if params or prep is None:
+            be.fused_backward(self.cell, it, env, genv,
+                              lambda u, d, v, cols=slice(None): ws.add(u, d, t, v, cols), params)
+        else:
+            be.fused_backward_prepared(prep)
+
+    def _backward_args(self, it, ws, t):
+        if isinstance(it, Gemm):
+            g = ws.cat[it][1]
+            g = g[t + 1] if t is not ALL else _rows(g[1:])
+            gx = ws.read(it.operand, it.delay, t, grads=True) if t is not ALL or it.delay <= 1 else None
+            return g, ws.wcat[it][0], ws.read(it.operand, it.delay, t), gx
+        env, genv, targets = self._env(it, ws, t), {}, {}
         for n in it.nodes:
-            env[n], genv[n] = ws.read(n, 0, t), ws.read(n, 0, t, grads=True)
-            for u, d in cell.reads(n):
-                env.setdefault((u, d), ws.read(u, d, t))
-                if cell.op(u).kind is not OpKind.PARAM:   # where this read's gradient is added
+            genv[n] = ws.read(n, 0, t, grads=True)
+            for u, d in self.cell.reads(n):
+                if self.cell.op(u).kind is not OpKind.PARAM:   # where this read's gradient is added
                     targets[(u, d)] = ws.read(u, d, t, grads=True) if t is not ALL or d <= 1 else None
         viewable = all(v is not None for v in targets.values())
-        be.fused_backward(cell, it, env, genv, lambda u, d, v, cols=slice(None): ws.add(u, d, t, v, cols),
-                          params, targets if viewable else None)
+        return env, genv, self.backend.prepare_backward(self.cell, it, env, genv, targets) if viewable else None
 
-    def _param_grad(self, it, ps, ws):
-        """A loop op's parameter gradient, reduced over all frames at once (one GEMM or one sum)."""
+    def _param_grads(self, it, ws):
+        """An item's parameter gradients, reduced once over all frames (one GEMM or one sum each)."""
+        if not self.sched.hoist_param_grads:
+            return
         if isinstance(it, Gemm):
             g = _rows(ws.cat[it][1][1:])
             self.backend.gemm_tn(g, ws.read(it.operand, it.delay, ALL), ws.wcat[it][1])
@@ -230,12 +304,12 @@ class Executor:
         for n in it.nodes:
             reads = self.cell.reads(n)
             for slot, (u, d) in enumerate(reads):
-                if u in ps:
+                if self.cell.op(u).kind is OpKind.PARAM:
                     op = self.cell.op(n)
                     ins = [ws.read(v, e, ALL) for v, e in reads]
                     v = VJP[op.kind][slot](self.backend.xp, ws.read(n, 0, ALL, grads=True), *ins,
                                            ws.read(n, 0, ALL), op.attrs)
-                    accumulate(ws.grads[u], v)
+                    self.backend.reduce_rows(v, ws.grads[u])
 
 
 def run_fused_forward(xp, cell, it, env):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..executor import run_fused_backward, run_fused_forward
+from ..ops import accumulate
 
 
 class ArrayBackend:
@@ -34,13 +35,28 @@ class ArrayBackend:
         """out [M, K] += g [N, M]ᵀ · x [N, K]."""
         out += g.T @ x
 
-    def fused_forward(self, cell, item, env):
+    def prepare_forward(self, cell, item, env):
+        """Whatever a backend wants to build once per (fused group, frame) and reuse; None here."""
+        return None
+
+    def prepare_backward(self, cell, item, env, genv, targets):
+        """Likewise for the backward; targets: (u, d) -> the gradient view a read's gradient adds into."""
+        return None
+
+    def fused_forward(self, cell, item, env, prepared=None):
         run_fused_forward(self.xp, cell, item, env)
 
-    def fused_backward(self, cell, item, env, genv, add, params, targets=None):
+    def fused_backward(self, cell, item, env, genv, add, params):
         """Gradients of a fused group: into genv (its own nodes) and, through add(u, d, v, cols),
-        into what it reads; `targets` ((u, d) -> gradient view) lets a backend write them directly."""
+        into what it reads (parameters too when params=True)."""
         run_fused_backward(self.xp, cell, item, env, genv, add, params)
+
+    def fused_backward_prepared(self, prepared):
+        raise NotImplementedError("this backend prepares no fused kernels")
+
+    def reduce_rows(self, v, out):
+        """out [F] += v [N, F] summed over rows (a vector parameter's gradient)."""
+        accumulate(out, v)
 
     def loop(self, key, fn):
         """Runs one time loop; a capturing backend may record it once and replay it."""

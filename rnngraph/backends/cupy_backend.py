@@ -26,7 +26,7 @@ def gpu_problem() -> str | None:
         driver, runtime = rt.driverGetVersion(), rt.runtimeGetVersion()
     except Exception as e:
         return f"no usable CUDA driver for cupy ({type(e).__name__}: {e}); install the NVIDIA driver"
-    if driver < runtime:
+    if driver // 1000 < runtime // 1000:   # minor versions are compatible within one major version
         return (f"cupy's CUDA runtime {_ver(runtime)} is newer than the driver supports (CUDA {_ver(driver)}); "
                 f"install the cupy build for CUDA {driver // 1000} (pip install cupy-cuda{driver // 1000}x) "
                 "or update the NVIDIA driver")
@@ -106,24 +106,31 @@ class CupyBackend(ArrayBackend):
         return _KERNELS[src]
 
     # -- fused elementwise groups --------------------------------------------------------------
-    def fused_forward(self, cell, item, env):
+    def prepare_forward(self, cell, item, env):
+        """(kernel, arguments) of a fused group at one frame, or None where ops lack a kernel rule."""
         if not fusable(cell, item.nodes):
-            return super().fused_forward(cell, item, env)
-        spec = fused_forward_kernel(cell, item.nodes)
+            return None
+        spec = _spec(cell, item, "fwd")
         args = [_slice(env[(u, d)], cols) for _, (u, d, cols) in spec.inputs]
-        args += [env[n] for _, n in spec.outputs]
-        self._elementwise(spec)(*args)
+        return self._elementwise(spec), args + [env[n] for _, n in spec.outputs]
 
-    def fused_backward(self, cell, item, env, genv, add, params, targets=None):
-        if params or targets is None or not fusable(cell, item.nodes):
-            return super().fused_backward(cell, item, env, genv, add, params)
-        spec = fused_backward_kernel(cell, item.nodes, set(cell.params))
-        args = []
-        for kind, key in spec.inputs:
-            args.append(env[key] if kind == "val" else _slice(env[key[:2]], key[2]))
-        for kind, key in spec.outputs:
-            args.append(genv[key] if kind == "grad" else _slice(targets[key[:2]], key[2]))
-        self._elementwise(spec)(*args)
+    def prepare_backward(self, cell, item, env, genv, targets):
+        if not fusable(cell, item.nodes):
+            return None
+        spec = _spec(cell, item, "bwd")
+        args = [env[key] if kind == "val" else _slice(env[key[:2]], key[2]) for kind, key in spec.inputs]
+        args += [genv[key] if kind == "grad" else _slice(targets[key[:2]], key[2]) for kind, key in spec.outputs]
+        return self._elementwise(spec), args
+
+    def fused_forward(self, cell, item, env, prepared=None):
+        if prepared is None:
+            return super().fused_forward(cell, item, env)
+        kernel, args = prepared
+        kernel(*args)
+
+    def fused_backward_prepared(self, prepared):
+        kernel, args = prepared
+        kernel(*args)
 
     def _elementwise(self, spec):
         if spec.source not in _KERNELS:
@@ -185,6 +192,18 @@ class CupyBackend(ArrayBackend):
             return "eager"
         cp.cuda.get_current_stream().synchronize()
         return graph
+
+
+_SPECS: dict = {}
+
+
+def _spec(cell, item, direction):
+    """The generated kernel spec of a fused group, built once per (cell, group, direction)."""
+    key = (id(cell), item, direction)
+    if key not in _SPECS:
+        _SPECS[key] = (cell, fused_forward_kernel(cell, item.nodes) if direction == "fwd"
+                       else fused_backward_kernel(cell, item.nodes, set(cell.params)))
+    return _SPECS[key][1]
 
 
 def _slice(a, cols):
