@@ -27,7 +27,7 @@ class Node:
 
     @property
     def size(self) -> int:
-        return self.cell._g.nodes[self.name]["op"].size
+        return self.cell._g.nodes[self.cell._current(self.name)]["op"].size
 
     def ago(self, d: int) -> "Node":
         """This state's value d frames back (d ≥ 0); only for handles from Cell.state()."""
@@ -84,6 +84,7 @@ class Cell:
         self._bound: dict[str, str] = {}
         self._outputs: list[str] = []
         self._count = 0
+        self._renamed: dict[str, str] = {}  # old -> new node name, so handles survive bind/output renames
 
     # -- sources ------------------------------------------------------------------------------
     def input(self, name: str, size: int) -> Node:
@@ -213,7 +214,7 @@ class Cell:
         if isinstance(x, Node):
             if x.cell is not self:
                 raise RnnGraphError(f"'{x.label}' belongs to another cell")
-            return x
+            return Node(self, self._current(x.name), x.delay)
         if isinstance(x, str) and x in self._g:
             return Node(self, x)
         if isinstance(x, str) and x in self._states:
@@ -228,6 +229,7 @@ class Cell:
     def _add_node(self, name: str, op: Op):
         if name in self._g:
             raise RnnGraphError(f"duplicate node name '{name}' in cell '{self.name}'; names must be unique")
+        self._renamed.pop(name, None)       # the name now means this node, not a renamed one
         self._g.add_node(name, op=op)
 
     def _fresh(self, stem: str) -> str:
@@ -236,12 +238,18 @@ class Cell:
             if f"{stem}{self._count}" not in self._g:
                 return f"{stem}{self._count}"
 
+    def _current(self, n: str) -> str:
+        while n in self._renamed:
+            n = self._renamed[n]
+        return n
+
     def _rename(self, old: str, new: str):
         if new in self._g:
             raise RnnGraphError(f"duplicate node name '{new}' in cell '{self.name}'; names must be unique")
         if self._g.nodes[old]["op"].kind in (OpKind.INPUT, OpKind.PARAM):
             raise RnnGraphError(f"cannot rename {self._g.nodes[old]['op'].kind.value} '{old}'")
         self._g = nx.relabel_nodes(self._g, {old: new}, copy=True)  # copy keeps creation order
+        self._renamed[old] = new
         self._bound = {k: (new if v == old else v) for k, v in self._bound.items()}
         self._outputs = [new if v == old else v for v in self._outputs]
 

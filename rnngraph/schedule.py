@@ -93,8 +93,9 @@ class Schedule:
                 "forward": {"before_merge": len(loop_ops), "after_merge": n_items},
                 "backward": {"before_merge": slots, "after_merge": n_items},
             },
-            "param_grad_reductions": [f"{'; '.join(ps)} <- {'gemm' if isinstance(it, Gemm) else 'sum'} over T"
-                                      for it, ps in self.loop_param_reductions()],
+            "param_grad_reductions": [
+                f"{'; '.join('d' + p for p in ps)} <- {'gemm' if isinstance(it, Gemm) else 'sum'} over T"
+                for it, ps in self.loop_param_reductions()],
         }
 
     def __str__(self) -> str:
@@ -116,7 +117,7 @@ class Schedule:
         out.append(f"  post (once over all frames): {len(self.post)} kernels")
         out += [f"    {line(it)}" for it in self.post]
         out.append("  backward: post reversed; loop stages in reverse time; then hoisted reductions:")
-        out += [f"    d{r}" for r in s["param_grad_reductions"]]
+        out += [f"    {r}" for r in s["param_grad_reductions"]]
         out.append("    then pre reversed over all T·B rows (input gradients, pre parameter gradients)")
         k = s["kernels_per_frame"]
         out.append(f"  kernels per frame: forward {k['forward']['before_merge']} -> {k['forward']['after_merge']}, "

@@ -1,0 +1,4 @@
+"""`python -m rnngraph`: the same command line as the `rnngraph` console script."""
+from .cli import main
+
+raise SystemExit(main())

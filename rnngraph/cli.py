@@ -1,0 +1,115 @@
+"""The `rnngraph` command line: one table of subcommands, each an (add_arguments, run) pair.
+
+To add a subcommand, write its two functions (in any module) and add one entry to COMMANDS.
+Keep heavy imports (torch, cupy, matplotlib) inside `run`, so `rnngraph --help` stays fast.
+Every RnnGraphError ends the program with status 2 and one line on stderr, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+from . import __version__
+from .cells import CELLS, load_cell
+from .errors import RnnGraphError
+from .graph import CellGraph
+from .schedule import build_schedule
+
+
+@dataclass(frozen=True)
+class Command:
+    help: str                                               # one line, shown by `rnngraph --help`
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], "int | None"]       # exit status; None means 0
+
+
+# -- shared arguments -------------------------------------------------------------------------
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def add_cell_arguments(p: argparse.ArgumentParser) -> None:
+    """CELL plus its sizes; for every subcommand that builds a cell."""
+    p.add_argument("cell", metavar="CELL",
+                   help="a built-in cell (see `rnngraph cells`) or module:function returning a CellGraph")
+    p.add_argument("--input-size", type=positive_int, default=32, metavar="N",
+                   help="input features D (default: %(default)s)")
+    p.add_argument("--hidden-size", type=positive_int, default=64, metavar="N",
+                   help="hidden features H (default: %(default)s)")
+
+
+def cell_from_args(args: argparse.Namespace) -> CellGraph:
+    """The cell named on the command line; `module:function` is importable from the working directory."""
+    if ":" in args.cell and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return load_cell(args.cell, args.input_size, args.hidden_size)
+
+
+# -- cells ------------------------------------------------------------------------------------
+
+def _cells_arguments(p: argparse.ArgumentParser) -> None:
+    pass
+
+
+def _cells_run(args: argparse.Namespace) -> None:
+    width = max(map(len, CELLS))
+    for name, (_, description) in CELLS.items():
+        print(f"{name:<{width}}  {description}")
+
+
+# -- schedule ---------------------------------------------------------------------------------
+
+def _schedule_arguments(p: argparse.ArgumentParser) -> None:
+    add_cell_arguments(p)
+    p.add_argument("--json", action="store_true", help="print the schedule's summary as JSON")
+    p.add_argument("--draw", metavar="FILE.png", help="also draw the scheduled graph to an image file")
+
+
+def _schedule_run(args: argparse.Namespace) -> None:
+    schedule = build_schedule(cell_from_args(args))
+    print(json.dumps(schedule.summary()) if args.json else schedule)
+    if args.draw:
+        from .viz import draw_schedule   # matplotlib only when drawing
+        try:
+            draw_schedule(schedule, args.draw)
+        except OSError as e:
+            raise RnnGraphError(f"cannot write {args.draw}: {e.strerror or e}") from None
+        print(f"rnngraph: drew {args.draw}", file=sys.stderr)
+
+
+COMMANDS: dict[str, Command] = {
+    "cells": Command("list the built-in cells", _cells_arguments, _cells_run),
+    "schedule": Command("print (or draw) a cell's schedule: hoisted, per-frame stages, merged kernels",
+                        _schedule_arguments, _schedule_run),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rnngraph",
+        description="Recurrent cells as dataflow graphs, scheduled after Hwang & Sung (ICASSP 2015).")
+    parser.add_argument("--version", action="version", version=f"rnngraph {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, command in COMMANDS.items():
+        p = sub.add_parser(name, help=command.help, description=command.help)
+        command.add_arguments(p)
+        p.set_defaults(run=command.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs one subcommand; returns the exit status (2 with a one-line message for an RnnGraphError)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args) or 0
+    except RnnGraphError as e:
+        print(f"rnngraph: error: {' '.join(str(e).splitlines())}", file=sys.stderr)
+        return 2

@@ -1,0 +1,68 @@
+"""README.md cannot drift: its custom cell is executed and every transcript in it is re-run."""
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rnngraph import CELLS, CellGraph, build_schedule
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def blocks(lang):
+    return re.findall(rf"```{lang}\n(.*?)```", README, re.S)
+
+
+def transcripts():
+    """(command, expected stdout) for every `$ command` line of the README's console blocks."""
+    out = []
+    for block in blocks("console"):
+        for chunk in re.split(r"^\$ ", block, flags=re.M)[1:]:
+            command, _, output = chunk.partition("\n")
+            out.append((command, output))
+    return out
+
+
+@pytest.fixture
+def mycells(tmp_path):
+    """The README's custom-cell example, saved as mycells.py as the README says."""
+    (tmp_path / "mycells.py").write_text(blocks("python")[0])
+    return tmp_path
+
+
+def test_custom_cell_example_is_not_a_builtin_and_builds():
+    namespace = {"__name__": "readme"}
+    exec(blocks("python")[0], namespace)
+    cell = namespace["mgu"](32, 64)
+    assert isinstance(cell, CellGraph) and cell.name not in CELLS
+    s = build_schedule(cell)
+    assert [len(stage) for stage in s.loop] == [1, 1, 1, 1]         # the four stages the README explains
+    assert s.pre[0].weights == ("W_f", "W_n")
+
+
+@pytest.mark.parametrize("command, expected", transcripts(), ids=[c for c, _ in transcripts()])
+def test_readme_transcript(command, expected, mycells):
+    program, *args = shlex.split(command)
+    argv = {"rnngraph": [sys.executable, "-m", "rnngraph"], "python": [sys.executable]}[program]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run(argv + args, cwd=mycells, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == expected
+
+
+def test_quick_start_matches_ci():
+    (setup,) = [b for b in blocks("bash") if "pip install" in b]
+    install = re.search(r'pip install -e "\.\[test\]"', setup).group(0)
+    assert "rnngraph schedule lstm" in setup and "\npytest -q" in "\n" + setup
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert install in ci and re.search(r"^pytest -q\b", ci, re.M)
+
+
+def test_readme_figure_exists():
+    for path in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", README):
+        assert (ROOT / path).stat().st_size > 10_000

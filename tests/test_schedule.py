@@ -1,0 +1,207 @@
+"""Exact schedules of every built-in cell, and properties of the scheduler on random cells."""
+from collections import Counter
+
+import networkx as nx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rnngraph import CELLS, Cell, OpKind, build_schedule, load_cell
+from rnngraph.ops import ELEMENTWISE
+from rnngraph.schedule import Fused, Gemm
+
+# cell: (pre items, loop stages, post items, forward kernels/frame, backward kernels/frame).
+# An item is ("gemm", n): n linear ops merged into one GEMM, or ("fused", n): n elementwise ops in one
+# kernel. Kernels per frame are (before merging, after merging).
+EXPECTED = {
+    "lstm": ([("gemm", 4), ("fused", 4)], [[("gemm", 4)], [("fused", 17)]], [], (21, 2), (37, 2)),
+    "gru": ([("gemm", 3), ("fused", 3)], [[("gemm", 3)], [("fused", 14)]], [], (17, 2), (30, 2)),
+    "rnn_tanh": ([("gemm", 1), ("fused", 1)], [[("gemm", 1)], [("fused", 3)]], [], (4, 2), (7, 2)),
+    "rnn_relu": ([("gemm", 1), ("fused", 1)], [[("gemm", 1)], [("fused", 3)]], [], (4, 2), (7, 2)),
+    "peephole_lstm": ([("gemm", 4), ("fused", 4)], [[("gemm", 4)], [("fused", 23)]], [], (27, 2), (49, 2)),
+    "cifg_lstm": ([("gemm", 3), ("fused", 3)], [[("gemm", 3)], [("fused", 15)]], [], (18, 2), (31, 2)),
+    "min_gru": ([("gemm", 2), ("fused", 5)], [[("fused", 2)]], [], (2, 1), (4, 1)),
+    "indrnn": ([("gemm", 1), ("fused", 1)], [[("fused", 3)]], [], (3, 1), (5, 1)),
+    "sru": ([("gemm", 4), ("fused", 2)], [[("fused", 7)]], [("fused", 7)], (7, 1), (12, 1)),
+}
+
+
+def shape(item):
+    return ("gemm" if isinstance(item, Gemm) else "fused", len(item.nodes))
+
+
+def test_every_builtin_has_an_expected_schedule():
+    assert set(EXPECTED) == set(CELLS)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_builtin_schedule_exact(name):
+    pre, loop, post, fwd, bwd = EXPECTED[name]
+    s = build_schedule(load_cell(name, 8, 16))
+    assert [shape(it) for it in s.pre] == pre
+    assert [[shape(it) for it in stage] for stage in s.loop] == loop
+    assert [shape(it) for it in s.post] == post
+    k = s.summary()["kernels_per_frame"]
+    assert (k["forward"]["before_merge"], k["forward"]["after_merge"]) == fwd
+    assert (k["backward"]["before_merge"], k["backward"]["after_merge"]) == bwd
+
+
+def test_lstm_input_products_hoisted_into_one_gemm():
+    s = build_schedule(load_cell("lstm", 8, 16))
+    gemm, biases = s.pre
+    assert (gemm.operand, gemm.delay) == ("x", 0)                # [T·B, D] × [D, 4H], once
+    assert gemm.weights == ("W_ii", "W_if", "W_ig", "W_io") and sum(gemm.sizes) == 4 * 16
+    assert [s.cell.reads(n) for n in biases.nodes] == [[(lin, 0), (f"b_i{k}", 0)]
+                                                       for lin, k in zip(gemm.nodes, "ifgo")]
+
+
+def test_lstm_recurrent_products_one_gemm_per_frame():
+    s = build_schedule(load_cell("lstm", 8, 16))
+    (gemm,) = s.loop[0]
+    assert (gemm.operand, gemm.delay) == ("h", 1)
+    assert gemm.weights == ("W_hi", "W_hf", "W_hg", "W_ho")
+    (fused,) = s.loop[1]
+    assert {"i", "f", "g", "o", "c", "h"} <= set(fused.nodes) and fused.nodes[-1] == "h"
+
+
+def test_lstm_backward_reduces_weight_gradients_outside_the_loop():
+    s = build_schedule(load_cell("lstm", 8, 16))
+    assert s.summary()["param_grad_reductions"] == [
+        "dW_hi; dW_hf; dW_hg; dW_ho <- gemm over T",        # dW_hh = Σ_t dgates_tᵀ·h_{t-1}: one GEMM
+        "db_hf <- sum over T", "db_hg <- sum over T", "db_hi <- sum over T", "db_ho <- sum over T"]
+
+
+def test_min_gru_hoists_all_gates():
+    s = build_schedule(load_cell("min_gru", 8, 16))
+    assert "z" in s.summary()["hoisted"]
+    ((fused,),) = s.loop                                          # per frame: (1-z)·h[t-1] + z·h~
+    mul, h = fused.nodes
+    assert h == "h" and s.cell.op(mul).kind is OpKind.MUL and ("h", 1) in s.cell.reads(mul)
+
+
+def test_sru_highway_output_runs_after_the_loop():
+    s = build_schedule(load_cell("sru", 8, 16)).summary()
+    assert "c" in s["per_frame_stages"][0]
+    assert {"r", "h"} <= set(s["post_loop"])
+    assert s["param_grad_reductions"] == ["dv_f <- sum over T"]
+
+
+def test_naive_schedule_is_one_kernel_per_op():
+    cell = load_cell("lstm", 8, 16)
+    s = build_schedule(cell, optimize=False)
+    assert s.pre == () and s.post == ()
+    assert all(len(stage) == 1 and len(stage[0].nodes) == 1 for stage in s.loop)
+    assert len(s.loop) == 29 == s.summary()["ops"]
+
+
+def test_summary_is_plain_json_data():
+    import json
+    s = build_schedule(load_cell("gru", 8, 16)).summary()
+    assert json.loads(json.dumps(s)) == s
+
+
+# -- properties on random cells ---------------------------------------------------------------
+
+H = 4
+UNARY = ("tanh", "sigmoid", "relu", "one_minus", "identity", "scale")
+BINARY = ("add", "sub", "mul")
+
+
+@st.composite
+def recipes(draw):
+    """Plain data for a random cell: states, ops reading earlier values or delayed states, bindings."""
+    n_states = draw(st.integers(1, 3))
+    operand = st.one_of(st.tuples(st.just("value"), st.integers(0, 50)),
+                        st.tuples(st.just("state"), st.integers(0, n_states - 1), st.integers(1, 3)))
+    kinds = st.sampled_from(UNARY + BINARY + ("linear", "concat_slice"))
+    ops = draw(st.lists(st.tuples(kinds, operand, operand), min_size=1, max_size=14))
+    binds = draw(st.lists(st.integers(1, 50), min_size=n_states, max_size=n_states))
+    out = draw(st.integers(0, 50))
+    return n_states, ops, binds, out
+
+
+def build(recipe):
+    """The recipe's cell, through the public builder only; every value has H features."""
+    n_states, ops, binds, out = recipe
+    c = Cell("random")
+    values = [c.input("x", H)]
+    states = [c.state(f"s{k}", H) for k in range(n_states)]
+
+    def pick(ref):
+        return values[ref[1] % len(values)] if ref[0] == "value" else states[ref[1]].ago(ref[2])
+
+    for k, (kind, a, b) in enumerate(ops):
+        a, b = pick(a), pick(b)
+        if kind in BINARY:
+            v = c.apply(kind, a, b)
+        elif kind == "scale":
+            v = c.scale(a, 0.5)
+        elif kind == "linear":
+            v = c.linear(a, f"W{k}", H, bias=f"b{k}" if k % 2 else None)
+        elif kind == "concat_slice":
+            v = c.slice(c.concat(a, b), (k % 2) * H, (k % 2 + 1) * H)
+        else:
+            v = c.apply(kind, a)
+        values.append(v)
+    for k, ref in enumerate(binds):
+        c.bind(states[k], values[1 + ref % (len(values) - 1)])
+    c.output(c.add(values[out % len(values)], values[0]), name="y")
+    return c.build()
+
+
+def positions(s):
+    """node -> (section, stage, item, index in item): the order in which a staged run computes it."""
+    pos = {}
+    sections = [[s.pre], list(s.loop), [s.post]]
+    for rank, stages in enumerate(sections):
+        for k, stage in enumerate(stages):
+            for j, it in enumerate(stage):
+                for i, n in enumerate(it.nodes):
+                    pos[n] = (rank, k, j, i)
+    return pos
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(recipes())
+def test_random_cells_schedule_soundly(recipe):
+    cell = build(recipe)
+    g = cell.graph
+    s = build_schedule(cell)
+    compute = {n for n in g if cell.op(n).kind not in (OpKind.INPUT, OpKind.PARAM)}
+
+    # every op is scheduled exactly once
+    counts = Counter(n for it in s.items for n in it.nodes)
+    assert set(counts) == compute and set(counts.values()) == {1}
+
+    # every same-frame dependency is respected; items of one stage are independent
+    pos = positions(s)
+    owner = {n: it for it in s.items for n in it.nodes}
+    for u, v, d in g.edges(data="delay"):
+        if d or u not in compute:
+            continue
+        assert pos[u] < pos[v], (u, v)
+        if pos[u][0] == pos[v][0] == 1 and pos[u][1] == pos[v][1]:
+            assert owner[u] is owner[v], f"{u} -> {v} inside stage {pos[u][1]}"
+        if owner[u] is owner[v]:
+            assert isinstance(owner[u], Fused), f"{u} -> {v} inside one GEMM"
+
+    # nothing that depends on a delayed value is hoisted; everything not hoisted does
+    hoisted = {n for it in s.pre for n in it.nodes}
+    delayed = {v for _, v, d in g.edges(data="delay") if d}
+    dependent = delayed.union(*(nx.descendants(g, v) for v in delayed))
+    assert not hoisted & dependent
+    assert compute - hoisted <= dependent
+
+    # post-loop work feeds nothing back into the loop
+    loop = {n for stage in s.loop for it in stage for n in it.nodes}
+    post = {n for it in s.post for n in it.nodes}
+    assert not any(v in loop for u in post for v in g.successors(u))
+
+    # items are well formed: a GEMM reads one operand at one delay; a fused group is elementwise
+    for it in s.items:
+        if isinstance(it, Gemm):
+            assert all(cell.reads(n)[0] == (it.operand, it.delay) for n in it.nodes)
+            assert it.weights == tuple(cell.reads(n)[1][0] for n in it.nodes)
+        else:
+            assert all(cell.op(n).kind in ELEMENTWISE for n in it.nodes) or \
+                [cell.op(n).kind for n in it.nodes] == [OpKind.CONCAT]
