@@ -291,6 +291,8 @@ class Executor:
                 if self.cell.op(u).kind is not OpKind.PARAM:   # where this read's gradient is added
                     targets[(u, d)] = ws.read(u, d, t, grads=True) if t is not ALL or d <= 1 else None
         viewable = all(v is not None for v in targets.values())
+        if t is ALL and len({u for u, _ in targets}) < len(targets):
+            viewable = False   # one node read at two delays: its row ranges overlap across threads
         return env, genv, self.backend.prepare_backward(self.cell, it, env, genv, targets) if viewable else None
 
     def _param_grads(self, it, ws):
