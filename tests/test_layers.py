@@ -1,0 +1,406 @@
+"""Dense, Softmax/LogSoftmax, the losses and Sequential: against torch, against finite differences, and their errors."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rnngraph.errors import RnnGraphError
+from rnngraph.layers import CrossEntropyLoss, Dense, LogSoftmax, MSELoss, Sequential, Softmax
+
+RTOL = 1e-10
+
+
+def close(a, b, rtol=RTOL):
+    """Relative closeness to the larger magnitude; asserts."""
+    a, b = np.asarray(a), np.asarray(b.detach().numpy() if torch.is_tensor(b) else b)
+    assert a.shape == b.shape, (a.shape, b.shape)
+    scale = max(np.abs(b).max(initial=0.0), 1e-300)
+    assert np.abs(a - b).max(initial=0.0) <= rtol * scale, np.abs(a - b).max() / scale
+
+
+def directional(f, x, grad, rng, eps=1e-6, rtol=1e-7):
+    """Central difference of scalar f along a random direction d equals <grad, d>."""
+    d = rng.standard_normal(x.shape)
+    fd = (f(x + eps * d) - f(x - eps * d)) / (2 * eps)
+    an = float((grad * d).sum())
+    assert abs(fd - an) <= rtol * max(1.0, abs(an)), (fd, an)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+# -- Dense ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(7, 3, 5), (1, 1, 5), (4, 5)])
+def test_dense_matches_torch_linear(bias, shape, rng):
+    ref = torch.nn.Linear(5, 4, bias=bias, dtype=torch.float64)
+    dense = Dense(5, 4, bias=bias, dtype="float64", seed=0)
+    dense.load_state_dict({k: v.detach().numpy() for k, v in ref.state_dict().items()})
+    x, gy = rng.standard_normal(shape), rng.standard_normal(shape[:-1] + (4,))
+    xt = torch.tensor(x, requires_grad=True)
+    yt = ref(xt)
+    yt.backward(torch.tensor(gy))
+    y = dense(x)
+    gx = dense.backward(gy)
+    close(y, yt)
+    close(gx, xt.grad)
+    assert set(dense.grads) == {k for k, _ in ref.named_parameters()}
+    for k, p in ref.named_parameters():
+        close(dense.grads[k], p.grad)
+
+
+def test_dense_finite_differences(rng):
+    dense = Dense(6, 3, dtype="float64", seed=1)
+    x, w = rng.standard_normal((5, 2, 6)), rng.standard_normal((5, 2, 3))
+    dense(x)
+    gx = dense.backward(w)
+    directional(lambda v: float((dense.forward(v)[0] * w).sum()), x, gx, rng)
+    for name, p in dense.parameters().items():
+        def f(v, p=p):
+            saved = p.copy()
+            p[...] = v
+            out = float((dense.forward(x)[0] * w).sum())
+            p[...] = saved
+            return out
+        directional(f, p.copy(), dense.grads[name], rng)
+
+
+def test_dense_explicit_cache_pairs_forward_and_backward(rng):
+    dense = Dense(4, 2, dtype="float64", seed=0)
+    x1, x2, g = rng.standard_normal((3, 2, 4)), rng.standard_normal((3, 2, 4)), rng.standard_normal((3, 2, 2))
+    _, cache1 = dense.forward(x1)
+    dense(x2)                                    # the implicit cache is now x2's
+    dense.backward(g, cache1)
+    assert np.array_equal(dense.grads["weight"], g.reshape(-1, 2).T @ x1.reshape(-1, 4))
+
+
+def test_dense_init_seeded_and_bounded():
+    a, b, c = Dense(9, 4, seed=3), Dense(9, 4, seed=3), Dense(9, 4, seed=4)
+    assert all(np.array_equal(a.state_dict()[k], b.state_dict()[k]) for k in ("weight", "bias"))
+    assert not np.array_equal(a.weight, c.weight)
+    assert a.weight.dtype == np.float32 and a.weight.shape == (4, 9) and a.bias.shape == (4,)
+    assert np.abs(a.weight).max() <= 1 / 3 and np.abs(a.bias).max() <= 1 / 3
+    r1, r2 = np.random.default_rng(7), np.random.default_rng(7)
+    assert np.array_equal(Dense(3, 2, rng=r1).weight, Dense(3, 2, rng=r2).weight)
+    with pytest.raises(RnnGraphError, match="either seed or rng"):
+        Dense(3, 2, seed=1, rng=np.random.default_rng(1))
+
+
+def test_dense_errors():
+    dense = Dense(8, 2, dtype="float64", seed=0)
+    with pytest.raises(RnnGraphError, match=r"expected input \[\.\.\., 8\], got shape \(5, 3, 7\)"):
+        dense(np.zeros((5, 3, 7)))
+    with pytest.raises(RnnGraphError, match="dtype mismatch, expected float64, got float32"):
+        dense(np.zeros((5, 3, 8), dtype=np.float32))
+    with pytest.raises(RnnGraphError, match="expected an array"):
+        dense([[0.0] * 8])
+    with pytest.raises(RnnGraphError, match="needs a forward call"):
+        Dense(8, 2, seed=0).backward(np.zeros((1, 2), dtype=np.float32))
+    dense(np.zeros((5, 3, 8)))
+    with pytest.raises(RnnGraphError, match=r"expected grad_y of shape \(5, 3, 2\), got \(5, 3, 4\)"):
+        dense.backward(np.zeros((5, 3, 4)))
+    with pytest.raises(RnnGraphError, match="dtype must be one of"):
+        Dense(8, 2, dtype="int32")
+
+
+def test_dense_load_state_dict_lists_every_problem():
+    dense = Dense(8, 2, seed=0)
+    with pytest.raises(RnnGraphError) as e:
+        dense.load_state_dict({"weight": np.zeros((2, 7)), "extra": np.zeros(1)})
+    msg = str(e.value)
+    assert "missing key 'bias'" in msg and "unexpected key 'extra'" in msg
+    assert "'weight': expected shape (2, 8), got (2, 7)" in msg
+    w = dense.weight
+    dense.load_state_dict({"weight": np.ones((2, 8)), "bias": np.ones(2)})
+    assert dense.weight is w and w.dtype == np.float32 and (w == 1).all()   # in place: optimizers keep their arrays
+
+
+# -- Softmax / LogSoftmax -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dim", [-1, 1])
+@pytest.mark.parametrize("cls, ref", [(Softmax, torch.softmax), (LogSoftmax, torch.log_softmax)])
+def test_softmax_family_matches_torch(cls, ref, dim, rng):
+    x, gy = rng.standard_normal((6, 3, 5)) * 4, rng.standard_normal((6, 3, 5))
+    m = cls(dim)
+    xt = torch.tensor(x, requires_grad=True)
+    yt = ref(xt, dim)
+    yt.backward(torch.tensor(gy))
+    close(m(x), yt)
+    close(m.backward(gy), xt.grad)
+    assert m.parameters() == {} and m.state_dict() == {}
+    directional(lambda v: float((m.forward(v)[0] * gy).sum()), x, m.backward(gy, m.forward(x)[1]), rng)
+
+
+def test_softmax_family_is_stable_for_huge_logits():
+    x = np.array([[[1e4, 0.0, -1e4]]])
+    assert np.isfinite(Softmax()(x)).all() and np.isfinite(LogSoftmax()(x)).all()
+    close(LogSoftmax()(x)[0, 0, :2], [0.0, -1e4])
+
+
+# -- CrossEntropyLoss -----------------------------------------------------------------------------------
+
+def _ce_case(rng, T=6, B=4, C=5):
+    logits = rng.standard_normal((T, B, C)) * 3
+    target = rng.integers(0, C, (T, B))
+    target[rng.random((T, B)) < 0.3] = -100
+    return logits, target
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_matches_torch_with_ignore_index(reduction, rng):
+    logits, target = _ce_case(rng)
+    ce = CrossEntropyLoss(reduction=reduction)
+    lt = torch.tensor(logits.reshape(-1, 5), requires_grad=True)
+    ref = F.cross_entropy(lt, torch.tensor(target.reshape(-1)), ignore_index=-100, reduction=reduction)
+    g = rng.standard_normal(target.shape) if reduction == "none" else 0.7
+    ref.backward(torch.tensor(g, dtype=torch.float64).reshape(ref.shape))
+    loss = ce(logits, target)
+    assert type(loss) is np.ndarray and loss.shape == (() if reduction != "none" else target.shape)
+    assert loss.dtype == np.float64
+    close(np.reshape(loss, -1), ref.reshape(-1))
+    close(ce.backward(g), lt.grad.reshape(logits.shape))
+
+
+def test_cross_entropy_on_2d_logits_and_custom_ignore_index(rng):
+    logits, target = rng.standard_normal((10, 4)), rng.integers(0, 4, 10)
+    target[[1, 5]] = 3
+    ce = CrossEntropyLoss(ignore_index=3)
+    ref = F.cross_entropy(torch.tensor(logits), torch.tensor(target), ignore_index=3)
+    close(ce(logits, target), ref)
+
+
+def test_cross_entropy_mask_equals_ignoring_the_padded_frames(rng):
+    logits, target = _ce_case(rng)
+    mask = rng.random(target.shape) < 0.7
+    ce_mask, ce_ignore = CrossEntropyLoss(), CrossEntropyLoss()
+    ignored = np.where(mask, target, -100)
+    close(ce_mask(logits, target, mask), ce_ignore(logits, ignored))
+    g = ce_mask.backward()
+    close(g, ce_ignore.backward())
+    assert (g[~mask] == 0).all()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_cross_entropy_finite_differences(reduction, rng):
+    logits, target = _ce_case(rng)
+    mask = rng.random(target.shape) < 0.8
+    ce = CrossEntropyLoss(reduction=reduction)
+    ce(logits, target, mask)
+    directional(lambda v: float(ce.forward(v, target, mask)[0]), logits, ce.backward(), rng)
+
+
+def test_cross_entropy_is_stable_and_float32_stays_float32():
+    logits = np.array([[1e4, -1e4, 0.0]], dtype=np.float32)
+    ce = CrossEntropyLoss()
+    loss = ce(logits, np.array([1]))
+    assert loss.dtype == np.float32 and np.isclose(loss, 2e4) and np.isfinite(ce.backward()).all()
+
+
+def test_cross_entropy_errors(rng):
+    ce, logits = CrossEntropyLoss(), rng.standard_normal((6, 4, 5))
+    with pytest.raises(RnnGraphError, match=r"targets of shape \(6, 4\).*got \(4, 6\) \(time and batch"):
+        ce(logits, np.zeros((4, 6), dtype=int))
+    with pytest.raises(RnnGraphError, match="one-hot"):
+        ce(logits, np.zeros((6, 4, 5), dtype=int))
+    with pytest.raises(RnnGraphError, match="integer class-index targets, got float64"):
+        ce(logits, np.zeros((6, 4)))
+    with pytest.raises(RnnGraphError, match=r"must lie in \[0, 5\)"):
+        ce(logits, np.full((6, 4), 5))
+    with pytest.raises(RnnGraphError, match=r"expected mask of shape \(6, 4\), got \(6, 3\)"):
+        ce(logits, np.zeros((6, 4), dtype=int), np.ones((6, 3), dtype=bool))
+    with pytest.raises(RnnGraphError, match="at least 2 dimensions"):
+        ce(np.zeros(5), np.zeros((), dtype=int))
+    with pytest.raises(RnnGraphError, match="reduction must be"):
+        CrossEntropyLoss(reduction="avg")
+
+
+# -- MSELoss --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_mse_matches_torch(reduction, rng):
+    a, b = rng.standard_normal((5, 3, 2)), rng.standard_normal((5, 3, 2))
+    mse = MSELoss(reduction)
+    at = torch.tensor(a, requires_grad=True)
+    ref = F.mse_loss(at, torch.tensor(b), reduction=reduction)
+    g = rng.standard_normal(a.shape) if reduction == "none" else 1.3
+    ref.backward(torch.tensor(g, dtype=torch.float64))
+    close(mse(a, b), ref)
+    close(mse.backward(g), at.grad)
+
+
+def test_mse_mask_and_finite_differences(rng):
+    a, b = rng.standard_normal((5, 3, 2)), rng.standard_normal((5, 3, 2))
+    mask = rng.random((5, 3)) < 0.6
+    mse = MSELoss()
+    close(mse(a, b, mask), ((a - b)[mask] ** 2).mean())
+    g = mse.backward()
+    assert (g[~mask] == 0).all()
+    directional(lambda v: float(mse.forward(v, b, mask)[0]), a, g, rng)
+
+
+def test_mse_errors():
+    mse = MSELoss()
+    with pytest.raises(RnnGraphError, match=r"input's shape \(5, 3, 1\), got \(5, 3\)"):
+        mse(np.zeros((5, 3, 1)), np.zeros((5, 3)))
+    with pytest.raises(RnnGraphError, match="dtype mismatch, expected float64, got float32"):
+        mse(np.zeros((5, 3)), np.zeros((5, 3), dtype=np.float32))
+    with pytest.raises(RnnGraphError, match="expected mask of shape"):
+        mse(np.zeros((5, 3, 1)), np.zeros((5, 3, 1)), np.ones((3, 5), dtype=bool))
+
+
+# -- Sequential -----------------------------------------------------------------------------------------
+
+class Leaky:
+    """A minimal recurrent module for the protocol: h_t = a ⊙ h_{t-1} + x_t, y_t = h_t; parameter a [D]."""
+
+    def __init__(self, D, rng):
+        self.a = rng.uniform(0.2, 0.9, D)                 # [D]
+        self.grads = {}
+
+    def parameters(self):
+        return {"a": self.a}
+
+    def state_dict(self):
+        return {"a": self.a.copy()}
+
+    def load_state_dict(self, d):
+        self.a[...] = d["a"]
+
+    def __call__(self, x, state=None):                    # x: [T, B, D], state: [B, D]
+        T, B, D = x.shape
+        self.h = np.zeros((T + 1, B, D))                  # [T+1, B, D], frame 0 the initial state
+        if state is not None:
+            self.h[0] = state
+        for t in range(T):
+            self.h[t + 1] = self.a * self.h[t] + x[t]
+        return self.h[1:].copy(), self.h[T].copy()
+
+    def backward(self, grad_y, grad_state_n=None):
+        gh = np.zeros_like(self.h[0]) if grad_state_n is None else grad_state_n.copy()
+        gx, ga = np.empty_like(grad_y), np.zeros_like(self.a)
+        for t in reversed(range(len(grad_y))):
+            gh = gh + grad_y[t]
+            gx[t] = gh
+            ga += (gh * self.h[t]).sum(axis=0)
+            gh = gh * self.a
+        self.grads = {"a": ga}
+        return gx, gh, dict(self.grads)
+
+
+def _model(rng):
+    return Sequential(Leaky(4, rng), Dense(4, 3, dtype="float64", seed=0), LogSoftmax())
+
+
+def test_sequential_forward_backward_names_and_states(rng):
+    model = _model(rng)
+    x, h0 = rng.standard_normal((6, 2, 4)), rng.standard_normal((2, 4))
+    y, states = model(x, [h0, None, None])
+    leaky, dense, lsm = model.modules
+    ref_y, ref_h = Leaky.__call__(leaky, x, h0)
+    assert np.array_equal(y, lsm(dense(ref_y))) and np.array_equal(states[0], ref_h) and states[1:] == [None, None]
+    model(x, [h0, None, None])
+    gy, gh = rng.standard_normal(y.shape), rng.standard_normal(h0.shape)
+    gx, gstates0, grads = model.backward(gy, [gh, None, None])
+    assert list(grads) == ["0.a", "1.weight", "1.bias"] == list(model.parameters()) == list(model.state_dict())
+    assert gstates0[1:] == [None, None] and gstates0[0].shape == h0.shape
+
+    def objective(x_, h0_=h0):
+        y_, s_ = model(x_, [h0_, None, None])
+        return float((y_ * gy).sum() + (s_[0] * gh).sum())
+    directional(objective, x, gx, rng)
+    directional(lambda v: objective(x, v), h0, gstates0[0], rng)
+    for name, p in model.parameters().items():
+        def f(v, p=p):
+            saved = p.copy()
+            p[...] = v
+            out = objective(x)
+            p[...] = saved
+            return out
+        directional(f, p.copy(), grads[name], rng)
+
+
+def test_sequential_state_dict_round_trip_and_errors(rng):
+    a, b = _model(rng), _model(np.random.default_rng(99))
+    b.load_state_dict(a.state_dict())
+    x = rng.standard_normal((3, 2, 4))
+    assert np.array_equal(a(x)[0], b(x)[0])
+    bad = a.state_dict()
+    bad.pop("1.bias")
+    bad["2.weight"] = np.zeros(1)
+    bad["1.weight"] = np.zeros((3, 5))
+    with pytest.raises(RnnGraphError) as e:
+        b.load_state_dict(bad)
+    assert all(s in str(e.value) for s in ("missing key '1.bias'", "unexpected key '2.weight'",
+                                           "'1.weight': expected shape (3, 4), got (3, 5)"))
+    with pytest.raises(RnnGraphError, match="list of 3 entries"):
+        a(x, [None])
+    with pytest.raises(RnnGraphError, match="module 1 .Dense. is feed-forward"):
+        a(x, [None, np.zeros(1), None])
+    with pytest.raises(RnnGraphError, match="at least one module"):
+        Sequential()
+
+
+def test_nested_sequential_uses_torch_style_prefixes(rng):
+    model = Sequential(Leaky(4, rng), Sequential(Dense(4, 3, dtype="float64", seed=0), Softmax()))
+    y, _ = model(rng.standard_normal((2, 2, 4)))
+    _, _, grads = model.backward(np.ones_like(y))
+    assert list(grads) == ["0.a", "1.0.weight", "1.0.bias"] == list(model.parameters())
+
+
+def test_sequential_with_nn_lstm_matches_torch(rng):
+    nn = pytest.importorskip("rnngraph.nn")
+    if not hasattr(nn, "LSTM"):
+        pytest.skip("rnngraph.nn has no LSTM yet")
+    T, B, D, H, C = 7, 3, 5, 6, 4
+    lstm_t, lin_t = torch.nn.LSTM(D, H, num_layers=2, dtype=torch.float64), torch.nn.Linear(H, C, dtype=torch.float64)
+    model = Sequential(nn.LSTM(D, H, num_layers=2, dtype="float64"), Dense(H, C, dtype="float64"))
+    model.load_state_dict({f"{i}.{k}": v.detach().numpy()
+                           for i, m in enumerate((lstm_t, lin_t)) for k, v in m.state_dict().items()})
+    x, target = rng.standard_normal((T, B, D)), rng.integers(0, C, (T, B))
+    target[0, 1] = -100
+    xt = torch.tensor(x, requires_grad=True)
+    ref = F.cross_entropy(lin_t(lstm_t(xt)[0]).reshape(-1, C), torch.tensor(target).reshape(-1))
+    ref.backward()
+    ce = CrossEntropyLoss()
+    y, states = model(x)
+    close(ce(y, target), ref)
+    gx, _, grads = model.backward(ce.backward())
+    close(gx, xt.grad)
+    torch_grads = {f"{i}.{k}": p.grad for i, m in enumerate((lstm_t, lin_t)) for k, p in m.named_parameters()}
+    assert set(grads) == set(torch_grads)
+    for k, g in torch_grads.items():
+        close(grads[k], g)
+
+
+def test_cross_entropy_with_nothing_counted_is_nan_like_torch():
+    ce = CrossEntropyLoss()
+    loss = ce(np.zeros((2, 3)), np.full(2, -100))
+    assert np.isnan(loss) and torch.isnan(F.cross_entropy(torch.zeros(2, 3), torch.full((2,), -100)))
+
+
+@pytest.mark.gpu
+def test_layers_losses_and_optimizers_on_cupy_match_numpy(rng):
+    import cupy
+
+    from rnngraph.optim import Adam, clip_grad_norm
+    x, gy = rng.standard_normal((5, 3, 4)), rng.standard_normal((5, 3, 2))
+    target, mask = rng.integers(0, 2, (5, 3)), rng.random((5, 3)) < 0.7
+    results = []
+    for backend, xp in (("numpy", np), ("cupy", cupy)):
+        model = Sequential(Dense(4, 2, dtype="float64", seed=0, backend=backend), LogSoftmax())
+        ce, mse = CrossEntropyLoss(), MSELoss()
+        y, _ = model(xp.asarray(x))
+        l1, l2 = ce(y, xp.asarray(target), xp.asarray(mask)), mse(y, xp.asarray(gy), xp.asarray(mask))
+        g = model.backward(ce.backward() + mse.backward())[0]
+        total = clip_grad_norm(model.grads, 0.1)
+        Adam(model.parameters(), lr=0.1, weight_decay=0.01).step(model.grads)
+        arrays = (y, l1, l2, g, total, *model.parameters().values())
+        assert all(type(a) is xp.ndarray for a in arrays), [type(a) for a in arrays]
+        results.append([cupy.asnumpy(a) for a in arrays[:5]] + list(model.state_dict().values()))
+    for a, b in zip(*results):
+        close(a, b)
+    with pytest.raises(RnnGraphError, match="expected a cupy array .* got a numpy array"):
+        Dense(4, 2, dtype="float64", seed=0, backend="cupy")(x)
