@@ -1,0 +1,334 @@
+"""PyTorch-shaped recurrent layers: Recurrent (any cell), LSTM, GRU and RNN, with explicit backward.
+
+Shapes follow PyTorch exactly: x is [T, B, D] ([B, T, D] with batch_first), y is [T, B, dirs·H]
+(or [B, T, dirs·H]) and every state (h0, c0, h_n, c_n) is [num_layers·num_directions, B, H]
+whatever batch_first is. Parameters use PyTorch's names, shapes and gate order.
+
+The layers build no autograd graph: ``backward`` differentiates the most recent call. Truncated
+BPTT over a stream is therefore the plain loop ``y, state = layer(x_chunk, state)``; the backward
+of a chunk covers that chunk only, and ``grad_state0`` is what would cross into the previous chunk.
+A state carries its last frame across calls; a cell reading a state d ≥ 2 frames back (``.ago(d)``)
+sees the initial value for all frames before the call, not the previous chunk's history.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import nn_checks as chk
+from .arrays import float_dtype
+from .backends import get_backend
+from .cells import load_cell
+from .errors import RnnGraphError
+from .init import init_orthogonal, init_uniform
+from .nn_checks import check_finite
+from .stacking import Frames, Stack
+
+__all__ = ["GRU", "LSTM", "RNN", "Recurrent", "check_finite", "detach", "init_orthogonal_", "init_uniform_"]
+
+
+def detach(state):
+    """A copy of a state (array, tuple of arrays or None) for the next chunk of truncated BPTT.
+
+    The layers hold no autograd graph, so this only makes the cut explicit and guards the arrays
+    against later in-place updates: ``y, state = layer(x_k, detach(state))``.
+    """
+    if state is None:
+        return None
+    if isinstance(state, (tuple, list)):
+        return type(state)(detach(s) for s in state)
+    return state.copy()
+
+
+class Recurrent:
+    """A stack of recurrent layers running any cell, with PyTorch's layer conventions.
+
+    cell: a built-in name (see rnngraph.CELLS), 'module:function', a cell function
+    ``fn(input_size, hidden_size, bias=True) -> CellGraph`` or a CellGraph (one layer, or layers
+    whose inputs have the cell's input size). Keyword options: ``backend`` 'numpy' | 'cupy' | 'auto'
+    or a backend object (``layer.backend_name`` says which was picked), ``dtype`` 'float32' (default, as torch) or
+    'float64', ``mode`` 'staged' | 'naive' | 'graph' (cupy only), ``seed`` for the layer's generator (initialisation and
+    dropout masks), ``init`` 'uniform' (torch's U(±1/√H)) | 'orthogonal' | a function of the layer.
+
+    Example::
+
+        layer = Recurrent("gru", 8, 16, num_layers=2, bidirectional=True, dtype="float64")
+        y, h_n = layer(x)                       # x [T, B, 8] -> y [T, B, 32], h_n [4, B, 16]
+        grad_x, grad_h0, grads = layer.backward(grad_y)
+    """
+
+    def __init__(self, cell, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, *,
+                 backend: str = "numpy", dtype="float32", mode: str = "staged", seed: int = 0,
+                 init="uniform"):
+        chk.check_config(input_size, hidden_size, num_layers, dropout)
+        self.input_size, self.hidden_size, self.num_layers = int(input_size), int(hidden_size), int(num_layers)
+        self.bias, self.batch_first, self.dropout = bool(bias), bool(batch_first), float(dropout)
+        self.bidirectional, self.num_directions = bool(bidirectional), 2 if bidirectional else 1
+        self.backend = _make_backend(backend, mode)
+        self.backend_name = self.backend.name
+        self.dtype = float_dtype(dtype)
+        self.mode = mode
+        self.rng = np.random.default_rng(seed)
+        self.training = True
+        self.check_finite = False       # True: raise on NaN/inf in inputs, outputs and gradients
+        self.cells = self._load_cells(cell)
+        self.cell = self.cells[0]
+        self.state_names = tuple(self.cell.states)
+        self._stack = Stack(self.cells, self.backend, mode, self.num_directions)
+        self._layout = [[_param_layout(c, _suffix(l, d)) for d in range(self.num_directions)]
+                        for l, c in enumerate(self.cells)]
+        self._params = {name: self.backend.zeros(shape, self.dtype)
+                        for per_l in self._layout for per_d in per_l for name, shape, _ in per_d}
+        self._views = self._cell_params()   # stable objects: the executor uses parameters in place
+        self._last = None
+        self.grads: dict = {}
+        chk.resolve_init(init, _INIT)(self)
+
+    def _load_cells(self, spec) -> list:
+        cells = [load_cell(spec, self.input_size, self.hidden_size, self.bias)]
+        chk.check_cell(cells[0], self.input_size, 0)
+        out = cells[0].op(cells[0].outputs[0]).size * self.num_directions
+        for l in range(1, self.num_layers):
+            cells.append(load_cell(spec, out, self.hidden_size, self.bias))
+            chk.check_cell(cells[l], out, l)
+        return cells
+
+    # -- parameters ---------------------------------------------------------------------------
+    def parameters(self) -> dict:
+        """name -> live parameter array (PyTorch's names and layout); update them in place."""
+        return dict(self._params)
+
+    def state_dict(self) -> dict:
+        """name -> numpy copy of each parameter, in PyTorch's names, shapes, gate order and key order."""
+        return {n: np.array(self.backend.to_numpy(p)) for n, p in self._params.items()}
+
+    def load_state_dict(self, state: dict, strict: bool = True):
+        """Loads numpy arrays (e.g. ``{k: v.numpy() for k, v in torch_module.state_dict().items()}``).
+
+        Missing keys, unexpected keys and wrong shapes are all listed, by name, in one RnnGraphError.
+        With strict=False missing and unexpected keys are skipped; wrong shapes still raise.
+        """
+        arrays = {k: chk.to_host(v) for k, v in state.items()}
+        chk.check_state_dict(self._params, arrays, strict, type(self).__name__)
+        for n, a in arrays.items():
+            if n in self._params:
+                self._params[n][...] = self.backend.asarray(a, dtype=self.dtype)
+        return self
+
+    def _cell_params(self) -> list:
+        """[l][d]: cell param -> row-block view of its PyTorch-layout parameter (contiguous rows)."""
+        views = []
+        for per_l in self._layout:
+            views.append([])
+            for per_d in per_l:
+                v = {}
+                for name, _, parts in per_d:
+                    for p, start, stop in parts:
+                        v[p] = self._params[name][start:stop]
+                views[-1].append(v)
+        return views
+
+    def _torch_grads(self, grads) -> dict:
+        xp, out = self.backend.xp, {}
+        for per_l, g_l in zip(self._layout, grads):
+            for per_d, g in zip(per_l, g_l):
+                for name, _, parts in per_d:
+                    out[name] = xp.concatenate([g[p] for p, _, _ in parts])   # a copy: g is a workspace view
+        return out
+
+    # -- modes --------------------------------------------------------------------------------
+    def train(self, mode: bool = True):
+        """Training mode (dropout between layers active), as torch's Module.train()."""
+        self.training = bool(mode)
+        return self
+
+    def eval(self):
+        """Inference mode (no dropout), as torch's Module.eval()."""
+        return self.train(False)
+
+    # -- forward and backward -----------------------------------------------------------------
+    def __call__(self, x, state=None, lengths=None):
+        return self.forward(x, state, lengths)
+
+    def forward(self, x, state=None, lengths=None):
+        """x: [T, B, D] ([B, T, D] with batch_first); state: h0, or a tuple in cell.states order
+        (LSTM: (h0, c0)), each [L·dirs, B, S], or None for zeros; lengths: [B] ints, or None.
+        Returns (y, state_n) with y [T, B, dirs·F] (or [B, T, dirs·F]) and state_n shaped like state.
+        Returned arrays are fresh copies: keep them as long as you like."""
+        x = chk.check_array("x", x, self.backend, self.dtype)
+        chk.check_input(x, self.input_size, self.batch_first)
+        xt = x.transpose(1, 0, 2) if self.batch_first else x
+        T, B = xt.shape[:2]
+        init = self._unpack(state, "{}0", T, B)
+        frames = Frames(self.backend.xp, T, B, chk.check_lengths(lengths, T, B))
+        if self.check_finite:
+            for name, a in [("x", x)] + [(f"{s}0", a) for s, a in init.items() if a is not None]:
+                check_finite(name, a)
+        dropout = self.dropout if self.training else 0.0
+        self._last = None               # the executors' workspaces are about to change
+        y, finals = self._stack.forward(self._views, xt, init, frames, dropout, self.rng)
+        self._last = (frames, y.shape)
+        y = self._to_user(y)
+        if self.check_finite:
+            for n, a in [("output y", y)] + [(f"final state {s}_n", a) for s, a in finals.items()]:
+                check_finite(n, a)
+        return y, self._pack(finals)
+
+    def backward(self, grad_y, grad_state_n=None):
+        """Gradients of the most recent call. grad_y: like y (or None); grad_state_n: like state_n
+        (or None; entries may be None). Returns (grad_x like x, grad_state0 like state, grads: name ->
+        array keyed like parameters()); grads are also kept in ``layer.grads``."""
+        if self._last is None:
+            raise RnnGraphError("backward() called before the layer was called on an input")
+        frames, y_shape = self._last
+        user_shape = (y_shape[1], y_shape[0], y_shape[2]) if self.batch_first else y_shape
+        if grad_y is None:
+            gy = self.backend.zeros(y_shape, self.dtype)
+        else:
+            gy = chk.check_array("grad_y", grad_y, self.backend, self.dtype)
+            chk.check_grad_shape("grad_y", gy.shape, user_shape, "the output y")
+            if self.check_finite:
+                check_finite("grad_y", gy)
+            gy = gy.transpose(1, 0, 2) if self.batch_first else gy
+        gfin = self._unpack(grad_state_n, "grad_{}_n", y_shape[0], y_shape[1])
+        gx, ginit, grads = self._stack.backward(gy, gfin, frames)
+        gx, self.grads = self._to_user(gx), self._torch_grads(grads)
+        if self.check_finite:
+            for n, g in [("grad_x", gx)] + [(f"gradient of {n}", g) for n, g in self.grads.items()]:
+                check_finite(n, g)
+        return gx, self._pack(ginit), dict(self.grads)
+
+    # -- states -------------------------------------------------------------------------------
+    def _unpack(self, state, label: str, T: int, B: int) -> dict:
+        """User state (None, array, or tuple in cell.states order) -> state name -> array or None.
+        label: e.g. '{}0' names each part ('h0', 'c0') in error messages."""
+        parts = chk.split_state(state, self.state_names, type(self).__name__, label)
+        out = {}
+        for s, a in zip(self.state_names, parts):
+            if a is not None:
+                a = chk.check_array(label.format(s), a, self.backend, self.dtype)
+                expected = (self.num_layers * self.num_directions, B, self.cell.states[s][1])
+                chk.check_state_shape(label.format(s), a.shape, expected, T, self)
+            out[s] = a
+        return out
+
+    def _pack(self, states: dict):
+        vals = tuple(states[s] for s in self.state_names)
+        return vals[0] if len(vals) == 1 else vals
+
+    def _to_user(self, a):
+        return self.backend.xp.ascontiguousarray(a.transpose(1, 0, 2)) if self.batch_first else a
+
+    def __repr__(self):
+        opts = [f"cell={self.cell.name}"] if type(self) is Recurrent else []
+        opts += [str(self.input_size), str(self.hidden_size)]
+        for k, dflt in (("num_layers", 1), ("bias", True), ("batch_first", False), ("dropout", 0.0),
+                        ("bidirectional", False)):
+            if getattr(self, k) != dflt:
+                opts.append(f"{k}={getattr(self, k)}")
+        opts += [f"backend={self.backend_name}", f"dtype={self.dtype.name}", f"mode={self.mode}"]
+        return f"{type(self).__name__}({', '.join(opts)})"
+
+
+class LSTM(Recurrent):
+    """torch.nn.LSTM's signature and equations (gates i, f, g, o): ``y, (h_n, c_n) = lstm(x, (h0, c0))``."""
+
+    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+                 bidirectional=False, **options):
+        super().__init__("lstm", input_size, hidden_size, num_layers, bias, batch_first, dropout,
+                         bidirectional, **options)
+
+
+class GRU(Recurrent):
+    """torch.nn.GRU's signature and equations (gates r, z, n): ``y, h_n = gru(x, h0)``."""
+
+    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+                 bidirectional=False, **options):
+        super().__init__("gru", input_size, hidden_size, num_layers, bias, batch_first, dropout,
+                         bidirectional, **options)
+
+
+class RNN(Recurrent):
+    """torch.nn.RNN's signature (nonlinearity 'tanh' or 'relu'): ``y, h_n = rnn(x, h0)``."""
+
+    def __init__(self, input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True,
+                 batch_first=False, dropout=0.0, bidirectional=False, **options):
+        if nonlinearity not in ("tanh", "relu"):
+            raise RnnGraphError(f"unknown nonlinearity {nonlinearity!r} for RNN; choose 'tanh' or 'relu'")
+        self.nonlinearity = nonlinearity
+        super().__init__(f"rnn_{nonlinearity}", input_size, hidden_size, num_layers, bias, batch_first,
+                         dropout, bidirectional, **options)
+
+
+def _make_backend(backend, mode: str):
+    """A backend object from a name (an object is used as is); mode 'graph' needs cupy with capture."""
+    if not isinstance(backend, str):
+        return backend
+    be = get_backend(backend)
+    if mode == "graph" and be.name == "cupy":
+        from .backends.cupy_backend import CupyBackend
+        be = CupyBackend(capture=True)
+    return be
+
+
+# -- parameter layout and initialisation ------------------------------------------------------
+def _suffix(layer: int, direction: int) -> str:
+    return f"_l{layer}" + ("_reverse" if direction else "")
+
+
+def _param_layout(cell, suffix: str) -> list:
+    """[(name, shape, [(cell param, row start, row stop)])] for one (layer, direction): PyTorch's
+    stems from cell.layout first, then every other cell parameter under its own name."""
+    groups = list(cell.layout.items())
+    covered = {p for _, parts in groups for p in parts}
+    groups += [(p, (p,)) for p in cell.params if p not in covered]
+    out = []
+    for stem, parts in groups:
+        shapes = [tuple(cell.params[p]) for p in parts]
+        if len({s[1:] for s in shapes}) != 1:
+            raise RnnGraphError(f"layout entry '{stem}' of cell '{cell.name}' stacks parameters of "
+                                f"incompatible shapes {shapes}; stacked parameters must share trailing dims")
+        rows, off = [], 0
+        for p, s in zip(parts, shapes):
+            rows.append((p, off, off + s[0]))
+            off += s[0]
+        out.append((stem + suffix, (off,) + shapes[0][1:], rows))
+    return out
+
+
+def init_uniform_(layer):
+    """PyTorch's default: every parameter ~ U(-1/√H, 1/√H), H = hidden_size, drawn from layer.rng
+    in state-dict order."""
+    for p in layer._params.values():
+        p[...] = layer.backend.asarray(init_uniform(layer.rng, p.shape, layer.hidden_size, layer.dtype))
+
+
+def init_orthogonal_(layer, gain: float = 1.0):
+    """Each matrix block (one gate's W_ih or W_hh) a (semi-)orthogonal matrix times `gain`; every
+    vector parameter (biases, peepholes, diagonal weights) zero. Draws from layer.rng."""
+    blocks = [b for per_l in layer._views for per_d in per_l for b in per_d.values()]  # row views
+    for block in blocks:
+        if block.ndim == 1:
+            block[...] = 0
+        else:
+            block[...] = layer.backend.asarray(init_orthogonal(layer.rng, block.shape, gain, layer.dtype))
+
+
+_INIT = {"uniform": init_uniform_, "orthogonal": init_orthogonal_}
+
+
+def __getattr__(name):
+    """rnngraph.nn.Dense, Softmax, losses and Sequential live in rnngraph.layers; expose them here too."""
+    missing = AttributeError(f"module 'rnngraph.nn' has no attribute {name!r}")
+    if name.startswith("_"):
+        raise missing
+    try:
+        from . import layers
+    except ModuleNotFoundError as e:
+        if e.name != f"{__package__}.layers":
+            raise
+        raise missing from None
+    try:
+        return getattr(layers, name)
+    except AttributeError:
+        raise missing from None
