@@ -26,13 +26,16 @@ class Workspace:
     def __init__(self, sched: Schedule, backend, T: int, B: int, dtype):
         cell = sched.cell
         self.T, self.B, self.dtype, self.serial, self.version = T, B, dtype, next(_SERIAL), 0
-        self.vals, self.grads, self.cat, self.wcat, self.memo = {}, {}, {}, {}, {}
+        self.vals, self.grads, self.cat, self.wcat, self.memo, self.shift = {}, {}, {}, {}, {}, {}
         self.shared_weights = {w for w, k in Counter(w for n in cell.graph if cell.op(n).kind is OpKind.LINEAR
                                                      for w in [cell.reads(n)[1][0]]).items() if k > 1}
         gemms = [it for it in sched.items if isinstance(it, Gemm)]
         blocks = [((T + 1, B, sum(it.sizes)), it) for it in gemms]
         blocks += [((T + 1, B, cell.op(n).size), n) for n in cell.graph
                    if cell.op(n).kind is not OpKind.PARAM and n not in {m for it in gemms for m in it.nodes}]
+        shifts = sorted({(u, d["delay"]) for u, _, d in cell.graph.edges(data=True)
+                         if d["delay"] >= 2 and cell.op(u).kind is not OpKind.PARAM})
+        blocks += [((T, B, cell.op(u).size), ("shift", u, d)) for u, d in shifts]
         wblocks = [((sum(it.sizes), cell.op(it.operand).size), it) for it in gemms]
         pblocks = [(cell.params[p], p) for p in cell.params]
         vals = _carve(backend, dtype, [s for s, _ in blocks + wblocks])
@@ -46,6 +49,8 @@ class Workspace:
                     off += f
             elif isinstance(key, Gemm):
                 self.wcat[key] = (v, g)
+            elif isinstance(key, tuple):   # frames t-d of node u for all t: [T, B, F]
+                self.shift[key[1:]] = v
             else:
                 self.vals[key], self.grads[key] = v, g
         for it, (_, g) in self.wcat.items():   # a weight read by one linear op: its grad is a row block
@@ -54,6 +59,14 @@ class Workspace:
                 if w not in self.shared_weights:
                     self.grads[w] = g[off:off + f]
                 off += f
+
+        xp = backend.xp
+        self.gather = {d: xp.asarray(xp.maximum(xp.arange(T) + 1 - d, 0)) for _, d in shifts}
+
+    def refresh_shifts(self):
+        """Fills the [T, B, F] buffers of values read d ≥ 2 frames back (frames before d-1 read row 0)."""
+        for (u, d), buf in self.shift.items():
+            _xp(buf).take(self.vals[u], self.gather[d], axis=0, out=buf)
 
     def bind_params(self, params: dict):
         """Parameters are used in place; a new array object invalidates recorded loops and views."""
@@ -76,8 +89,9 @@ class Workspace:
             return buf[max(t + 1 - d, 0)]
         if d <= 1:
             return _rows(buf[1 - d:self.T + 1 - d])
-        xp = _xp(buf)   # d ≥ 2: frames before d-1 all read the initial state
-        return _rows(buf[xp.maximum(xp.arange(self.T) + 1 - d, 0)])
+        if grads:
+            raise RnnGraphError(f"internal: no gradient view of '{n}' read {d} frames back over all frames")
+        return _rows(self.shift[(n, d)])   # d ≥ 2: filled by refresh_shifts() after the loop
 
     def add(self, n: str, d: int, t, v, cols=slice(None)):
         """Adds gradient v (rows of the read) into n's gradient at the rows a delay-d read came from."""
@@ -158,21 +172,45 @@ class Executor:
         x0 = inputs[next(iter(cell.inputs))]
         ws = self.ws = self.workspace(x0.shape[0], x0.shape[1], x0.dtype)
         ws.bind_params({n: params[n] for n in cell.params})
-        for it, (w, _) in ws.wcat.items():
-            be.pack(w, [ws.vals[p] for p in it.weights])
         for n, x in inputs.items():
             be.copy(ws.vals[n][1:], x)
         for s, (p, _) in cell.states.items():
             ws.vals[p][0] = 0 if init.get(s) is None else init[s]
-        for it in self.sched.pre:
-            self._forward_item(it, ws, ALL)
-        be.loop(("fwd", self.serial, ws.serial, ws.version), lambda: self._forward_loop(ws))
-        for it in self.sched.post:
-            self._forward_item(it, ws, ALL)
+        key = ("fwd", self.serial, ws.serial, ws.version)
+        if self.whole_capture:
+            be.loop(key, lambda: self._forward_body(ws, _call))
+        else:
+            self._forward_body(ws, lambda fn: be.loop(key, fn))
         self.lengths = lengths
         outputs = {o: ws.vals[o][1:] for o in cell.outputs}
         finals = {s: self._final(ws.vals[p], lengths) for s, (p, _) in cell.states.items()}
         return outputs, finals
+
+    def _forward_body(self, ws, run_loop):
+        """Everything after the inputs are staged: packing, pre, the time loop, post."""
+        for it, (w, _) in ws.wcat.items():
+            self.backend.pack(w, [ws.vals[p] for p in it.weights])
+        for it in self.sched.pre:
+            self._forward_item(it, ws, ALL)
+        run_loop(lambda: self._forward_loop(ws))
+        ws.refresh_shifts()
+        for it in self.sched.post:
+            self._forward_item(it, ws, ALL)
+
+    @property
+    def whole_capture(self) -> bool:
+        """Whether the backend records whole forward/backward bodies (else only the time loops)."""
+        return self.backend.capture_scope == "all" and self.capture_problem() is None
+
+    def capture_problem(self) -> str | None:
+        """Why a whole body cannot be recorded (a post-loop op whose gradient needs temporaries), or None."""
+        for it in self.sched.post:
+            reads = [(it.operand, it.delay)] if isinstance(it, Gemm) else \
+                [r for n in it.nodes for r in self.cell.reads(n) if self.cell.op(r[0]).kind is not OpKind.PARAM]
+            reads = set(reads)
+            if any(d >= 2 for _, d in reads) or len({u for u, _ in reads}) < len(reads):
+                return f"post-loop op {it.nodes[0]} reads a value at several or far delays"
+        return None
 
     def _final(self, buf, lengths):
         if lengths is None:
@@ -230,10 +268,22 @@ class Executor:
                     ws.grads[p][ws.T] += g
                 else:   # each sequence's final state is its value at its own last frame
                     ws.grads[p][self.lengths, _xp(g).arange(ws.B)] += g
+        key = ("bwd", self.serial, ws.serial, ws.version)
+        if self.whole_capture:
+            be.loop(key, lambda: self._backward_body(ws, _call))
+        else:
+            self._backward_body(ws, lambda fn: be.loop(key, fn))
+        return ({n: ws.grads[n][1:] for n in cell.inputs},
+                {s: ws.grads[p][0] for s, (p, _) in cell.states.items()},
+                {n: ws.grads[n] for n in cell.params})
+
+    def _backward_body(self, ws, run_loop):
+        """Everything after the output gradients are staged: post, the reverse loop, hoisted
+        parameter reductions, pre (input and pre-parameter gradients)."""
         hoist = self.sched.hoist_param_grads
         for it in reversed(self.sched.post):
             self._backward_item(it, ws, ALL, not hoist)
-        be.loop(("bwd", self.serial, ws.serial, ws.version), lambda: self._backward_loop(ws))
+        run_loop(lambda: self._backward_loop(ws))
         for it in [it for st in self.sched.loop for it in st] + list(self.sched.post):
             self._param_grads(it, ws)
         for it in reversed(self.sched.pre):
@@ -246,9 +296,6 @@ class Executor:
                 if w in ws.shared_weights:
                     ws.grads[w] += gw[off:off + f]
                 off += f
-        return ({n: ws.grads[n][1:] for n in cell.inputs},
-                {s: ws.grads[p][0] for s, (p, _) in cell.states.items()},
-                {n: ws.grads[n] for n in cell.params})
 
     def _backward_loop(self, ws):
         params = not self.sched.hoist_param_grads
@@ -307,11 +354,13 @@ class Executor:
             reads = self.cell.reads(n)
             for slot, (u, d) in enumerate(reads):
                 if self.cell.op(u).kind is OpKind.PARAM:
-                    op = self.cell.op(n)
-                    ins = [ws.read(v, e, ALL) for v, e in reads]
-                    v = VJP[op.kind][slot](self.backend.xp, ws.read(n, 0, ALL, grads=True), *ins,
-                                           ws.read(n, 0, ALL), op.attrs)
-                    self.backend.reduce_rows(v, ws.grads[u])
+                    self.backend.param_grad(self.cell, n, slot, ws.read(n, 0, ALL, grads=True),
+                                            [ws.read(v, e, ALL) for v, e in reads], ws.read(n, 0, ALL),
+                                            ws.grads[u])
+
+
+def _call(fn):
+    fn()
 
 
 def run_fused_forward(xp, cell, it, env):

@@ -181,3 +181,32 @@ def matmul_source(kind: str, ctype: str) -> str:
     """CUDA source of the capturable 'gemv' or 'gemm' kernel for ctype 'float' or 'double'."""
     return (GEMV_SOURCE if kind == "gemv" else GEMM_SOURCE).replace("{T}", ctype).replace(
         "{{", "{").replace("}}", "}")
+
+
+PARAM_GRAD_SOURCE = r"""
+extern "C" __global__ void {name}({args}{T}* out, int N, int F, int R) {{
+    // gradient of a vector parameter: out[f] += sum over rows n of the op's backward expression
+    int f = blockIdx.x * blockDim.x + threadIdx.x;
+    if (f >= F) return;
+    int n0 = blockIdx.y * R, n1 = min(N, n0 + R);
+    {T} acc = 0;
+    for (int n = n0; n < n1; ++n) {{
+{loads}
+        acc += {expr};
+    }}
+    atomicAdd(out + f, acc);
+}}
+"""
+
+
+def param_grad_kernel(cell, n: str, slot: int, ctype: str) -> tuple[str, str]:
+    """(name, CUDA source) reducing the gradient of node n's parameter operand `slot` over all rows.
+    Arguments: g, each operand, y (each a pointer and a row stride; a vector parameter has stride 0)."""
+    op = cell.op(n)
+    names = ["G"] + [f"A{k}" for k in range(len(cell.reads(n)))] + ["Y"]
+    args = "".join(f"const {ctype}* p{v}, long long ld{v}, " for v in names)
+    loads = "\n".join(f"        {ctype} {v} = p{v}[n * ld{v} + f];" for v in names)
+    expr = _expr(KERNEL[op.kind][1][slot], cell, n, names[1:-1], g="G", y="Y")
+    text = PARAM_GRAD_SOURCE.format(name="{name}", args=args, T=ctype, loads=loads, expr=expr)
+    name = _named("pgrad", text)
+    return name, text.replace("{name}", name)

@@ -56,7 +56,7 @@ CELLS = [*rg.CELLS, "user"]
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("mode", ["naive", "staged", "graph"])
+@pytest.mark.parametrize("mode", ["naive", "staged", "graph", "graph-own"])
 @pytest.mark.parametrize("name", CELLS)
 def test_cupy_matches_numpy_reference(name, mode, dtype):
     import cupy
@@ -64,16 +64,17 @@ def test_cupy_matches_numpy_reference(name, mode, dtype):
     cell = user_cell(5, 8) if name == "user" else rg.load_cell(name, 5, 8)
     prob = _problem(cell)
     _, ref = _run(cell, NumpyBackend(), "naive", *prob, np, np.float64)
-    be = CupyBackend(capture=(mode == "graph"))
-    ex, got = _run(cell, be, mode, *prob, cupy, dtype)
+    be = CupyBackend(capture=mode.startswith("graph"), matmul="own" if mode == "graph-own" else "cublas")
+    ex, got = _run(cell, be, mode.split("-")[0], *prob, cupy, dtype)
     _assert_close(got, ref, TOL[dtype], f"{name}/{mode}/{dtype} first call")
-    if mode == "graph":   # replay with new inputs must give new, correct results (no stale values)
+    if mode.startswith("graph"):   # replay with new inputs must give new, correct results (no stale values)
         for seed in (1, 2):   # the same parameter arrays updated in place, as an optimizer does
             prob2 = _problem(cell, seed=seed)
             _, ref2 = _run(cell, NumpyBackend(), "naive", *prob2, np, np.float64)
             got2 = _run_again(ex, prob2, cupy, dtype)
             _assert_close(got2, ref2, TOL[dtype], f"{name}/graph replay {seed}")
         assert len(be._graphs) == 4 and all(g != "eager" for g in be._graphs.values())
+        assert ex.whole_capture == (mode == "graph" and ex.capture_problem() is None)
 
 
 _PARAMS = {}

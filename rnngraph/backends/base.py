@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..executor import run_fused_backward, run_fused_forward
-from ..ops import accumulate
+from ..ops import VJP, accumulate
 
 
 class ArrayBackend:
@@ -20,8 +20,11 @@ class ArrayBackend:
         dst[...] = self.xp.asarray(src)
 
     def pack(self, out, parts):
-        """out [ΣF, K] = the matrices parts[k] [F_k, K] stacked along rows."""
-        self.xp.concatenate(parts, axis=0, out=out)
+        """out [ΣF, K] = the matrices parts[k] [F_k, K] stacked along rows (plain copies: capturable)."""
+        off = 0
+        for p in parts:
+            out[off:off + p.shape[0]] = p
+            off += p.shape[0]
 
     def gemm(self, x, w, out):
         """out [N, M] = x [N, K] · w [M, K]ᵀ."""
@@ -54,12 +57,16 @@ class ArrayBackend:
     def fused_backward_prepared(self, prepared):
         raise NotImplementedError("this backend prepares no fused kernels")
 
-    def reduce_rows(self, v, out):
-        """out [F] += v [N, F] summed over rows (a vector parameter's gradient)."""
-        accumulate(out, v)
+    def param_grad(self, cell, n, slot, g, ins, y, out):
+        """out [F] += node n's backward rule for its vector-parameter operand `slot`, summed over
+        rows; g, y: [N, F]; ins: its operands (rows, or the parameter itself)."""
+        op = cell.op(n)
+        accumulate(out, VJP[op.kind][slot](self.xp, g, *ins, y, op.attrs))
+
+    capture_scope = None   # what a capturing backend records: "all" (whole bodies) or "loops"
 
     def loop(self, key, fn):
-        """Runs one time loop; a capturing backend may record it once and replay it."""
+        """Runs fn (a time loop or a whole body); a capturing backend records it once and replays it."""
         fn()
 
     def synchronize(self):

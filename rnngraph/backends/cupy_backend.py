@@ -1,4 +1,4 @@
-"""The GPU backend on CuPy: generated fused kernels, capturable GEMV/GEMM, CUDA-graph replay of loops.
+"""The GPU backend on CuPy: generated fused kernels, capturable GEMMs, CUDA-graph replay.
 
 cupy is imported lazily, so rnngraph works without it. Any CUDA build of cupy (cupy-cuda12x,
 cupy-cuda13x) works: only the generic `cupy` module is used.
@@ -9,7 +9,8 @@ import warnings
 from collections import OrderedDict
 
 from ..errors import RnnGraphError, RnnGraphWarning
-from ..kernels import GEMV_ROWS, fusable, fused_backward_kernel, fused_forward_kernel, matmul_source
+from ..kernels import (GEMV_ROWS, fusable, fused_backward_kernel, fused_forward_kernel, matmul_source,
+                       param_grad_kernel)
 from .base import ArrayBackend
 
 _KERNELS: dict = {}      # process-wide cache: generated source -> compiled kernel object
@@ -44,17 +45,35 @@ def _ver(v: int) -> str:
 
 
 class CupyBackend(ArrayBackend):
-    """cupy arrays; `capture=True` records each time loop once as a CUDA graph and replays it."""
+    """cupy arrays. With capture=True, each forward and backward body (or, where that is not
+    capturable, each time loop) is recorded once as a CUDA graph and replayed.
+
+    matmul: 'cublas' runs every GEMM through cuBLAS's C API, which can be recorded, so whole bodies
+    are captured; 'own' uses our capturable GEMV (B ≤ 8) and tiled GEMM kernels in the per-frame loop
+    and CuPy's cuBLAS eagerly around it, so only the time loops are captured.
+    """
     name = "cupy"
 
-    def __init__(self, capture: bool = False, max_graphs: int = 32):
+    def __init__(self, capture: bool = False, matmul: str = "cublas", max_graphs: int = 32):
         import cupy
+        from .cublas import Cublas
+        if matmul not in ("cublas", "own"):
+            raise RnnGraphError(f"unknown matmul {matmul!r}; choose 'cublas' or 'own'")
         self.xp = cupy
         self.capture = capture
         self.max_graphs = max_graphs
         self._graphs: OrderedDict = OrderedDict()
-        self._own_matmul = False          # True while a loop may be captured: no cuBLAS allowed
-        self._transposed: dict = {}       # id(packed W) -> its transpose [K, M], refreshed by pack()
+        self._own_matmul = False          # True while a loop may be captured with matmul='own'
+        self._transposed: dict = {}       # id(packed W) -> its transpose [K, M], for matmul='own'
+        self.blas = None
+        if matmul == "cublas":
+            try:
+                self.blas = Cublas(cupy)
+            except (OSError, RuntimeError, AttributeError) as e:
+                warnings.warn(f"cuBLAS C API unavailable ({e}); using rnngraph's own GEMM kernels",
+                              RnnGraphWarning, stacklevel=2)
+        self.matmul = "cublas" if self.blas else "own"
+        self.capture_scope = "all" if self.blas else "loops"
         self.stream = cupy.cuda.Stream(non_blocking=True) if capture else None
 
     def to_numpy(self, a):
@@ -65,26 +84,51 @@ class CupyBackend(ArrayBackend):
 
     def pack(self, out, parts):
         super().pack(out, parts)
-        wt = self._transposed.get(id(out))
-        if wt is None or wt[0] is not out:
-            self._transposed[id(out)] = (out, self.xp.empty(out.shape[::-1], out.dtype))
-        self._transposed[id(out)][1][...] = out.T
+        if self.matmul == "own":
+            wt = self._transposed.get(id(out))
+            if wt is None or wt[0] is not out:
+                self._transposed[id(out)] = (out, self.xp.empty(out.shape[::-1], out.dtype))
+            self._transposed[id(out)][1][...] = out.T
 
     # -- matrix products ----------------------------------------------------------------------
     def gemm(self, x, w, out):
         if self._own_matmul:
             self._matmul(x, w, out, accumulate=False)
+        elif self.blas and self.blas.usable(x, w, out):
+            self.blas.nt(x, w, out)
         else:
             self.xp.matmul(x, w.T, out=out)
 
     def gemm_nn(self, g, w, out):
-        if self._own_matmul and id(w) in self._transposed:
+        if self._own_matmul:
             self._matmul(g, self._transposed[id(w)][1], out, accumulate=True)
+        elif self.blas and self.blas.usable(g, w, out):
+            self.blas.nn(g, w, out)
         else:
             out += g @ w
 
+    def gemm_tn(self, g, x, out):
+        if self.blas and self.blas.usable(g, x, out):
+            self.blas.tn(g, x, out)
+        else:
+            out += g.T @ x
+
+    def param_grad(self, cell, n, slot, g, ins, y, out):
+        """out [F] += Σ_rows of node n's backward expression for its vector-parameter operand."""
+        ctype = {"float32": "float", "float64": "double"}[str(out.dtype)]
+        name, src = param_grad_kernel(cell, n, slot, ctype)
+        if src not in _KERNELS:
+            _KERNELS[src] = self.xp.RawKernel(src, name)
+        cp, arrays = self.xp, [g, *ins, y]
+        args = []
+        for a in arrays:
+            args += [a, cp.int64(0 if a.ndim == 1 else a.strides[0] // a.itemsize)]
+        N, F, R = g.shape[0], out.shape[0], 64
+        _KERNELS[src](((F + 127) // 128, (N + R - 1) // R), (128,),
+                      (*args, out, cp.int32(N), cp.int32(F), cp.int32(R)))
+
     def _matmul(self, a, w, c, accumulate: bool):
-        """c [N, M] (+)= a [N, K] · w [M, K]ᵀ with our own kernels (capturable, unlike cuBLAS)."""
+        """c [N, M] (+)= a [N, K] · w [M, K]ᵀ with our own kernels (capturable without cuBLAS)."""
         N, K = a.shape
         M = w.shape[0]
         if a.strides[1] != a.itemsize or c.strides[1] != c.itemsize or not w.flags.c_contiguous:
@@ -140,8 +184,8 @@ class CupyBackend(ArrayBackend):
 
     # -- CUDA graphs ---------------------------------------------------------------------------
     def loop(self, key, fn):
-        """Eager unless capturing; then the first call runs eagerly with our own kernels and records
-        the loop, and later calls replay it. A failed capture warns and stays eager for that key."""
+        """Eager unless capturing; then the first call runs eagerly (compiling kernels) and records fn,
+        and later calls replay it. A failed capture warns and stays eager for that key."""
         if not self.capture:
             return fn()
         cp = self.xp
@@ -165,7 +209,7 @@ class CupyBackend(ArrayBackend):
         return None
 
     def _own(self, fn):
-        self._own_matmul = True
+        self._own_matmul = self.matmul == "own"
         try:
             fn()
         finally:

@@ -1,0 +1,72 @@
+"""cuBLAS through its C API, so that GEMMs can be recorded into CUDA graphs.
+
+CuPy 14 refuses cuBLAS calls during stream capture, but cuBLAS itself supports capture when its
+workspace is set up front. We load the libcublas that CuPy already loaded into this process, with
+our own handle and workspace. Row-major arrays with unit column stride; leading dimensions are the
+row strides, so merged-buffer column views need no copy.
+"""
+from __future__ import annotations
+
+import ctypes
+
+_OP_N, _OP_T = 0, 1
+_WORKSPACE_BYTES = 32 << 20
+
+
+class Cublas:
+    """C = op(...) products on row-major views: the three forms the executor needs."""
+
+    def __init__(self, cupy):
+        self.cp = cupy
+        (cupy.ones((2, 2), "float32") @ cupy.ones((2, 2), "float32")).sum()   # makes CuPy load cuBLAS
+        with open("/proc/self/maps") as f:
+            paths = sorted({ln.split()[-1] for ln in f if "libcublas.so" in ln and "libcublasLt" not in ln})
+        if not paths:
+            raise OSError("libcublas is not loaded in this process")
+        self.lib = ctypes.CDLL(paths[0])
+        self.handle = ctypes.c_void_p()
+        self._check(self.lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate")
+        self.workspace = cupy.empty(_WORKSPACE_BYTES, "uint8")
+        self._check(self.lib.cublasSetWorkspace_v2(self.handle, ctypes.c_void_p(self.workspace.data.ptr),
+                                                   ctypes.c_size_t(_WORKSPACE_BYTES)), "cublasSetWorkspace")
+        self.scalars = {(dt, v): ctype(v) for dt, ctype in (("float32", ctypes.c_float), ("float64", ctypes.c_double))
+                        for v in (0.0, 1.0)}
+
+    @staticmethod
+    def _check(status, what):
+        if status != 0:
+            raise RuntimeError(f"{what} failed with cuBLAS status {status}")
+
+    @staticmethod
+    def usable(*arrays) -> bool:
+        return all(a.ndim == 2 and (a.shape[1] <= 1 or a.strides[1] == a.itemsize) and a.strides[0] > 0
+                   for a in arrays)
+
+    def _gemm(self, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, beta):
+        dt = str(c.dtype)
+        fn = self.lib.cublasSgemm_v2 if dt == "float32" else self.lib.cublasDgemm_v2
+        self._check(self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(self.cp.cuda.get_current_stream().ptr)),
+                    "cublasSetStream")
+        self._check(fn(self.handle, ta, tb, m, n, k, ctypes.byref(self.scalars[(dt, 1.0)]),
+                       ctypes.c_void_p(a.data.ptr), max(lda, 1), ctypes.c_void_p(b.data.ptr), max(ldb, 1),
+                       ctypes.byref(self.scalars[(dt, beta)]), ctypes.c_void_p(c.data.ptr), max(ldc, 1)),
+                    "cublas gemm")
+
+    def nt(self, x, w, out, beta=0.0):
+        """out [N, M] = x [N, K] · w [M, K]ᵀ (+ out when beta=1)."""
+        (N, K), M = x.shape, w.shape[0]
+        self._gemm(_OP_T, _OP_N, M, N, K, w, _ld(w), x, _ld(x), out, _ld(out), beta)
+
+    def nn(self, g, w, out):
+        """out [N, K] += g [N, M] · w [M, K]."""
+        (N, M), K = g.shape, w.shape[1]
+        self._gemm(_OP_N, _OP_N, K, N, M, w, _ld(w), g, _ld(g), out, _ld(out), 1.0)
+
+    def tn(self, g, x, out):
+        """out [M, K] += g [N, M]ᵀ · x [N, K]."""
+        (N, M), K = g.shape, x.shape[1]
+        self._gemm(_OP_N, _OP_T, K, M, N, x, _ld(x), g, _ld(g), out, _ld(out), 1.0)
+
+
+def _ld(a) -> int:
+    return a.strides[0] // a.itemsize
