@@ -1,4 +1,5 @@
-"""Array-module helpers shared by layers, losses and optimizers: numpy or cupy, chosen by the array."""
+"""Helpers shared by the recurrent layers, Dense, the losses and the optimizers: the array module of an array,
+float dtypes, host copies, seeded generators, float-array checks and state-dict loading."""
 from __future__ import annotations
 
 import sys
@@ -34,17 +35,84 @@ def float_dtype(dtype) -> numpy.dtype:
 
 
 def to_numpy(a) -> numpy.ndarray:
-    """A host numpy copy of `a` (numpy or cupy), for checkpoints."""
-    get = getattr(a, "get", None)
-    return get() if callable(get) and not isinstance(a, numpy.ndarray) else numpy.array(a, copy=True)
+    """A host numpy copy of `a`: a numpy, cupy or torch (CPU or GPU) array, a scalar or nested lists.
+
+    >>> to_numpy([1.0, 2.0])
+    array([1., 2.])
+    """
+    if hasattr(a, "detach"):                                # torch.Tensor
+        a = a.detach().cpu().numpy()
+    elif array_module(a) is not numpy:                      # cupy.ndarray
+        return a.get()
+    return numpy.array(a, copy=True)
 
 
-def make_rng(seed=None, rng=None) -> numpy.random.Generator:
-    """The numpy Generator a module draws from: `rng` as given, or a new one from `seed` (not both)."""
-    if rng is not None and seed is not None:
+def make_rng(seed=0, rng=None) -> numpy.random.Generator:
+    """The numpy Generator a layer owns: `rng` as given, or a new one from `seed` (0 by default, so an
+    unseeded layer is still reproducible; None draws fresh entropy). Passing an rng and a seed other than
+    the default is an error."""
+    if rng is None:
+        return numpy.random.default_rng(seed)
+    if seed is not None and seed != 0:
         raise RnnGraphError("pass either seed or rng, not both")
-    if rng is not None:
-        if not isinstance(rng, numpy.random.Generator):
-            raise RnnGraphError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
-        return rng
-    return numpy.random.default_rng(seed)
+    if not isinstance(rng, numpy.random.Generator):
+        raise RnnGraphError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    return rng
+
+
+def check_float(x, who: str, xp=None, dtype=None) -> None:
+    """Raises unless `x` is a float array, of module `xp` and of `dtype` where those are given."""
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise RnnGraphError(f"{who}: expected an array, got {type(x).__name__}")
+    if xp is not None and array_module(x) is not xp:
+        raise RnnGraphError(f"{who}: expected a {xp.__name__} array (where the parameters or the other "
+                            f"inputs live), got a {array_module(x).__name__} array; move it with {xp.__name__}.asarray")
+    if dtype is not None and x.dtype != dtype:
+        raise RnnGraphError(f"{who}: dtype mismatch, expected {dtype}, got {x.dtype}; convert with "
+                            f".astype('{dtype}') (or build the layer with dtype='{x.dtype}')")
+    if dtype is None and x.dtype.kind != "f":
+        raise RnnGraphError(f"{who}: expected a float array, got dtype {x.dtype}")
+
+
+def saved_cache(owner, cache):
+    """The explicit `cache` if given, else the one `owner`'s last call kept; an error before any call."""
+    cache = owner._cache if cache is None else cache
+    if cache is None:
+        raise RnnGraphError(f"{type(owner).__name__}.backward needs a forward call (or an explicit cache) first")
+    return cache
+
+
+def check_state_dict(owner: str, expected: dict, got: dict, strict: bool = True) -> None:
+    """One RnnGraphError listing, by name, every missing key, unexpected key and wrong shape.
+
+    expected: name -> shape; got: name -> array. With strict=False missing and unexpected keys are
+    allowed (skipped by the loader); wrong shapes still raise.
+    """
+    missing = [k for k in expected if k not in got]
+    unexpected = [k for k in got if k not in expected]
+    wrong = [f"{k}: expected {list(s)}, got {list(numpy.shape(got[k]))}"
+             for k, s in expected.items() if k in got and tuple(numpy.shape(got[k])) != tuple(s)]
+    problems = []
+    if strict and missing:
+        problems.append("missing keys: " + ", ".join(missing))
+    if strict and unexpected:
+        problems.append("unexpected keys: " + ", ".join(unexpected))
+    if wrong:
+        problems.append("wrong shapes: " + "; ".join(wrong))
+    if problems:
+        raise RnnGraphError(f"cannot load state dict into {owner}:\n  " + "\n  ".join(problems))
+
+
+def state_dict_of(params: dict) -> dict:
+    """name -> host numpy copy of each live parameter, in the parameters' order."""
+    return {k: to_numpy(p) for k, p in params.items()}
+
+
+def load_params(owner: str, params: dict, state: dict, strict: bool = True) -> None:
+    """Copies `state` (numpy, cupy or torch arrays) into the live `params` in place, after check_state_dict."""
+    arrays = {k: to_numpy(v) for k, v in state.items()}
+    check_state_dict(owner, {k: p.shape for k, p in params.items()}, arrays, strict)
+    for k, a in arrays.items():
+        if k in params:
+            p = params[k]
+            p[...] = array_module(p).asarray(a, dtype=p.dtype)

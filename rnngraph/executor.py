@@ -220,8 +220,10 @@ class Executor:
     def _forward_loop(self, ws):
         for t in range(ws.T):
             for stage in self.sched.loop:
-                for it in stage:
-                    self._forward_item(it, ws, t)
+                if len(stage) == 1:
+                    self._forward_item(stage[0], ws, t)
+                else:
+                    self.backend.run_stage([lambda it=it: self._forward_item(it, ws, t) for it in stage])
 
     def _forward_item(self, it, ws, t):
         key = ("f", it, t)
@@ -301,8 +303,22 @@ class Executor:
         params = not self.sched.hoist_param_grads
         for t in reversed(range(ws.T)):
             for stage in reversed(self.sched.loop):
-                for it in reversed(stage):
-                    self._backward_item(it, ws, t, params)
+                if len(stage) == 1 or not self._disjoint_grads(stage):
+                    for it in reversed(stage):
+                        self._backward_item(it, ws, t, params)
+                else:
+                    self.backend.run_stage([lambda it=it: self._backward_item(it, ws, t, params)
+                                            for it in reversed(stage)])
+
+    def _disjoint_grads(self, stage) -> bool:
+        """Whether the items of a stage add their gradients into different nodes (may overlap)."""
+        seen = set()
+        for it in stage:
+            reads = {it.operand} if isinstance(it, Gemm) else {u for n in it.nodes for u, _ in self.cell.reads(n)}
+            if reads & seen:
+                return False
+            seen |= reads
+        return True
 
     def _backward_item(self, it, ws, t, params: bool):
         be, key = self.backend, ("b", it, t)

@@ -1,9 +1,11 @@
-"""CUDA source generation: one elementwise kernel per fused group (forward and backward), built from
-the op table's kernel rules, plus the capturable GEMV/GEMM kernels. Pure strings: runs without a GPU.
+"""CUDA source generation: one kernel per fused group (forward and backward), built from the op
+table's kernel rules, plus capturable GEMV/GEMM and parameter-gradient reductions. Pure strings:
+this module runs without a GPU.
 
-Argument naming in generated kernels (ElementwiseKernel reserves `i`):
-  x<k>  external operand values        v<k>  member values (inputs in the backward kernel)
-  y<k>  member outputs (forward)       gm<k> member gradients, read then overwritten with the total
+A fused kernel runs one thread per element (row r, feature f) of the group's [N, F] values. Every
+argument is a pointer with a row stride (0 for a vector parameter [F], which broadcasts). Names:
+  x<k>  external operand values        v<k>  member values (inputs of the backward kernel)
+  y<k>  member values written (fwd)    gm<k> member gradients, read, then overwritten with the total
   gx<k> gradients of external operands, accumulated (+=)
 """
 from __future__ import annotations
@@ -13,20 +15,39 @@ from dataclasses import dataclass
 
 from .ops import KERNEL, OpKind
 
+FUSED_SOURCE = r"""
+extern "C" __global__ void {name}({args}long long rows, int F) {{
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= rows * F) return;
+    long long r = e / F;
+    int f = (int)(e - r * F);
+{body}
+}}
+"""
+
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """A generated elementwise kernel: its signature, body, and which arrays feed each argument."""
-    name: str
-    in_params: str
-    out_params: str
-    body: str
+    """A generated fused kernel: argument names and the arrays that feed them, body and stores."""
     inputs: tuple      # keys: ("val", node) member value, or ("ext", (u, d, cols)) external value
     outputs: tuple     # keys: ("out", node) / ("grad", node) / ("gext", (u, d, cols))
+    in_names: tuple
+    out_names: tuple
+    body: tuple        # C statements over locals
+    stores: tuple      # (output name, local, "=" or "+=")
 
-    @property
-    def source(self) -> str:
-        return f"{self.in_params} -> {self.out_params}\n{self.body}"
+    def source(self, ctype: str) -> tuple[str, str]:
+        """(kernel name, CUDA source) for element type ctype ('float' or 'double')."""
+        at = lambda nm: f"p_{nm}[r * s_{nm} + f]"
+        args = "".join(f"const {ctype}* __restrict__ p_{nm}, long long s_{nm}, " for nm in self.in_names)
+        args += "".join(f"{ctype}* p_{nm}, long long s_{nm}, " for nm in self.out_names)
+        lines = [f"{ctype} {nm} = {at(nm)};" for nm in self.in_names]
+        lines += [f"{ctype} {nm} = {at(nm)};" for nm in self.out_names if nm.startswith("gm")]
+        lines += [ln.replace("T ", f"{ctype} ") for ln in self.body]
+        lines += [f"{at(nm)} {op} {v};" for nm, v, op in self.stores]
+        text = FUSED_SOURCE.format(name="{name}", args=args, body="\n".join("    " + ln for ln in lines))
+        name = _named("fused", text)
+        return name, text.replace("{name}", name)
 
 
 def _externals(cell, nodes):
@@ -65,21 +86,18 @@ def _named(kind: str, text: str) -> str:
 
 
 def fusable(cell, nodes) -> bool:
-    """Whether a group becomes one elementwise kernel (every op has an expression rule)."""
+    """Whether a group becomes one generated kernel (every op has an expression rule)."""
     return all(isinstance(KERNEL[cell.op(n).kind], tuple) for n in nodes)
 
 
 def fused_forward_kernel(cell, nodes) -> KernelSpec:
     idx = {n: k for k, n in enumerate(nodes)}
     ext = _externals(cell, nodes)
-    lines = [f"T v{idx[n]} = {_expr(KERNEL[cell.op(n).kind][0], cell, n, _operands(cell, n, idx, ext))};"
-             for n in nodes]
-    lines += [f"y{idx[n]} = v{idx[n]};" for n in nodes]
-    ins = ", ".join(f"T x{k}" for k in range(len(ext)))
-    outs = ", ".join(f"T y{k}" for k in range(len(nodes)))
-    body = "\n".join(lines)
-    return KernelSpec(_named("fwd", ins + outs + body), ins, outs, body,
-                      tuple(("ext", e) for e in ext), tuple(("out", n) for n in nodes))
+    body = tuple(f"T v{idx[n]} = {_expr(KERNEL[cell.op(n).kind][0], cell, n, _operands(cell, n, idx, ext))};"
+                 for n in nodes)
+    return KernelSpec(tuple(("ext", e) for e in ext), tuple(("out", n) for n in nodes),
+                      tuple(f"x{k}" for k in range(len(ext))), tuple(f"y{k}" for k in range(len(nodes))),
+                      body, tuple((f"y{k}", f"v{k}", "=") for k in range(len(nodes))))
 
 
 def fused_backward_kernel(cell, nodes, param_names) -> KernelSpec:
@@ -87,23 +105,21 @@ def fused_backward_kernel(cell, nodes, param_names) -> KernelSpec:
     idx = {n: k for k, n in enumerate(nodes)}
     ext = _externals(cell, nodes)
     gext = [k for k, e in enumerate(ext) if e[0] not in param_names]
-    lines = [f"T d{idx[n]} = gm{idx[n]};" for n in nodes]
-    lines += [f"T a{k} = 0;" for k in gext]
+    body = [f"T d{idx[n]} = gm{idx[n]};" for n in nodes]
+    body += [f"T a{k} = 0;" for k in gext]
     for n in reversed(nodes):
         op, ops = cell.op(n), _operands(cell, n, idx, ext)
         for slot, ((u, d), name) in enumerate(zip(cell.reads(n), ops)):
             if u in param_names:
                 continue
             e = _expr(KERNEL[op.kind][1][slot], cell, n, ops, g=f"d{idx[n]}", y=f"v{idx[n]}")
-            lines.append(f"{'d' if name[0] == 'v' else 'a'}{name[1:]} += {e};")
-    lines += [f"gm{idx[n]} = d{idx[n]};" for n in nodes]
-    lines += [f"gx{k} += a{k};" for k in gext]
-    ins = ", ".join([f"T x{k}" for k in range(len(ext))] + [f"T v{k}" for k in range(len(nodes))])
-    outs = ", ".join([f"T gm{k}" for k in range(len(nodes))] + [f"T gx{k}" for k in gext])
-    body = "\n".join(lines)
-    return KernelSpec(_named("bwd", ins + outs + body), ins, outs, body,
-                      tuple([("ext", e) for e in ext] + [("val", n) for n in nodes]),
-                      tuple([("grad", n) for n in nodes] + [("gext", ext[k]) for k in gext]))
+            body.append(f"{'d' if name[0] == 'v' else 'a'}{name[1:]} += {e};")
+    stores = [(f"gm{k}", f"d{k}", "=") for k in range(len(nodes))] + [(f"gx{k}", f"a{k}", "+=") for k in gext]
+    return KernelSpec(tuple([("ext", e) for e in ext] + [("val", n) for n in nodes]),
+                      tuple([("grad", n) for n in nodes] + [("gext", ext[k]) for k in gext]),
+                      tuple([f"x{k}" for k in range(len(ext))] + [f"v{k}" for k in range(len(nodes))]),
+                      tuple([f"gm{k}" for k in range(len(nodes))] + [f"gx{k}" for k in gext]),
+                      tuple(body), tuple(stores))
 
 
 # -------------------------------------------------------------------------------------------------

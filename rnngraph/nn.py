@@ -264,11 +264,7 @@ def _make_backend(backend, mode: str):
     """A backend object from a name (an object is used as is); mode 'graph' needs cupy with capture."""
     if not isinstance(backend, str):
         return backend
-    be = get_backend(backend)
-    if mode == "graph" and be.name == "cupy":
-        from .backends.cupy_backend import CupyBackend
-        be = CupyBackend(capture=True)
-    return be
+    return get_backend(backend, capture=True) if mode == "graph" else get_backend(backend)
 
 
 # -- parameter layout and initialisation ------------------------------------------------------

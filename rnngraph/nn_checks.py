@@ -6,6 +6,7 @@ import warnings
 
 import numpy as np
 
+from .arrays import array_module, to_numpy
 from .errors import RnnGraphError, RnnGraphWarning
 
 
@@ -14,7 +15,7 @@ def check_finite(name: str, a):
 
     Usable on losses and gradients in a training loop: ``check_finite("loss", loss)``.
     """
-    xp = _module_of(a)
+    xp = array_module(a)
     arr = xp.asarray(a)
     if arr.dtype.kind not in "fc":
         return a
@@ -59,31 +60,6 @@ def check_cell(cell, input_size: int, layer: int):
                             f"{input_size}; pass a cell function or name so each layer is built for its size")
 
 
-def to_host(a):
-    """A numpy array from numpy, cupy or torch (CPU or GPU) arrays and nested lists."""
-    if hasattr(a, "detach"):                    # torch.Tensor
-        return a.detach().cpu().numpy()
-    if hasattr(a, "get") and _module_of(a) is not np:   # cupy.ndarray
-        return a.get()
-    return np.asarray(a)
-
-
-def check_state_dict(params: dict, arrays: dict, strict: bool, owner: str):
-    missing = [k for k in params if k not in arrays]
-    unexpected = [k for k in arrays if k not in params]
-    wrong = [f"{k}: expected {list(params[k].shape)}, got {list(arrays[k].shape)}"
-             for k in params if k in arrays and tuple(arrays[k].shape) != tuple(params[k].shape)]
-    problems = []
-    if strict and missing:
-        problems.append("missing keys: " + ", ".join(missing))
-    if strict and unexpected:
-        problems.append("unexpected keys: " + ", ".join(unexpected))
-    if wrong:
-        problems.append("wrong shapes: " + "; ".join(wrong))
-    if problems:
-        raise RnnGraphError(f"cannot load state dict into {owner}:\n  " + "\n  ".join(problems))
-
-
 def check_array(name: str, a, backend, dtype):
     """`a` itself if it is an array of the layer's backend and dtype; otherwise a clear error."""
     xp = backend.xp
@@ -123,7 +99,7 @@ def check_lengths(lengths, T: int, B: int):
     """Host int64 lengths [B], or None when absent or every sequence fills all T frames."""
     if lengths is None:
         return None
-    n = to_host(lengths)
+    n = to_numpy(lengths)
     if n.shape != (B,) or n.dtype.kind not in "iu":
         raise RnnGraphError(f"lengths must be {B} integers (one per sequence), got "
                             f"{n.dtype} shape {list(n.shape)}")
@@ -192,7 +168,3 @@ def _directions_hint(got: int, L: int, nd: int) -> str:
     elif nd == 1 and got == 2 * L:
         text += "; that is the count of a bidirectional layer: did you mean bidirectional=True?"
     return text
-
-
-def _module_of(a):
-    return np if type(a).__module__.split(".")[0] != "cupy" else __import__("cupy")

@@ -4,8 +4,9 @@ from __future__ import annotations
 from ..errors import RnnGraphError
 
 
-def get_backend(name: str = "numpy"):
-    """'numpy', 'cupy', or 'auto' (cupy when a usable GPU is present, else numpy)."""
+def get_backend(name: str = "numpy", **options):
+    """'numpy', 'cupy', or 'auto' (cupy when a usable GPU is present, else numpy). Options go to
+    the cupy backend: capture (record CUDA graphs), matmul ('cublas' | 'own'), lanes (CUDA streams)."""
     if name == "numpy":
         from .numpy_backend import NumpyBackend
         return NumpyBackend()
@@ -13,7 +14,7 @@ def get_backend(name: str = "numpy"):
         from .cupy_backend import CupyBackend, gpu_problem
         problem = gpu_problem()
         if problem is None:
-            return CupyBackend()
+            return CupyBackend(**options)
         if name == "auto":
             from .numpy_backend import NumpyBackend
             return NumpyBackend()

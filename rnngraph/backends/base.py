@@ -63,6 +63,11 @@ class ArrayBackend:
         op = cell.op(n)
         accumulate(out, VJP[op.kind][slot](self.xp, g, *ins, y, op.attrs))
 
+    def run_stage(self, fns):
+        """Runs the independent items of one stage (callables); a backend may overlap them."""
+        for fn in fns:
+            fn()
+
     capture_scope = None   # what a capturing backend records: "all" (whole bodies) or "loops"
 
     def loop(self, key, fn):

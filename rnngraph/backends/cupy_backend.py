@@ -54,7 +54,7 @@ class CupyBackend(ArrayBackend):
     """
     name = "cupy"
 
-    def __init__(self, capture: bool = False, matmul: str = "cublas", max_graphs: int = 32):
+    def __init__(self, capture: bool = False, matmul: str = "cublas", lanes: int = 1, max_graphs: int = 32):
         import cupy
         from .cublas import Cublas
         if matmul not in ("cublas", "own"):
@@ -75,6 +75,7 @@ class CupyBackend(ArrayBackend):
         self.matmul = "cublas" if self.blas else "own"
         self.capture_scope = "all" if self.blas else "loops"
         self.stream = cupy.cuda.Stream(non_blocking=True) if capture else None
+        self.lanes = [cupy.cuda.Stream(non_blocking=True) for _ in range(lanes if lanes > 1 else 0)]
 
     def to_numpy(self, a):
         return self.xp.asnumpy(a)
@@ -151,36 +152,64 @@ class CupyBackend(ArrayBackend):
 
     # -- fused elementwise groups --------------------------------------------------------------
     def prepare_forward(self, cell, item, env):
-        """(kernel, arguments) of a fused group at one frame, or None where ops lack a kernel rule."""
+        """(kernel, grid, arguments) of a fused group at one frame, or None where ops lack a kernel rule."""
         if not fusable(cell, item.nodes):
             return None
         spec = _spec(cell, item, "fwd")
-        args = [_slice(env[(u, d)], cols) for _, (u, d, cols) in spec.inputs]
-        return self._elementwise(spec), args + [env[n] for _, n in spec.outputs]
+        arrays = [_slice(env[(u, d)], cols) for _, (u, d, cols) in spec.inputs]
+        return self._launch_args(spec, arrays + [env[n] for _, n in spec.outputs])
 
     def prepare_backward(self, cell, item, env, genv, targets):
         if not fusable(cell, item.nodes):
             return None
         spec = _spec(cell, item, "bwd")
-        args = [env[key] if kind == "val" else _slice(env[key[:2]], key[2]) for kind, key in spec.inputs]
-        args += [genv[key] if kind == "grad" else _slice(targets[key[:2]], key[2]) for kind, key in spec.outputs]
-        return self._elementwise(spec), args
+        arrays = [env[key] if kind == "val" else _slice(env[key[:2]], key[2]) for kind, key in spec.inputs]
+        arrays += [genv[key] if kind == "grad" else _slice(targets[key[:2]], key[2]) for kind, key in spec.outputs]
+        return self._launch_args(spec, arrays)
+
+    def _launch_args(self, spec, arrays):
+        """Pointer and row-stride pairs: rows [N, F] with unit column stride, or vectors [F] (stride 0)."""
+        cp, out = self.xp, arrays[len(spec.in_names)]
+        rows, F = (out.shape[0], out.shape[1])
+        args = []
+        for a in arrays:
+            if a.ndim == 2 and a.shape[1] > 1 and a.strides[1] != a.itemsize:
+                raise RnnGraphError("internal: fused kernel operands need unit column stride")
+            args += [a, cp.int64(0 if a.ndim == 1 else a.strides[0] // a.itemsize)]
+        ctype = {"float32": "float", "float64": "double"}[str(out.dtype)]
+        name, src = spec.source(ctype)
+        if src not in _KERNELS:
+            _KERNELS[src] = cp.RawKernel(src, name)
+        return _KERNELS[src], ((rows * F + 127) // 128,), tuple(args + [cp.int64(rows), cp.int32(F)])
 
     def fused_forward(self, cell, item, env, prepared=None):
         if prepared is None:
             return super().fused_forward(cell, item, env)
-        kernel, args = prepared
-        kernel(*args)
+        kernel, grid, args = prepared
+        kernel(grid, (128,), args)
 
     def fused_backward_prepared(self, prepared):
-        kernel, args = prepared
-        kernel(*args)
+        kernel, grid, args = prepared
+        kernel(grid, (128,), args)
 
-    def _elementwise(self, spec):
-        if spec.source not in _KERNELS:
-            _KERNELS[spec.source] = self.xp.ElementwiseKernel(spec.in_params, spec.out_params, spec.body,
-                                                              spec.name)
-        return _KERNELS[spec.source]
+    def run_stage(self, fns):
+        """With lanes > 1: the stage's items fork onto the lane streams and join back (events);
+        inside a capture this records parallel branches of the graph."""
+        if not self.lanes:
+            return super().run_stage(fns)
+        cp, main = self.xp, self.xp.cuda.get_current_stream()
+        fork = cp.cuda.Event(disable_timing=True)
+        fork.record(main)
+        joins = []
+        for k, fn in enumerate(fns):
+            lane = self.lanes[k % len(self.lanes)]
+            lane.wait_event(fork)
+            with lane:
+                fn()
+            joins.append(cp.cuda.Event(disable_timing=True))
+            joins[-1].record(lane)
+        for e in joins:
+            main.wait_event(e)
 
     # -- CUDA graphs ---------------------------------------------------------------------------
     def loop(self, key, fn):
