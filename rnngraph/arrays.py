@@ -1,5 +1,5 @@
 """Helpers shared by the recurrent layers, Dense, the losses and the optimizers: the array module of an array,
-float dtypes, host copies, seeded generators, float-array checks and state-dict loading."""
+float dtypes, host copies, seeded generators, float-array checks and the state-dict check."""
 from __future__ import annotations
 
 import sys
@@ -101,18 +101,3 @@ def check_state_dict(owner: str, expected: dict, got: dict, strict: bool = True)
         problems.append("wrong shapes: " + "; ".join(wrong))
     if problems:
         raise RnnGraphError(f"cannot load state dict into {owner}:\n  " + "\n  ".join(problems))
-
-
-def state_dict_of(params: dict) -> dict:
-    """name -> host numpy copy of each live parameter, in the parameters' order."""
-    return {k: to_numpy(p) for k, p in params.items()}
-
-
-def load_params(owner: str, params: dict, state: dict, strict: bool = True) -> None:
-    """Copies `state` (numpy, cupy or torch arrays) into the live `params` in place, after check_state_dict."""
-    arrays = {k: to_numpy(v) for k, v in state.items()}
-    check_state_dict(owner, {k: p.shape for k, p in params.items()}, arrays, strict)
-    for k, a in arrays.items():
-        if k in params:
-            p = params[k]
-            p[...] = array_module(p).asarray(a, dtype=p.dtype)

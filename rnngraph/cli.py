@@ -89,6 +89,12 @@ COMMANDS: dict[str, Command] = {
     "cells": Command("list the built-in cells", _cells_arguments, _cells_run),
     "schedule": Command("print (or draw) a cell's schedule: hoisted, per-frame stages, merged kernels",
                         _schedule_arguments, _schedule_run),
+    "bench": Command("time rnngraph's modes against cuDNN and a torch eager loop, side by side",
+                     lambda p: __import__(f"{__package__}.bench", fromlist=["run"]).add_arguments(p),
+                     lambda a: __import__(f"{__package__}.bench", fromlist=["run"]).run(a)),
+    "doctor": Command("print versions, GPU and driver state, and self-check every available backend",
+                      lambda p: __import__(f"{__package__}.doctor", fromlist=["run"]).add_arguments(p),
+                      lambda a: __import__(f"{__package__}.doctor", fromlist=["run"]).run(a)),
 }
 
 

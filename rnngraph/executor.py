@@ -150,8 +150,23 @@ class Executor:
         self.cell, self.backend, self.mode = cell, backend, mode
         self.sched = build_schedule(cell, optimize=(mode != "naive"))
         self._ws: OrderedDict = OrderedDict()
+        self._pairs = self._gemm_fused_pairs()
         self.ws: Workspace | None = None
         self.serial = next(_SERIAL)
+
+    def _gemm_fused_pairs(self) -> set:
+        """Loop stages k whose lone GEMM feeds the lone fused group of stage k+1 element by element
+        (every linear op of the GEMM has the group's size and is read unshifted, unsliced)."""
+        out, loop = set(), self.sched.loop
+        for k in range(len(loop) - 1):
+            (g, *rest), (f, *more) = loop[k], loop[k + 1]
+            if rest or more or not isinstance(g, Gemm) or isinstance(f, Gemm):
+                continue
+            size = self.cell.op(f.nodes[0]).size
+            reads = [(u, d, self.cell.op(n).kind) for n in f.nodes for u, d in self.cell.reads(n) if u in g.nodes]
+            if set(g.sizes) == {size} and reads and all(d == 0 and kind is not OpKind.SLICE for _, d, kind in reads):
+                out.add(k)
+        return out
 
     def workspace(self, T: int, B: int, dtype) -> Workspace:
         key = (T, B, str(dtype))
@@ -218,12 +233,29 @@ class Executor:
         return buf[lengths, _xp(buf).arange(self.ws.B)]
 
     def _forward_loop(self, ws):
+        stages = self.sched.loop
         for t in range(ws.T):
-            for stage in self.sched.loop:
-                if len(stage) == 1:
-                    self._forward_item(stage[0], ws, t)
+            k = 0
+            while k < len(stages):
+                if k in self._pairs and self._forward_pair(stages[k][0], stages[k + 1][0], ws, t):
+                    k += 2
+                    continue
+                if len(stages[k]) == 1:
+                    self._forward_item(stages[k][0], ws, t)
                 else:
-                    self.backend.run_stage([lambda it=it: self._forward_item(it, ws, t) for it in stage])
+                    self.backend.run_stage([lambda it=it: self._forward_item(it, ws, t) for it in stages[k]])
+                k += 1
+
+    def _forward_pair(self, gemm, fused, ws, t) -> bool:
+        """Runs a merged GEMM and the fused group after it as one kernel where the backend can."""
+        key = ("p", gemm, t)
+        if key not in ws.memo:
+            gemm_args = self._forward_args(gemm, ws, t)
+            ws.memo[key] = self.backend.prepare_pair(self.cell, gemm, fused, gemm_args, self._env(fused, ws, t))
+        if ws.memo[key] is None:
+            return False
+        self.backend.launch(ws.memo[key])
+        return True
 
     def _forward_item(self, it, ws, t):
         key = ("f", it, t)
@@ -339,7 +371,7 @@ class Executor:
             be.fused_backward(self.cell, it, env, genv,
                               lambda u, d, v, cols=slice(None): ws.add(u, d, t, v, cols), params)
         else:
-            be.fused_backward_prepared(prep)
+            be.launch(prep)
 
     def _backward_args(self, it, ws, t):
         if isinstance(it, Gemm):

@@ -226,3 +226,62 @@ def param_grad_kernel(cell, n: str, slot: int, ctype: str) -> tuple[str, str]:
     text = PARAM_GRAD_SOURCE.format(name="{name}", args=args, T=ctype, loads=loads, expr=expr)
     name = _named("pgrad", text)
     return name, text.replace("{name}", name)
+
+
+GEMV_FUSED_ROWS = 8   # a per-frame GEMM with at most this many rows can run inside its fused kernel
+
+GEMV_FUSED_SOURCE = r"""
+extern "C" __global__ void {name}(const {T}* __restrict__ gA, long long glda, const {T}* __restrict__ gW,
+        int gK, {T}* gC, long long gldc, {args}long long rows, int F) {{
+    // one warp per feature f: the GEMM outputs of f for every merged linear op and row (warp
+    // reductions over K), then lanes r < rows run the fused group's body for element (r, f)
+    int f = (int)(((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+    if (f >= F) return;
+{decl}
+    for (int k = lane; k < gK; k += 32) {{
+{wload}
+        #pragma unroll
+        for (int b = 0; b < 8; ++b) if (b < rows) {{
+            {T} a = gA[b * glda + k];
+{fma}
+        }}
+    }}
+    #pragma unroll
+    for (int b = 0; b < 8; ++b)
+        for (int o = 16; o > 0; o >>= 1) {{
+{shfl}
+        }}
+    if (lane >= rows) return;
+    long long r = lane;
+{pick}
+{body}
+}}
+"""
+
+
+def gemv_fused_kernel(spec: KernelSpec, gemm_nodes, offsets, ctype: str) -> tuple[str, str]:
+    """(name, source) of one frame's merged GEMM (rows ≤ 8) and the fused group that reads it, as one
+    kernel. gemm_nodes/offsets: the merged linear ops and their column offsets in the GEMM output."""
+    m = len(gemm_nodes)
+    from_gemm = {f"x{k}": gemm_nodes.index(key[1][0]) for k, key in enumerate(spec.inputs)
+                 if key[0] == "ext" and key[1][0] in gemm_nodes and key[1][1] == 0 and key[1][2] is None}
+    at = lambda nm: f"p_{nm}[r * s_{nm} + f]"
+    args = "".join(f"const {ctype}* __restrict__ p_{nm}, long long s_{nm}, " for nm in spec.in_names)
+    args += "".join(f"{ctype}* p_{nm}, long long s_{nm}, " for nm in spec.out_names)
+    lines = [f"{ctype} {nm} = {f'g{from_gemm[nm]}' if nm in from_gemm else at(nm)};" for nm in spec.in_names]
+    lines += [f"{ctype} {nm} = {at(nm)};" for nm in spec.out_names if nm.startswith("gm")]
+    lines += [ln.replace("T ", f"{ctype} ") for ln in spec.body]
+    lines += [f"{at(nm)} {op} {v};" for nm, v, op in spec.stores]
+    text = GEMV_FUSED_SOURCE.format(
+        name="{name}", T=ctype, args=args,
+        decl="\n".join(f"    {ctype} acc{j}[8] = {{0, 0, 0, 0, 0, 0, 0, 0}};" for j in range(m)),
+        wload="\n".join(f"        {ctype} w{j} = gW[(long long)({offsets[j]} + f) * gK + k];" for j in range(m)),
+        fma="\n".join(f"            acc{j}[b] += a * w{j};" for j in range(m)),
+        shfl="\n".join(f"            acc{j}[b] += __shfl_xor_sync(0xffffffff, acc{j}[b], o);" for j in range(m)),
+        pick="\n".join([f"    {ctype} g{j} = acc{j}[0];" for j in range(m)]
+                       + ["    #pragma unroll", "    for (int b = 1; b < 8; ++b) if (b == lane) {"]
+                       + [f"        g{j} = acc{j}[b];" for j in range(m)] + ["    }"]
+                       + [f"    gC[r * gldc + {offsets[j]} + f] = g{j};" for j in range(m)]),
+        body="\n".join("    " + ln for ln in lines))
+    name = _named("gemvfused", text)
+    return name, text.replace("{name}", name)

@@ -11,46 +11,59 @@ from __future__ import annotations
 
 import numpy
 
-from .arrays import (array_module, check_float, check_state_dict, float_dtype, load_params, make_rng,
-                     saved_cache, state_dict_of)
+from .arrays import array_module, check_float, check_state_dict, float_dtype, make_rng, saved_cache, to_numpy
 from .backends import get_backend
 from .errors import RnnGraphError
 from .init import init_uniform
 from .losses import CrossEntropyLoss, MSELoss, log_softmax
 
-__all__ = ["CrossEntropyLoss", "Dense", "LogSoftmax", "MSELoss", "Module", "Sequential", "Softmax",
-           "check_state_dict", "log_softmax"]
+__all__ = ["CrossEntropyLoss", "Dense", "LogSoftmax", "MSELoss", "Module", "Parameterized", "Sequential",
+           "Softmax", "check_state_dict", "log_softmax"]
 
 
-class Module:
-    """Base of the feed-forward modules: `m(x) -> y`, `m.backward(grad_y) -> grad_x`, torch-style state dicts."""
-    recurrent = False
+class Parameterized:
+    """Parameters by name, in PyTorch's names and shapes, with torch-style state dicts; the base of Module
+    and of the recurrent layers (rnngraph.nn.Recurrent)."""
 
     def __init__(self):
         self._params = {}                 # name -> live array; optimizers update these in place
         self.grads = {}                   # name -> gradient of the last backward
-        self._cache = None
-
-    def __call__(self, x):
-        y, self._cache = self.forward(x)
-        return y
 
     def parameters(self) -> dict:
         """name -> the live parameter array (updating it in place updates the layer)."""
         return dict(self._params)
 
     def state_dict(self) -> dict:
-        """name -> host numpy copy, with PyTorch's names and shapes."""
-        return state_dict_of(self._params)
+        """name -> host numpy copy of each parameter, in PyTorch's names, shapes and key order."""
+        return {k: to_numpy(p) for k, p in self._params.items()}
 
     def load_state_dict(self, d: dict, strict: bool = True):
-        """Copies `d` (numpy arrays, or a torch state_dict as is) into the parameters in place; returns self.
+        """Copies `d` into the parameters in place and returns self. `d` holds numpy arrays, or is a torch
+        state_dict as is (``load_state_dict(torch_module.state_dict())``).
 
         Missing keys, unexpected keys and wrong shapes are all listed, by name, in one RnnGraphError.
         With strict=False missing and unexpected keys are skipped; wrong shapes still raise.
         """
-        load_params(type(self).__name__, self._params, d, strict)
+        arrays = {k: to_numpy(v) for k, v in d.items()}
+        check_state_dict(type(self).__name__, {k: p.shape for k, p in self._params.items()}, arrays, strict)
+        for k, a in arrays.items():
+            if k in self._params:
+                p = self._params[k]
+                p[...] = array_module(p).asarray(a, dtype=p.dtype)
         return self
+
+
+class Module(Parameterized):
+    """Base of the feed-forward modules: `m(x) -> y`, `m.backward(grad_y) -> grad_x`, torch-style state dicts."""
+    recurrent = False
+
+    def __init__(self):
+        super().__init__()
+        self._cache = None
+
+    def __call__(self, x):
+        y, self._cache = self.forward(x)
+        return y
 
 
 class Dense(Module):
@@ -257,8 +270,7 @@ class Sequential:
         for i, m in enumerate(self.modules):
             prefix = f"{i}."
             part = {k[len(prefix):]: v for k, v in d.items() if k.startswith(prefix)}
-            if strict:
-                m.load_state_dict(part)
-            else:
-                m.load_state_dict(part, strict=False)
+            if not strict:                # each module gets a full dict: its own values where d has none
+                part = {k: part.get(k, v) for k, v in m.state_dict().items()}
+            m.load_state_dict(part)
         return self

@@ -9,21 +9,26 @@ BPTT over a stream is therefore the plain loop ``y, state = layer(x_chunk, state
 of a chunk covers that chunk only, and ``grad_state0`` is what would cross into the previous chunk.
 A state carries its last frame across calls; a cell reading a state d ≥ 2 frames back (``.ago(d)``)
 sees the initial value for all frames before the call, not the previous chunk's history.
+
+Dense, Softmax, LogSoftmax, Sequential (rnngraph.layers) and the losses (rnngraph.losses) are
+re-exported here, so a whole model reads ``nn.Sequential(nn.LSTM(8, 32), nn.Dense(32, 1))``.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from . import nn_checks as chk
-from .arrays import float_dtype
+from .arrays import check_state_dict, float_dtype, make_rng
 from .backends import get_backend
 from .cells import load_cell
 from .errors import RnnGraphError
 from .init import init_orthogonal, init_uniform
+from .layers import Dense, LogSoftmax, Module, Parameterized, Sequential, Softmax
+from .losses import CrossEntropyLoss, MSELoss, log_softmax
 from .nn_checks import check_finite
 from .stacking import Frames, Stack
 
-__all__ = ["GRU", "LSTM", "RNN", "Recurrent", "check_finite", "detach", "init_orthogonal_", "init_uniform_"]
+__all__ = ["GRU", "LSTM", "RNN", "CrossEntropyLoss", "Dense", "LogSoftmax", "MSELoss", "Module", "Parameterized",
+           "Recurrent", "Sequential", "Softmax", "check_finite", "check_state_dict", "detach", "init_orthogonal_",
+           "init_uniform_", "log_softmax"]
 
 
 def detach(state):
@@ -39,7 +44,7 @@ def detach(state):
     return state.copy()
 
 
-class Recurrent:
+class Recurrent(Parameterized):
     """A stack of recurrent layers running any cell, with PyTorch's layer conventions.
 
     cell: a built-in name (see rnngraph.CELLS), 'module:function', a cell function
@@ -60,6 +65,7 @@ class Recurrent:
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, *,
                  backend: str = "numpy", dtype="float32", mode: str = "staged", seed: int = 0,
                  init="uniform"):
+        super().__init__()
         chk.check_config(input_size, hidden_size, num_layers, dropout)
         self.input_size, self.hidden_size, self.num_layers = int(input_size), int(hidden_size), int(num_layers)
         self.bias, self.batch_first, self.dropout = bool(bias), bool(batch_first), float(dropout)
@@ -68,7 +74,7 @@ class Recurrent:
         self.backend_name = self.backend.name
         self.dtype = float_dtype(dtype)
         self.mode = mode
-        self.rng = np.random.default_rng(seed)
+        self.rng = make_rng(seed)
         self.training = True
         self.check_finite = False       # True: raise on NaN/inf in inputs, outputs and gradients
         self.cells = self._load_cells(cell)
@@ -81,7 +87,6 @@ class Recurrent:
                         for per_l in self._layout for per_d in per_l for name, shape, _ in per_d}
         self._views = self._cell_params()   # stable objects: the executor uses parameters in place
         self._last = None
-        self.grads: dict = {}
         chk.resolve_init(init, _INIT)(self)
 
     def _load_cells(self, spec) -> list:
@@ -93,28 +98,7 @@ class Recurrent:
             chk.check_cell(cells[l], out, l)
         return cells
 
-    # -- parameters ---------------------------------------------------------------------------
-    def parameters(self) -> dict:
-        """name -> live parameter array (PyTorch's names and layout); update them in place."""
-        return dict(self._params)
-
-    def state_dict(self) -> dict:
-        """name -> numpy copy of each parameter, in PyTorch's names, shapes, gate order and key order."""
-        return {n: np.array(self.backend.to_numpy(p)) for n, p in self._params.items()}
-
-    def load_state_dict(self, state: dict, strict: bool = True):
-        """Loads numpy arrays (e.g. ``{k: v.numpy() for k, v in torch_module.state_dict().items()}``).
-
-        Missing keys, unexpected keys and wrong shapes are all listed, by name, in one RnnGraphError.
-        With strict=False missing and unexpected keys are skipped; wrong shapes still raise.
-        """
-        arrays = {k: chk.to_host(v) for k, v in state.items()}
-        chk.check_state_dict(self._params, arrays, strict, type(self).__name__)
-        for n, a in arrays.items():
-            if n in self._params:
-                self._params[n][...] = self.backend.asarray(a, dtype=self.dtype)
-        return self
-
+    # -- parameters: parameters(), state_dict() and load_state_dict() come from Parameterized ----
     def _cell_params(self) -> list:
         """[l][d]: cell param -> row-block view of its PyTorch-layout parameter (contiguous rows)."""
         views = []
@@ -312,19 +296,3 @@ def init_orthogonal_(layer, gain: float = 1.0):
 
 _INIT = {"uniform": init_uniform_, "orthogonal": init_orthogonal_}
 
-
-def __getattr__(name):
-    """rnngraph.nn.Dense, Softmax, losses and Sequential live in rnngraph.layers; expose them here too."""
-    missing = AttributeError(f"module 'rnngraph.nn' has no attribute {name!r}")
-    if name.startswith("_"):
-        raise missing
-    try:
-        from . import layers
-    except ModuleNotFoundError as e:
-        if e.name != f"{__package__}.layers":
-            raise
-        raise missing from None
-    try:
-        return getattr(layers, name)
-    except AttributeError:
-        raise missing from None

@@ -135,3 +135,18 @@ def test_lanes_match_reference(mode):
     _assert_close(got, ref, TOL["float64"], f"lanes/{mode}")
     got2 = _run_again(ex, prob, cupy, "float64")
     _assert_close(got2, ref, TOL["float64"], f"lanes/{mode} replay")
+
+
+@pytest.mark.parametrize("B", [1, 3, 8, 9])
+def test_gemm_fused_pair_matches_reference(B):
+    """The per-frame GEMV runs inside the fused kernel for B ≤ 8; B = 9 takes the two-kernel path."""
+    import cupy
+    from rnngraph.backends.cupy_backend import CupyBackend
+    cell = rg.load_cell("lstm", 5, 8)
+    prob = _problem(cell, B=B)
+    _, ref = _run(cell, NumpyBackend(), "naive", *prob, np, np.float64)
+    for capture in (False, True):
+        ex, got = _run(cell, CupyBackend(capture=capture), "graph" if capture else "staged", *prob, cupy, "float64")
+        _assert_close(got, ref, TOL["float64"], f"pair B={B} capture={capture}")
+        paired = [v for k, v in ex.ws.memo.items() if k[0] == "p"]
+        assert paired and all((v is not None) == (B <= 8) for v in paired)

@@ -83,8 +83,10 @@ def test_dense_init_seeded_and_bounded():
     assert not np.array_equal(a.weight, c.weight)
     assert a.weight.dtype == np.float32 and a.weight.shape == (4, 9) and a.bias.shape == (4,)
     assert np.abs(a.weight).max() <= 1 / 3 and np.abs(a.bias).max() <= 1 / 3
+    assert np.array_equal(Dense(9, 4).weight, Dense(9, 4, seed=0).weight)   # seed=0 by default, as nn.Recurrent
     r1, r2 = np.random.default_rng(7), np.random.default_rng(7)
     assert np.array_equal(Dense(3, 2, rng=r1).weight, Dense(3, 2, rng=r2).weight)
+    assert Dense(3, 2, rng=r1).rng is r1 and isinstance(a.rng, np.random.Generator)
     with pytest.raises(RnnGraphError, match="either seed or rng"):
         Dense(3, 2, seed=1, rng=np.random.default_rng(1))
 
@@ -111,11 +113,16 @@ def test_dense_load_state_dict_lists_every_problem():
     with pytest.raises(RnnGraphError) as e:
         dense.load_state_dict({"weight": np.zeros((2, 7)), "extra": np.zeros(1)})
     msg = str(e.value)
-    assert "missing key 'bias'" in msg and "unexpected key 'extra'" in msg
-    assert "'weight': expected shape (2, 8), got (2, 7)" in msg
+    assert msg.startswith("cannot load state dict into Dense:")
+    assert "missing keys: bias\n" in msg and "unexpected keys: extra\n" in msg
+    assert "wrong shapes: weight: expected [2, 8], got [2, 7]" in msg
     w = dense.weight
-    dense.load_state_dict({"weight": np.ones((2, 8)), "bias": np.ones(2)})
+    assert dense.load_state_dict({"weight": np.ones((2, 8)), "bias": np.ones(2)}) is dense
     assert dense.weight is w and w.dtype == np.float32 and (w == 1).all()   # in place: optimizers keep their arrays
+    dense.load_state_dict({"weight": torch.full((2, 8), 2.0), "extra": np.zeros(1)}, strict=False)
+    assert (w == 2).all() and (dense.bias == 1).all()              # non-strict: partial loads, torch tensors as is
+    with pytest.raises(RnnGraphError, match=r"wrong shapes: weight: expected \[2, 8\], got \[8, 2\]"):
+        dense.load_state_dict({"weight": np.ones((8, 2))}, strict=False)
 
 
 # -- Softmax / LogSoftmax -------------------------------------------------------------------------------
@@ -333,8 +340,12 @@ def test_sequential_state_dict_round_trip_and_errors(rng):
     bad["1.weight"] = np.zeros((3, 5))
     with pytest.raises(RnnGraphError) as e:
         b.load_state_dict(bad)
-    assert all(s in str(e.value) for s in ("missing key '1.bias'", "unexpected key '2.weight'",
-                                           "'1.weight': expected shape (3, 4), got (3, 5)"))
+    assert all(s in str(e.value) for s in ("cannot load state dict into Sequential:", "missing keys: 1.bias\n",
+                                           "unexpected keys: 2.weight\n",
+                                           "wrong shapes: 1.weight: expected [3, 4], got [3, 5]"))
+    part = {k: v + 1 for k, v in a.state_dict().items() if k.startswith("1.")}
+    assert b.load_state_dict({**part, "9.bogus": np.zeros(1)}, strict=False) is b
+    assert np.array_equal(b[1].weight, part["1.weight"]) and np.array_equal(b.state_dict()["0.a"], a.state_dict()["0.a"])
     with pytest.raises(RnnGraphError, match="list of 3 entries"):
         a(x, [None])
     with pytest.raises(RnnGraphError, match="module 1 .Dense. is feed-forward"):

@@ -46,6 +46,10 @@ class ArrayBackend:
         """Likewise for the backward; targets: (u, d) -> the gradient view a read's gradient adds into."""
         return None
 
+    def prepare_pair(self, cell, gemm, fused, gemm_args, env):
+        """One kernel for a frame's merged GEMM and the fused group reading it, or None (here: never)."""
+        return None
+
     def fused_forward(self, cell, item, env, prepared=None):
         run_fused_forward(self.xp, cell, item, env)
 
@@ -54,8 +58,9 @@ class ArrayBackend:
         into what it reads (parameters too when params=True)."""
         run_fused_backward(self.xp, cell, item, env, genv, add, params)
 
-    def fused_backward_prepared(self, prepared):
-        raise NotImplementedError("this backend prepares no fused kernels")
+    def launch(self, prepared):
+        """Runs a kernel prepared by one of the prepare_* methods."""
+        raise NotImplementedError("this backend prepares no kernels")
 
     def param_grad(self, cell, n, slot, g, ins, y, out):
         """out [F] += node n's backward rule for its vector-parameter operand `slot`, summed over

@@ -9,8 +9,8 @@ import warnings
 from collections import OrderedDict
 
 from ..errors import RnnGraphError, RnnGraphWarning
-from ..kernels import (GEMV_ROWS, fusable, fused_backward_kernel, fused_forward_kernel, matmul_source,
-                       param_grad_kernel)
+from ..kernels import (GEMV_FUSED_ROWS, GEMV_ROWS, fusable, fused_backward_kernel, fused_forward_kernel,
+                       gemv_fused_kernel, matmul_source, param_grad_kernel)
 from .base import ArrayBackend
 
 _KERNELS: dict = {}      # process-wide cache: generated source -> compiled kernel object
@@ -167,6 +167,25 @@ class CupyBackend(ArrayBackend):
         arrays += [genv[key] if kind == "grad" else _slice(targets[key[:2]], key[2]) for kind, key in spec.outputs]
         return self._launch_args(spec, arrays)
 
+    def prepare_pair(self, cell, gemm, fused, gemm_args, env):
+        """GEMV (rows ≤ 8) plus the fused group as one kernel, one warp per feature."""
+        x, w, out = gemm_args
+        if x.shape[0] > GEMV_FUSED_ROWS or not fusable(cell, fused.nodes) or \
+                not all(a.strides[-1] == a.itemsize for a in (x, w, out)) or not w.flags.c_contiguous:
+            return None
+        spec = _spec(cell, fused, "fwd")
+        kernel, _, args = self._launch_args(spec, [_slice(env[(u, d)], cols) for _, (u, d, cols) in spec.inputs]
+                                            + [env[n] for _, n in spec.outputs])
+        ctype = {"float32": "float", "float64": "double"}[str(out.dtype)]
+        offsets = [sum(gemm.sizes[:j]) for j in range(len(gemm.nodes))]
+        name, src = gemv_fused_kernel(spec, list(gemm.nodes), offsets, ctype)
+        if src not in _KERNELS:
+            _KERNELS[src] = self.xp.RawKernel(src, name)
+        cp, F = self.xp, args[-1]
+        head = (x, cp.int64(x.strides[0] // x.itemsize), w, cp.int32(w.shape[1]), out,
+                cp.int64(out.strides[0] // out.itemsize))
+        return _KERNELS[src], ((int(F) * 32 + 127) // 128,), head + args
+
     def _launch_args(self, spec, arrays):
         """Pointer and row-stride pairs: rows [N, F] with unit column stride, or vectors [F] (stride 0)."""
         cp, out = self.xp, arrays[len(spec.in_names)]
@@ -185,10 +204,9 @@ class CupyBackend(ArrayBackend):
     def fused_forward(self, cell, item, env, prepared=None):
         if prepared is None:
             return super().fused_forward(cell, item, env)
-        kernel, grid, args = prepared
-        kernel(grid, (128,), args)
+        self.launch(prepared)
 
-    def fused_backward_prepared(self, prepared):
+    def launch(self, prepared):
         kernel, grid, args = prepared
         kernel(grid, (128,), args)
 

@@ -1,0 +1,411 @@
+"""`rnngraph bench` and its measurement API: rnngraph's modes against cuDNN and a torch eager loop.
+
+time_ms() times one callable (CUDA events on the GPU), measure() times one (cell, implementation,
+sizes) forward and training step, machine_info() says where it ran. A training step is forward plus
+backward with input and weight gradients, against a fixed random grad_y. Example::
+
+    from rnngraph.bench import measure
+    r = measure("lstm", "graph", T=100, B=1, H=512)   # {"forward_ms": …, "train_ms": …, …}
+
+torch (bench_torch.py) and cupy are imported only when a measurement needs them.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__
+from .cells import CELLS, load_cell
+from .errors import RnnGraphError
+from .graph import Cell
+
+IMPLS = ("naive", "staged", "graph", "cudnn", "torch_eager")
+MODES = IMPLS[:3]                                   # the rnngraph implementations
+DEFAULT_CELLS = ("lstm", "peephole_lstm", "min_gru", "mgu")
+QUICK = {"T": 8, "B": [2], "H": [16], "repeats": 3, "warmup": 1}
+_TF32 = {"on": False}
+
+
+def mgu(input_size: int, hidden_size: int, bias: bool = True):
+    """The benchmark's user-defined cell: the minimal gated unit (Zhou et al. 2016), not a built-in."""
+    c, H = Cell("mgu"), hidden_size
+    x, h = c.input("x", input_size), c.state("h", H)
+    f = c.sigmoid(c.linear(x, "W_f", H, bias="b_f" if bias else None) + c.linear(h, "U_f", H), name="f")
+    n = c.tanh(c.linear(x, "W_n", H, bias="b_n" if bias else None) + c.linear(f * h, "U_n", H), name="n")
+    c.output(c.bind(h, (1 - f) * h + f * n, name="h"))
+    return c.build()
+
+
+USER_CELLS = {"mgu": mgu}
+
+
+# -- timing -----------------------------------------------------------------------------------
+def time_ms(fn, *, repeats: int = 20, warmup: int = 3, device: str = "cpu") -> list[float]:
+    """Milliseconds of each of `repeats` calls of fn, after `warmup` untimed calls. device 'gpu':
+    CUDA events around each call on the current stream (cupy's when a GPU is usable to cupy, else
+    torch's), synchronising after each; 'cpu': time.perf_counter."""
+    if device not in ("cpu", "gpu"):
+        raise RnnGraphError(f"device must be 'cpu' or 'gpu', got {device!r}")
+    for _ in range(warmup):
+        fn()
+    if device == "cpu":
+        out = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) * 1e3)
+        return out
+    return _time_cupy(fn, repeats) if gpu_problem() is None else _time_torch(fn, repeats)
+
+
+def _time_cupy(fn, repeats):
+    import cupy
+    cupy.cuda.Device().synchronize()
+    out = []
+    for _ in range(repeats):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(cupy.cuda.get_current_stream())
+        fn()
+        stop.record(cupy.cuda.get_current_stream())
+        stop.synchronize()
+        out.append(float(cupy.cuda.get_elapsed_time(start, stop)))
+    return out
+
+
+def _time_torch(fn, repeats):
+    import torch
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(repeats):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        out.append(float(start.elapsed_time(stop)))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_problem() -> str | None:
+    """cupy_backend.gpu_problem(), asked once per process."""
+    from .backends import cupy_backend
+    return cupy_backend.gpu_problem()
+
+
+@functools.lru_cache(maxsize=None)
+def torch_problem() -> str | None:
+    """None when torch imports, else why not."""
+    try:
+        import torch  # noqa: F401
+    except Exception as e:
+        return f"torch is not importable ({type(e).__name__}: {e})"
+    return None
+
+
+def set_tf32(on: bool) -> None:
+    """TF32 for float32 matmuls: torch's allow_tf32 flags and CUPY_TF32 (which cupy reads when it is
+    imported, so call this first). rnngraph's own cuBLAS handle keeps full fp32 either way."""
+    _TF32["on"] = bool(on)
+    os.environ["CUPY_TF32"] = "1" if on else "0"
+    if "torch" in sys.modules:
+        _torch_tf32()
+
+
+def _torch_tf32():
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = _TF32["on"]
+    torch.backends.cudnn.allow_tf32 = _TF32["on"]
+
+
+# -- one measurement --------------------------------------------------------------------------
+def measure(cell, impl: str, *, T: int = 100, B: int = 1, H: int = 512, D: int | None = None, layers: int = 1,
+            dtype: str = "float32", repeats: int = 20, warmup: int = 3, what=("forward", "train"),
+            seed: int = 0) -> dict:
+    """Times one implementation of one cell: forward and/or a training step, median of `repeats`.
+
+    cell: a built-in name, 'mgu' (the benchmark's user cell), 'module:function' or a cell function.
+    impl: one of IMPLS. Returns the configuration plus backend, forward_ms / train_ms (medians) and
+    forward_all / train_all (every repeat), or the configuration plus 'skipped': why, when the
+    implementation is not available here (no GPU, no torch, no cuDNN equivalent).
+    """
+    if impl not in IMPLS:
+        raise RnnGraphError(f"unknown implementation {impl!r}; choose from {', '.join(IMPLS)}")
+    D = D or H
+    spec = USER_CELLS.get(cell, cell) if isinstance(cell, str) else cell
+    first = load_cell(spec, D, H)
+    res = {"impl": impl, "cell": first.name, "T": T, "B": B, "H": H, "D": D, "layers": layers, "dtype": dtype}
+    why = unavailable(impl, first, spec)
+    if why:
+        return {**res, "skipped": why}
+    build = _rnngraph_fns if impl in MODES else _torch_fns
+    fns, backend, device, extra = build(spec, impl, T, B, H, D, layers, dtype, seed)
+    res.update(backend=backend, device=device, tf32=_TF32["on"], **extra)
+    for w in ("forward", "train"):
+        times = time_ms(fns[w], repeats=repeats, warmup=warmup, device=device) if w in what else []
+        res[f"{w}_ms"] = statistics.median(times) if times else None
+        res[f"{w}_all"] = times
+    return res
+
+
+def unavailable(impl: str, cell, spec=None) -> str | None:
+    """Why `impl` cannot run `cell` here, or None."""
+    if impl == "graph" and gpu_problem():
+        return f"needs a usable GPU: {gpu_problem()}"
+    if impl in MODES:
+        return None
+    if torch_problem():
+        return torch_problem()
+    if impl == "cudnn":
+        import torch
+        if not _is_builtin(cell, spec, ("lstm", "gru", "rnn_tanh", "rnn_relu")):
+            return f"cell '{cell.name}' has no cuDNN layer (cuDNN has lstm, gru, rnn_tanh, rnn_relu)"
+        if not torch.cuda.is_available():
+            return f"needs torch with CUDA (torch {torch.__version__} sees no GPU)"
+    return None
+
+
+def _is_builtin(cell, spec, names) -> bool:
+    """Whether `cell` is the built-in of its name (same parameters and shapes), one of `names`."""
+    if cell.name not in names:
+        return False
+    D, H = cell.inputs[next(iter(cell.inputs))], cell.op(cell.outputs[0]).size
+    return spec == cell.name or load_cell(cell.name, D, H).params == cell.params
+
+
+@functools.lru_cache(maxsize=None)
+def _backend(impl: str):
+    """One backend object per rnngraph mode and process: cupy when a GPU is usable, else numpy."""
+    if gpu_problem() is None:
+        from .backends.cupy_backend import CupyBackend
+        return CupyBackend(capture=impl == "graph")
+    from .backends.numpy_backend import NumpyBackend
+    return NumpyBackend()
+
+
+def _rnngraph_fns(spec, impl, T, B, H, D, layers, dtype, seed):
+    from .nn import Recurrent
+    be = _backend(impl)
+    layer = Recurrent(spec, D, H, num_layers=layers, backend=be, mode=impl, dtype=dtype, seed=seed)
+    rng = np.random.default_rng(seed)
+    x = be.asarray(rng.standard_normal((T, B, D)), dtype=dtype)
+    F = layer.cells[-1].op(layer.cells[-1].outputs[0]).size
+    gy = be.asarray(rng.standard_normal((T, B, F)), dtype=dtype)
+
+    def train():
+        layer(x)
+        layer.backward(gy)
+    return {"forward": lambda: layer(x), "train": train}, be.name, "gpu" if be.name == "cupy" else "cpu", {}
+
+
+def _torch_fns(spec, impl, T, B, H, D, layers, dtype, seed):
+    import torch
+
+    from .bench_torch import cudnn_layer, eager_loop
+    _torch_tf32()
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tdt = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(seed)
+    extra = {}
+    if impl == "cudnn":
+        torch.manual_seed(seed)
+        model = cudnn_layer(load_cell(spec, D, H).name, D, H, layers, tdt, dev)
+        params = list(model.parameters())
+        F = H
+
+        def run(x):
+            return model(x)[0]
+    else:
+        loops, size = [], D
+        for _ in range(layers):
+            cell = load_cell(spec, size, H)
+            P = {p: ((torch.rand(s, generator=gen, dtype=torch.float64) * 2 - 1) / H ** 0.5).to(dev, tdt)
+                 for p, s in cell.params.items()}
+            loops.append(eager_loop(cell, P))
+            size = cell.op(cell.outputs[0]).size
+        params, F = [p for lp in loops for p in lp.parameters()], size
+        extra["eager_loop"] = loops[0].kind
+
+        def run(x):
+            for lp in loops:
+                x = lp(x)[0]
+            return x
+    x = torch.randn(T, B, D, generator=gen, dtype=torch.float64).to(dev, tdt).requires_grad_()
+    gy = torch.randn(T, B, F, generator=gen, dtype=torch.float64).to(dev, tdt)
+
+    def forward():
+        with torch.no_grad():
+            run(x)
+
+    def train():
+        x.grad = None
+        for p in params:
+            p.grad = None
+        run(x).backward(gy)
+    device = "gpu" if dev.type == "cuda" else "cpu"
+    return {"forward": forward, "train": train}, f"torch-{dev.type}", device, extra
+
+
+# -- where it ran -----------------------------------------------------------------------------
+def machine_info() -> dict:
+    """Device name, driver and CUDA runtime, library versions, rnngraph commit, date, command line."""
+    from .doctor import cpu_name, cuda_info, git_commit, versions
+    info = {"rnngraph": __version__, **versions(), **cuda_info()}
+    if torch_problem() is None:
+        import torch
+        info.update(torch_cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version()
+                    if torch.cuda.is_available() else None)
+        if info.get("gpu") is None and torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    prog = "rnngraph" if Path(sys.argv[0]).name in ("__main__.py", "rnngraph") else sys.argv[0]
+    info.update(device=info.get("gpu") or cpu_name(), gpu_problem=gpu_problem(), commit=git_commit(),
+                date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                command=" ".join([prog, *sys.argv[1:]]),
+                tf32=_TF32["on"], cupy_tf32=os.environ.get("CUPY_TF32", "0"))
+    return info
+
+
+# -- the command ------------------------------------------------------------------------------
+def _list(kind):
+    """An argparse type: one value or a comma list, e.g. '128,256,512'."""
+    def parse(text: str) -> list:
+        try:
+            values = [kind(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise RnnGraphError(f"expected a comma list, got {text!r}") from None
+        if kind is int and any(v <= 0 for v in values):
+            raise RnnGraphError(f"sizes must be positive, got {text!r}")
+        return values
+    return parse
+
+
+def add_arguments(p) -> None:
+    """`rnngraph bench` options; list options are repeatable or comma lists."""
+    p.add_argument("--cell", action="extend", type=_list(str), metavar="CELL",
+                   help=f"built-in, 'mgu' or module:function (default: {','.join(DEFAULT_CELLS)})")
+    p.add_argument("-T", type=int, metavar="N", help="frames (default: 100)")
+    p.add_argument("-B", action="extend", type=_list(int), metavar="N", help="streams, i.e. batch (default: 1)")
+    p.add_argument("-H", action="extend", type=_list(int), metavar="N", help="hidden sizes (default: 512)")
+    p.add_argument("-D", type=int, metavar="N", help="input features (default: H)")
+    p.add_argument("--layers", type=int, default=1, metavar="N", help="stacked layers (default: 1)")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--impls", type=_list(str), default=list(IMPLS), metavar="LIST",
+                   help=f"implementations to time (default: {','.join(IMPLS)})")
+    p.add_argument("--repeats", type=int, metavar="N", help="timed calls; the median is reported (default: 20)")
+    p.add_argument("--warmup", type=int, metavar="N", help="untimed calls first (default: 3)")
+    p.add_argument("--tf32", action="store_true", help="allow TF32 in torch and cupy matmuls (default: off)")
+    p.add_argument("--json", metavar="FILE", help="write every measurement and machine_info() to FILE")
+    p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke test: T=8, B=2, H=16, 3 repeats")
+
+
+def run(args) -> int:
+    """Times every (cell, B, H) × implementation in one process; prints a table; 1 if any failed."""
+    from tqdm import tqdm
+    set_tf32(args.tf32)                       # before anything imports cupy
+    quick = QUICK if args.quick else {}
+    T = args.T or quick.get("T", 100)
+    Bs, Hs = args.B or quick.get("B", [1]), args.H or quick.get("H", [512])
+    repeats, warmup = args.repeats or quick.get("repeats", 20), args.warmup or quick.get("warmup", 3)
+    cells, impls = args.cell or list(DEFAULT_CELLS), args.impls
+    bad = [i for i in impls if i not in IMPLS]
+    if bad:
+        raise RnnGraphError(f"unknown implementation(s) {bad}; choose from {', '.join(IMPLS)}")
+    if any(":" in c for c in cells) and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    info = machine_info()
+    print(_header(info), flush=True)
+    configs = [(c, b, h) for c in cells for b in Bs for h in Hs]
+    results = []
+    for c, b, h in tqdm(configs, desc="bench", unit="config", file=sys.stderr):
+        for impl in impls:
+            try:
+                r = measure(c, impl, T=T, B=b, H=h, D=args.D, layers=args.layers, dtype=args.dtype,
+                            repeats=repeats, warmup=warmup)
+            except RnnGraphError:
+                raise
+            except Exception as e:        # e.g. out of memory: record it, keep the other rows
+                r = {"impl": impl, "cell": str(c), "T": T, "B": b, "H": h, "D": args.D or h,
+                     "layers": args.layers, "dtype": args.dtype, "error": f"{type(e).__name__}: {e}"}
+            results.append(r)
+    print(format_table(results))
+    if args.json:
+        settings = {"T": T, "B": Bs, "H": Hs, "D": args.D, "layers": args.layers, "dtype": args.dtype,
+                    "cells": cells, "impls": impls, "repeats": repeats, "warmup": warmup, "tf32": args.tf32}
+        Path(args.json).write_text(_json({"machine": info, "settings": settings, "results": results}))
+        print(f"rnngraph: wrote {args.json}", file=sys.stderr)
+    return 1 if any("error" in r for r in results) else 0
+
+
+def _json(obj) -> str:
+    import json
+    return json.dumps(obj, indent=1, default=str) + "\n"
+
+
+def _header(info: dict) -> str:
+    cuda = (f"CUDA runtime {info.get('cuda_runtime') or '-'}, driver {info.get('cuda_driver') or '-'}"
+            + (f", cuDNN {info['cudnn']}" if info.get("cudnn") else ""))
+    libs = "  ".join(f"{k} {info.get(k) or '-'}" for k in ("python", "numpy", "networkx", "cupy", "torch"))
+    tf32 = "on" if info["tf32"] else "off"
+    lines = [f"rnngraph {info['rnngraph']} bench  {info['date']}  commit {info.get('commit') or 'unknown'}",
+             f"device: {info['device']}" + (f" ({info['gpu_memory_gib']} GiB)" if info.get("gpu_memory_gib") else ""),
+             f"{cuda}", libs, f"TF32 {tf32} (torch allow_tf32={info['tf32']}, CUPY_TF32={info['cupy_tf32']})"]
+    if info.get("gpu_problem"):
+        lines.append(f"no GPU for rnngraph: {info['gpu_problem']}; naive and staged run on numpy")
+    return "\n".join(lines)
+
+
+def format_table(results: list) -> str:
+    """Per configuration, each implementation's forward and training-step median ms, its time over
+    cuDNN's and over the torch eager loop's (< 1: faster), graph over naive; then what was skipped."""
+    head = ("cell", "T", "B", "H", "impl", "backend", "fwd ms", "train ms", "fwd/cudnn", "train/cudnn",
+            "fwd/eager", "train/eager")
+    rows, notes, skipped = [], [], {}
+    groups: dict = {}
+    for r in results:
+        groups.setdefault((r["cell"], r["T"], r["B"], r["H"], r["D"], r["layers"], r["dtype"]), []).append(r)
+    for key, rs in groups.items():
+        ran = {r["impl"]: r for r in rs if "forward_ms" in r}
+        for r in rs:
+            if "skipped" in r:
+                skipped.setdefault((r["impl"], r["skipped"]), []).append(f"{r['cell']} B={r['B']} H={r['H']}")
+                continue
+            cols = ["failed: " + r["error"], "", ""] if "error" in r else \
+                [r.get("backend", ""), _ms(r["forward_ms"]), _ms(r["train_ms"])]
+            for ref in ("cudnn", "torch_eager"):
+                for w in ("forward", "train"):
+                    cols.append(_ratio(r, ran.get(ref), w) if ref != r["impl"] else "")
+            rows.append([key[0], str(key[1]), str(key[2]), str(key[3]), r["impl"], *cols])
+        for mode in ("staged", "graph"):
+            if "naive" in ran and mode in ran:
+                speed = [f"{w} {_speedup(ran['naive'], ran[mode], w)}" for w in ("forward", "train")]
+                notes.append(f"{key[0]} B={key[2]} H={key[3]}: speed-up of {mode} over naive: {', '.join(speed)}")
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    lines = ["  ".join(str(x).rjust(w) if k > 4 else str(x).ljust(w) for k, (x, w) in enumerate(zip(row, widths)))
+             for row in [head, *rows]]
+    lines += notes + ["ratios: this implementation's time / the reference's (< 1 is faster)"]
+    for (impl, why), where in skipped.items():
+        lines.append(f"skipped {impl} ({len(where)} configuration{'s' if len(where) > 1 else ''}): {why}")
+    if any(impl in ("graph", "cudnn") for impl, _ in skipped):
+        lines.append("GPU rows were skipped: " + ", ".join(sorted({i for i, _ in skipped if i in ("graph", "cudnn")})))
+    return "\n".join(lines)
+
+
+def _ms(v):
+    return "-" if v is None else f"{v:.3f}"
+
+
+def _ratio(r, ref, w):
+    a, b = r.get(f"{w}_ms"), (ref or {}).get(f"{w}_ms")
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def _speedup(slow, fast, w):
+    a, b = slow.get(f"{w}_ms"), fast.get(f"{w}_ms")
+    return f"{a / b:.1f}x" if a and b else "-"

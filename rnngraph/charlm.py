@@ -1,0 +1,167 @@
+"""The character-level language model that `rnngraph train`, `sample` and `demo` share: one-hot characters
+into a stack of recurrent layers (any cell), dropout, then Dense to logits over the vocabulary.
+
+    ids [T, B] -> one-hot [T, B, V] -> Recurrent -> [T, B, F] -> Dropout -> Dense -> logits [T, B, V]
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import numpy as np
+
+from .errors import RnnGraphError
+from .layers import CrossEntropyLoss, Dense, Sequential
+from .nn import Recurrent
+
+MODEL_KEYS = ("cell", "layers", "hidden", "dropout", "dtype")   # what fixes the model's shapes and math
+
+
+class Dropout:
+    """Inverted dropout as a feed-forward module (mask drawn on the host from its own seeded generator)."""
+    recurrent = False
+
+    def __init__(self, p: float, backend, seed: int):
+        self.p, self.backend, self.training = p, backend, True
+        self.rng = np.random.default_rng(seed)
+        self.grads, self._mask = {}, None
+
+    def __call__(self, x):   # x: [..., F] -> same
+        if not self.training or self.p == 0:
+            self._mask = None
+            return x
+        keep = self.rng.random(x.shape) >= self.p
+        self._mask = self.backend.asarray(keep / (1.0 - self.p), dtype=x.dtype)
+        return x * self._mask
+
+    def backward(self, grad_y):
+        return grad_y if self._mask is None else grad_y * self._mask
+
+    def train(self, mode: bool = True):
+        self.training = bool(mode)
+        return self
+
+    def parameters(self) -> dict:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, d: dict) -> None:
+        pass
+
+
+def import_path_for(cell: str) -> None:
+    """Makes 'module:function' cells importable from the working directory, as `rnngraph schedule` does."""
+    if ":" in cell and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
+class CharLM:
+    """A character model from a config dict (MODEL_KEYS plus 'vocab_size' and 'seed').
+
+    Example::
+
+        lm = CharLM({"cell": "lstm", "layers": 1, "hidden": 128, "dropout": 0.0, "dtype": "float32",
+                     "vocab_size": 80, "seed": 0})
+        logits, states = lm(ids)               # ids: [T, B] ints -> logits: [T, B, 80]
+    """
+
+    def __init__(self, config: dict, backend: str = "numpy", mode: str = "staged"):
+        self.config = dict(config)
+        V, H = config["vocab_size"], config["hidden"]
+        import_path_for(config["cell"])
+        self.rnn = Recurrent(config["cell"], V, H, num_layers=config["layers"],
+                             dropout=config["dropout"] if config["layers"] > 1 else 0.0,
+                             backend=backend, dtype=config["dtype"], mode=mode, seed=config["seed"])
+        self.backend = self.rnn.backend
+        self.xp = self.backend.xp
+        F = self.rnn.cells[-1].op(self.rnn.cells[-1].outputs[0]).size
+        self.drop = Dropout(config["dropout"], self.backend, config["seed"] + 1)
+        self.dense = Dense(F, V, dtype=config["dtype"], seed=config["seed"] + 2, backend=self.backend)
+        self.model = Sequential(self.rnn, self.drop, self.dense)
+        self.onehot = self.xp.eye(V, dtype=self.rnn.dtype)   # [V, V]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config["vocab_size"]
+
+    def __call__(self, ids, states=None):
+        """ids: [T, B] host or device ints; states: from the previous chunk or None.
+        Returns (logits [T, B, V], states for the next chunk)."""
+        x = self.onehot[self.xp.asarray(ids)]             # [T, B, V]
+        return self.model(x, states)
+
+    def backward(self, grad_logits) -> dict:
+        """Parameter gradients of the last call, name -> array (also in self.grads)."""
+        self.model.backward(grad_logits)
+        return self.grads
+
+    @property
+    def grads(self) -> dict:
+        return self.model.grads
+
+    def parameters(self) -> dict:
+        return self.model.parameters()
+
+    def state_dict(self) -> dict:
+        return self.model.state_dict()
+
+    def load_state_dict(self, d: dict) -> None:
+        self.model.load_state_dict(d)
+
+    def train(self, mode: bool = True):
+        self.model.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def count_parameters(self) -> int:
+        return sum(int(np.prod(p.shape)) for p in self.parameters().values())
+
+    # -- generators and states ----------------------------------------------------------------
+    def rng_states(self) -> dict:
+        """The bit-generator states of every random source (dropout masks), JSON-able."""
+        return {"rnn": self.rnn.rng.bit_generator.state, "dropout": self.drop.rng.bit_generator.state}
+
+    def set_rng_states(self, states: dict) -> None:
+        self.rnn.rng.bit_generator.state = states["rnn"]
+        self.drop.rng.bit_generator.state = states["dropout"]
+
+    def states_to_host(self, states) -> list:
+        """Stream states as host numpy arrays, for a checkpoint."""
+        to = self.backend.to_numpy
+        return [None if s is None else tuple(np.array(to(a)) for a in s) if isinstance(s, tuple)
+                else np.array(to(s)) for s in states]
+
+    def states_from_host(self, states) -> list:
+        dev = lambda a: self.backend.asarray(a, dtype=self.rnn.dtype)   # noqa: E731
+        return [None if s is None else tuple(dev(a) for a in s) if isinstance(s, tuple) else dev(s)
+                for s in states]
+
+    # -- evaluation -----------------------------------------------------------------------------
+    def evaluate(self, streams) -> float:
+        """Bits per character over every chunk of `streams` (a data.Streams), state carried, no dropout."""
+        ce = CrossEntropyLoss(reduction="sum")
+        self.eval()
+        total, count, states = 0.0, 0, None
+        try:
+            for k in range(streams.chunks):
+                x, y = streams.chunk(k)                           # [K, S] each
+                logits, states = self(x, states)
+                total += float(ce(logits, self.xp.asarray(y)))
+                count += y.size
+        finally:
+            self.train()
+        return total / count / math.log(2)
+
+
+def check_model_config(config: dict) -> None:
+    """Clear errors for sizes and options a model cannot be built with."""
+    for k in ("layers", "hidden"):
+        if int(config[k]) <= 0:
+            raise RnnGraphError(f"--{k} must be a positive integer, got {config[k]}")
+    if not 0 <= config["dropout"] < 1:
+        raise RnnGraphError(f"--dropout must lie in [0, 1), got {config['dropout']}")

@@ -1,0 +1,375 @@
+"""The evaluation's experiments as data: a configuration grid and a measurement per experiment, run
+by one runner that shows progress and writes JSON results with full metadata.
+
+Results go to ``experiments/results/NAME.json`` (relative to the working directory: run from the
+repository root); ``--quick`` runs go to ``experiments/results/quick/NAME.json`` and are labelled as
+CPU samples, never as GPU numbers. A results file holds ``experiment``, ``description``, ``quick``,
+``label``, ``settings``, ``metadata`` (``bench.machine_info()`` plus the exact command) and
+``records``: per configuration, its keys merged with what was measured, or with ``skipped``
+(a reason) or ``failed`` (the error). Times are medians in ms; per-frame costs are in µs.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import shlex
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from statistics import median
+from typing import Callable
+
+import numpy as np
+
+from .cells import CELLS, load_cell
+from .errors import RnnGraphError
+from .graph import Cell
+from .ops import OpKind
+from .schedule import Gemm, Schedule, build_schedule
+
+RESULTS = Path("experiments") / "results"
+QUICK_LABEL = "CPU sample from a --quick run (numpy backend, tiny sizes): not GPU results"
+TIMED_IMPLS = ("naive", "staged", "graph", "cudnn")
+PAPER_CELLS = ("lstm", "peephole_lstm", "gru", "min_gru", "mgu")   # mgu: the user-defined cell
+NO_LANES = ("bench.measure has no 'lanes' option: CUDA-stream lanes are not implemented in this "
+            "tree, so there is nothing to compare against one stream")
+
+
+def mgu(input_size: int, hidden_size: int, bias: bool = True):
+    """The experiments' user-defined cell: the minimal gated unit (Zhou et al. 2016), written with
+    the public builder as README.md shows. One gate f resets h inside n and updates it."""
+    c, H = Cell("mgu"), hidden_size
+    x, h = c.input("x", input_size), c.state("h", H)
+    f = c.sigmoid(c.linear(x, "W_f", H, bias="b_f" if bias else None) + c.linear(h, "U_f", H), name="f")
+    n = c.tanh(c.linear(x, "W_n", H, bias="b_n" if bias else None) + c.linear(f * h, "U_n", H), name="n")
+    c.output(c.bind(h, (1 - f) * h + f * n, name="h"))
+    return c.build()
+
+
+def cell_spec(name: str):
+    """What load_cell and bench.measure accept for a cell name of the experiments."""
+    return mgu if name == "mgu" else name
+
+
+# -- timed experiments, through bench.measure -------------------------------------------------------
+
+def _measure(cfg: dict, opts: dict) -> dict:
+    """bench.measure for one configuration: medians forward_ms / train_ms, or {'skipped': reason}."""
+    from . import bench
+    kw = {k: cfg[k] for k in ("impl", "T", "B", "H", "layers", "lanes") if k in cfg}
+    out = bench.measure(cell_spec(cfg["cell"]), what=tuple(cfg.get("what", ("forward", "train"))),
+                        repeats=cfg.get("repeats", opts["repeats"]), warmup=cfg.get("warmup", opts["warmup"]),
+                        **kw)
+    out.pop("cell", None)           # keep the configuration's cell name (bench may name a function)
+    return out
+
+
+def _lanes(cfg: dict, opts: dict) -> dict:
+    from . import bench
+    if "lanes" not in inspect.signature(bench.measure).parameters:
+        return {"skipped": NO_LANES}
+    return _measure(cfg, opts)
+
+
+def _speedup_grid(quick: bool) -> list:
+    Hs, T = ((16, 32), 10) if quick else ((128, 256, 512, 1024, 2048), 100)
+    return [dict(cell=c, H=H, impl=i, T=T, B=1) for c in PAPER_CELLS for H in Hs for i in TIMED_IMPLS]
+
+
+def _streams_grid(quick: bool) -> list:
+    """S parallel streams are the batch B of one training step."""
+    S, H, T = ((1, 2, 4, 8), 32, 10) if quick else (tuple(2 ** k for k in range(9)), 512, 100)
+    return [dict(cell="lstm", H=H, T=T, B=B, impl=i, what=["train"]) for B in S for i in TIMED_IMPLS]
+
+
+def _length_grid(quick: bool) -> list:
+    """T = 10 … 10,000. Long runs get fewer repeats; naive (≈60 ms of launches per 100 GPU frames
+    forward) stops at T = 1,000 in the full run."""
+    Ts, H = ((10, 30, 100, 300), 32) if quick else ((10, 30, 100, 300, 1000, 3000, 10000), 512)
+    out = []
+    for T in Ts:
+        for i in TIMED_IMPLS:
+            if i == "naive" and T > 1000:
+                continue
+            out.append(dict(cell="lstm", H=H, B=1, T=T, impl=i, **(dict(repeats=3, warmup=1) if T >= 3000 else {})))
+    return out
+
+
+def _lanes_grid(quick: bool) -> list:
+    layers, lanes, H, T = ((2,), (1, 2), 32, 10) if quick else ((2, 3, 4), (1, 2, 4), 512, 100)
+    return [dict(cell="lstm", H=H, T=T, B=1, layers=L, lanes=k, impl=i)
+            for i in ("staged", "graph") for L in layers for k in lanes]
+
+
+# -- stage breakdown: forward variants that leave one part out ------------------------------------
+
+PARTS = ("hoisted", "per_frame_gemm", "fused_elementwise", "launch_overhead")
+
+
+def schedule_variants(s: Schedule) -> dict:
+    """The schedule and three variants, each without one part: the hoisted sections (pre, post),
+    the per-frame GEMMs, or the per-frame fused groups. What a removed item would write stays zero,
+    which changes no remaining kernel's cost."""
+    def loop_keeping(keep):
+        stages = (tuple(it for it in st if keep(it)) for st in s.loop)
+        return tuple(st for st in stages if st)
+    return {"full": s, "no_hoisted": replace(s, pre=(), post=()),
+            "no_per_frame_gemm": replace(s, loop=loop_keeping(lambda it: not isinstance(it, Gemm))),
+            "no_fused_elementwise": replace(s, loop=loop_keeping(lambda it: isinstance(it, Gemm)))}
+
+
+def _breakdown_grid(quick: bool) -> list:
+    if quick:
+        return [dict(cell=c, H=32, T=10, B=1) for c in ("lstm", "gru")]
+    return [dict(cell="lstm", H=H, T=100, B=1) for H in (128, 512, 2048)] + \
+        [dict(cell=c, H=512, T=100, B=1) for c in PAPER_CELLS if c != "lstm"]
+
+
+def _breakdown(cfg: dict, opts: dict) -> dict:
+    """Forward time per frame, split by leave-one-out differences. The parts are measured with CUDA-
+    graph replay where there is a GPU (device time without launch cost); launch/host overhead is then
+    eager minus replayed. On the CPU the parts come from eager numpy and overhead is not separable."""
+    from . import bench
+    from .backends import get_backend
+    from .executor import Executor
+    eager = get_backend("numpy" if opts["quick"] else "auto")
+    replay = None
+    if eager.name == "cupy":
+        from .backends.cupy_backend import CupyBackend
+        replay = CupyBackend(capture=True)
+    cell, T = load_cell(cell_spec(cfg["cell"]), cfg["H"], cfg["H"]), cfg["T"]
+    variants = schedule_variants(build_schedule(cell))
+    times = {}
+    for mode, be in (("staged", eager), ("graph", replay)):
+        if be is None:
+            continue
+        params, inputs = _random_run(cell, be, T, cfg["B"])
+        for name, sched in variants.items():
+            ex = Executor(cell, be, mode)
+            ex.sched = sched            # the executor runs whatever schedule it holds
+            times[f"{mode}/{name}"] = median(bench.time_ms(
+                lambda: ex.forward(params, inputs, {}), repeats=opts["repeats"], warmup=opts["warmup"],
+                device="gpu" if be.name == "cupy" else "cpu"))
+    base = "graph" if replay else "staged"
+    us = lambda ms: 1000.0 * ms / T     # noqa: E731  ms per run -> µs per frame
+    parts = {p: us(times[f"{base}/full"] - times[f"{base}/no_{p}"]) for p in PARTS[:3]}
+    parts["launch_overhead"] = us(times["staged/full"] - times["graph/full"]) if replay else None
+    out = {"backend": eager.name, "parts_from": base, "times_ms": times, "parts_us_per_frame": parts,
+           "total_us_per_frame": us(times["staged/full"])}
+    if replay is None:
+        out["launch_overhead_skipped"] = "needs CUDA-graph replay (cupy backend on a GPU)"
+    return out
+
+
+def _random_run(cell, be, T: int, B: int, seed: int = 0):
+    """Parameters U(±0.1) and inputs x [T, B, D] ~ N(0, 1), float32, on backend `be`."""
+    rng = np.random.default_rng(seed)
+    params = {p: be.asarray(rng.uniform(-0.1, 0.1, shape).astype(np.float32)) for p, shape in cell.params.items()}
+    inputs = {n: be.asarray(rng.standard_normal((T, B, D)).astype(np.float32)) for n, D in cell.inputs.items()}
+    return params, inputs
+
+
+# -- schedule statistics: pure analysis ------------------------------------------------------------
+
+ARITHMETIC = {OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.SCALE, OpKind.ONE_MINUS, OpKind.SIGMOID,
+              OpKind.TANH, OpKind.RELU}   # ~1 FLOP per element; IDENTITY, SLICE, CONCAT only move data
+
+
+def schedule_flops(s: Schedule) -> dict:
+    """FLOPs per row (one stream, one frame) of the forward and backward passes, each split into
+    'hoisted' (pre, post and the parameter-gradient reductions) and 'per_frame' (the loop).
+
+    A linear op costs 2·in·out forward, and as much again for the operand's gradient (in its own
+    section) and for the weight's (a reduction over all frames: hoisted). An arithmetic op costs one
+    per element forward, and one per element per input slot backward; a vector parameter's slot is a
+    hoisted reduction."""
+    cell, where = s.cell, s.section_of()
+    out = {d: {"hoisted": 0, "per_frame": 0} for d in ("forward", "backward")}
+    for n, sec in where.items():
+        part, op = ("per_frame" if sec.startswith("stage") else "hoisted"), cell.op(n)
+        reads = cell.reads(n)
+        if op.kind is OpKind.LINEAR:
+            f = 2 * cell.op(reads[0][0]).size * op.size
+            out["forward"][part] += f
+            out["backward"][part] += f
+            out["backward"]["hoisted"] += f
+        elif op.kind in ARITHMETIC:
+            out["forward"][part] += op.size
+            for u, _ in reads:
+                out["backward"]["hoisted" if cell.op(u).kind is OpKind.PARAM else part] += op.size
+    return out
+
+
+def _stats_grid(quick: bool) -> list:
+    return [dict(cell=c, D=512, H=512) for c in (*CELLS, "mgu")]   # analysis: quick changes nothing
+
+
+def _stats(cfg: dict, opts: dict) -> dict:
+    s = build_schedule(load_cell(cell_spec(cfg["cell"]), cfg["D"], cfg["H"]))
+    summary, flops = s.summary(), schedule_flops(s)
+    training = {k: flops["forward"][k] + flops["backward"][k] for k in ("hoisted", "per_frame")}
+    share = lambda f: f["hoisted"] / (f["hoisted"] + f["per_frame"])   # noqa: E731
+    return {"ops": summary["ops"], "pre_kernels": len(s.pre), "post_kernels": len(s.post),
+            "stages_per_frame": len(s.loop), "kernels_per_frame": summary["kernels_per_frame"],
+            "flops_per_row": flops,
+            "hoisted_flop_fraction": {"forward": share(flops["forward"]), "training": share(training)}}
+
+
+# -- the registry and the runner ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Experiment:
+    description: str
+    grid: Callable[[bool], list]        # quick -> configurations
+    run: Callable[[dict, dict], dict]   # (configuration, options) -> measured fields or {'skipped': why}
+    fields: tuple                       # keys of every record that was neither skipped nor failed
+
+
+EXPERIMENTS = {
+    "single_stream_speedup": Experiment(
+        "staged and graph modes against naive at one stream (B = 1): LSTM, peephole LSTM, GRU, minGRU "
+        "and a user-defined MGU, H = 128 … 2048, forward and training step", _speedup_grid, _measure,
+        ("forward_ms", "train_ms")),
+    "multi_stream_throughput": Experiment(
+        "training frames per second against parallel streams S = 1 … 256 (the batch), LSTM H = 512",
+        _streams_grid, _measure, ("train_ms",)),
+    "stage_breakdown": Experiment(
+        "forward time per frame split into hoisted GEMMs, per-frame GEMM, fused elementwise and "
+        "launch/host overhead, by variants that leave one part out", _breakdown_grid, _breakdown,
+        ("parts_us_per_frame", "times_ms", "total_us_per_frame")),
+    "sequence_length": Experiment(
+        "cost per frame for T = 10 … 10,000, LSTM H = 512, one stream", _length_grid, _measure,
+        ("forward_ms", "train_ms")),
+    "schedule_stats": Experiment(
+        "per cell: ops, stages per frame, kernels per frame before and after merging, share of FLOPs "
+        "hoisted out of the loop (D = H = 512; pure analysis)", _stats_grid, _stats,
+        ("ops", "stages_per_frame", "kernels_per_frame", "hoisted_flop_fraction")),
+    "cuda_lanes": Experiment(
+        "one CUDA stream against k lanes for independent stages and layers (the wavefront), "
+        "2–4 LSTM layers", _lanes_grid, _lanes, ("forward_ms", "train_ms")),
+}
+
+
+def run_experiment(name: str, *, quick: bool = False, out=None, repeats: int | None = None,
+                   command: str | None = None) -> tuple[Path, int]:
+    """Runs every configuration of experiment `name` and writes its JSON results; returns (path,
+    number of failed configurations). Example: ``run_experiment("schedule_stats", quick=True)``."""
+    from tqdm import tqdm
+
+    from . import bench
+    exp = experiment(name)
+    opts = {"quick": quick, "repeats": repeats or (3 if quick else 10), "warmup": 1 if quick else 2}
+    records = []
+    with tqdm(exp.grid(quick), desc=name, unit="config", file=sys.stderr, dynamic_ncols=True) as bar:
+        for cfg in bar:
+            bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in cfg.items() if k not in ("what", "warmup")))
+            try:
+                result = exp.run(cfg, opts)
+            except Exception as e:      # recorded, reported and counted: one bad size must not lose a GPU run
+                result = {"failed": f"{type(e).__name__}: {e}"}
+                bar.write(f"{name}: {cfg}: failed: {result['failed']}")
+            records.append({**cfg, **result})
+    meta = dict(bench.machine_info(), command=command or _command(sys.argv[1:]))
+    doc = {"experiment": name, "description": exp.description, "quick": quick,
+           "label": QUICK_LABEL if quick else f"measured on {meta.get('gpu') or 'the CPU'}",
+           "settings": {k: v for k, v in opts.items() if k != "quick"}, "metadata": meta, "records": records}
+    path = Path(out) if out is not None else (RESULTS / "quick" if quick else RESULTS)
+    path.mkdir(parents=True, exist_ok=True)
+    path = path / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(path)
+    return path, sum("failed" in r for r in records)
+
+
+def experiment(name: str) -> Experiment:
+    if name not in EXPERIMENTS:
+        raise RnnGraphError(f"unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)}")
+    return EXPERIMENTS[name]
+
+
+def load_results(path) -> dict:
+    """A results file, checked: raises RnnGraphError naming the file when it is missing or malformed."""
+    path = Path(path)
+    name = path.stem
+    hint = f"run `rnngraph experiment {name}` (add --quick for a CPU sample under {RESULTS / 'quick'})"
+    if not path.is_file():
+        raise RnnGraphError(f"missing results file {path}; {hint}")
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RnnGraphError(f"malformed results file {path}: not JSON ({e}); {hint}") from None
+    missing = [k for k in ("experiment", "quick", "label", "metadata", "records") if not isinstance(doc, dict) or k not in doc]
+    if missing:
+        raise RnnGraphError(f"malformed results file {path}: no {', '.join(missing)}; {hint}")
+    if doc["experiment"] != name or not isinstance(doc["records"], list) or not doc["records"]:
+        raise RnnGraphError(f"malformed results file {path}: expected a non-empty list of records of "
+                            f"experiment '{name}'; {hint}")
+    fields = experiment(name).fields
+    for k, r in enumerate(doc["records"]):
+        if not isinstance(r, dict):
+            raise RnnGraphError(f"malformed results file {path}: record {k} is not an object; {hint}")
+        lacks = [] if "skipped" in r or "failed" in r else [f for f in fields if f not in r]
+        if "cell" not in r or lacks:
+            raise RnnGraphError(f"malformed results file {path}: record {k} lacks "
+                                f"{', '.join(lacks) or 'cell'}; {hint}")
+    return doc
+
+
+# -- command line: `rnngraph experiment NAME` and experiments/NAME.py ---------------------------------
+
+def _options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true",
+                   help=f"a CPU-sized run (under a minute), written to {RESULTS / 'quick'} as a labelled sample")
+    p.add_argument("--out", metavar="DIR", help=f"results folder (default: {RESULTS}, or {RESULTS / 'quick'} "
+                                                "with --quick)")
+    p.add_argument("--repeats", type=int, metavar="N", help="timed repeats per configuration (default: 10; 3 with --quick)")
+
+
+def _command(argv: list, script: str | None = None) -> str:
+    """The command line as typed: `rnngraph …`, `python -m rnngraph …` or `python SCRIPT …`."""
+    argv0 = script or sys.argv[0]
+    head = ["rnngraph"] if Path(argv0).name == "rnngraph" else \
+        ["python", "-m", "rnngraph"] if argv0.endswith("__main__.py") else ["python", argv0]
+    return shlex.join(head + list(argv))
+
+
+def _finish(path: Path, failed: int) -> int:
+    print(f"wrote {path}" + (f" ({failed} configurations failed: see 'failed' in the records)" if failed else ""))
+    return 1 if failed else 0
+
+
+def cli_experiment_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME", choices=list(EXPERIMENTS), help=f"one of: {', '.join(EXPERIMENTS)}")
+    _options(p)
+
+
+def cli_experiment_run(args: argparse.Namespace) -> int:
+    return _finish(*run_experiment(args.name, quick=args.quick, out=args.out, repeats=args.repeats))
+
+
+def cli_figures_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results", metavar="DIR", default=str(RESULTS),
+                   help=f"folder of NAME.json results (default: %(default)s; {RESULTS / 'quick'} holds the CPU samples)")
+    p.add_argument("--out", metavar="DIR", default="figures", help="where figures go (default: %(default)s)")
+
+
+def cli_figures_run(args: argparse.Namespace) -> None:
+    from .figures import build_figures     # matplotlib only when drawing
+    for path in build_figures(args.results, args.out):
+        print(f"wrote {path}")
+
+
+def main(name: str, argv: list | None = None) -> int:
+    """Entry point of experiments/NAME.py: ``sys.exit(main("schedule_stats"))``."""
+    p = argparse.ArgumentParser(prog=f"experiments/{name}.py", description=experiment(name).description)
+    _options(p)
+    argv = sys.argv[1:] if argv is None else argv
+    args = p.parse_args(argv)
+    try:
+        return _finish(*run_experiment(name, quick=args.quick, out=args.out, repeats=args.repeats,
+                                       command=_command(argv, f"experiments/{name}.py")))
+    except RnnGraphError as e:
+        print(f"{name}: error: {' '.join(str(e).splitlines())}", file=sys.stderr)
+        return 2

@@ -1,0 +1,346 @@
+"""Training a character-level language model over S continuous streams with truncated BPTT: the loop,
+validation, logs, checkpoints and exact resume. `rnngraph train` (train_cli.py) is a thin layer on `train`.
+
+Each step reads chunk k of every stream (inputs and targets [K, S]), runs the model from the state the
+previous chunk left, backpropagates through those K frames only, clips the global gradient norm and
+updates. Streams restart from zero states at each epoch. Step n always reads the same chunk, draws the
+same dropout masks and uses the same learning rate, so a resumed run repeats an uninterrupted one bit
+for bit on the CPU.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+
+from .charlm import MODEL_KEYS, CharLM, check_model_config
+from .checkpoint import (check_same, load_checkpoint, model_arrays, pack_optimizer, pack_states,
+                         save_checkpoint, unpack_optimizer, unpack_states)
+from .data import Vocab, make_streams, read_text, split, text_digest, validation_streams
+from .errors import RnnGraphError
+from .layers import CrossEntropyLoss
+from .optim import SGD, Adam, CosineLR, StepLR, clip_grad_norm
+
+LOG_COLUMNS = ("step", "epoch", "loss", "bpc", "val_bpc", "lr", "grad_norm", "frames_per_s", "elapsed_s")
+
+
+@dataclass
+class TrainConfig:
+    """Every option of a run; `rnngraph train --help` describes each."""
+    text: str | None = None          # a UTF-8 text file; None: the bundled corpus
+    cell: str = "lstm"
+    layers: int = 1
+    hidden: int = 256
+    dropout: float = 0.0
+    dtype: str = "float32"
+    streams: int = 32                # S, the batch
+    bptt: int = 64                   # K, frames per chunk
+    val_fraction: float = 0.05
+    optimizer: str = "adam"          # adam | sgd (with momentum)
+    lr: float = 3e-3
+    momentum: float = 0.9
+    clip: float = 5.0                # global gradient-norm limit; 0: none
+    schedule: str = "cosine"         # cosine (to lr/10) | step (halve each epoch) | constant
+    seed: int = 0
+    epochs: int = 2
+    max_steps: int | None = None     # stop early after this many steps in total
+    backend: str = "auto"
+    mode: str = "staged"
+    out: str = "runs/train"
+    checkpoint_every: int = 200
+    progress: bool | None = None     # tqdm bar; None: only on a terminal
+
+
+# Settings a resumed run must share with its checkpoint; the others (epochs, backend, out, ...) may change.
+FIXED = MODEL_KEYS + ("streams", "bptt", "val_fraction", "optimizer", "lr", "momentum", "clip", "schedule",
+                      "seed")
+
+
+@dataclass
+class Result:
+    """What a run returns: its log rows (one per step), final validation bpc, time and files."""
+    history: list
+    val_bpc: float
+    seconds: float
+    checkpoint: Path
+    log_csv: Path
+    log_json: Path
+    backend: str = ""
+    steps: int = 0
+    notes: list = field(default_factory=list)
+
+
+def check_train_config(cfg: TrainConfig) -> None:
+    """Clear errors for options no run can use."""
+    check_model_config(asdict(cfg))
+    for k in ("streams", "bptt", "epochs", "checkpoint_every"):
+        if int(getattr(cfg, k)) <= 0:
+            raise RnnGraphError(f"--{k.replace('_', '-')} must be a positive integer, got {getattr(cfg, k)}")
+    if cfg.max_steps is not None and cfg.max_steps <= 0:
+        raise RnnGraphError(f"--max-steps must be a positive integer, got {cfg.max_steps}")
+    if cfg.optimizer not in ("adam", "sgd"):
+        raise RnnGraphError(f"--optimizer must be 'adam' or 'sgd', got {cfg.optimizer!r}")
+    if cfg.schedule not in ("cosine", "step", "constant"):
+        raise RnnGraphError(f"--schedule must be 'cosine', 'step' or 'constant', got {cfg.schedule!r}")
+    if not (cfg.lr > 0 and math.isfinite(cfg.lr)) or cfg.clip < 0 or cfg.momentum < 0:
+        raise RnnGraphError(f"need --lr > 0, --clip >= 0 and --momentum >= 0, got {cfg.lr}, {cfg.clip}, "
+                            f"{cfg.momentum}")
+
+
+def make_optimizer(cfg: TrainConfig, params: dict):
+    if cfg.optimizer == "adam":
+        return Adam(params, lr=cfg.lr)
+    return SGD(params, lr=cfg.lr, momentum=cfg.momentum)
+
+
+def make_schedule(cfg: TrainConfig, total_steps: int, steps_per_epoch: int):
+    """step -> learning rate."""
+    if cfg.schedule == "cosine" and total_steps > 1:
+        return CosineLR(cfg.lr, total_steps, min_lr=cfg.lr / 10)
+    if cfg.schedule == "step":
+        return StepLR(cfg.lr, steps_per_epoch, gamma=0.5)
+    return lambda step: cfg.lr
+
+
+class Trainer:
+    """One run: data, model, optimizer and the loop's position (step, stream states, log rows).
+
+    Example::
+
+        result = Trainer(TrainConfig(hidden=64, epochs=1)).run()
+        print(result.val_bpc)
+    """
+
+    def __init__(self, cfg: TrainConfig, resume=None, echo=print):
+        check_train_config(cfg)
+        self.cfg, self.echo = cfg, echo
+        ckpt = load_checkpoint(resume) if resume is not None else None
+        if ckpt is not None:
+            _check_resumable(ckpt)
+            check_same(ckpt.path, ckpt.config["train"], {k: getattr(cfg, k) for k in FIXED})
+        text = read_text(cfg.text)
+        self.vocab = Vocab(ckpt.config["vocab"]) if ckpt else Vocab.from_text(text)
+        self.digest = text_digest(text)
+        if ckpt is not None and ckpt.config["text_sha256"] != self.digest:
+            raise RnnGraphError(f"the text {cfg.text or '(bundled)'} differs from the one checkpoint {ckpt.path} "
+                                "was trained on; pass the same --text to resume")
+        train_ids, val_ids = split(self.vocab.encode(text), cfg.val_fraction)
+        self.data = make_streams(train_ids, cfg.streams, cfg.bptt)
+        self.val = validation_streams(val_ids, cfg.streams, cfg.bptt)
+        self.model_config = {**{k: getattr(cfg, k) for k in MODEL_KEYS}, "vocab_size": len(self.vocab),
+                             "seed": cfg.seed}
+        self.lm = CharLM(self.model_config, cfg.backend, cfg.mode)
+        self.opt = make_optimizer(cfg, self.lm.parameters())
+        self.ce = CrossEntropyLoss()
+        self.out = Path(cfg.out)
+        self.ckpt_path, self.csv_path, self.json_path = (self.out / "checkpoint.npz", self.out / "log.csv",
+                                                         self.out / "log.json")
+        self.schedule_steps = cfg.epochs * self.data.chunks
+        self.step, self.states, self.history, self.elapsed, self.saved_step = 0, None, [], 0.0, None
+        if ckpt is not None:
+            self._restore(ckpt)
+        self.lr_at = make_schedule(cfg, self.schedule_steps, self.data.chunks)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def save(self) -> Path:
+        """Writes the checkpoint (atomically) and the JSON log; refuses non-finite weights."""
+        for name, p in self.lm.parameters().items():
+            if not bool(self.lm.xp.isfinite(p).all()):
+                raise RnnGraphError(f"parameter {name} is not finite after step {self.step}; "
+                                    f"{self._kept()} try a lower --lr or --clip")
+        opt_meta, opt_arrays = pack_optimizer(self.opt.state_dict())
+        st_meta, st_arrays = (None, {}) if self.states is None else pack_states(self.lm.states_to_host(self.states))
+        config = {"model": self.model_config, "vocab": self.vocab.chars, "train": asdict(self.cfg),
+                  "text_sha256": self.digest, "step": self.step, "elapsed_s": self.elapsed,
+                  "schedule_steps": self.schedule_steps, "optimizer": opt_meta,
+                  "states": st_meta,
+                  "rng": self.lm.rng_states(), "history": self.history}
+        arrays = {f"model/{k}": v for k, v in self.lm.state_dict().items()}
+        save_checkpoint(self.ckpt_path, config, {**arrays, **opt_arrays, **st_arrays})
+        self.saved_step = self.step
+        self._write_json()
+        return self.ckpt_path
+
+    def _restore(self, ckpt) -> None:
+        c = ckpt.config
+        try:
+            self.lm.load_state_dict(model_arrays(ckpt.arrays))
+            self.opt.load_state_dict(unpack_optimizer(c["optimizer"], ckpt.arrays))
+            self.lm.set_rng_states(c["rng"])
+            if c["states"] is not None:
+                self.states = self.lm.states_from_host(unpack_states(c["states"], ckpt.arrays))
+        except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, RnnGraphError):
+                raise RnnGraphError(f"checkpoint {ckpt.path} does not match the requested model: {e}") from None
+            raise RnnGraphError(f"checkpoint {ckpt.path} is incomplete ({type(e).__name__}: {e}); "
+                                "resume from an earlier copy or start a new run") from None
+        self.step, self.elapsed, self.history = c["step"], c["elapsed_s"], list(c["history"])
+        self.schedule_steps, self.saved_step = c["schedule_steps"], c["step"]
+
+    def _kept(self) -> str:
+        if self.saved_step is None:
+            return "no checkpoint was written yet;"
+        return f"the last good checkpoint {self.ckpt_path} (step {self.saved_step}) is intact;"
+
+    # -- one step -------------------------------------------------------------------------------
+    def train_step(self) -> dict:
+        """Runs step self.step + 1 (chunk self.step mod chunks); returns its log row."""
+        chunks, t0 = self.data.chunks, time.perf_counter()
+        k = self.step % chunks
+        if k == 0:
+            self.states = None                                  # every epoch starts the streams afresh
+        x, y = self.data.chunk(k)                               # [K, S] each
+        logits, self.states = self.lm(x, self.states)           # [K, S, V]
+        loss = float(self.ce(logits, self.lm.xp.asarray(y)))
+        n = self.step + 1
+        if not math.isfinite(loss):
+            raise RnnGraphError(f"the training loss is {loss} at step {n} (epoch {self.step // chunks + 1}); "
+                                f"stopped before updating the weights; {self._kept()} try a lower --lr or --clip")
+        grads = self.lm.backward(self.ce.backward())
+        norm = float(clip_grad_norm(grads, self.cfg.clip) if self.cfg.clip > 0 else _norm(grads))
+        if not math.isfinite(norm):
+            raise RnnGraphError(f"the gradient norm is {norm} at step {n} (epoch {self.step // chunks + 1}); "
+                                f"stopped before updating the weights; {self._kept()} try a lower --lr or --clip")
+        self.opt.lr = self.lr_at(self.step)
+        self.opt.step(grads)
+        self.step = n
+        dt = time.perf_counter() - t0
+        self.elapsed += dt
+        return {"step": n, "epoch": self.step_epoch(n), "loss": loss, "bpc": loss / math.log(2),
+                "val_bpc": None, "lr": self.opt.lr, "grad_norm": norm,
+                "frames_per_s": self.data.bptt * self.data.streams / dt, "elapsed_s": self.elapsed}
+
+    def step_epoch(self, n: int) -> float:
+        """Epochs done after n steps (fractional)."""
+        return n / self.data.chunks
+
+    def validate(self) -> float:
+        t0 = time.perf_counter()
+        bpc = self.lm.evaluate(self.val)
+        self.elapsed += time.perf_counter() - t0
+        return bpc
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self) -> Result:
+        """Trains to the last epoch (or --max-steps), validating each epoch, checkpointing every N steps."""
+        cfg, chunks = self.cfg, self.data.chunks
+        stop = cfg.epochs * chunks if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * chunks)
+        self._start_logs()
+        notes = [f"{self.lm.rnn!r}, {self.lm.count_parameters():,} parameters; {self.data.streams} streams "
+                 f"× {len(self.data.data[0]):,} characters, bptt {self.data.bptt}, {chunks} steps per epoch"]
+        self.echo(notes[0])
+        from tqdm import tqdm
+        bar = tqdm(total=stop, initial=min(self.step, stop), unit="step", disable=_disable(cfg.progress),
+                   dynamic_ncols=True, leave=False)
+        rate = None
+        try:
+            while self.step < stop:
+                row = self.train_step()
+                rate = row["frames_per_s"] if rate is None else 0.9 * rate + 0.1 * row["frames_per_s"]
+                if self.step % chunks == 0 or self.step == stop:
+                    row["val_bpc"] = self.validate()
+                    bar.write(f"epoch {self.step_epoch(self.step):.2f}: step {self.step}, train bpc "
+                              f"{row['bpc']:.3f}, validation bpc {row['val_bpc']:.3f}, {rate:,.0f} frames/s, "
+                              f"{self.elapsed:.0f} s")
+                self._log(row)
+                bar.set_postfix(loss=f"{row['loss']:.3f}", bpc=f"{row['bpc']:.3f}", refresh=False,
+                                **{"frames/s": f"{rate:,.0f}"})
+                bar.update(1)
+                if self.step % cfg.checkpoint_every == 0 or self.step == stop:
+                    self.save()
+        finally:
+            bar.close()
+            self._csv.close()
+        if self.saved_step != self.step:
+            self.save()
+        vals = [r["val_bpc"] for r in self.history if r["val_bpc"] is not None]
+        return Result(self.history, vals[-1] if vals else float("nan"), self.elapsed, self.ckpt_path,
+                      self.csv_path, self.json_path, self.lm.backend.name, self.step, notes)
+
+    # -- logs -----------------------------------------------------------------------------------
+    def _start_logs(self) -> None:
+        """Opens log.csv, rewritten from the history so far (a resumed run drops rows past its checkpoint)."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._csv = open(self.csv_path, "w", newline="")
+        self._writer = csv.DictWriter(self._csv, LOG_COLUMNS)
+        self._writer.writeheader()
+        for row in self.history:
+            self._writer.writerow(_csv_row(row))
+        self._csv.flush()
+
+    def _log(self, row: dict) -> None:
+        self.history.append(row)
+        self._writer.writerow(_csv_row(row))
+        self._csv.flush()
+
+    def _write_json(self) -> None:
+        body = {"config": asdict(self.cfg), "model": self.model_config, "backend": self.lm.backend.name,
+                "columns": list(LOG_COLUMNS), "rows": [[r[c] for c in LOG_COLUMNS] for r in self.history]}
+        tmp = self.json_path.with_name(self.json_path.name + ".tmp")
+        tmp.write_text(json.dumps(body))
+        tmp.replace(self.json_path)
+
+
+def train(cfg: TrainConfig, resume=None, echo=print) -> Result:
+    """Runs one training run (continuing checkpoint `resume` when given) and returns its Result.
+
+    Example::
+
+        result = train(TrainConfig(hidden=128, epochs=1, out="runs/small"))
+        print(f"validation bpc {result.val_bpc:.3f}")
+    """
+    return Trainer(cfg, resume, echo).run()
+
+
+def config_for_resume(path, **overrides) -> TrainConfig:
+    """The checkpoint's TrainConfig with `overrides` (non-None values) applied; out defaults to its folder."""
+    ckpt = load_checkpoint(path)
+    _check_resumable(ckpt)
+    names = {f.name for f in fields(TrainConfig)}
+    saved = {k: v for k, v in ckpt.config["train"].items() if k in names}
+    saved["out"] = str(Path(path).parent)
+    saved.update({k: v for k, v in overrides.items() if v is not None})
+    return TrainConfig(**saved)
+
+
+def _check_resumable(ckpt) -> None:
+    missing = [k for k in ("model", "vocab", "train", "text_sha256", "step", "optimizer", "rng", "history")
+               if k not in ckpt.config]
+    if missing:
+        raise RnnGraphError(f"checkpoint {ckpt.path} is incomplete: its config lacks {', '.join(missing)}")
+
+
+def _norm(grads: dict) -> float:
+    return math.sqrt(sum(float((g * g).sum()) for g in grads.values()))
+
+
+def _csv_row(row: dict) -> dict:
+    return {k: ("" if row[k] is None else repr(row[k]) if isinstance(row[k], float) else row[k])
+            for k in LOG_COLUMNS}
+
+
+def _disable(progress):
+    return None if progress is None else not progress
+
+
+def read_log(path) -> dict:
+    """A run's log (log.csv or log.json, or the folder holding them) as column -> numpy array (NaN for
+    missing validation entries)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "log.csv"
+    try:
+        if path.suffix == ".json":
+            body = json.loads(path.read_text())
+            rows = [dict(zip(body["columns"], r)) for r in body["rows"]]
+        else:
+            with open(path, newline="") as f:
+                rows = list(csv.DictReader(f))
+    except (OSError, ValueError, KeyError) as e:
+        raise RnnGraphError(f"cannot read training log {path}: {e}") from None
+    return {c: np.array([np.nan if r.get(c) in (None, "") else float(r[c]) for r in rows]) for c in LOG_COLUMNS}

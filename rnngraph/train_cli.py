@@ -1,0 +1,76 @@
+"""`rnngraph train`: the command-line options of a TrainConfig, resume handling and the closing summary."""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import fields
+
+from .train import TrainConfig, config_for_resume, train
+
+D = TrainConfig()   # the defaults, shown in --help
+
+
+def _pos(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    """Every option defaults to None so that --resume can tell what was asked for from what was not."""
+    m = p.add_argument_group("model")
+    m.add_argument("--cell", help=f"a built-in cell or module:function (default: {D.cell})")
+    m.add_argument("--layers", type=_pos, metavar="N", help=f"stacked recurrent layers (default: {D.layers})")
+    m.add_argument("--hidden", type=_pos, metavar="H", help=f"hidden features per layer (default: {D.hidden})")
+    m.add_argument("--dropout", type=float, metavar="P",
+                   help=f"dropout between layers and before the output layer (default: {D.dropout})")
+    m.add_argument("--dtype", choices=("float32", "float64"), help=f"(default: {D.dtype})")
+    d = p.add_argument_group("data")
+    d.add_argument("--text", metavar="FILE", help="a UTF-8 text file (default: the bundled Shakespeare, 1.6 MB)")
+    d.add_argument("--streams", type=_pos, metavar="S", help=f"parallel training streams, the batch (default: {D.streams})")
+    d.add_argument("--bptt", type=_pos, metavar="K", help=f"frames per truncated-BPTT chunk (default: {D.bptt})")
+    d.add_argument("--val-fraction", type=float, metavar="F",
+                   help=f"the text's last fraction held out for validation (default: {D.val_fraction})")
+    o = p.add_argument_group("optimisation")
+    o.add_argument("--optimizer", choices=("adam", "sgd"), help=f"sgd uses --momentum (default: {D.optimizer})")
+    o.add_argument("--lr", type=float, help=f"learning rate (default: {D.lr})")
+    o.add_argument("--momentum", type=float, help=f"SGD momentum (default: {D.momentum})")
+    o.add_argument("--clip", type=float, help=f"global gradient-norm limit, 0 for none (default: {D.clip})")
+    o.add_argument("--schedule", choices=("cosine", "step", "constant"),
+                   help=f"cosine decays to lr/10 over the run, step halves lr each epoch (default: {D.schedule})")
+    o.add_argument("--epochs", type=_pos, metavar="N", help=f"passes over the training text (default: {D.epochs})")
+    o.add_argument("--max-steps", type=_pos, metavar="N", help="stop after N steps in total (default: all epochs)")
+    o.add_argument("--seed", type=int, help=f"initialisation and dropout seed (default: {D.seed})")
+    r = p.add_argument_group("run")
+    r.add_argument("--backend", choices=("auto", "numpy", "cupy"),
+                   help=f"auto takes the GPU when cupy finds one (default: {D.backend})")
+    r.add_argument("--mode", choices=("naive", "staged", "graph"),
+                   help=f"executor mode; graph (CUDA-graph replay) needs cupy (default: {D.mode})")
+    r.add_argument("--out", metavar="DIR", help=f"where checkpoint.npz, log.csv and log.json go (default: {D.out}; "
+                   "with --resume, the checkpoint's folder)")
+    r.add_argument("--checkpoint-every", type=_pos, metavar="N",
+                   help=f"write the checkpoint every N steps, and at the end (default: {D.checkpoint_every})")
+    r.add_argument("--resume", metavar="CKPT", help="continue the run saved in CKPT exactly where it stopped")
+    r.add_argument("--progress", action=argparse.BooleanOptionalAction,
+                   help="show the progress bar (default: on a terminal)")
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name, None) is not None}
+    if args.resume:
+        return config_for_resume(args.resume, **given)
+    return TrainConfig(**given)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    try:
+        result = train(cfg, resume=args.resume)
+    except KeyboardInterrupt:
+        print(f"rnngraph: interrupted; continue with rnngraph train --resume {cfg.out}/checkpoint.npz "
+              "(the checkpoint holds the last saved step)", file=sys.stderr)
+        return 130
+    print(f"done: {result.steps} steps on {result.backend} in {result.seconds:.0f} s; validation bpc "
+          f"{result.val_bpc:.3f}; checkpoint {result.checkpoint}; logs {result.log_csv}, {result.log_json}")
+    return 0
