@@ -95,6 +95,15 @@ COMMANDS: dict[str, Command] = {
     "doctor": Command("print versions, GPU and driver state, and self-check every available backend",
                       lambda p: __import__(f"{__package__}.doctor", fromlist=["run"]).add_arguments(p),
                       lambda a: __import__(f"{__package__}.doctor", fromlist=["run"]).run(a)),
+    "train": Command("train a character-level language model on the bundled text (or --text FILE)",
+                     lambda p: __import__(f"{__package__}.train_cli", fromlist=["run"]).add_arguments(p),
+                     lambda a: __import__(f"{__package__}.train_cli", fromlist=["run"]).run(a)),
+    "sample": Command("generate text from a checkpoint written by rnngraph train",
+                      lambda p: __import__(f"{__package__}.sample", fromlist=["run"]).add_arguments(p),
+                      lambda a: __import__(f"{__package__}.sample", fromlist=["run"]).run(a)),
+    "demo": Command("build an LSTM, print its schedule, train it briefly, sample from it, draw its curve",
+                    lambda p: __import__(f"{__package__}.demo", fromlist=["run"]).add_arguments(p),
+                    lambda a: __import__(f"{__package__}.demo", fromlist=["run"]).run(a)),
 }
 
 

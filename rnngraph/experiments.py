@@ -11,7 +11,6 @@ CPU samples, never as GPU numbers. A results file holds ``experiment``, ``descri
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import shlex
 import sys
@@ -32,8 +31,6 @@ RESULTS = Path("experiments") / "results"
 QUICK_LABEL = "CPU sample from a --quick run (numpy backend, tiny sizes): not GPU results"
 TIMED_IMPLS = ("naive", "staged", "graph", "cudnn")
 PAPER_CELLS = ("lstm", "peephole_lstm", "gru", "min_gru", "mgu")   # mgu: the user-defined cell
-NO_LANES = ("bench.measure has no 'lanes' option: CUDA-stream lanes are not implemented in this "
-            "tree, so there is nothing to compare against one stream")
 
 
 def mgu(input_size: int, hidden_size: int, bias: bool = True):
@@ -57,19 +54,12 @@ def cell_spec(name: str):
 def _measure(cfg: dict, opts: dict) -> dict:
     """bench.measure for one configuration: medians forward_ms / train_ms, or {'skipped': reason}."""
     from . import bench
-    kw = {k: cfg[k] for k in ("impl", "T", "B", "H", "layers", "lanes") if k in cfg}
+    kw = {k: cfg[k] for k in ("impl", "T", "B", "H", "layers") if k in cfg}
     out = bench.measure(cell_spec(cfg["cell"]), what=tuple(cfg.get("what", ("forward", "train"))),
                         repeats=cfg.get("repeats", opts["repeats"]), warmup=cfg.get("warmup", opts["warmup"]),
                         **kw)
     out.pop("cell", None)           # keep the configuration's cell name (bench may name a function)
     return out
-
-
-def _lanes(cfg: dict, opts: dict) -> dict:
-    from . import bench
-    if "lanes" not in inspect.signature(bench.measure).parameters:
-        return {"skipped": NO_LANES}
-    return _measure(cfg, opts)
 
 
 def _speedup_grid(quick: bool) -> list:
@@ -96,10 +86,70 @@ def _length_grid(quick: bool) -> list:
     return out
 
 
+# -- CUDA-stream lanes: a stacked LSTM against the wavefront LSTM cell -----------------------------
+
+def wavefront_lstm(layers: int):
+    """A cell function: `layers` LSTM layers in one cell, layer l+1 reading layer l's h one frame
+    back. The output lags the input by layers-1 frames; in exchange every layer's recurrent product
+    lands in the same stage (one merged GEMM per h_l@t-1), so k CUDA-stream lanes can run them at
+    once, and all layers' elementwise work is one fused kernel: 2 stages per frame, not 2·layers."""
+    def build(input_size: int, hidden_size: int, bias: bool = True):
+        c, H = Cell(f"wavefront_lstm{layers}"), hidden_size
+        inp = c.input("x", input_size)
+        for l in range(layers):
+            h, cs = c.state(f"h{l}", H), c.state(f"c{l}", H)
+            a = {k: c.linear(inp, f"W_i{k}{l}", H, bias=f"b_{k}{l}" if bias else None) + c.linear(h, f"W_h{k}{l}", H)
+                 for k in ("i", "f", "g", "o")}
+            c_new = c.bind(cs, c.sigmoid(a["f"]) * cs + c.sigmoid(a["i"]) * c.tanh(a["g"]), name=f"c{l}")
+            out = c.bind(h, c.sigmoid(a["o"]) * c.tanh(c_new), name=f"h{l}")
+            inp = h                     # the next layer reads h_l at t-1
+        c.output(out)
+        return c.build()
+    return build
+
+
 def _lanes_grid(quick: bool) -> list:
-    layers, lanes, H, T = ((2,), (1, 2), 32, 10) if quick else ((2, 3, 4), (1, 2, 4), 512, 100)
-    return [dict(cell="lstm", H=H, T=T, B=1, layers=L, lanes=k, impl=i)
-            for i in ("staged", "graph") for L in layers for k in lanes]
+    """Per layer count L: the stacked LSTM (2·L stages per frame) on one stream, and the wavefront
+    cell on one stream and on k lanes."""
+    Ls, lanes, H, T = ((2,), (1, 2), 32, 10) if quick else ((2, 3, 4), (1, 2, 4), 512, 100)
+    out = []
+    for impl in ("staged", "graph"):
+        for L in Ls:
+            out.append(dict(cell="lstm", layers=L, lanes=1, H=H, T=T, B=1, impl=impl))
+            out += [dict(cell="wavefront_lstm", layers=L, lanes=k, H=H, T=T, B=1, impl=impl) for k in lanes]
+    return out
+
+
+def _lanes(cfg: dict, opts: dict) -> dict:
+    """Forward and training step of an nn.Recurrent on a cupy backend with cfg['lanes'] streams (on
+    the CPU: numpy, one stream)."""
+    from . import bench
+    from .backends import get_backend
+    from .backends.cupy_backend import gpu_problem
+    from .nn import Recurrent
+    if opts["quick"] or gpu_problem():     # the CPU: one stream, eager numpy
+        if cfg["lanes"] > 1 or cfg["impl"] == "graph":
+            return {"skipped": f"{cfg['impl']} with {cfg['lanes']} lane(s) needs cupy on a GPU "
+                               f"({'--quick runs on the CPU' if opts['quick'] else gpu_problem()})"}
+        be = get_backend("numpy")
+    else:
+        be = get_backend("cupy", capture=cfg["impl"] == "graph", lanes=cfg["lanes"])
+    H, T, B, L = cfg["H"], cfg["T"], cfg["B"], cfg["layers"]
+    wave = cfg["cell"] == "wavefront_lstm"
+    layer = Recurrent(wavefront_lstm(L) if wave else "lstm", H, H, num_layers=1 if wave else L, backend=be,
+                      mode=cfg["impl"])
+    rng = np.random.default_rng(0)
+    x, gy = (be.asarray(rng.standard_normal((T, B, H)), dtype="float32") for _ in range(2))
+
+    def train():
+        layer(x)
+        layer.backward(gy)
+    out = {"backend": be.name}
+    for what, fn in (("forward", lambda: layer(x)), ("train", train)):
+        out[f"{what}_all"] = bench.time_ms(fn, repeats=opts["repeats"], warmup=opts["warmup"],
+                                           device="gpu" if be.name == "cupy" else "cpu")
+        out[f"{what}_ms"] = median(out[f"{what}_all"])
+    return out
 
 
 # -- stage breakdown: forward variants that leave one part out ------------------------------------
@@ -119,6 +169,19 @@ def schedule_variants(s: Schedule) -> dict:
             "no_fused_elementwise": replace(s, loop=loop_keeping(lambda it: isinstance(it, Gemm)))}
 
 
+def variant_executor(cell, backend, mode: str, sched: Schedule):
+    """An Executor that runs `sched` instead of build_schedule(cell). The Executor derives its plan
+    (e.g. which GEMM and fused group run as one kernel) from build_schedule while it is constructed,
+    so the variant is handed in there. TODO(executor hook): Executor(..., schedule=sched)."""
+    from . import executor
+    planner = executor.build_schedule
+    executor.build_schedule = lambda cell, optimize=True: sched
+    try:
+        return executor.Executor(cell, backend, mode)
+    finally:
+        executor.build_schedule = planner
+
+
 def _breakdown_grid(quick: bool) -> list:
     if quick:
         return [dict(cell=c, H=32, T=10, B=1) for c in ("lstm", "gru")]
@@ -132,7 +195,6 @@ def _breakdown(cfg: dict, opts: dict) -> dict:
     eager minus replayed. On the CPU the parts come from eager numpy and overhead is not separable."""
     from . import bench
     from .backends import get_backend
-    from .executor import Executor
     eager = get_backend("numpy" if opts["quick"] else "auto")
     replay = None
     if eager.name == "cupy":
@@ -146,8 +208,7 @@ def _breakdown(cfg: dict, opts: dict) -> dict:
             continue
         params, inputs = _random_run(cell, be, T, cfg["B"])
         for name, sched in variants.items():
-            ex = Executor(cell, be, mode)
-            ex.sched = sched            # the executor runs whatever schedule it holds
+            ex = variant_executor(cell, be, mode, sched)
             times[f"{mode}/{name}"] = median(bench.time_ms(
                 lambda: ex.forward(params, inputs, {}), repeats=opts["repeats"], warmup=opts["warmup"],
                 device="gpu" if be.name == "cupy" else "cpu"))
@@ -246,8 +307,8 @@ EXPERIMENTS = {
         "hoisted out of the loop (D = H = 512; pure analysis)", _stats_grid, _stats,
         ("ops", "stages_per_frame", "kernels_per_frame", "hoisted_flop_fraction")),
     "cuda_lanes": Experiment(
-        "one CUDA stream against k lanes for independent stages and layers (the wavefront), "
-        "2–4 LSTM layers", _lanes_grid, _lanes, ("forward_ms", "train_ms")),
+        "2–4 LSTM layers: stacked on one CUDA stream, against the wavefront cell (all layers' "
+        "recurrent GEMMs in one stage) on one stream and on k lanes", _lanes_grid, _lanes, ("forward_ms", "train_ms")),
 }
 
 

@@ -233,12 +233,13 @@ GEMV_FUSED_ROWS = 8   # a per-frame GEMM with at most this many rows can run ins
 GEMV_FUSED_SOURCE = r"""
 extern "C" __global__ void {name}(const {T}* __restrict__ gA, long long glda, const {T}* __restrict__ gW,
         int gK, {T}* gC, long long gldc, {args}long long rows, int F) {{
-    // one warp per feature f: the GEMM outputs of f for every merged linear op and row (warp
-    // reductions over K), then lanes r < rows run the fused group's body for element (r, f)
-    int f = (int)(((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
-    if (f >= F) return;
+    // one block of 128 threads per feature f: the GEMM outputs of f for every merged linear op and
+    // row (each thread a quarter-warp slice of K, then warp and block reductions), then threads
+    // r < rows run the fused group's body for element (r, f)
+    __shared__ {T} part[4][{m}][8];
+    int f = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 {decl}
-    for (int k = lane; k < gK; k += 32) {{
+    for (int k = threadIdx.x; k < gK; k += 128) {{
 {wload}
         #pragma unroll
         for (int b = 0; b < 8; ++b) if (b < rows) {{
@@ -247,12 +248,17 @@ extern "C" __global__ void {name}(const {T}* __restrict__ gA, long long glda, co
         }}
     }}
     #pragma unroll
-    for (int b = 0; b < 8; ++b)
+    for (int b = 0; b < 8; ++b) if (b < rows) {{
         for (int o = 16; o > 0; o >>= 1) {{
 {shfl}
         }}
-    if (lane >= rows) return;
-    long long r = lane;
+        if (lane == 0) {{
+{share}
+        }}
+    }}
+    __syncthreads();
+    if (threadIdx.x >= rows) return;
+    long long r = threadIdx.x;
 {pick}
 {body}
 }}
@@ -273,15 +279,14 @@ def gemv_fused_kernel(spec: KernelSpec, gemm_nodes, offsets, ctype: str) -> tupl
     lines += [ln.replace("T ", f"{ctype} ") for ln in spec.body]
     lines += [f"{at(nm)} {op} {v};" for nm, v, op in spec.stores]
     text = GEMV_FUSED_SOURCE.format(
-        name="{name}", T=ctype, args=args,
+        name="{name}", T=ctype, args=args, m=m,
         decl="\n".join(f"    {ctype} acc{j}[8] = {{0, 0, 0, 0, 0, 0, 0, 0}};" for j in range(m)),
         wload="\n".join(f"        {ctype} w{j} = gW[(long long)({offsets[j]} + f) * gK + k];" for j in range(m)),
         fma="\n".join(f"            acc{j}[b] += a * w{j};" for j in range(m)),
         shfl="\n".join(f"            acc{j}[b] += __shfl_xor_sync(0xffffffff, acc{j}[b], o);" for j in range(m)),
-        pick="\n".join([f"    {ctype} g{j} = acc{j}[0];" for j in range(m)]
-                       + ["    #pragma unroll", "    for (int b = 1; b < 8; ++b) if (b == lane) {"]
-                       + [f"        g{j} = acc{j}[b];" for j in range(m)] + ["    }"]
-                       + [f"    gC[r * gldc + {offsets[j]} + f] = g{j};" for j in range(m)]),
+        share="\n".join(f"            part[warp][{j}][b] = acc{j}[b];" for j in range(m)),
+        pick="\n".join([f"    {ctype} g{j} = part[0][{j}][r] + part[1][{j}][r] + part[2][{j}][r] + part[3][{j}][r];"
+                        for j in range(m)] + [f"    gC[r * gldc + {offsets[j]} + f] = g{j};" for j in range(m)]),
         body="\n".join("    " + ln for ln in lines))
     name = _named("gemvfused", text)
     return name, text.replace("{name}", name)

@@ -21,6 +21,15 @@ FUSED = "#00441b"         # fused elementwise group outline
 # Qualitative series colours for line plots of later figures (colour-blind safe, Okabe–Ito).
 SERIES = ("#0072b2", "#e69f00", "#009e73", "#d55e00", "#cc79a7", "#56b4e9", "#f0e442", "#000000")
 
+# Timing figures: one colour per implementation and per part of a frame's time, in every figure.
+IMPL = {"naive": "#999999", "staged": "#e69f00", "graph": "#0072b2", "cudnn": "#000000", "torch_eager": "#cc79a7"}
+IMPL_LABEL = {"naive": "naive (node by node)", "staged": "staged (eager)", "graph": "graph (CUDA-graph replay)",
+              "cudnn": "cuDNN (torch)", "torch_eager": "torch eager loop"}
+PART = {"hoisted": "#6baed6", "per_frame_gemm": "#807dba", "fused_elementwise": "#74c476",
+        "launch_overhead": "#bdbdbd"}   # blue, purple, green as the schedule diagram's pre, GEMM, fused
+COLUMN, PAGE = 3.5, 7.16                # figure widths in inches: one column, both columns
+FOOTNOTE = {"fontsize": 5.5, "color": "#636363"}
+
 RC = {
     "font.family": "DejaVu Sans",
     "font.size": 8,

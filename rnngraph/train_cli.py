@@ -17,7 +17,7 @@ def _pos(text: str) -> int:
     return value
 
 
-def add_train_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     """Every option defaults to None so that --resume can tell what was asked for from what was not."""
     m = p.add_argument_group("model")
     m.add_argument("--cell", help=f"a built-in cell or module:function (default: {D.cell})")
@@ -63,7 +63,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(**given)
 
 
-def run_train(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     try:
         result = train(cfg, resume=args.resume)

@@ -168,7 +168,7 @@ class CupyBackend(ArrayBackend):
         return self._launch_args(spec, arrays)
 
     def prepare_pair(self, cell, gemm, fused, gemm_args, env):
-        """GEMV (rows ≤ 8) plus the fused group as one kernel, one warp per feature."""
+        """GEMV (rows ≤ 8) plus the fused group as one kernel, one block per feature."""
         x, w, out = gemm_args
         if x.shape[0] > GEMV_FUSED_ROWS or not fusable(cell, fused.nodes) or \
                 not all(a.strides[-1] == a.itemsize for a in (x, w, out)) or not w.flags.c_contiguous:
@@ -184,7 +184,7 @@ class CupyBackend(ArrayBackend):
         cp, F = self.xp, args[-1]
         head = (x, cp.int64(x.strides[0] // x.itemsize), w, cp.int32(w.shape[1]), out,
                 cp.int64(out.strides[0] // out.itemsize))
-        return _KERNELS[src], ((int(F) * 32 + 127) // 128,), head + args
+        return _KERNELS[src], (int(F),), head + args
 
     def _launch_args(self, spec, arrays):
         """Pointer and row-stride pairs: rows [N, F] with unit column stride, or vectors [F] (stride 0)."""

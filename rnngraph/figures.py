@@ -1,0 +1,347 @@
+"""Every figure of the evaluation, rebuilt on the CPU from stored results: `rnngraph figures`.
+
+Reads ``RESULTS/NAME.json`` for each experiment (see rnngraph/experiments.py; ``--results
+experiments/results/quick`` uses the labelled CPU samples) and writes ``OUT/NAME.png`` and ``.pdf``,
+the LSTM's schedule diagram, the training curves where a training module and logs exist, and
+``OUT/headline.md`` (the speed-up table for README.md). Nothing is measured here. Each figure carries
+a footnote with the device, driver, library versions, rnngraph commit and date it was measured on.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+from . import style
+from .errors import RnnGraphError
+from .experiments import EXPERIMENTS, PARTS, RESULTS, load_results
+
+NAMES = {"lstm": "LSTM", "peephole_lstm": "peephole LSTM", "gru": "GRU", "min_gru": "minGRU",
+         "mgu": "MGU (user cell)", "cifg_lstm": "CIFG LSTM", "rnn_tanh": "RNN tanh", "rnn_relu": "RNN ReLU",
+         "indrnn": "IndRNN", "sru": "SRU", "wavefront_lstm": "wavefront LSTM"}
+WHAT = {"forward": "forward", "train": "training step"}
+PART_LABEL = {"hoisted": "hoisted (pre/post)", "per_frame_gemm": "per-frame GEMM",
+              "fused_elementwise": "fused elementwise", "launch_overhead": "launch/host overhead"}
+
+
+def build_figures(results=RESULTS, out="figures") -> list:
+    """Draws every figure from the results in `results`; returns the paths written. Raises one
+    RnnGraphError naming every missing or malformed results file before drawing anything."""
+    docs, problems = {}, []
+    for name in EXPERIMENTS:
+        try:
+            docs[name] = load_results(Path(results) / f"{name}.json")
+        except RnnGraphError as e:
+            problems.append(str(e))
+    if problems:
+        raise RnnGraphError("; ".join(problems))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    with style.context():
+        for name, draw in DRAW.items():
+            fig = draw(docs[name])
+            fig.text(0.0, 0.0, _footnote(docs[name]), ha="left", va="top", **style.FOOTNOTE)
+            written += _save(fig, out / name)
+    written += _schedule_diagram(out)
+    written += _training_curves(out)
+    (out / "headline.md").write_text(headline_table(docs["single_stream_speedup"]))
+    return written + [out / "headline.md"]
+
+
+def _save(fig, stem: Path) -> list:
+    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
+    for p in paths:
+        fig.savefig(p)
+    return paths
+
+
+def _schedule_diagram(out: Path) -> list:
+    """The LSTM's schedule, as `rnngraph schedule lstm --draw` draws it (D = 32, H = 64)."""
+    from .cells import load_cell
+    from .schedule import build_schedule
+    from .viz import draw_schedule
+    paths = [out / "lstm_schedule.png", out / "lstm_schedule.pdf"]
+    for p in paths:
+        draw_schedule(build_schedule(load_cell("lstm", 32, 64)), p)
+    return paths
+
+
+def _training_curves(out: Path) -> list:
+    """Training curves via rnngraph.train_figures, when that module and training logs exist."""
+    if importlib.util.find_spec("rnngraph.train_figures") is None:
+        return []
+    from . import train_figures
+    logs = sorted(Path("runs").glob("**/*.jsonl"))
+    if not logs:
+        return []
+    path = out / "training_curves.png"
+    train_figures.draw_training_curves(logs, path)
+    return [path]
+
+
+# -- reading records ---------------------------------------------------------------------------
+
+def _measured(doc, **match) -> list:
+    """Records that were measured (not skipped or failed) and match every key=value given."""
+    return [r for r in doc["records"] if "skipped" not in r and "failed" not in r
+            and all(r.get(k) == v for k, v in match.items())]
+
+
+def _unmeasured(doc) -> str:
+    """'graph, cudnn' style list of implementations that were skipped or failed everywhere."""
+    impls = dict.fromkeys(r.get("impl") for r in doc["records"] if r.get("impl"))
+    gone = [i for i in impls if not _measured(doc, impl=i)]
+    return f"not measured here: {', '.join(gone)} (skipped; see the records)" if gone else ""
+
+
+def _footnote(doc) -> str:
+    m = doc["metadata"]
+    where = [doc["label"] if doc["quick"] else m.get("gpu") or m.get("device") or "unknown device"]
+    if m.get("gpu"):
+        where += [f"driver {m.get('cuda_driver') or m.get('driver') or '?'}", f"CUDA {m.get('cuda_runtime') or '?'}",
+                  f"CuPy {m.get('cupy') or '-'}"]
+    elif doc["quick"]:
+        where.append(m.get("device") or "CPU")
+    where += [f"numpy {m.get('numpy') or '?'}", f"rnngraph {str(m.get('commit') or '?')[:12]}",
+              str(m.get("date") or "?")[:10]]
+    return " · ".join(where)
+
+
+def _note(ax, text: str):
+    """A figure with no data says why, in the middle of its axes."""
+    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True, transform=ax.transAxes, fontsize=7)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _log_axis(axis, fmt):
+    axis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v)))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _times(v: float) -> str:
+    return f"{v:g}×"
+
+
+# -- the figures -------------------------------------------------------------------------------
+
+def fig_single_stream_speedup(doc) -> Figure:
+    """Bars: speed-up over naive of staged and graph (cuDNN as a tick) per H; a panel per cell and pass."""
+    cells = list(dict.fromkeys(r["cell"] for r in doc["records"]))
+    Hs = sorted({r["H"] for r in doc["records"]})
+    modes = [m for m in ("staged", "graph") if _measured(doc, impl=m)]
+    fig = Figure(figsize=(style.PAGE, 3.3), layout="constrained")
+    axes = fig.subplots(2, len(cells), sharex=True, sharey=True, squeeze=False)
+    x, width = np.arange(len(Hs)), 0.8 / max(len(modes), 1)
+    for row, what in enumerate(("forward", "train")):
+        for col, cell in enumerate(cells):
+            ax = axes[row][col]
+            naive = {r["H"]: r[f"{what}_ms"] for r in _measured(doc, cell=cell, impl="naive")}
+            for j, mode in enumerate(modes):
+                t = {r["H"]: r[f"{what}_ms"] for r in _measured(doc, cell=cell, impl=mode)}
+                hs = [k for k, H in enumerate(Hs) if H in t and H in naive]
+                ax.bar(x[hs] + (j - (len(modes) - 1) / 2) * width, [naive[Hs[k]] / t[Hs[k]] for k in hs],
+                       width, color=style.IMPL[mode], label=style.IMPL_LABEL[mode])
+            ref = {r["H"]: r[f"{what}_ms"] for r in _measured(doc, cell=cell, impl="cudnn")}
+            hs = [k for k, H in enumerate(Hs) if H in ref and H in naive]
+            ax.scatter(x[hs], [naive[Hs[k]] / ref[Hs[k]] for k in hs], marker="_", s=120, lw=1.6,
+                       color=style.IMPL["cudnn"], zorder=3, label=style.IMPL_LABEL["cudnn"])
+            ax.axhline(1.0, color=style.INK, lw=0.6, ls=":")
+            ax.set_yscale("log")
+            ax.grid(axis="y", which="major", lw=0.3, alpha=0.5)
+            if row == 0:
+                ax.set_title(NAMES.get(cell, cell), fontsize=8)
+            if col == 0:
+                ax.set_ylabel(f"{WHAT[what]}\nspeed-up over naive")
+    _log_axis(axes[0][0].yaxis, _times)
+    axes[0][0].set_xticks(x, [f"{H // 1024}K" if H >= 1024 else str(H) for H in Hs])
+    fig.supxlabel("hidden size H (one stream, B = 1)", fontsize=8)
+    handles = [Patch(color=style.IMPL[m], label=style.IMPL_LABEL[m]) for m in modes]
+    handles += [Line2D([], [], color=style.IMPL["cudnn"], marker="_", ls="", ms=10, mew=1.6,
+                       label=f"{style.IMPL_LABEL['cudnn']}, LSTM and GRU"),
+                Line2D([], [], color=style.INK, ls=":", lw=0.6, label="naive = 1×")]
+    fig.legend(handles=handles, loc="outside upper center", ncol=len(handles))
+    T = doc["records"][0]["T"]
+    fig.suptitle(f"Single-stream speed-up over the naive executor (T = {T}); {_unmeasured(doc)}".rstrip("; "),
+                 fontsize=8, x=0.0, ha="left")
+    return fig
+
+
+def fig_multi_stream_throughput(doc) -> Figure:
+    """Lines: training frames per second against parallel streams S, log-log."""
+    fig = Figure(figsize=(style.COLUMN, 2.6), layout="constrained")
+    ax = fig.subplots()
+    r0 = doc["records"][0]
+    for impl in dict.fromkeys(r["impl"] for r in doc["records"]):
+        rs = sorted(_measured(doc, impl=impl), key=lambda r: r["B"])
+        if rs:
+            ax.plot([r["B"] for r in rs], [r["B"] * r["T"] / (r["train_ms"] / 1e3) for r in rs], marker="o", ms=3,
+                    lw=1.2, color=style.IMPL[impl], label=style.IMPL_LABEL[impl])
+    Ss = sorted({r["B"] for r in doc["records"]})
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(Ss, [str(s) for s in Ss])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_locator(LogLocator(base=10))
+    ax.grid(which="major", lw=0.3, alpha=0.5)
+    ax.set_xlabel("parallel training streams S (batch size)")
+    ax.set_ylabel("training throughput (frames/s)")
+    ax.set_title(f"{NAMES[r0['cell']]} H = {r0['H']}, T = {r0['T']}, forward + backward", fontsize=8)
+    ax.legend(loc="upper left", title=_unmeasured(doc) or None, title_fontsize=5.5)
+    return fig
+
+
+def fig_stage_breakdown(doc) -> Figure:
+    """Stacked bars: a frame's forward time split into its parts; ◆ the measured eager total."""
+    recs = _measured(doc)
+    fig = Figure(figsize=(style.COLUMN, 0.5 + 0.28 * max(len(recs), 2)), layout="constrained")
+    ax = fig.subplots()
+    if not recs:
+        _note(ax, "no measurements: every configuration was skipped")
+        return fig
+    labels = [f"{NAMES.get(r['cell'], r['cell'])}, H = {r['H']}" for r in recs]
+    y, left, clipped = np.arange(len(recs)), np.zeros(len(recs)), False
+    for part in PARTS:
+        vals = np.array([r["parts_us_per_frame"][part] or 0.0 for r in recs])
+        clipped |= bool((vals < 0).any())
+        vals = np.clip(vals, 0.0, None)
+        if vals.any():
+            ax.barh(y, vals, left=left, height=0.62, color=style.PART[part], label=PART_LABEL[part])
+            left += vals
+    ax.scatter([r["total_us_per_frame"] for r in recs], y, marker="D", s=12, color=style.INK, zorder=3,
+               label="measured total, eager")
+    ax.set_yticks(y, labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("forward time per frame (µs)")
+    ax.grid(axis="x", lw=0.3, alpha=0.5)
+    r0 = recs[0]
+    notes = [f"T = {r0['T']}, B = {r0['B']}; parts from {r0['parts_from']} mode by leaving each out"]
+    if r0["parts_us_per_frame"]["launch_overhead"] is None:
+        notes.append("launch overhead: not separable without CUDA graphs")
+    if clipped:
+        notes.append("negative differences (noise) drawn as 0")
+    ax.set_title("; ".join(notes), fontsize=6, loc="left")
+    fig.legend(loc="outside lower center", ncol=3)
+    return fig
+
+
+def fig_sequence_length(doc) -> Figure:
+    """Lines: cost per frame against T, log-log, forward and training step side by side."""
+    fig = Figure(figsize=(style.COLUMN, 2.5), layout="constrained")
+    axes = fig.subplots(1, 2, sharey=True)
+    r0 = doc["records"][0]
+    for ax, what in zip(axes, ("forward", "train")):
+        for impl in dict.fromkeys(r["impl"] for r in doc["records"]):
+            rs = sorted(_measured(doc, impl=impl), key=lambda r: r["T"])
+            if rs:
+                ax.plot([r["T"] for r in rs], [1e3 * r[f"{what}_ms"] / r["T"] for r in rs], marker="o", ms=3,
+                        lw=1.2, color=style.IMPL[impl], label=style.IMPL_LABEL[impl])
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.grid(which="major", lw=0.3, alpha=0.5)
+        ax.set_title(WHAT[what], fontsize=8)
+        ax.set_xlabel("sequence length T (frames)")
+    axes[0].set_ylabel("time per frame (µs)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=2)
+    fig.suptitle(f"{NAMES[r0['cell']]} H = {r0['H']}, one stream: flat lines mean constant cost per frame",
+                 fontsize=7)
+    return fig
+
+
+def fig_schedule_stats(doc) -> Figure:
+    """Horizontal bars per cell: kernels per frame before/after merging (forward, backward) and
+    the share of FLOPs hoisted out of the time loop (forward, training)."""
+    recs = doc["records"]
+    fig = Figure(figsize=(style.PAGE, 0.7 + 0.2 * len(recs)), layout="constrained")
+    axes = fig.subplots(1, 3, sharey=True)
+    y = np.arange(len(recs))
+    for ax, d in zip(axes[:2], ("forward", "backward")):
+        before = [r["kernels_per_frame"][d]["before_merge"] for r in recs]
+        after = [r["kernels_per_frame"][d]["after_merge"] for r in recs]
+        ax.barh(y, before, height=0.7, color="#d9d9d9", label="one kernel per op" if d == "forward"
+                else "one kernel per op input")
+        ax.barh(y, after, height=0.7, color=style.IMPL["graph"], label="scheduled (merged, fused)")
+        for k, (b, a) in enumerate(zip(before, after)):
+            ax.text(b, k, f" {b} → {a}", va="center", fontsize=6)
+        ax.set_xlim(0, max(before) * 1.3)
+        ax.set_xlabel(f"{d} kernels per frame")
+        ax.legend(loc="lower right")
+    for key, colour, offset in (("forward", style.PART["hoisted"], -0.18), ("training", "#2171b5", 0.18)):
+        share = [100 * r["hoisted_flop_fraction"][key] for r in recs]
+        axes[2].barh(y + offset, share, height=0.36, color=colour, label=f"{key}")
+    axes[2].set_xlim(0, 100)
+    axes[2].set_xlabel("FLOPs hoisted out of the loop (%)")
+    axes[2].legend(loc="lower right", title="pass", title_fontsize=6)
+    axes[0].set_yticks(y, [f"{NAMES.get(r['cell'], r['cell'])}  ({r['stages_per_frame']} st.)" for r in recs])
+    axes[0].invert_yaxis()
+    r0 = recs[0]
+    fig.suptitle(f"Schedules at D = {r0['D']}, H = {r0['H']}: kernels and stages (st.) per frame, hoisted work",
+                 fontsize=8, x=0.0, ha="left")
+    return fig
+
+
+def fig_cuda_lanes(doc) -> Figure:
+    """Bars per layer count: the stacked LSTM on one stream, the wavefront cell on 1, 2, 4 lanes."""
+    impls = [i for i in ("graph", "staged") if _measured(doc, impl=i)]
+    fig = Figure(figsize=(style.COLUMN, 0.9 + 1.3 * max(len(impls), 1)), layout="constrained")
+    axes = fig.subplots(max(len(impls), 1), 2, squeeze=False, sharex=True)
+    if not impls:
+        why = next(r.get("skipped") or r.get("failed") for r in doc["records"])
+        for ax in axes[0]:
+            _note(ax, f"no measurements:\n{why}")
+        return fig
+    series = list(dict.fromkeys((r["cell"], r["lanes"]) for r in doc["records"]))
+    Ls = sorted({r["layers"] for r in doc["records"]})
+    width, colours = 0.8 / len(series), ["#636363", "#c6dbef", "#6baed6", "#08519c", "#08306b"]
+    for row, impl in enumerate(impls):
+        for col, what in enumerate(("forward", "train")):
+            ax = axes[row][col]
+            for j, (cell, k) in enumerate(series):
+                t = {r["layers"]: 1e3 * r[f"{what}_ms"] / r["T"] for r in _measured(doc, impl=impl, cell=cell, lanes=k)}
+                xs = [i for i, L in enumerate(Ls) if L in t]
+                ax.bar(np.array(xs) + (j - (len(series) - 1) / 2) * width, [t[Ls[i]] for i in xs], width,
+                       color=colours[j % len(colours)],
+                       label=f"{'stacked' if cell == 'lstm' else 'wavefront'}, {k} stream{'s' if k > 1 else ''}")
+            ax.set_title(f"{style.IMPL_LABEL[impl]}: {WHAT[what]}", fontsize=7)
+            ax.grid(axis="y", lw=0.3, alpha=0.5)
+            ax.set_xticks(range(len(Ls)), [str(L) for L in Ls])
+        axes[row][0].set_ylabel("time per frame (µs)")
+    for ax in axes[-1]:
+        ax.set_xlabel("LSTM layers")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=2)
+    r0 = doc["records"][0]
+    fig.suptitle(f"H = {r0['H']}, T = {r0['T']}, B = {r0['B']}; {_unmeasured(doc)}".rstrip("; "), fontsize=6)
+    return fig
+
+
+DRAW = {"single_stream_speedup": fig_single_stream_speedup, "multi_stream_throughput": fig_multi_stream_throughput,
+        "stage_breakdown": fig_stage_breakdown, "sequence_length": fig_sequence_length,
+        "schedule_stats": fig_schedule_stats, "cuda_lanes": fig_cuda_lanes}
+
+
+def headline_table(doc) -> str:
+    """Markdown: per cell and H, graph mode's speed-up over naive and over cuDNN (forward, training)."""
+    rows = ["| cell | H | graph vs naive, forward | graph vs naive, training | graph vs cuDNN, forward "
+            "| graph vs cuDNN, training |", "|---|---|---|---|---|---|"]
+    for cell in dict.fromkeys(r["cell"] for r in doc["records"]):
+        for H in sorted({r["H"] for r in doc["records"]}):
+            got = {i: (_measured(doc, cell=cell, H=H, impl=i) or [None])[0] for i in ("naive", "graph", "cudnn")}
+            if got["graph"] is None:
+                continue
+            ratio = [f"{got[ref][f'{w}_ms'] / got['graph'][f'{w}_ms']:.1f}×" if got[ref] else "–"
+                     for ref in ("naive", "cudnn") for w in ("forward", "train")]
+            rows.append(f"| {NAMES.get(cell, cell)} | {H} | " + " | ".join(ratio) + " |")
+    if len(rows) == 2:
+        rows.append("| (graph mode was not measured in these results) | | | | | |")
+    m = doc["metadata"]
+    rows += ["", f"{doc['label']}; {m.get('gpu') or m.get('device') or ''}, {str(m.get('date'))[:10]}. "
+             f"Times are medians; ratios above 1 mean graph mode is faster. Reproduce: `{m.get('command')}`."]
+    return "\n".join(rows) + "\n"
