@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
-from .cells import CELLS, load_cell
+from .cells import load_cell
 from .errors import RnnGraphError
 from .graph import Cell
 
@@ -142,7 +142,7 @@ def measure(cell, impl: str, *, T: int = 100, B: int = 1, H: int = 512, D: int |
     spec = USER_CELLS.get(cell, cell) if isinstance(cell, str) else cell
     first = load_cell(spec, D, H)
     res = {"impl": impl, "cell": first.name, "T": T, "B": B, "H": H, "D": D, "layers": layers, "dtype": dtype}
-    why = unavailable(impl, first, spec)
+    why = unavailable(impl, first)
     if why:
         return {**res, "skipped": why}
     build = _rnngraph_fns if impl in MODES else _torch_fns
@@ -155,7 +155,7 @@ def measure(cell, impl: str, *, T: int = 100, B: int = 1, H: int = 512, D: int |
     return res
 
 
-def unavailable(impl: str, cell, spec=None) -> str | None:
+def unavailable(impl: str, cell) -> str | None:
     """Why `impl` cannot run `cell` here, or None."""
     if impl == "graph" and gpu_problem():
         return f"needs a usable GPU: {gpu_problem()}"
@@ -165,19 +165,20 @@ def unavailable(impl: str, cell, spec=None) -> str | None:
         return torch_problem()
     if impl == "cudnn":
         import torch
-        if not _is_builtin(cell, spec, ("lstm", "gru", "rnn_tanh", "rnn_relu")):
-            return f"cell '{cell.name}' has no cuDNN layer (cuDNN has lstm, gru, rnn_tanh, rnn_relu)"
+        if not _is_builtin(cell, ("lstm", "gru", "rnn_tanh", "rnn_relu")):
+            return "no cuDNN layer for this cell (cuDNN has lstm, gru, rnn_tanh, rnn_relu)"
         if not torch.cuda.is_available():
             return f"needs torch with CUDA (torch {torch.__version__} sees no GPU)"
     return None
 
 
-def _is_builtin(cell, spec, names) -> bool:
-    """Whether `cell` is the built-in of its name (same parameters and shapes), one of `names`."""
+def _is_builtin(cell, names) -> bool:
+    """Whether `cell` is the built-in cell of its name (the same graph), and one of `names`."""
     if cell.name not in names:
         return False
-    D, H = cell.inputs[next(iter(cell.inputs))], cell.op(cell.outputs[0]).size
-    return spec == cell.name or load_cell(cell.name, D, H).params == cell.params
+    ref = load_cell(cell.name, cell.inputs[next(iter(cell.inputs))], cell.op(cell.outputs[0]).size)
+    edges = [{(u, v, d["slot"], d["delay"]) for u, v, d in c.graph.edges(data=True)} for c in (cell, ref)]
+    return dict(cell.graph.nodes(data="op")) == dict(ref.graph.nodes(data="op")) and edges[0] == edges[1]
 
 
 @functools.lru_cache(maxsize=None)
@@ -275,13 +276,15 @@ def machine_info() -> dict:
 # -- the command ------------------------------------------------------------------------------
 def _list(kind):
     """An argparse type: one value or a comma list, e.g. '128,256,512'."""
+    from argparse import ArgumentTypeError
+
     def parse(text: str) -> list:
         try:
             values = [kind(v) for v in text.split(",") if v.strip()]
         except ValueError:
-            raise RnnGraphError(f"expected a comma list, got {text!r}") from None
+            raise ArgumentTypeError(f"expected a comma list of {kind.__name__}, got {text!r}") from None
         if kind is int and any(v <= 0 for v in values):
-            raise RnnGraphError(f"sizes must be positive, got {text!r}")
+            raise ArgumentTypeError(f"sizes must be positive, got {text!r}")
         return values
     return parse
 
@@ -309,38 +312,53 @@ def run(args) -> int:
     """Times every (cell, B, H) × implementation in one process; prints a table; 1 if any failed."""
     from tqdm import tqdm
     set_tf32(args.tf32)                       # before anything imports cupy
-    quick = QUICK if args.quick else {}
-    T = args.T or quick.get("T", 100)
-    Bs, Hs = args.B or quick.get("B", [1]), args.H or quick.get("H", [512])
-    repeats, warmup = args.repeats or quick.get("repeats", 20), args.warmup or quick.get("warmup", 3)
-    cells, impls = args.cell or list(DEFAULT_CELLS), args.impls
-    bad = [i for i in impls if i not in IMPLS]
+    q = QUICK if args.quick else {}
+    st = {"cells": args.cell or list(DEFAULT_CELLS), "T": args.T or q.get("T", 100), "B": args.B or q.get("B", [1]),
+          "H": args.H or q.get("H", [512]), "D": args.D, "layers": args.layers, "dtype": args.dtype,
+          "impls": args.impls, "repeats": args.repeats or q.get("repeats", 20),
+          "warmup": args.warmup or q.get("warmup", 3), "tf32": args.tf32}
+    bad = [i for i in st["impls"] if i not in IMPLS]
     if bad:
         raise RnnGraphError(f"unknown implementation(s) {bad}; choose from {', '.join(IMPLS)}")
-    if any(":" in c for c in cells) and os.getcwd() not in sys.path:
+    if any(":" in c for c in st["cells"]) and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    info = machine_info()
-    print(_header(info), flush=True)
-    configs = [(c, b, h) for c in cells for b in Bs for h in Hs]
-    results = []
-    for c, b, h in tqdm(configs, desc="bench", unit="config", file=sys.stderr):
-        for impl in impls:
-            try:
-                r = measure(c, impl, T=T, B=b, H=h, D=args.D, layers=args.layers, dtype=args.dtype,
-                            repeats=repeats, warmup=warmup)
-            except RnnGraphError:
-                raise
-            except Exception as e:        # e.g. out of memory: record it, keep the other rows
-                r = {"impl": impl, "cell": str(c), "T": T, "B": b, "H": h, "D": args.D or h,
-                     "layers": args.layers, "dtype": args.dtype, "error": f"{type(e).__name__}: {e}"}
-            results.append(r)
+    threads = _torch_threads(1 if args.quick else None)   # tiny ops: threads only contend (seen: 100x)
+    try:
+        info = machine_info()
+        print(_header(info) + ("\nquick: torch runs on 1 CPU thread" if args.quick else ""), flush=True)
+        configs = [(c, b, h) for c in st["cells"] for b in st["B"] for h in st["H"]]
+        results = [_measure_or_error(c, impl, st, b, h) for c, b, h in
+                   tqdm(configs, desc="bench", unit="config", file=sys.stderr) for impl in st["impls"]]
+    finally:
+        _torch_threads(threads)
     print(format_table(results))
     if args.json:
-        settings = {"T": T, "B": Bs, "H": Hs, "D": args.D, "layers": args.layers, "dtype": args.dtype,
-                    "cells": cells, "impls": impls, "repeats": repeats, "warmup": warmup, "tf32": args.tf32}
-        Path(args.json).write_text(_json({"machine": info, "settings": settings, "results": results}))
+        Path(args.json).write_text(_json({"machine": info, "settings": st, "results": results}))
         print(f"rnngraph: wrote {args.json}", file=sys.stderr)
     return 1 if any("error" in r for r in results) else 0
+
+
+def _measure_or_error(cell, impl, st, B, H) -> dict:
+    """measure(), or the configuration plus 'error' when it raised (e.g. out of memory); a bad
+    cell or option (RnnGraphError) still ends the command."""
+    kw = {k: st[k] for k in ("T", "D", "layers", "dtype", "repeats", "warmup")}
+    try:
+        return measure(cell, impl, B=B, H=H, **kw)
+    except RnnGraphError:
+        raise
+    except Exception as e:
+        return {"impl": impl, "cell": str(cell), "B": B, "H": H, **kw, "D": st["D"] or H,
+                "error": f"{type(e).__name__}: {e}"}
+
+
+def _torch_threads(n):
+    """Sets torch's CPU threads to n (None: leave them); returns the previous count."""
+    if n is None or torch_problem():
+        return None
+    import torch
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    return old
 
 
 def _json(obj) -> str:
@@ -362,38 +380,36 @@ def _header(info: dict) -> str:
 
 
 def format_table(results: list) -> str:
-    """Per configuration, each implementation's forward and training-step median ms, its time over
-    cuDNN's and over the torch eager loop's (< 1: faster), graph over naive; then what was skipped."""
+    """Per configuration, each implementation's forward and training-step median ms and its time over
+    cuDNN's and over the torch eager loop's (< 1: faster); speed-ups over naive; what failed or was skipped."""
     head = ("cell", "T", "B", "H", "impl", "backend", "fwd ms", "train ms", "fwd/cudnn", "train/cudnn",
             "fwd/eager", "train/eager")
-    rows, notes, skipped = [], [], {}
-    groups: dict = {}
+    rows, notes, skipped, groups = [], [], {}, {}
     for r in results:
         groups.setdefault((r["cell"], r["T"], r["B"], r["H"], r["D"], r["layers"], r["dtype"]), []).append(r)
-    for key, rs in groups.items():
+    for (cell, T, B, H, *_), rs in groups.items():
         ran = {r["impl"]: r for r in rs if "forward_ms" in r}
         for r in rs:
-            if "skipped" in r:
-                skipped.setdefault((r["impl"], r["skipped"]), []).append(f"{r['cell']} B={r['B']} H={r['H']}")
+            if "skipped" in r or "error" in r:
+                why = r.get("skipped") or f"failed: {r['error']}"
+                skipped.setdefault((r["impl"], why), {})[cell] = None
                 continue
-            cols = ["failed: " + r["error"], "", ""] if "error" in r else \
-                [r.get("backend", ""), _ms(r["forward_ms"]), _ms(r["train_ms"])]
-            for ref in ("cudnn", "torch_eager"):
-                for w in ("forward", "train"):
-                    cols.append(_ratio(r, ran.get(ref), w) if ref != r["impl"] else "")
-            rows.append([key[0], str(key[1]), str(key[2]), str(key[3]), r["impl"], *cols])
+            cols = [r["backend"], _ms(r["forward_ms"]), _ms(r["train_ms"])]
+            cols += [_ratio(r, ran.get(ref), w) if ref != r["impl"] else ""
+                     for ref in ("cudnn", "torch_eager") for w in ("forward", "train")]
+            rows.append([cell, str(T), str(B), str(H), r["impl"], *cols])
         for mode in ("staged", "graph"):
             if "naive" in ran and mode in ran:
-                speed = [f"{w} {_speedup(ran['naive'], ran[mode], w)}" for w in ("forward", "train")]
-                notes.append(f"{key[0]} B={key[2]} H={key[3]}: speed-up of {mode} over naive: {', '.join(speed)}")
+                speed = ", ".join(f"{w} {_ratio(ran['naive'], ran[mode], w)}" for w in ("forward", "train"))
+                notes.append(f"{cell} B={B} H={H}: speed-up of {mode} over naive: {speed}")
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     lines = ["  ".join(str(x).rjust(w) if k > 4 else str(x).ljust(w) for k, (x, w) in enumerate(zip(row, widths)))
              for row in [head, *rows]]
     lines += notes + ["ratios: this implementation's time / the reference's (< 1 is faster)"]
-    for (impl, why), where in skipped.items():
-        lines.append(f"skipped {impl} ({len(where)} configuration{'s' if len(where) > 1 else ''}): {why}")
-    if any(impl in ("graph", "cudnn") for impl, _ in skipped):
-        lines.append("GPU rows were skipped: " + ", ".join(sorted({i for i, _ in skipped if i in ("graph", "cudnn")})))
+    lines += [f"skipped {impl} for {', '.join(cells)}: {why}" for (impl, why), cells in skipped.items()]
+    gpu = sorted({impl for impl, why in skipped if why.startswith("needs")})
+    if gpu:
+        lines.append(f"GPU rows were skipped ({', '.join(gpu)}): no usable GPU here")
     return "\n".join(lines)
 
 
@@ -404,8 +420,3 @@ def _ms(v):
 def _ratio(r, ref, w):
     a, b = r.get(f"{w}_ms"), (ref or {}).get(f"{w}_ms")
     return f"{a / b:.2f}x" if a and b else "-"
-
-
-def _speedup(slow, fast, w):
-    a, b = slow.get(f"{w}_ms"), fast.get(f"{w}_ms")
-    return f"{a / b:.1f}x" if a and b else "-"

@@ -78,7 +78,8 @@ def load_checkpoint(path) -> Checkpoint:
         raise
     except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, ValueError, OSError,
             UnicodeDecodeError) as e:
-        raise RnnGraphError(f"checkpoint {path} is truncated or corrupt ({type(e).__name__}: {e}); "
+        reason = str(e) if len(str(e)) < 100 else str(e)[:100] + "..."
+        raise RnnGraphError(f"checkpoint {path} is truncated or corrupt ({type(e).__name__}: {reason}); "
                             "resume from an earlier copy or start a new run") from None
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         raise RnnGraphError(f"{path} is not an rnngraph checkpoint (its {CONFIG} has no format "

@@ -217,7 +217,8 @@ def _breakdown(cfg: dict, opts: dict) -> dict:
     parts = {p: us(times[f"{base}/full"] - times[f"{base}/no_{p}"]) for p in PARTS[:3]}
     parts["launch_overhead"] = us(times["staged/full"] - times["graph/full"]) if replay else None
     out = {"backend": eager.name, "parts_from": base, "times_ms": times, "parts_us_per_frame": parts,
-           "total_us_per_frame": us(times["staged/full"])}
+           "total_us_per_frame": us(times["staged/full"]),
+           "replay_us_per_frame": us(times["graph/full"]) if replay else None}
     if replay is None:
         out["launch_overhead_skipped"] = "needs CUDA-graph replay (cupy backend on a GPU)"
     return out

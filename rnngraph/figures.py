@@ -101,6 +101,7 @@ def _unmeasured(doc) -> str:
 
 
 def _footnote(doc) -> str:
+    """Where and when the results were measured, plus which implementations have no data."""
     m = doc["metadata"]
     where = [doc["label"] if doc["quick"] else m.get("gpu") or m.get("device") or "unknown device"]
     if m.get("gpu"):
@@ -110,7 +111,7 @@ def _footnote(doc) -> str:
         where.append(m.get("device") or "CPU")
     where += [f"numpy {m.get('numpy') or '?'}", f"rnngraph {str(m.get('commit') or '?')[:12]}",
               str(m.get("date") or "?")[:10]]
-    return " · ".join(where)
+    return "\n".join(filter(None, [" · ".join(where), _unmeasured(doc)]))
 
 
 def _note(ax, text: str):
@@ -120,13 +121,11 @@ def _note(ax, text: str):
     ax.set_yticks([])
 
 
-def _log_axis(axis, fmt):
+def _log_axis(axis, fmt=lambda v: f"{v:g}"):
+    """A log axis labelled at 1, 2, 5, 10, …, with `fmt` (a number -> its tick label)."""
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v)))
     axis.set_minor_formatter(NullFormatter())
-
-
-def _times(v: float) -> str:
-    return f"{v:g}×"
 
 
 # -- the figures -------------------------------------------------------------------------------
@@ -146,8 +145,9 @@ def fig_single_stream_speedup(doc) -> Figure:
             for j, mode in enumerate(modes):
                 t = {r["H"]: r[f"{what}_ms"] for r in _measured(doc, cell=cell, impl=mode)}
                 hs = [k for k, H in enumerate(Hs) if H in t and H in naive]
-                ax.bar(x[hs] + (j - (len(modes) - 1) / 2) * width, [naive[Hs[k]] / t[Hs[k]] for k in hs],
-                       width, color=style.IMPL[mode], label=style.IMPL_LABEL[mode])
+                up = np.array([naive[Hs[k]] / t[Hs[k]] for k in hs])
+                ax.bar(x[hs] + (j - (len(modes) - 1) / 2) * width, up - 1.0, width, bottom=1.0,
+                       color=style.IMPL[mode], label=style.IMPL_LABEL[mode])   # from 1×, up or down
             ref = {r["H"]: r[f"{what}_ms"] for r in _measured(doc, cell=cell, impl="cudnn")}
             hs = [k for k, H in enumerate(Hs) if H in ref and H in naive]
             ax.scatter(x[hs], [naive[Hs[k]] / ref[Hs[k]] for k in hs], marker="_", s=120, lw=1.6,
@@ -159,17 +159,16 @@ def fig_single_stream_speedup(doc) -> Figure:
                 ax.set_title(NAMES.get(cell, cell), fontsize=8)
             if col == 0:
                 ax.set_ylabel(f"{WHAT[what]}\nspeed-up over naive")
-    _log_axis(axes[0][0].yaxis, _times)
-    axes[0][0].set_xticks(x, [f"{H // 1024}K" if H >= 1024 else str(H) for H in Hs])
-    fig.supxlabel("hidden size H (one stream, B = 1)", fontsize=8)
+    _log_axis(axes[0][0].yaxis, lambda v: f"{v:g}×")
+    axes[0][0].set_xticks(x, [str(H) for H in Hs])
+    for ax in axes[-1]:
+        ax.tick_params(axis="x", labelrotation=45 if len(Hs) > 3 else 0)
+    fig.supxlabel(f"hidden size H (one stream B = 1, T = {doc['records'][0]['T']} frames, D = H)", fontsize=8)
     handles = [Patch(color=style.IMPL[m], label=style.IMPL_LABEL[m]) for m in modes]
     handles += [Line2D([], [], color=style.IMPL["cudnn"], marker="_", ls="", ms=10, mew=1.6,
                        label=f"{style.IMPL_LABEL['cudnn']}, LSTM and GRU"),
                 Line2D([], [], color=style.INK, ls=":", lw=0.6, label="naive = 1×")]
     fig.legend(handles=handles, loc="outside upper center", ncol=len(handles))
-    T = doc["records"][0]["T"]
-    fig.suptitle(f"Single-stream speed-up over the naive executor (T = {T}); {_unmeasured(doc)}".rstrip("; "),
-                 fontsize=8, x=0.0, ha="left")
     return fig
 
 
@@ -188,46 +187,62 @@ def fig_multi_stream_throughput(doc) -> Figure:
     ax.set_yscale("log")
     ax.set_xticks(Ss, [str(s) for s in Ss])
     ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.yaxis.set_major_locator(LogLocator(base=10))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _si(v)))
     ax.grid(which="major", lw=0.3, alpha=0.5)
     ax.set_xlabel("parallel training streams S (batch size)")
     ax.set_ylabel("training throughput (frames/s)")
-    ax.set_title(f"{NAMES[r0['cell']]} H = {r0['H']}, T = {r0['T']}, forward + backward", fontsize=8)
-    ax.legend(loc="upper left", title=_unmeasured(doc) or None, title_fontsize=5.5)
+    ax.set_title(f"{NAMES[r0['cell']]}, H = {r0['H']}, T = {r0['T']}: training steps", fontsize=8)
+    ax.legend(loc="upper left")
     return fig
 
 
+def _si(v: float) -> str:
+    """10000 -> '10k', 1e6 -> '1M'."""
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if v >= div:
+            return f"{v / div:g}{unit}"
+    return f"{v:g}"
+
+
 def fig_stage_breakdown(doc) -> Figure:
-    """Stacked bars: a frame's forward time split into its parts; ◆ the measured eager total."""
+    """Stacked bars of a frame's forward time: all parts of an eager run (◆ its measured total) and,
+    where CUDA graphs ran, the device-side parts of a replayed run (◆ its measured total)."""
     recs = _measured(doc)
-    fig = Figure(figsize=(style.COLUMN, 0.5 + 0.28 * max(len(recs), 2)), layout="constrained")
-    ax = fig.subplots()
+    replay = bool(recs) and recs[0]["parts_from"] == "graph"
+    fig = Figure(figsize=(style.COLUMN, 1.0 + 0.22 * max(len(recs), 2)), layout="constrained")
+    axes = fig.subplots(1, 2 if replay else 1, squeeze=False, sharey=True)[0]
     if not recs:
-        _note(ax, "no measurements: every configuration was skipped")
+        _note(axes[0], "no measurements: every configuration was skipped")
         return fig
-    labels = [f"{NAMES.get(r['cell'], r['cell'])}, H = {r['H']}" for r in recs]
-    y, left, clipped = np.arange(len(recs)), np.zeros(len(recs)), False
-    for part in PARTS:
-        vals = np.array([r["parts_us_per_frame"][part] or 0.0 for r in recs])
-        clipped |= bool((vals < 0).any())
-        vals = np.clip(vals, 0.0, None)
-        if vals.any():
+    y, clipped = np.arange(len(recs)), False
+    panels = [("eager (staged)", PARTS, "total_us_per_frame")]
+    if replay:
+        panels.append(("CUDA-graph replay", PARTS[:3], "replay_us_per_frame"))
+    for ax, (title, parts, total) in zip(axes, panels):
+        left = np.zeros(len(recs))
+        for part in parts:
+            vals = np.array([r["parts_us_per_frame"][part] or 0.0 for r in recs])
+            clipped |= bool((vals < 0).any())
+            vals = np.clip(vals, 0.0, None)
             ax.barh(y, vals, left=left, height=0.62, color=style.PART[part], label=PART_LABEL[part])
             left += vals
-    ax.scatter([r["total_us_per_frame"] for r in recs], y, marker="D", s=12, color=style.INK, zorder=3,
-               label="measured total, eager")
-    ax.set_yticks(y, labels)
-    ax.invert_yaxis()
-    ax.set_xlabel("forward time per frame (µs)")
-    ax.grid(axis="x", lw=0.3, alpha=0.5)
+        tot = [r[total] for r in recs]
+        ax.scatter(tot, y, marker="D", s=10, color=style.INK, zorder=3, label="measured total")
+        ax.set_title(title, fontsize=7)
+        ax.set_xlabel("forward time per frame (µs)")
+        ax.grid(axis="x", lw=0.3, alpha=0.5)
+        ax.set_xlim(0, max(tot + [1e-9]) * 1.08)
+    axes[0].set_yticks(y, [f"{NAMES.get(r['cell'], r['cell'])}, H={r['H']}" for r in recs], fontsize=7)
+    axes[0].invert_yaxis()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside upper center", ncol=3, columnspacing=1.0)
     r0 = recs[0]
-    notes = [f"T = {r0['T']}, B = {r0['B']}; parts from {r0['parts_from']} mode by leaving each out"]
-    if r0["parts_us_per_frame"]["launch_overhead"] is None:
+    notes = [f"T = {r0['T']}, B = {r0['B']}; each part = full run − run without it"]
+    if not replay:
         notes.append("launch overhead: not separable without CUDA graphs")
     if clipped:
         notes.append("negative differences (noise) drawn as 0")
-    ax.set_title("; ".join(notes), fontsize=6, loc="left")
-    fig.legend(loc="outside lower center", ncol=3)
+    fig.supxlabel("; ".join(notes), fontsize=6)
     return fig
 
 
@@ -249,9 +264,9 @@ def fig_sequence_length(doc) -> Figure:
         ax.set_xlabel("sequence length T (frames)")
     axes[0].set_ylabel("time per frame (µs)")
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=2)
-    fig.suptitle(f"{NAMES[r0['cell']]} H = {r0['H']}, one stream: flat lines mean constant cost per frame",
-                 fontsize=7)
+    fig.legend(handles, labels, loc="outside upper center", ncol=2)
+    fig.supxlabel(f"{NAMES[r0['cell']]}, H = {r0['H']}, one stream: a flat line is a constant cost per frame",
+                  fontsize=6)
     return fig
 
 

@@ -238,6 +238,8 @@ extern "C" __global__ void {name}(const {T}* __restrict__ gA, long long glda, co
     // r < rows run the fused group's body for element (r, f)
     __shared__ {T} part[4][{m}][8];
     int f = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    long long r = threadIdx.x < rows ? threadIdx.x : 0;
+{prefetch}
 {decl}
     for (int k = threadIdx.x; k < gK; k += 128) {{
 {wload}
@@ -258,7 +260,6 @@ extern "C" __global__ void {name}(const {T}* __restrict__ gA, long long glda, co
     }}
     __syncthreads();
     if (threadIdx.x >= rows) return;
-    long long r = threadIdx.x;
 {pick}
 {body}
 }}
@@ -274,12 +275,13 @@ def gemv_fused_kernel(spec: KernelSpec, gemm_nodes, offsets, ctype: str) -> tupl
     at = lambda nm: f"p_{nm}[r * s_{nm} + f]"
     args = "".join(f"const {ctype}* __restrict__ p_{nm}, long long s_{nm}, " for nm in spec.in_names)
     args += "".join(f"{ctype}* p_{nm}, long long s_{nm}, " for nm in spec.out_names)
-    lines = [f"{ctype} {nm} = {f'g{from_gemm[nm]}' if nm in from_gemm else at(nm)};" for nm in spec.in_names]
-    lines += [f"{ctype} {nm} = {at(nm)};" for nm in spec.out_names if nm.startswith("gm")]
+    # the group's other operands are loaded first, so their latency overlaps the GEMV's
+    prefetch = [f"    {ctype} {nm} = {at(nm)};" for nm in spec.in_names if nm not in from_gemm]
+    lines = [f"{ctype} {nm} = g{from_gemm[nm]};" for nm in spec.in_names if nm in from_gemm]
     lines += [ln.replace("T ", f"{ctype} ") for ln in spec.body]
     lines += [f"{at(nm)} {op} {v};" for nm, v, op in spec.stores]
     text = GEMV_FUSED_SOURCE.format(
-        name="{name}", T=ctype, args=args, m=m,
+        name="{name}", T=ctype, args=args, m=m, prefetch="\n".join(prefetch),
         decl="\n".join(f"    {ctype} acc{j}[8] = {{0, 0, 0, 0, 0, 0, 0, 0}};" for j in range(m)),
         wload="\n".join(f"        {ctype} w{j} = gW[(long long)({offsets[j]} + f) * gK + k];" for j in range(m)),
         fma="\n".join(f"            acc{j}[b] += a * w{j};" for j in range(m)),

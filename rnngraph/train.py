@@ -26,6 +26,7 @@ from .errors import RnnGraphError
 from .layers import CrossEntropyLoss
 from .optim import SGD, Adam, CosineLR, StepLR, clip_grad_norm
 
+VAL_STREAMS = 64   # validation reads at least this many streams (fewer calls; forward only)
 LOG_COLUMNS = ("step", "epoch", "loss", "bpc", "val_bpc", "lr", "grad_norm", "frames_per_s", "elapsed_s")
 
 
@@ -131,7 +132,7 @@ class Trainer:
                                 "was trained on; pass the same --text to resume")
         train_ids, val_ids = split(self.vocab.encode(text), cfg.val_fraction)
         self.data = make_streams(train_ids, cfg.streams, cfg.bptt)
-        self.val = validation_streams(val_ids, cfg.streams, cfg.bptt)
+        self.val = validation_streams(val_ids, max(cfg.streams, VAL_STREAMS), cfg.bptt)
         self.model_config = {**{k: getattr(cfg, k) for k in MODEL_KEYS}, "vocab_size": len(self.vocab),
                              "seed": cfg.seed}
         self.lm = CharLM(self.model_config, cfg.backend, cfg.mode)
