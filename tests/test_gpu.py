@@ -150,3 +150,29 @@ def test_gemm_fused_pair_matches_reference(B):
         _assert_close(got, ref, TOL["float64"], f"pair B={B} capture={capture}")
         paired = [v for k, v in ex.ws.memo.items() if k[0] == "p"]
         assert paired and all((v is not None) == (B <= 8) for v in paired)
+
+
+def test_failed_capture_warns_falls_back_and_leaves_no_broken_stream():
+    import cupy
+    from rnngraph.backends.cupy_backend import CupyBackend
+    cell = rg.load_cell("gru", 5, 8)
+    prob = _problem(cell)
+    _, ref = _run(cell, NumpyBackend(), "naive", *prob, np, np.float64)
+    be = CupyBackend(capture=True)
+    real = be.gemm
+
+    def gemm(x, w, out):   # CuPy's own matmul (cuBLAS) is refused inside a capture
+        if cupy.cuda.runtime.streamIsCapturing(cupy.cuda.get_current_stream().ptr):
+            return cupy.matmul(x, w.T, out=out)
+        return real(x, w, out)
+
+    be.gemm = gemm
+    with pytest.warns(rg.RnnGraphWarning, match="capture failed"):
+        ex, got = _run(cell, be, "graph", *prob, cupy, "float64")
+    _assert_close(got, ref, TOL["float64"], "after a failed capture")
+    assert "eager" in be._graphs.values()
+    _assert_close(_run_again(ex, prob, cupy, "float64"), ref, TOL["float64"], "eager fallback, second call")
+    be.gemm = real   # the stream still records: a fresh executor captures normally
+    ex2, got2 = _run(cell, be, "graph", *prob, cupy, "float64")
+    _assert_close(got2, ref, TOL["float64"], "capture after a failed one")
+    assert any(g != "eager" for g in be._graphs.values())
