@@ -21,6 +21,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import bench
 from .cells import CELLS, load_cell
 from .errors import RnnGraphError
 from .graph import Cell
@@ -29,36 +30,24 @@ from .schedule import Gemm, Schedule, build_schedule
 
 RESULTS = Path("experiments") / "results"
 QUICK_LABEL = "CPU sample from a --quick run (numpy backend, tiny sizes): not GPU results"
+ANALYSIS_LABEL = "schedule analysis: no timing, the same on any machine"
 TIMED_IMPLS = ("naive", "staged", "graph", "cudnn")
 PAPER_CELLS = ("lstm", "peephole_lstm", "gru", "min_gru", "mgu")   # mgu: the user-defined cell
 
 
-def mgu(input_size: int, hidden_size: int, bias: bool = True):
-    """The experiments' user-defined cell: the minimal gated unit (Zhou et al. 2016), written with
-    the public builder as README.md shows. One gate f resets h inside n and updates it."""
-    c, H = Cell("mgu"), hidden_size
-    x, h = c.input("x", input_size), c.state("h", H)
-    f = c.sigmoid(c.linear(x, "W_f", H, bias="b_f" if bias else None) + c.linear(h, "U_f", H), name="f")
-    n = c.tanh(c.linear(x, "W_n", H, bias="b_n" if bias else None) + c.linear(f * h, "U_n", H), name="n")
-    c.output(c.bind(h, (1 - f) * h + f * n, name="h"))
-    return c.build()
-
-
 def cell_spec(name: str):
-    """What load_cell and bench.measure accept for a cell name of the experiments."""
-    return mgu if name == "mgu" else name
+    """What load_cell accepts for a cell name of the experiments ('mgu' is bench's user-defined cell)."""
+    return bench.USER_CELLS.get(name, name)
 
 
 # -- timed experiments, through bench.measure -------------------------------------------------------
 
 def _measure(cfg: dict, opts: dict) -> dict:
     """bench.measure for one configuration: medians forward_ms / train_ms, or {'skipped': reason}."""
-    from . import bench
     kw = {k: cfg[k] for k in ("impl", "T", "B", "H", "layers") if k in cfg}
-    out = bench.measure(cell_spec(cfg["cell"]), what=tuple(cfg.get("what", ("forward", "train"))),
+    out = bench.measure(cfg["cell"], what=tuple(cfg.get("what", ("forward", "train"))),
                         repeats=cfg.get("repeats", opts["repeats"]), warmup=cfg.get("warmup", opts["warmup"]),
                         **kw)
-    out.pop("cell", None)           # keep the configuration's cell name (bench may name a function)
     return out
 
 
@@ -123,7 +112,6 @@ def _lanes_grid(quick: bool) -> list:
 def _lanes(cfg: dict, opts: dict) -> dict:
     """Forward and training step of an nn.Recurrent on a cupy backend with cfg['lanes'] streams (on
     the CPU: numpy, one stream)."""
-    from . import bench
     from .backends import get_backend
     from .backends.cupy_backend import gpu_problem
     from .nn import Recurrent
@@ -193,7 +181,6 @@ def _breakdown(cfg: dict, opts: dict) -> dict:
     """Forward time per frame, split by leave-one-out differences. The parts are measured with CUDA-
     graph replay where there is a GPU (device time without launch cost); launch/host overhead is then
     eager minus replayed. On the CPU the parts come from eager numpy and overhead is not separable."""
-    from . import bench
     from .backends import get_backend
     eager = get_backend("numpy" if opts["quick"] else "auto")
     replay = None
@@ -286,6 +273,7 @@ class Experiment:
     grid: Callable[[bool], list]        # quick -> configurations
     run: Callable[[dict, dict], dict]   # (configuration, options) -> measured fields or {'skipped': why}
     fields: tuple                       # keys of every record that was neither skipped nor failed
+    timed: bool = True                  # False: analysis, the same on any machine
 
 
 EXPERIMENTS = {
@@ -306,7 +294,7 @@ EXPERIMENTS = {
     "schedule_stats": Experiment(
         "per cell: ops, stages per frame, kernels per frame before and after merging, share of FLOPs "
         "hoisted out of the loop (D = H = 512; pure analysis)", _stats_grid, _stats,
-        ("ops", "stages_per_frame", "kernels_per_frame", "hoisted_flop_fraction")),
+        ("ops", "stages_per_frame", "kernels_per_frame", "hoisted_flop_fraction"), timed=False),
     "cuda_lanes": Experiment(
         "2–4 LSTM layers: stacked on one CUDA stream, against the wavefront cell (all layers' "
         "recurrent GEMMs in one stage) on one stream and on k lanes", _lanes_grid, _lanes, ("forward_ms", "train_ms")),
@@ -318,8 +306,6 @@ def run_experiment(name: str, *, quick: bool = False, out=None, repeats: int | N
     """Runs every configuration of experiment `name` and writes its JSON results; returns (path,
     number of failed configurations). Example: ``run_experiment("schedule_stats", quick=True)``."""
     from tqdm import tqdm
-
-    from . import bench
     exp = experiment(name)
     opts = {"quick": quick, "repeats": repeats or (3 if quick else 10), "warmup": 1 if quick else 2}
     records = []
@@ -334,7 +320,7 @@ def run_experiment(name: str, *, quick: bool = False, out=None, repeats: int | N
             records.append({**cfg, **result})
     meta = dict(bench.machine_info(), command=command or _command(sys.argv[1:]))
     doc = {"experiment": name, "description": exp.description, "quick": quick,
-           "label": QUICK_LABEL if quick else f"measured on {meta.get('gpu') or 'the CPU'}",
+           "label": ANALYSIS_LABEL if not exp.timed else QUICK_LABEL if quick else f"measured on {meta.get('device')}",
            "settings": {k: v for k, v in opts.items() if k != "quick"}, "metadata": meta, "records": records}
     path = Path(out) if out is not None else (RESULTS / "quick" if quick else RESULTS)
     path.mkdir(parents=True, exist_ok=True)

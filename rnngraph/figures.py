@@ -29,7 +29,7 @@ PART_LABEL = {"hoisted": "hoisted (pre/post)", "per_frame_gemm": "per-frame GEMM
               "fused_elementwise": "fused elementwise", "launch_overhead": "launch/host overhead"}
 
 
-def build_figures(results=RESULTS, out="figures") -> list:
+def build_figures(results=RESULTS, out="figures", runs="runs") -> list:
     """Draws every figure from the results in `results`; returns the paths written. Raises one
     RnnGraphError naming every missing or malformed results file before drawing anything."""
     docs, problems = {}, []
@@ -46,10 +46,10 @@ def build_figures(results=RESULTS, out="figures") -> list:
     with style.context():
         for name, draw in DRAW.items():
             fig = draw(docs[name])
-            fig.text(0.0, 0.0, _footnote(docs[name]), ha="left", va="top", **style.FOOTNOTE)
+            fig.text(0.0, 0.0, _footnote(docs[name]), ha="left", va="top", wrap=True, **style.FOOTNOTE)
             written += _save(fig, out / name)
     written += _schedule_diagram(out)
-    written += _training_curves(out)
+    written += _training_curves(out, runs)
     (out / "headline.md").write_text(headline_table(docs["single_stream_speedup"]))
     return written + [out / "headline.md"]
 
@@ -72,12 +72,12 @@ def _schedule_diagram(out: Path) -> list:
     return paths
 
 
-def _training_curves(out: Path) -> list:
-    """Training curves via rnngraph.train_figures, when that module and training logs exist."""
+def _training_curves(out: Path, runs) -> list:
+    """Training curves via rnngraph.train_figures, when that module and logs (RUNS/*/log.csv) exist."""
     if importlib.util.find_spec("rnngraph.train_figures") is None:
         return []
     from . import train_figures
-    logs = sorted(Path("runs").glob("**/*.jsonl"))
+    logs = sorted({p.parent for pattern in ("*/log.csv", "*/log.json") for p in Path(runs).glob(pattern)})
     if not logs:
         return []
     path = out / "training_curves.png"
@@ -101,16 +101,16 @@ def _unmeasured(doc) -> str:
 
 
 def _footnote(doc) -> str:
-    """Where and when the results were measured, plus which implementations have no data."""
+    """Where and when the results were measured (keys of bench.machine_info()), and what has no data."""
     m = doc["metadata"]
-    where = [doc["label"] if doc["quick"] else m.get("gpu") or m.get("device") or "unknown device"]
-    if m.get("gpu"):
-        where += [f"driver {m.get('cuda_driver') or m.get('driver') or '?'}", f"CUDA {m.get('cuda_runtime') or '?'}",
-                  f"CuPy {m.get('cupy') or '-'}"]
-    elif doc["quick"]:
-        where.append(m.get("device") or "CPU")
-    where += [f"numpy {m.get('numpy') or '?'}", f"rnngraph {str(m.get('commit') or '?')[:12]}",
-              str(m.get("date") or "?")[:10]]
+    if not EXPERIMENTS[doc["experiment"]].timed:
+        where = [doc["label"]]
+    elif doc["quick"] or not m.get("gpu"):
+        where = [doc["label"], m.get("device") or "CPU", f"numpy {m.get('numpy')}"]
+    else:
+        where = [m["gpu"], f"CUDA driver {m.get('cuda_driver')}, runtime {m.get('cuda_runtime')}",
+                 f"CuPy {m.get('cupy')}", f"numpy {m.get('numpy')}"]
+    where += [f"rnngraph {str(m.get('commit'))[:12]}", str(m.get("date"))[:10]]
     return "\n".join(filter(None, [" · ".join(where), _unmeasured(doc)]))
 
 
@@ -229,20 +229,20 @@ def fig_stage_breakdown(doc) -> Figure:
         tot = [r[total] for r in recs]
         ax.scatter(tot, y, marker="D", s=10, color=style.INK, zorder=3, label="measured total")
         ax.set_title(title, fontsize=7)
-        ax.set_xlabel("forward time per frame (µs)")
         ax.grid(axis="x", lw=0.3, alpha=0.5)
         ax.set_xlim(0, max(tot + [1e-9]) * 1.08)
     axes[0].set_yticks(y, [f"{NAMES.get(r['cell'], r['cell'])}, H={r['H']}" for r in recs], fontsize=7)
     axes[0].invert_yaxis()
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside upper center", ncol=3, columnspacing=1.0)
+    fig.legend(handles[1:] + handles[:1], labels[1:] + labels[:1], loc="outside upper center", ncol=3,
+               columnspacing=1.0)
     r0 = recs[0]
     notes = [f"T = {r0['T']}, B = {r0['B']}; each part = full run − run without it"]
     if not replay:
         notes.append("launch overhead: not separable without CUDA graphs")
     if clipped:
         notes.append("negative differences (noise) drawn as 0")
-    fig.supxlabel("; ".join(notes), fontsize=6)
+    fig.supxlabel("forward time per frame (µs)\n" + "; ".join(notes), fontsize=7, linespacing=1.6)
     return fig
 
 
@@ -271,34 +271,36 @@ def fig_sequence_length(doc) -> Figure:
 
 
 def fig_schedule_stats(doc) -> Figure:
-    """Horizontal bars per cell: kernels per frame before/after merging (forward, backward) and
-    the share of FLOPs hoisted out of the time loop (forward, training)."""
+    """Horizontal bars per cell: kernels per frame before and after merging (forward, backward) and
+    the share of FLOPs hoisted out of the time loop (forward, training step)."""
     recs = doc["records"]
-    fig = Figure(figsize=(style.PAGE, 0.7 + 0.2 * len(recs)), layout="constrained")
+    fig = Figure(figsize=(style.PAGE, 1.1 + 0.2 * len(recs)), layout="constrained")
     axes = fig.subplots(1, 3, sharey=True)
     y = np.arange(len(recs))
     for ax, d in zip(axes[:2], ("forward", "backward")):
         before = [r["kernels_per_frame"][d]["before_merge"] for r in recs]
         after = [r["kernels_per_frame"][d]["after_merge"] for r in recs]
-        ax.barh(y, before, height=0.7, color="#d9d9d9", label="one kernel per op" if d == "forward"
-                else "one kernel per op input")
-        ax.barh(y, after, height=0.7, color=style.IMPL["graph"], label="scheduled (merged, fused)")
+        ax.barh(y, before, height=0.7, color="#d9d9d9", label="one kernel per op (backward: per op input)")
+        ax.barh(y, after, height=0.7, color=style.IMPL["graph"], label="scheduled: merged GEMMs, fused groups")
         for k, (b, a) in enumerate(zip(before, after)):
             ax.text(b, k, f" {b} → {a}", va="center", fontsize=6)
-        ax.set_xlim(0, max(before) * 1.3)
+        ax.set_xlim(0, max(before) * 1.25)
         ax.set_xlabel(f"{d} kernels per frame")
-        ax.legend(loc="lower right")
-    for key, colour, offset in (("forward", style.PART["hoisted"], -0.18), ("training", "#2171b5", 0.18)):
+    for key, colour, offset in (("forward", style.PART["hoisted"], -0.19), ("training", "#08519c", 0.19)):
         share = [100 * r["hoisted_flop_fraction"][key] for r in recs]
-        axes[2].barh(y + offset, share, height=0.36, color=colour, label=f"{key}")
-    axes[2].set_xlim(0, 100)
+        axes[2].barh(y + offset, share, height=0.38, color=colour, label=f"FLOPs hoisted, {WHAT.get(key, key)}")
+        for k, v in enumerate(share):
+            axes[2].text(v, k + offset, f" {v:.0f}", va="center", fontsize=5.5)
+    axes[2].set_xlim(0, 112)
+    axes[2].set_xticks([0, 25, 50, 75, 100])
     axes[2].set_xlabel("FLOPs hoisted out of the loop (%)")
-    axes[2].legend(loc="lower right", title="pass", title_fontsize=6)
-    axes[0].set_yticks(y, [f"{NAMES.get(r['cell'], r['cell'])}  ({r['stages_per_frame']} st.)" for r in recs])
+    axes[0].set_yticks(y, [f"{NAMES.get(r['cell'], r['cell'])} ({r['stages_per_frame']} st.)" for r in recs])
     axes[0].invert_yaxis()
+    handles = [h for ax in (axes[0], axes[2]) for h in ax.get_legend_handles_labels()[0]]
+    fig.legend(handles=handles, loc="outside upper center", ncol=2)
     r0 = recs[0]
-    fig.suptitle(f"Schedules at D = {r0['D']}, H = {r0['H']}: kernels and stages (st.) per frame, hoisted work",
-                 fontsize=8, x=0.0, ha="left")
+    fig.supxlabel(f"schedules at D = {r0['D']}, H = {r0['H']}; st. = loop stages per frame; linear ops count "
+                  "2·in·out FLOPs per row, elementwise ops 1 per element", fontsize=6)
     return fig
 
 
@@ -324,16 +326,15 @@ def fig_cuda_lanes(doc) -> Figure:
                 ax.bar(np.array(xs) + (j - (len(series) - 1) / 2) * width, [t[Ls[i]] for i in xs], width,
                        color=colours[j % len(colours)],
                        label=f"{'stacked' if cell == 'lstm' else 'wavefront'}, {k} stream{'s' if k > 1 else ''}")
-            ax.set_title(f"{style.IMPL_LABEL[impl]}: {WHAT[what]}", fontsize=7)
+            if row == 0:
+                ax.set_title(WHAT[what], fontsize=8)
             ax.grid(axis="y", lw=0.3, alpha=0.5)
             ax.set_xticks(range(len(Ls)), [str(L) for L in Ls])
-        axes[row][0].set_ylabel("time per frame (µs)")
-    for ax in axes[-1]:
-        ax.set_xlabel("LSTM layers")
+        axes[row][0].set_ylabel(f"{style.IMPL_LABEL[impl]}\ntime per frame (µs)")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=2)
+    fig.legend(handles, labels, loc="outside upper center", ncol=2)
     r0 = doc["records"][0]
-    fig.suptitle(f"H = {r0['H']}, T = {r0['T']}, B = {r0['B']}; {_unmeasured(doc)}".rstrip("; "), fontsize=6)
+    fig.supxlabel(f"LSTM layers (H = {r0['H']}, T = {r0['T']}, B = {r0['B']})", fontsize=8)
     return fig
 
 
