@@ -12,6 +12,7 @@ torch (bench_torch.py) and cupy are imported only when a measurement needs them.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import statistics
 import sys
@@ -115,7 +116,7 @@ def set_tf32(on: bool) -> None:
     imported, so call this first). rnngraph's own cuBLAS handle keeps full fp32 either way."""
     _TF32["on"] = bool(on)
     os.environ["CUPY_TF32"] = "1" if on else "0"
-    if "torch" in sys.modules:
+    if torch_problem() is None:
         _torch_tf32()
 
 
@@ -145,8 +146,12 @@ def measure(cell, impl: str, *, T: int = 100, B: int = 1, H: int = 512, D: int |
     why = unavailable(impl, first)
     if why:
         return {**res, "skipped": why}
-    build = _rnngraph_fns if impl in MODES else _torch_fns
-    fns, backend, device, extra = build(spec, impl, T, B, H, D, layers, dtype, seed)
+    if impl in MODES:
+        fns, backend, device, extra = _rnngraph_fns(spec, impl, T, B, H, D, layers, dtype, seed)
+    else:
+        from .bench_torch import torch_fns
+        _torch_tf32()
+        fns, backend, device, extra = torch_fns(spec, impl, T, B, H, D, layers, dtype, seed)
     res.update(backend=backend, device=device, tf32=_TF32["on"], **extra)
     for w in ("forward", "train"):
         times = time_ms(fns[w], repeats=repeats, warmup=warmup, device=device) if w in what else []
@@ -206,54 +211,6 @@ def _rnngraph_fns(spec, impl, T, B, H, D, layers, dtype, seed):
     return {"forward": lambda: layer(x), "train": train}, be.name, "gpu" if be.name == "cupy" else "cpu", {}
 
 
-def _torch_fns(spec, impl, T, B, H, D, layers, dtype, seed):
-    import torch
-
-    from .bench_torch import cudnn_layer, eager_loop
-    _torch_tf32()
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    tdt = getattr(torch, dtype)
-    gen = torch.Generator().manual_seed(seed)
-    extra = {}
-    if impl == "cudnn":
-        torch.manual_seed(seed)
-        model = cudnn_layer(load_cell(spec, D, H).name, D, H, layers, tdt, dev)
-        params = list(model.parameters())
-        F = H
-
-        def run(x):
-            return model(x)[0]
-    else:
-        loops, size = [], D
-        for _ in range(layers):
-            cell = load_cell(spec, size, H)
-            P = {p: ((torch.rand(s, generator=gen, dtype=torch.float64) * 2 - 1) / H ** 0.5).to(dev, tdt)
-                 for p, s in cell.params.items()}
-            loops.append(eager_loop(cell, P))
-            size = cell.op(cell.outputs[0]).size
-        params, F = [p for lp in loops for p in lp.parameters()], size
-        extra["eager_loop"] = loops[0].kind
-
-        def run(x):
-            for lp in loops:
-                x = lp(x)[0]
-            return x
-    x = torch.randn(T, B, D, generator=gen, dtype=torch.float64).to(dev, tdt).requires_grad_()
-    gy = torch.randn(T, B, F, generator=gen, dtype=torch.float64).to(dev, tdt)
-
-    def forward():
-        with torch.no_grad():
-            run(x)
-
-    def train():
-        x.grad = None
-        for p in params:
-            p.grad = None
-        run(x).backward(gy)
-    device = "gpu" if dev.type == "cuda" else "cpu"
-    return {"forward": forward, "train": train}, f"torch-{dev.type}", device, extra
-
-
 # -- where it ran -----------------------------------------------------------------------------
 def machine_info() -> dict:
     """Device name, driver and CUDA runtime, library versions, rnngraph commit, date, command line."""
@@ -262,7 +219,8 @@ def machine_info() -> dict:
     if torch_problem() is None:
         import torch
         info.update(torch_cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version()
-                    if torch.cuda.is_available() else None)
+                    if torch.cuda.is_available() else None, torch_allow_tf32={
+                        "matmul": torch.backends.cuda.matmul.allow_tf32, "cudnn": torch.backends.cudnn.allow_tf32})
         if info.get("gpu") is None and torch.cuda.is_available():
             info["gpu"] = torch.cuda.get_device_name(0)
     prog = "rnngraph" if Path(sys.argv[0]).name in ("__main__.py", "rnngraph") else sys.argv[0]
@@ -310,7 +268,6 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     """Times every (cell, B, H) × implementation in one process; prints a table; 1 if any failed."""
-    from tqdm import tqdm
     set_tf32(args.tf32)                       # before anything imports cupy
     q = QUICK if args.quick else {}
     st = {"cells": args.cell or list(DEFAULT_CELLS), "T": args.T or q.get("T", 100), "B": args.B or q.get("B", [1]),
@@ -327,13 +284,14 @@ def run(args) -> int:
         info = machine_info()
         print(_header(info) + ("\nquick: torch runs on 1 CPU thread" if args.quick else ""), flush=True)
         configs = [(c, b, h) for c in st["cells"] for b in st["B"] for h in st["H"]]
-        results = [_measure_or_error(c, impl, st, b, h) for c, b, h in
-                   tqdm(configs, desc="bench", unit="config", file=sys.stderr) for impl in st["impls"]]
+        results = [_measure_or_error(c, impl, st, b, h) for c, b, h in _progress(configs)
+                   for impl in st["impls"]]
     finally:
         _torch_threads(threads)
     print(format_table(results))
     if args.json:
-        Path(args.json).write_text(_json({"machine": info, "settings": st, "results": results}))
+        data = {"machine": info, "settings": st, "results": results}
+        Path(args.json).write_text(json.dumps(data, indent=1, default=str) + "\n")
         print(f"rnngraph: wrote {args.json}", file=sys.stderr)
     return 1 if any("error" in r for r in results) else 0
 
@@ -351,6 +309,16 @@ def _measure_or_error(cell, impl, st, B, H) -> dict:
                 "error": f"{type(e).__name__}: {e}"}
 
 
+def _progress(configs):
+    """tqdm on stderr; a plain line per configuration where tqdm is not installed (the GPU machine)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return (print(f"bench {k + 1}/{len(configs)}: {c}", file=sys.stderr, flush=True) or c
+                for k, c in enumerate(configs))
+    return tqdm(configs, desc="bench", unit="config", file=sys.stderr)
+
+
 def _torch_threads(n):
     """Sets torch's CPU threads to n (None: leave them); returns the previous count."""
     if n is None or torch_problem():
@@ -361,19 +329,16 @@ def _torch_threads(n):
     return old
 
 
-def _json(obj) -> str:
-    import json
-    return json.dumps(obj, indent=1, default=str) + "\n"
-
-
 def _header(info: dict) -> str:
     cuda = (f"CUDA runtime {info.get('cuda_runtime') or '-'}, driver {info.get('cuda_driver') or '-'}"
             + (f", cuDNN {info['cudnn']}" if info.get("cudnn") else ""))
     libs = "  ".join(f"{k} {info.get(k) or '-'}" for k in ("python", "numpy", "networkx", "cupy", "torch"))
     tf32 = "on" if info["tf32"] else "off"
+    tt = " ".join(f"{k}={v}" for k, v in info.get("torch_allow_tf32", {}).items()) or "-"
     lines = [f"rnngraph {info['rnngraph']} bench  {info['date']}  commit {info.get('commit') or 'unknown'}",
              f"device: {info['device']}" + (f" ({info['gpu_memory_gib']} GiB)" if info.get("gpu_memory_gib") else ""),
-             f"{cuda}", libs, f"TF32 {tf32} (torch allow_tf32={info['tf32']}, CUPY_TF32={info['cupy_tf32']})"]
+             f"{cuda}", libs, f"TF32 {tf32} (torch allow_tf32: {tt}; CUPY_TF32={info['cupy_tf32']}; "
+             "rnngraph's own cuBLAS sgemm calls: default math mode, no TF32)"]
     if info.get("gpu_problem"):
         lines.append(f"no GPU for rnngraph: {info['gpu_problem']}; naive and staged run on numpy")
     return "\n".join(lines)
@@ -398,6 +363,8 @@ def format_table(results: list) -> str:
             cols += [_ratio(r, ran.get(ref), w) if ref != r["impl"] else ""
                      for ref in ("cudnn", "torch_eager") for w in ("forward", "train")]
             rows.append([cell, str(T), str(B), str(H), r["impl"], *cols])
+            if r.get("eager_loop") == "graph interpreter":
+                notes.append(f"{cell}: the torch eager loop interprets the cell graph (no hand-written step)")
         for mode in ("staged", "graph"):
             if "naive" in ran and mode in ran:
                 speed = ", ".join(f"{w} {_ratio(ran['naive'], ran[mode], w)}" for w in ("forward", "train"))

@@ -14,7 +14,7 @@ import warnings
 
 import torch
 
-from .cells import GATE_ORDER, GRU_GATE_ORDER
+from .cells import GATE_ORDER, GRU_GATE_ORDER, load_cell
 from .errors import RnnGraphWarning
 from .ops import OpKind
 
@@ -243,3 +243,52 @@ def eager_loop(cell, P: dict, check: bool = True):
                           "eager loop interprets the graph instead", RnnGraphWarning, stacklevel=2)
             return graph
     return hand
+
+
+# -- what bench.measure() times ---------------------------------------------------------------
+def torch_fns(spec, impl, T, B, H, D, layers, dtype, seed):
+    """({"forward": fn, "train": fn}, backend name, "gpu" | "cpu", extra result fields) of impl
+    'cudnn' or 'torch_eager', on CUDA when torch sees a GPU, else on the CPU. The forward runs under
+    torch.no_grad(); a training step sets .grad to None, then backpropagates a fixed grad_y."""
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tdt, gen = getattr(torch, dtype), torch.Generator().manual_seed(seed)
+    if impl == "cudnn":
+        torch.manual_seed(seed)
+        model = cudnn_layer(load_cell(spec, D, H).name, D, H, layers, tdt, dev)
+        params, F, extra = list(model.parameters()), H, {}
+
+        def run(x):
+            return model(x)[0]
+    else:
+        loops, F = eager_stack(spec, D, H, layers, gen, dev, tdt)
+        params, extra = [p for lp in loops for p in lp.parameters()], {"eager_loop": loops[0].kind}
+
+        def run(x):
+            for lp in loops:
+                x = lp(x)[0]
+            return x
+    x = torch.randn(T, B, D, generator=gen, dtype=torch.float64).to(dev, tdt).requires_grad_()
+    gy = torch.randn(T, B, F, generator=gen, dtype=torch.float64).to(dev, tdt)
+
+    def forward():
+        with torch.no_grad():
+            run(x)
+
+    def train():
+        x.grad = None
+        for p in params:
+            p.grad = None
+        run(x).backward(gy)
+    return {"forward": forward, "train": train}, f"torch-{dev.type}", "gpu" if dev.type == "cuda" else "cpu", extra
+
+
+def eager_stack(spec, D: int, H: int, layers: int, gen, device, dtype):
+    """(one eager loop per layer with U(±1/√H) parameters, output features of the last layer)."""
+    loops, size = [], D
+    for _ in range(layers):
+        cell = load_cell(spec, size, H)
+        P = {p: ((torch.rand(s, generator=gen, dtype=torch.float64) * 2 - 1) / H ** 0.5).to(device, dtype)
+             for p, s in cell.params.items()}
+        loops.append(eager_loop(cell, P))
+        size = cell.op(cell.outputs[0]).size
+    return loops, size

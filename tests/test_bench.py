@@ -1,0 +1,176 @@
+"""`rnngraph bench` on the CPU, the measurement API, and the torch eager loops being the same cells."""
+import json
+import random
+
+import numpy as np
+import pytest
+
+import rnngraph as rg
+from rnngraph import bench
+from rnngraph.backends.numpy_backend import NumpyBackend
+from rnngraph.cli import main
+from rnngraph.executor import Executor
+
+torch = pytest.importorskip("torch")
+from rnngraph.bench_torch import STEPS, GraphLoop, HandWritten, eager_loop  # noqa: E402
+
+RESULT_KEYS = {"impl", "cell", "T", "B", "H", "D", "layers", "dtype", "backend", "forward_ms", "train_ms",
+               "forward_all", "train_all"}
+
+
+# -- the command ------------------------------------------------------------------------------
+def test_quick_bench_writes_every_measurement_and_says_gpu_rows_were_skipped(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    assert main(["bench", "--quick", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(path.read_text())
+    info = data["machine"]
+    assert {"device", "cuda_runtime", "cuda_driver", "python", "numpy", "networkx", "cupy", "torch",
+            "commit", "date", "command", "tf32"} <= set(info)
+    assert out.splitlines()[1] == f"device: {info['device']}" or out.splitlines()[1].startswith("device: ")
+    assert "TF32 off" in out
+    rows = data["results"]
+    assert {r["cell"] for r in rows} == {"lstm", "peephole_lstm", "min_gru", "mgu"}
+    assert {r["impl"] for r in rows} == set(bench.IMPLS)
+    for r in rows:
+        if "skipped" not in r:
+            assert RESULT_KEYS <= set(r) and r["T"] == 8 and r["B"] == 2 and r["H"] == 16
+            assert len(r["forward_all"]) == len(r["train_all"]) == 3
+            assert r["forward_ms"] > 0 and r["train_ms"] > 0
+    ran = {(r["cell"], r["impl"]) for r in rows if "skipped" not in r}
+    assert {("lstm", "naive"), ("lstm", "staged"), ("mgu", "torch_eager")} <= ran
+    if bench.gpu_problem():
+        assert all("skipped" in r for r in rows if r["impl"] == "graph")
+        assert "GPU rows were skipped" in out and bench.gpu_problem() in out
+    assert "fwd/cudnn" in out and "train/eager" in out
+    assert "speed-up of staged over naive" in out
+
+
+def test_bench_options_lists_and_unknown_impl(capsys):
+    assert main(["bench", "--cell", "gru", "-T", "3", "-B", "1,2", "-H", "4", "--impls", "naive",
+                 "--repeats", "2", "--warmup", "1"]) == 0
+    out = capsys.readouterr().out
+    assert len([line for line in out.splitlines() if line.startswith("gru ")]) == 2
+    assert main(["bench", "--quick", "--impls", "fast"]) == 2
+    assert "unknown implementation" in capsys.readouterr().err
+
+
+def test_table_ratios_against_cudnn_and_the_eager_loop():
+    base = {"cell": "lstm", "T": 100, "B": 1, "H": 512, "D": 512, "layers": 1, "dtype": "float32"}
+    rows = [dict(base, impl=i, backend="x", forward_ms=f, train_ms=t)
+            for i, f, t in [("naive", 40.0, 120.0), ("graph", 0.5, 1.2), ("cudnn", 1.0, 4.0),
+                            ("torch_eager", 10.0, 60.0)]]
+    rows.append(dict(base, impl="staged", skipped="needs a usable GPU: none here"))
+    lines = bench.format_table(rows).splitlines()
+    graph = next(line for line in lines if " graph " in line).split()
+    assert graph[-4:] == ["0.50x", "0.30x", "0.05x", "0.02x"]
+    assert "lstm B=1 H=512: speed-up of graph over naive: forward 80.00x, train 100.00x" in lines
+    assert "skipped staged for lstm: needs a usable GPU: none here" in lines
+    assert "GPU rows were skipped (staged): no usable GPU here" in lines
+
+
+# -- the measurement API ----------------------------------------------------------------------
+@pytest.mark.parametrize("impl", ["naive", "staged"])
+def test_measure_rnngraph_modes(impl):
+    r = bench.measure("lstm", impl, T=4, B=2, H=8, D=3, layers=2, repeats=3, warmup=1)
+    assert RESULT_KEYS <= set(r) and r["D"] == 3 and r["layers"] == 2
+    assert r["backend"] == ("numpy" if bench.gpu_problem() else "cupy")
+    assert len(r["forward_all"]) == 3 and min(r["forward_all"] + r["train_all"]) > 0
+    assert r["forward_ms"] == sorted(r["forward_all"])[1]
+
+
+def test_measure_skips_what_cannot_run_and_rejects_unknown_impls():
+    assert "no cuDNN layer" in bench.measure("peephole_lstm", "cudnn", T=2, B=1, H=4)["skipped"]
+    if bench.gpu_problem():
+        assert bench.measure("lstm", "graph", T=2, B=1, H=4)["skipped"].endswith(bench.gpu_problem())
+    if not torch.cuda.is_available():
+        assert "sees no GPU" in bench.measure("lstm", "cudnn", T=2, B=1, H=4)["skipped"]
+    with pytest.raises(rg.RnnGraphError, match="unknown implementation"):
+        bench.measure("lstm", "cublas")
+
+
+def test_measure_torch_eager_forward_only():
+    r = bench.measure("mgu", "torch_eager", T=3, B=1, H=4, repeats=2, warmup=0, what=("forward",))
+    assert r["eager_loop"] == "hand-written" and r["train_ms"] is None and len(r["forward_all"]) == 2
+
+
+def test_time_ms_excludes_warmup():
+    calls = []
+    times = bench.time_ms(lambda: calls.append(1), repeats=5, warmup=2)
+    assert len(times) == 5 and len(calls) == 7 and all(t >= 0 for t in times)
+    with pytest.raises(rg.RnnGraphError):
+        bench.time_ms(lambda: None, device="tpu")
+
+
+# -- the torch eager loops are the same cells -------------------------------------------------
+def user_cell(D, H):
+    """A cell no library ships: a delay-2 skip, a concat and slice, a scale."""
+    c = rg.Cell("user")
+    x, h = c.input("x", D), c.state("h", H)
+    f = c.sigmoid(c.linear(x, "W_f", H, bias="b_f") + c.linear(h, "U_f", H) + c.diag(h.ago(2), "p"))
+    n = c.tanh(c.slice(c.concat(c.linear(x, "W_n", H), f * h), 0, H) * 0.5)
+    c.output(c.bind(h, (1 - f) * h + f * n - c.relu(n), name="h"))
+    return c.build()
+
+
+def random_cell(seed, D, H):
+    r = random.Random(seed)
+    c = rg.Cell(f"random{seed}")
+    x, s = c.input("x", D), c.state("s", H)
+    pool = [c.linear(x, "W", H, bias="b"), c.linear(s, "U", H), c.linear(s.ago(2), "V", H)]
+    for k in range(6):
+        a, b = r.choice(pool), r.choice(pool)
+        pool.append(r.choice([lambda: a + b, lambda: a * c.tanh(b), lambda: 1 - c.sigmoid(a),
+                              lambda: c.relu(a) - b, lambda: c.diag(a, f"d{k}")])())
+    c.bind(s, c.tanh(pool[-1] + pool[0]))
+    c.output(c.sigmoid(pool[-2]), name="y")
+    return c.build()
+
+
+def reference(cell, T=5, B=3, seed=0):
+    """rnngraph's numpy float64 naive run (the spec): params, x, init, gy and (y, finals, grad_x)."""
+    rng = np.random.default_rng(seed)
+    params = {p: rng.uniform(-0.6, 0.6, s) for p, s in cell.params.items()}
+    x = rng.standard_normal((T, B, cell.inputs["x"]))
+    init = {s: rng.standard_normal((B, n)) * 0.5 for s, (_, n) in cell.states.items()}
+    gy = rng.standard_normal((T, B, cell.op(cell.outputs[0]).size))
+    ex = Executor(cell, NumpyBackend(), "naive")
+    outs, finals = ex.forward(params, {"x": x}, init)
+    ref = (outs[cell.outputs[0]].copy(), {k: v.copy() for k, v in finals.items()})
+    gx = ex.backward({cell.outputs[0]: gy}, {})[0]["x"].copy()
+    return params, x, init, gy, ref + (gx,)
+
+
+def assert_same_cell(loop_cls, cell, tol=1e-12):
+    params, x, init, gy, (y_ref, fin_ref, gx_ref) = reference(cell)
+    P = {k: torch.tensor(v) for k, v in params.items()}
+    xt = torch.tensor(x, requires_grad=True)
+    y, finals = loop_cls(cell, P)(xt, {k: torch.tensor(v) for k, v in init.items()})
+    y.backward(torch.tensor(gy))
+    pairs = [(y, y_ref), (xt.grad, gx_ref)] + [(finals[s], fin_ref[s]) for s in fin_ref]
+    for got, want in pairs:
+        err = np.linalg.norm(got.detach().numpy() - want) / np.linalg.norm(want)
+        assert err <= tol, f"{cell.name} {loop_cls.__name__}: relative error {err:.1e}"
+
+
+@pytest.mark.parametrize("name", sorted(STEPS))
+def test_hand_written_step_is_the_same_cell(name):
+    assert_same_cell(HandWritten, rg.load_cell(bench.USER_CELLS.get(name, name), 5, 6))
+
+
+@pytest.mark.parametrize("name", [*rg.CELLS, "user", "random0", "random1", "random2"])
+def test_graph_interpreter_is_the_same_cell(name):
+    cell = (user_cell(5, 6) if name == "user" else random_cell(int(name[6:]), 5, 6)
+            if name.startswith("random") else rg.load_cell(name, 5, 6))
+    assert_same_cell(GraphLoop, cell)
+
+
+def test_eager_loop_uses_the_graph_when_a_cell_only_shares_a_builtin_name():
+    P = {k: torch.rand(s, dtype=torch.float64) for k, s in rg.load_cell("lstm", 3, 4).params.items()}
+    assert isinstance(eager_loop(rg.load_cell("lstm", 3, 4), P), HandWritten)
+    impostor = rg.load_cell("lstm", 3, 4)
+    g = impostor.graph.copy()
+    g.nodes["f"]["op"] = rg.Op(rg.OpKind.TANH, 4)       # same parameters, different equations
+    impostor = rg.CellGraph("lstm", g, impostor.inputs, impostor.states, impostor.outputs, impostor.params)
+    with pytest.warns(rg.RnnGraphWarning, match="differs from rnngraph's built-in"):
+        assert isinstance(eager_loop(impostor, P), GraphLoop)
