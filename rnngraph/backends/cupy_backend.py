@@ -27,6 +27,8 @@ def gpu_problem() -> str | None:
         driver, runtime = rt.driverGetVersion(), rt.runtimeGetVersion()
     except Exception as e:
         return f"no usable CUDA driver for cupy ({type(e).__name__}: {e}); install the NVIDIA driver"
+    if driver == 0:
+        return "no NVIDIA driver found (cupy is installed); install the NVIDIA driver, or use backend='numpy'"
     if driver // 1000 < runtime // 1000:   # minor versions are compatible within one major version
         return (f"cupy's CUDA runtime {_ver(runtime)} is newer than the driver supports (CUDA {_ver(driver)}); "
                 f"install the cupy build for CUDA {driver // 1000} (pip install cupy-cuda{driver // 1000}x) "
