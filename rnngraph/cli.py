@@ -104,6 +104,12 @@ COMMANDS: dict[str, Command] = {
     "demo": Command("build an LSTM, print its schedule, train it briefly, sample from it, draw its curve",
                     lambda p: __import__(f"{__package__}.demo", fromlist=["run"]).add_arguments(p),
                     lambda a: __import__(f"{__package__}.demo", fromlist=["run"]).run(a)),
+    "experiment": Command("run one evaluation experiment and write its JSON results (--quick: a CPU sample)",
+                          lambda p: __import__(f"{__package__}.experiments", fromlist=["run"]).add_arguments(p),
+                          lambda a: __import__(f"{__package__}.experiments", fromlist=["run"]).run(a)),
+    "figures": Command("rebuild every evaluation figure from stored results (no GPU, nothing re-measured)",
+                       lambda p: __import__(f"{__package__}.experiments", fromlist=["run"]).add_figures_arguments(p),
+                       lambda a: __import__(f"{__package__}.experiments", fromlist=["run"]).run_figures(a)),
 }
 
 

@@ -100,7 +100,7 @@ def wavefront_lstm(layers: int):
 def _lanes_grid(quick: bool) -> list:
     """Per layer count L: the stacked LSTM (2·L stages per frame) on one stream, and the wavefront
     cell on one stream and on k lanes."""
-    Ls, lanes, H, T = ((2,), (1, 2), 32, 10) if quick else ((2, 3, 4), (1, 2, 4), 512, 100)
+    Ls, lanes, H, T = ((2, 3), (1, 2), 32, 10) if quick else ((2, 3, 4), (1, 2, 4), 512, 100)
     out = []
     for impl in ("staged", "graph"):
         for L in Ls:
@@ -172,7 +172,7 @@ def variant_executor(cell, backend, mode: str, sched: Schedule):
 
 def _breakdown_grid(quick: bool) -> list:
     if quick:
-        return [dict(cell=c, H=32, T=10, B=1) for c in ("lstm", "gru")]
+        return [dict(cell=c, H=H, T=10, B=1) for c in ("lstm", "gru", "mgu") for H in (16, 64)]
     return [dict(cell="lstm", H=H, T=100, B=1) for H in (128, 512, 2048)] + \
         [dict(cell=c, H=512, T=100, B=1) for c in PAPER_CELLS if c != "lstm"]
 
@@ -388,22 +388,24 @@ def _finish(path: Path, failed: int) -> int:
     return 1 if failed else 0
 
 
-def cli_experiment_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`rnngraph experiment NAME [--quick] [--out DIR] [--repeats N]`."""
     p.add_argument("name", metavar="NAME", choices=list(EXPERIMENTS), help=f"one of: {', '.join(EXPERIMENTS)}")
     _options(p)
 
 
-def cli_experiment_run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     return _finish(*run_experiment(args.name, quick=args.quick, out=args.out, repeats=args.repeats))
 
 
-def cli_figures_arguments(p: argparse.ArgumentParser) -> None:
+def add_figures_arguments(p: argparse.ArgumentParser) -> None:
+    """`rnngraph figures [--results DIR] [--out DIR]`; here, not in figures.py, so --help needs no matplotlib."""
     p.add_argument("--results", metavar="DIR", default=str(RESULTS),
                    help=f"folder of NAME.json results (default: %(default)s; {RESULTS / 'quick'} holds the CPU samples)")
     p.add_argument("--out", metavar="DIR", default="figures", help="where figures go (default: %(default)s)")
 
 
-def cli_figures_run(args: argparse.Namespace) -> None:
+def run_figures(args: argparse.Namespace) -> None:
     from .figures import build_figures     # matplotlib only when drawing
     for path in build_figures(args.results, args.out):
         print(f"wrote {path}")

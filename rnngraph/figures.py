@@ -187,7 +187,7 @@ def fig_multi_stream_throughput(doc) -> Figure:
     ax.set_yscale("log")
     ax.set_xticks(Ss, [str(s) for s in Ss])
     ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _si(v)))
+    _log_axis(ax.yaxis, _si)
     ax.grid(which="major", lw=0.3, alpha=0.5)
     ax.set_xlabel("parallel training streams S (batch size)")
     ax.set_ylabel("training throughput (frames/s)")
@@ -215,7 +215,7 @@ def fig_stage_breakdown(doc) -> Figure:
         _note(axes[0], "no measurements: every configuration was skipped")
         return fig
     y, clipped = np.arange(len(recs)), False
-    panels = [("eager (staged)", PARTS, "total_us_per_frame")]
+    panels = [("eager (staged)", PARTS if replay else PARTS[:3], "total_us_per_frame")]
     if replay:
         panels.append(("CUDA-graph replay", PARTS[:3], "replay_us_per_frame"))
     for ax, (title, parts, total) in zip(axes, panels):
@@ -242,7 +242,7 @@ def fig_stage_breakdown(doc) -> Figure:
         notes.append("launch overhead: not separable without CUDA graphs")
     if clipped:
         notes.append("negative differences (noise) drawn as 0")
-    fig.supxlabel("forward time per frame (µs)\n" + "; ".join(notes), fontsize=7, linespacing=1.6)
+    fig.supxlabel("\n".join(["forward time per frame (µs)"] + notes), fontsize=7, linespacing=1.5)
     return fig
 
 
@@ -259,14 +259,18 @@ def fig_sequence_length(doc) -> Figure:
                         lw=1.2, color=style.IMPL[impl], label=style.IMPL_LABEL[impl])
         ax.set_xscale("log")
         ax.set_yscale("log")
+        Ts = [r["T"] for r in doc["records"]]
+        ax.set_xticks([10 ** k for k in range(len(str(min(Ts))) - 1, len(str(max(Ts))))])
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _si(v)))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        _log_axis(ax.yaxis)
         ax.grid(which="major", lw=0.3, alpha=0.5)
         ax.set_title(WHAT[what], fontsize=8)
-        ax.set_xlabel("sequence length T (frames)")
     axes[0].set_ylabel("time per frame (µs)")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside upper center", ncol=2)
-    fig.supxlabel(f"{NAMES[r0['cell']]}, H = {r0['H']}, one stream: a flat line is a constant cost per frame",
-                  fontsize=6)
+    fig.supxlabel(f"sequence length T (frames)\n{NAMES[r0['cell']]}, H = {r0['H']}, one stream; flat = constant "
+                  "cost per frame", fontsize=7, linespacing=1.5)
     return fig
 
 
@@ -314,7 +318,7 @@ def fig_cuda_lanes(doc) -> Figure:
         for ax in axes[0]:
             _note(ax, f"no measurements:\n{why}")
         return fig
-    series = list(dict.fromkeys((r["cell"], r["lanes"]) for r in doc["records"]))
+    series = list(dict.fromkeys((r["cell"], r["lanes"]) for r in _measured(doc)))
     Ls = sorted({r["layers"] for r in doc["records"]})
     width, colours = 0.8 / len(series), ["#636363", "#c6dbef", "#6baed6", "#08519c", "#08306b"]
     for row, impl in enumerate(impls):
@@ -323,6 +327,8 @@ def fig_cuda_lanes(doc) -> Figure:
             for j, (cell, k) in enumerate(series):
                 t = {r["layers"]: 1e3 * r[f"{what}_ms"] / r["T"] for r in _measured(doc, impl=impl, cell=cell, lanes=k)}
                 xs = [i for i, L in enumerate(Ls) if L in t]
+                if not xs:
+                    continue
                 ax.bar(np.array(xs) + (j - (len(series) - 1) / 2) * width, [t[Ls[i]] for i in xs], width,
                        color=colours[j % len(colours)],
                        label=f"{'stacked' if cell == 'lstm' else 'wavefront'}, {k} stream{'s' if k > 1 else ''}")
