@@ -191,6 +191,10 @@ class Trainer:
     # -- one step -------------------------------------------------------------------------------
     def train_step(self) -> dict:
         """Runs step self.step + 1 (chunk self.step mod chunks); returns its log row."""
+        with np.errstate(all="ignore"):     # a non-finite loss or gradient norm is reported by step instead
+            return self._train_step()
+
+    def _train_step(self) -> dict:
         chunks, t0 = self.data.chunks, time.perf_counter()
         k = self.step % chunks
         if k == 0:
@@ -245,12 +249,10 @@ class Trainer:
                 rate = row["frames_per_s"] if rate is None else 0.9 * rate + 0.1 * row["frames_per_s"]
                 if self.step % chunks == 0 or self.step == stop:
                     row["val_bpc"] = self.validate()
-                    bar.write(f"epoch {self.step_epoch(self.step):.2f}: step {self.step}, train bpc "
-                              f"{row['bpc']:.3f}, validation bpc {row['val_bpc']:.3f}, {rate:,.0f} frames/s, "
-                              f"{self.elapsed:.0f} s")
+                    (self.echo if bar.disable else bar.write)(self._epoch_line(row, rate))
                 self._log(row)
-                bar.set_postfix(loss=f"{row['loss']:.3f}", bpc=f"{row['bpc']:.3f}", refresh=False,
-                                **{"frames/s": f"{rate:,.0f}"})
+                bar.set_postfix({"loss": f"{row['loss']:.3f}", "bpc": f"{row['bpc']:.3f}",
+                                 "frames/s": f"{rate:,.0f}"}, refresh=False)
                 bar.update(1)
                 if self.step % cfg.checkpoint_every == 0 or self.step == stop:
                     self.save()
@@ -262,6 +264,10 @@ class Trainer:
         vals = [r["val_bpc"] for r in self.history if r["val_bpc"] is not None]
         return Result(self.history, vals[-1] if vals else float("nan"), self.elapsed, self.ckpt_path,
                       self.csv_path, self.json_path, self.lm.backend.name, self.step, notes)
+
+    def _epoch_line(self, row: dict, rate: float) -> str:
+        return (f"epoch {self.step_epoch(self.step):.2f}: step {self.step}, train bpc {row['bpc']:.3f}, "
+                f"validation bpc {row['val_bpc']:.3f}, {rate:,.0f} frames/s, {self.elapsed:.0f} s")
 
     # -- logs -----------------------------------------------------------------------------------
     def _start_logs(self) -> None:
