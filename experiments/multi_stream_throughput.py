@@ -5,7 +5,8 @@
     rnngraph experiment multi_stream_throughput [--quick] [--out DIR] [--repeats N]      (the same)
 
 writes experiments/results/multi_stream_throughput.json, or with --quick the labelled CPU sample
-experiments/results/quick/multi_stream_throughput.json. The grid and the measurement live in rnngraph/experiments.py.
+experiments/results/quick/multi_stream_throughput.json. The grid and the measurement live in
+rnngraph/experiments.py.
 """
 import sys
 from pathlib import Path

@@ -5,7 +5,8 @@ merging, share of FLOPs hoisted out of the loop (D = H = 512; pure analysis).
     rnngraph experiment schedule_stats [--quick] [--out DIR] [--repeats N]      (the same)
 
 writes experiments/results/schedule_stats.json, or with --quick the labelled CPU sample
-experiments/results/quick/schedule_stats.json. The grid and the measurement live in rnngraph/experiments.py.
+experiments/results/quick/schedule_stats.json. The grid and the measurement live in
+rnngraph/experiments.py.
 """
 import sys
 from pathlib import Path

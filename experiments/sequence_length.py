@@ -4,7 +4,8 @@
     rnngraph experiment sequence_length [--quick] [--out DIR] [--repeats N]      (the same)
 
 writes experiments/results/sequence_length.json, or with --quick the labelled CPU sample
-experiments/results/quick/sequence_length.json. The grid and the measurement live in rnngraph/experiments.py.
+experiments/results/quick/sequence_length.json. The grid and the measurement live in
+rnngraph/experiments.py.
 """
 import sys
 from pathlib import Path

@@ -5,7 +5,8 @@ peephole LSTM, GRU, minGRU and a user-defined MGU, H = 128 … 2048, forward and
     rnngraph experiment single_stream_speedup [--quick] [--out DIR] [--repeats N]      (the same)
 
 writes experiments/results/single_stream_speedup.json, or with --quick the labelled CPU sample
-experiments/results/quick/single_stream_speedup.json. The grid and the measurement live in rnngraph/experiments.py.
+experiments/results/quick/single_stream_speedup.json. The grid and the measurement live in
+rnngraph/experiments.py.
 """
 import sys
 from pathlib import Path

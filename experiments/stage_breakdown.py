@@ -5,7 +5,8 @@ elementwise and launch/host overhead, by variants that leave one part out.
     rnngraph experiment stage_breakdown [--quick] [--out DIR] [--repeats N]      (the same)
 
 writes experiments/results/stage_breakdown.json, or with --quick the labelled CPU sample
-experiments/results/quick/stage_breakdown.json. The grid and the measurement live in rnngraph/experiments.py.
+experiments/results/quick/stage_breakdown.json. The grid and the measurement live in
+rnngraph/experiments.py.
 """
 import sys
 from pathlib import Path

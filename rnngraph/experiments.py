@@ -23,13 +23,14 @@ import numpy as np
 
 from . import bench
 from .cells import CELLS, load_cell
+from .cli import positive_int
 from .errors import RnnGraphError
 from .graph import Cell
 from .ops import OpKind
 from .schedule import Gemm, Schedule, build_schedule
 
 RESULTS = Path("experiments") / "results"
-QUICK_LABEL = "CPU sample from a --quick run (numpy backend, tiny sizes): not GPU results"
+QUICK_LABEL = "sample from a --quick run (tiny sizes, CPU-sized): not the evaluation's GPU results"
 ANALYSIS_LABEL = "schedule analysis: no timing, the same on any machine"
 TIMED_IMPLS = ("naive", "staged", "graph", "cudnn")
 PAPER_CELLS = ("lstm", "peephole_lstm", "gru", "min_gru", "mgu")   # mgu: the user-defined cell
@@ -45,10 +46,9 @@ def cell_spec(name: str):
 def _measure(cfg: dict, opts: dict) -> dict:
     """bench.measure for one configuration: medians forward_ms / train_ms, or {'skipped': reason}."""
     kw = {k: cfg[k] for k in ("impl", "T", "B", "H", "layers") if k in cfg}
-    out = bench.measure(cfg["cell"], what=tuple(cfg.get("what", ("forward", "train"))),
-                        repeats=cfg.get("repeats", opts["repeats"]), warmup=cfg.get("warmup", opts["warmup"]),
-                        **kw)
-    return out
+    return bench.measure(cfg["cell"], what=tuple(cfg.get("what", ("forward", "train"))),
+                         repeats=cfg.get("repeats", opts["repeats"]), warmup=cfg.get("warmup", opts["warmup"]),
+                         **kw)
 
 
 def _speedup_grid(quick: bool) -> list:
@@ -71,7 +71,8 @@ def _length_grid(quick: bool) -> list:
         for i in TIMED_IMPLS:
             if i == "naive" and T > 1000:
                 continue
-            out.append(dict(cell="lstm", H=H, B=1, T=T, impl=i, **(dict(repeats=3, warmup=1) if T >= 3000 else {})))
+            few = dict(repeats=3, warmup=1) if T >= 3000 else {}
+            out.append(dict(cell="lstm", H=H, B=1, T=T, impl=i, **few))
     return out
 
 
@@ -87,8 +88,8 @@ def wavefront_lstm(layers: int):
         inp = c.input("x", input_size)
         for l in range(layers):
             h, cs = c.state(f"h{l}", H), c.state(f"c{l}", H)
-            a = {k: c.linear(inp, f"W_i{k}{l}", H, bias=f"b_{k}{l}" if bias else None) + c.linear(h, f"W_h{k}{l}", H)
-                 for k in ("i", "f", "g", "o")}
+            a = {k: c.linear(inp, f"W_i{k}{l}", H, bias=f"b_{k}{l}" if bias else None)
+                 + c.linear(h, f"W_h{k}{l}", H) for k in ("i", "f", "g", "o")}
             c_new = c.bind(cs, c.sigmoid(a["f"]) * cs + c.sigmoid(a["i"]) * c.tanh(a["g"]), name=f"c{l}")
             out = c.bind(h, c.sigmoid(a["o"]) * c.tanh(c_new), name=f"h{l}")
             inp = h                     # the next layer reads h_l at t-1
@@ -214,8 +215,8 @@ def _breakdown(cfg: dict, opts: dict) -> dict:
 def _random_run(cell, be, T: int, B: int, seed: int = 0):
     """Parameters U(±0.1) and inputs x [T, B, D] ~ N(0, 1), float32, on backend `be`."""
     rng = np.random.default_rng(seed)
-    params = {p: be.asarray(rng.uniform(-0.1, 0.1, shape).astype(np.float32)) for p, shape in cell.params.items()}
-    inputs = {n: be.asarray(rng.standard_normal((T, B, D)).astype(np.float32)) for n, D in cell.inputs.items()}
+    params = {p: be.asarray(rng.uniform(-0.1, 0.1, shape), dtype="float32") for p, shape in cell.params.items()}
+    inputs = {n: be.asarray(rng.standard_normal((T, B, D)), dtype="float32") for n, D in cell.inputs.items()}
     return params, inputs
 
 
@@ -297,7 +298,8 @@ EXPERIMENTS = {
         ("ops", "stages_per_frame", "kernels_per_frame", "hoisted_flop_fraction"), timed=False),
     "cuda_lanes": Experiment(
         "2–4 LSTM layers: stacked on one CUDA stream, against the wavefront cell (all layers' "
-        "recurrent GEMMs in one stage) on one stream and on k lanes", _lanes_grid, _lanes, ("forward_ms", "train_ms")),
+        "recurrent GEMMs in one stage) on one stream and on k lanes", _lanes_grid, _lanes,
+        ("forward_ms", "train_ms")),
 }
 
 
@@ -314,13 +316,13 @@ def run_experiment(name: str, *, quick: bool = False, out=None, repeats: int | N
             bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in cfg.items() if k not in ("what", "warmup")))
             try:
                 result = exp.run(cfg, opts)
-            except Exception as e:      # recorded, reported and counted: one bad size must not lose a GPU run
+            except Exception as e:      # recorded, reported, counted: one bad size must not lose a GPU run
                 result = {"failed": f"{type(e).__name__}: {e}"}
                 bar.write(f"{name}: {cfg}: failed: {result['failed']}")
             records.append({**cfg, **result})
     meta = dict(bench.machine_info(), command=command or _command(sys.argv[1:]))
-    doc = {"experiment": name, "description": exp.description, "quick": quick,
-           "label": ANALYSIS_LABEL if not exp.timed else QUICK_LABEL if quick else f"measured on {meta.get('device')}",
+    label = ANALYSIS_LABEL if not exp.timed else QUICK_LABEL if quick else f"measured on {meta.get('device')}"
+    doc = {"experiment": name, "description": exp.description, "quick": quick, "label": label,
            "settings": {k: v for k, v in opts.items() if k != "quick"}, "metadata": meta, "records": records}
     path = Path(out) if out is not None else (RESULTS / "quick" if quick else RESULTS)
     path.mkdir(parents=True, exist_ok=True)
@@ -348,7 +350,8 @@ def load_results(path) -> dict:
         doc = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RnnGraphError(f"malformed results file {path}: not JSON ({e}); {hint}") from None
-    missing = [k for k in ("experiment", "quick", "label", "metadata", "records") if not isinstance(doc, dict) or k not in doc]
+    missing = [k for k in ("experiment", "quick", "label", "metadata", "records")
+               if not isinstance(doc, dict) or k not in doc]
     if missing:
         raise RnnGraphError(f"malformed results file {path}: no {', '.join(missing)}; {hint}")
     if doc["experiment"] != name or not isinstance(doc["records"], list) or not doc["records"]:
@@ -370,9 +373,10 @@ def load_results(path) -> dict:
 def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help=f"a CPU-sized run (under a minute), written to {RESULTS / 'quick'} as a labelled sample")
-    p.add_argument("--out", metavar="DIR", help=f"results folder (default: {RESULTS}, or {RESULTS / 'quick'} "
-                                                "with --quick)")
-    p.add_argument("--repeats", type=int, metavar="N", help="timed repeats per configuration (default: 10; 3 with --quick)")
+    p.add_argument("--out", metavar="DIR",
+                   help=f"results folder (default: {RESULTS}, or {RESULTS / 'quick'} with --quick)")
+    p.add_argument("--repeats", type=positive_int, metavar="N",
+                   help="timed repeats per configuration; the median is kept (default: 10; 3 with --quick)")
 
 
 def _command(argv: list, script: str | None = None) -> str:
@@ -384,13 +388,14 @@ def _command(argv: list, script: str | None = None) -> str:
 
 
 def _finish(path: Path, failed: int) -> int:
-    print(f"wrote {path}" + (f" ({failed} configurations failed: see 'failed' in the records)" if failed else ""))
+    print(f"wrote {path}" + (f" ({failed} configurations failed: see 'failed' in its records)" if failed else ""))
     return 1 if failed else 0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """`rnngraph experiment NAME [--quick] [--out DIR] [--repeats N]`."""
-    p.add_argument("name", metavar="NAME", choices=list(EXPERIMENTS), help=f"one of: {', '.join(EXPERIMENTS)}")
+    p.add_argument("name", metavar="NAME", choices=list(EXPERIMENTS),
+                   help=f"one of: {', '.join(EXPERIMENTS)}")
     _options(p)
 
 
@@ -399,15 +404,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_figures_arguments(p: argparse.ArgumentParser) -> None:
-    """`rnngraph figures [--results DIR] [--out DIR]`; here, not in figures.py, so --help needs no matplotlib."""
+    """`rnngraph figures [--results DIR] [--out DIR] [--runs DIR]` (here: --help needs no matplotlib)."""
     p.add_argument("--results", metavar="DIR", default=str(RESULTS),
-                   help=f"folder of NAME.json results (default: %(default)s; {RESULTS / 'quick'} holds the CPU samples)")
+                   help=f"folder of NAME.json results (default: %(default)s; {RESULTS / 'quick'}: CPU samples)")
     p.add_argument("--out", metavar="DIR", default="figures", help="where figures go (default: %(default)s)")
+    p.add_argument("--runs", metavar="DIR", default="runs",
+                   help="training runs (DIR/*/log.csv) for the training curves, if any (default: %(default)s)")
 
 
 def run_figures(args: argparse.Namespace) -> None:
     from .figures import build_figures     # matplotlib only when drawing
-    for path in build_figures(args.results, args.out):
+    for path in build_figures(args.results, args.out, args.runs):
         print(f"wrote {path}")
 
 

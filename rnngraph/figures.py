@@ -325,7 +325,8 @@ def fig_cuda_lanes(doc) -> Figure:
         for col, what in enumerate(("forward", "train")):
             ax = axes[row][col]
             for j, (cell, k) in enumerate(series):
-                t = {r["layers"]: 1e3 * r[f"{what}_ms"] / r["T"] for r in _measured(doc, impl=impl, cell=cell, lanes=k)}
+                rs = _measured(doc, impl=impl, cell=cell, lanes=k)
+                t = {r["layers"]: 1e3 * r[f"{what}_ms"] / r["T"] for r in rs}
                 xs = [i for i, L in enumerate(Ls) if L in t]
                 if not xs:
                     continue
