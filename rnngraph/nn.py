@@ -295,4 +295,3 @@ def init_orthogonal_(layer, gain: float = 1.0):
 
 
 _INIT = {"uniform": init_uniform_, "orthogonal": init_orthogonal_}
-
