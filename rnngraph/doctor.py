@@ -10,6 +10,7 @@ import importlib.metadata
 import importlib.util
 import platform
 import shutil
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -89,6 +90,10 @@ def cpu_name() -> str:
 
 
 def git_commit() -> str | None:
+    """The checkout's commit ('+dirty' with local changes); RNNGRAPH_COMMIT names it where a copy
+    of the tree has no .git (e.g. a tree copied to a GPU machine)."""
+    if os.environ.get("RNNGRAPH_COMMIT"):
+        return os.environ["RNNGRAPH_COMMIT"]
     here = Path(__file__).resolve().parent
     try:
         head = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
