@@ -343,7 +343,7 @@ def load_results(path) -> dict:
     """A results file, checked: raises RnnGraphError naming the file when it is missing or malformed."""
     path = Path(path)
     name = path.stem
-    hint = f"run `rnngraph experiment {name}` (add --quick for a CPU sample under {RESULTS / 'quick'})"
+    hint = f"rerun `rnngraph experiment {name}`"
     if not path.is_file():
         raise RnnGraphError(f"missing results file {path}; {hint}")
     try:

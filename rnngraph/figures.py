@@ -2,13 +2,12 @@
 
 Reads ``RESULTS/NAME.json`` for each experiment (see rnngraph/experiments.py; ``--results
 experiments/results/quick`` uses the labelled CPU samples) and writes ``OUT/NAME.png`` and ``.pdf``,
-the LSTM's schedule diagram, the training curves where a training module and logs exist, and
+the LSTM's schedule diagram, the training curves of RUNS/*/log.csv if there are any, and
 ``OUT/headline.md`` (the speed-up table for README.md). Nothing is measured here. Each figure carries
 a footnote with the device, driver, library versions, rnngraph commit and date it was measured on.
 """
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -30,16 +29,15 @@ PART_LABEL = {"hoisted": "hoisted (pre/post)", "per_frame_gemm": "per-frame GEMM
 
 
 def build_figures(results=RESULTS, out="figures", runs="runs") -> list:
-    """Draws every figure from the results in `results`; returns the paths written. Raises one
-    RnnGraphError naming every missing or malformed results file before drawing anything."""
-    docs, problems = {}, []
-    for name in EXPERIMENTS:
-        try:
-            docs[name] = load_results(Path(results) / f"{name}.json")
-        except RnnGraphError as e:
-            problems.append(str(e))
-    if problems:
-        raise RnnGraphError("; ".join(problems))
+    """Draws every figure from the results in `results`; returns the paths written. Raises an
+    RnnGraphError naming the missing or malformed results file(s) before drawing anything."""
+    results = Path(results)
+    missing = [f"{name}.json" for name in EXPERIMENTS if not (results / f"{name}.json").is_file()]
+    if missing:
+        raise RnnGraphError(f"missing results file(s) in {results}: {', '.join(missing)}; run `rnngraph "
+                            f"experiment NAME` for each, or draw the committed CPU samples: --results "
+                            f"{RESULTS / 'quick'}")
+    docs = {name: load_results(results / f"{name}.json") for name in EXPERIMENTS}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -73,16 +71,12 @@ def _schedule_diagram(out: Path) -> list:
 
 
 def _training_curves(out: Path, runs) -> list:
-    """Training curves via rnngraph.train_figures, when that module and logs (RUNS/*/log.csv) exist."""
-    if importlib.util.find_spec("rnngraph.train_figures") is None:
-        return []
-    from . import train_figures
-    logs = sorted({p.parent for pattern in ("*/log.csv", "*/log.json") for p in Path(runs).glob(pattern)})
+    """The training curves (rnngraph.train_figures) of the runs RUNS/*/log.csv, if there are any."""
+    logs = sorted(Path(runs).glob("*/log.csv"))
     if not logs:
         return []
-    path = out / "training_curves.png"
-    train_figures.draw_training_curves(logs, path)
-    return [path]
+    from .train_figures import draw_training_curves
+    return [draw_training_curves(logs, out / "training_curves.png")]
 
 
 # -- reading records ---------------------------------------------------------------------------

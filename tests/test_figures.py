@@ -1,0 +1,91 @@
+"""`rnngraph figures`: every figure from the committed CPU samples, and clear errors for bad results.
+
+The tests draw from experiments/results/quick (quick CPU samples, committed for this purpose); the
+default, experiments/results, holds the GPU results the figures in figures/ are made from.
+"""
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rnngraph.cli import main
+from rnngraph.experiments import EXPERIMENTS
+from rnngraph.figures import _training_curves, build_figures, headline_table
+from rnngraph.train import LOG_COLUMNS
+
+QUICK = Path(__file__).resolve().parents[1] / "experiments" / "results" / "quick"
+PNG, PDF = b"\x89PNG\r\n\x1a\n", b"%PDF"
+
+
+@pytest.fixture(scope="module")
+def drawn(tmp_path_factory):
+    """Every figure drawn once from the committed samples: (output folder, paths written)."""
+    out = tmp_path_factory.mktemp("figures")
+    return out, build_figures(QUICK, out, runs=out / "no_runs")
+
+
+def test_every_figure_is_written_as_png_and_pdf(drawn):
+    out, paths = drawn
+    stems = [*EXPERIMENTS, "lstm_schedule"]
+    want = [out / f"{s}.{e}" for s in stems for e in ("png", "pdf")] + [out / "headline.md"]
+    assert sorted(paths) == sorted(want)
+    for s in stems:
+        png, pdf = (out / f"{s}.png").read_bytes(), (out / f"{s}.pdf").read_bytes()
+        assert png.startswith(PNG) and len(png) > 20_000, s
+        assert pdf.startswith(PDF) and len(pdf) > 5_000, s
+
+
+def test_headline_table_says_what_it_shows(drawn):
+    out, _ = drawn
+    text = (out / "headline.md").read_text()
+    assert text.startswith("| cell | H | graph vs naive, forward |")
+    assert "graph mode was not measured" in text or "×" in text
+    assert "Reproduce: `" in text
+
+
+def test_headline_table_ratios():
+    rec = {"cell": "lstm", "H": 512, "T": 100, "B": 1}
+    doc = {"label": "measured on X", "metadata": {"gpu": "X", "date": "2026-11-30", "command": "c"},
+           "records": [dict(rec, impl="naive", forward_ms=60.0, train_ms=200.0),
+                       dict(rec, impl="graph", forward_ms=0.5, train_ms=2.0),
+                       dict(rec, impl="cudnn", forward_ms=1.5, train_ms=5.0)]}
+    assert "| LSTM | 512 | 120.0× | 100.0× | 3.0× | 2.5× |" in headline_table(doc)
+
+
+def test_cli_draws_and_lists_what_it_wrote(tmp_path, capsys):
+    assert main(["figures", "--results", str(QUICK), "--out", str(tmp_path), "--runs", str(tmp_path)]) == 0
+    assert f"wrote {tmp_path / 'single_stream_speedup.pdf'}" in capsys.readouterr().out
+
+
+def test_training_curves_are_drawn_when_there_are_logs(tmp_path):
+    log = tmp_path / "runs" / "small" / "log.csv"
+    log.parent.mkdir(parents=True)
+    with open(log, "w", newline="") as f:
+        w = csv.DictWriter(f, LOG_COLUMNS)
+        w.writeheader()
+        for step in range(1, 6):
+            w.writerow({c: step for c in LOG_COLUMNS} | {"bpc": 4.0 / step, "val_bpc": "" if step % 2 else 3.0})
+    assert _training_curves(tmp_path, tmp_path / "runs") == [tmp_path / "training_curves.png"]
+    assert (tmp_path / "training_curves.png").read_bytes().startswith(PNG)
+    assert _training_curves(tmp_path, tmp_path / "no_runs") == []
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda p: p.unlink(), "missing results file(s) in"),
+    (lambda p: p.write_text("{oops"), "not JSON"),
+    (lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "records": [{"cell": "lstm"}]})),
+     "record 0 lacks forward_ms, train_ms"),
+])
+def test_a_missing_or_malformed_results_file_is_named(tmp_path, capsys, damage, message):
+    results = tmp_path / "results"
+    shutil.copytree(QUICK, results)
+    bad = results / "sequence_length.json"
+    damage(bad)
+    assert main(["figures", "--results", str(results), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rnngraph: error: ") and message in err
+    assert str(bad) in err or f"{bad.parent}: {bad.name}" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()                          # checked before anything is drawn
