@@ -159,9 +159,10 @@ def fig_single_stream_speedup(doc) -> Figure:
         ax.tick_params(axis="x", labelrotation=45 if len(Hs) > 3 else 0)
     fig.supxlabel(f"hidden size H (one stream B = 1, T = {doc['records'][0]['T']} frames, D = H)", fontsize=8)
     handles = [Patch(color=style.IMPL[m], label=style.IMPL_LABEL[m]) for m in modes]
-    handles += [Line2D([], [], color=style.IMPL["cudnn"], marker="_", ls="", ms=10, mew=1.6,
-                       label=f"{style.IMPL_LABEL['cudnn']}, LSTM and GRU"),
-                Line2D([], [], color=style.INK, ls=":", lw=0.6, label="naive = 1×")]
+    if _measured(doc, impl="cudnn"):
+        handles.append(Line2D([], [], color=style.IMPL["cudnn"], marker="_", ls="", ms=10, mew=1.6,
+                              label=f"{style.IMPL_LABEL['cudnn']}, LSTM and GRU"))
+    handles.append(Line2D([], [], color=style.INK, ls=":", lw=0.6, label="naive = 1×"))
     fig.legend(handles=handles, loc="outside upper center", ncol=len(handles))
     return fig
 
