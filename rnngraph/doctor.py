@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import platform
 import shutil
-import os
 import subprocess
 import sys
 from pathlib import Path

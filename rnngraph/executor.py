@@ -1,138 +1,20 @@
 """Runs a Schedule forward and backward through time on a backend, over a preallocated Workspace.
 
-Layout: every node's value lives in a buffer [T+1, B, F]; frame t is row t+1 and row 0 holds the
-initial state (zeros for nodes that are not states). A read with delay d at frame t is row
-max(t+1-d, 0). Gradients mirror values. `naive` and `staged` differ only in the schedule they run;
-`graph` runs the staged schedule with its time loops recorded once and replayed (cupy backend).
+`naive` and `staged` differ only in the schedule they run; `graph` runs the staged schedule with
+its forward and backward bodies (or, where those need temporaries, its time loops) recorded once
+as CUDA graphs and replayed.
 """
 from __future__ import annotations
 
-import itertools
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 
+from .arrays import array_module
 from .errors import RnnGraphError
-from .ops import FORWARD, VJP, OpKind, accumulate, concat_vjp
-from .schedule import Gemm, Schedule, build_schedule
+from .ops import FORWARD, VJP, OpKind, concat_vjp
+from .schedule import Gemm, build_schedule
+from .workspace import ALL, SERIAL, Workspace, rows
 
-ALL = None  # the frame selector meaning "all T frames at once"
 MODES = ("naive", "staged", "graph")
-_SERIAL = itertools.count()
-
-
-class Workspace:
-    """Static buffers for one (schedule, T, B, dtype): values and gradients carved from two flat
-    arenas (one fill zeroes every gradient), packed weights, and memoised per-frame views."""
-
-    def __init__(self, sched: Schedule, backend, T: int, B: int, dtype):
-        cell = sched.cell
-        self.T, self.B, self.dtype, self.serial, self.version = T, B, dtype, next(_SERIAL), 0
-        self.vals, self.grads, self.cat, self.wcat, self.memo, self.shift = {}, {}, {}, {}, {}, {}
-        self.shared_weights = {w for w, k in Counter(w for n in cell.graph if cell.op(n).kind is OpKind.LINEAR
-                                                     for w in [cell.reads(n)[1][0]]).items() if k > 1}
-        gemms = [it for it in sched.items if isinstance(it, Gemm)]
-        blocks = [((T + 1, B, sum(it.sizes)), it) for it in gemms]
-        blocks += [((T + 1, B, cell.op(n).size), n) for n in cell.graph
-                   if cell.op(n).kind is not OpKind.PARAM and n not in {m for it in gemms for m in it.nodes}]
-        shifts = sorted({(u, d["delay"]) for u, _, d in cell.graph.edges(data=True)
-                         if d["delay"] >= 2 and cell.op(u).kind is not OpKind.PARAM})
-        blocks += [((T, B, cell.op(u).size), ("shift", u, d)) for u, d in shifts]
-        wblocks = [((sum(it.sizes), cell.op(it.operand).size), it) for it in gemms]
-        pblocks = [(cell.params[p], p) for p in cell.params]
-        vals = _carve(backend, dtype, [s for s, _ in blocks + wblocks])
-        self.grad_arena, grads = _carve(backend, dtype, [s for s, _ in blocks + wblocks + pblocks], arena=True)
-        for (_, key), v, g in zip(blocks + wblocks + pblocks, vals + [None] * len(pblocks), grads):
-            if isinstance(key, Gemm) and v.ndim == 3:
-                self.cat[key] = (v, g)
-                off = 0
-                for n, f in zip(key.nodes, key.sizes):
-                    self.vals[n], self.grads[n] = v[..., off:off + f], g[..., off:off + f]
-                    off += f
-            elif isinstance(key, Gemm):
-                self.wcat[key] = (v, g)
-            elif isinstance(key, tuple):   # frames t-d of node u for all t: [T, B, F]
-                self.shift[key[1:]] = v
-            else:
-                self.vals[key], self.grads[key] = v, g
-        for it, (_, g) in self.wcat.items():   # a weight read by one linear op: its grad is a row block
-            off = 0
-            for n, w, f in zip(it.nodes, it.weights, it.sizes):
-                if w not in self.shared_weights:
-                    self.grads[w] = g[off:off + f]
-                off += f
-
-        xp = backend.xp
-        self.gather = {d: xp.asarray(xp.maximum(xp.arange(T) + 1 - d, 0)) for _, d in shifts}
-
-    def refresh_shifts(self):
-        """Fills the [T, B, F] buffers of values read d ≥ 2 frames back (frames before d-1 read row 0)."""
-        for (u, d), buf in self.shift.items():
-            _xp(buf).take(self.vals[u], self.gather[d], axis=0, out=buf)
-
-    def bind_params(self, params: dict):
-        """Parameters are used in place; a new array object invalidates recorded loops and views."""
-        for n, a in params.items():
-            if self.vals.get(n) is not a:
-                if a.dtype != self.dtype:
-                    raise RnnGraphError(f"parameter '{n}' is {a.dtype} but the workspace is {self.dtype}; "
-                                        "cast parameters and inputs to one dtype")
-                self.vals[n] = a
-                self.version += 1
-                self.memo.clear()
-
-    # -- frame selection: arrays handed to the rules are rows [N, F] -------------------------------
-    def read(self, n: str, d: int, t, grads: bool = False):
-        """Node n read with delay d at frame t ([B, F]) or at all frames (ALL, [T·B, F]); params as is."""
-        buf = (self.grads if grads else self.vals)[n]
-        if buf.ndim != 3:
-            return buf
-        if t is not ALL:
-            return buf[max(t + 1 - d, 0)]
-        if d <= 1:
-            return _rows(buf[1 - d:self.T + 1 - d])
-        if grads:
-            raise RnnGraphError(f"internal: no gradient view of '{n}' read {d} frames back over all frames")
-        return _rows(self.shift[(n, d)])   # d ≥ 2: filled by refresh_shifts() after the loop
-
-    def add(self, n: str, d: int, t, v, cols=slice(None)):
-        """Adds gradient v (rows of the read) into n's gradient at the rows a delay-d read came from."""
-        g = self.grads[n]
-        if g.ndim != 3:
-            accumulate(g, v)
-        elif t is not ALL:
-            g[max(t + 1 - d, 0)][:, cols] += v
-        else:
-            T, B = self.T, self.B
-            v = v.reshape(T, B, v.shape[-1])
-            if d <= 1:
-                g[1 - d:T + 1 - d, :, cols] += v
-            else:
-                g[0:max(T + 1 - d, 0), :, cols] += v[d - 1:]
-                g[0, :, cols] += v[:d - 1].sum(axis=0)
-
-
-def _carve(backend, dtype, shapes, arena=False):
-    """Views of the given shapes cut from one flat zeroed buffer (returned first when arena=True)."""
-    sizes = [int(_prod(s)) for s in shapes]
-    flat = backend.zeros((max(sum(sizes), 1),), dtype)
-    offs = list(itertools.accumulate([0] + sizes))
-    views = [flat[o:o + n].reshape(s) for o, n, s in zip(offs, sizes, shapes)]
-    return (flat, views) if arena else views
-
-
-def _prod(s):
-    out = 1
-    for k in s:
-        out *= k
-    return out
-
-
-def _rows(a):
-    return a.reshape(-1, a.shape[-1])
-
-
-def _xp(a):
-    import numpy
-    return numpy if isinstance(a, numpy.ndarray) else __import__("cupy")
 
 
 class Executor:
@@ -151,8 +33,10 @@ class Executor:
         self.sched = build_schedule(cell, optimize=(mode != "naive"))
         self._ws: OrderedDict = OrderedDict()
         self._pairs = self._gemm_fused_pairs()
+        self._loop_items = {it for st in self.sched.loop for it in st}
+        self._bwd_pair = self._backward_pair()
         self.ws: Workspace | None = None
-        self.serial = next(_SERIAL)
+        self.serial = next(SERIAL)
 
     def _gemm_fused_pairs(self) -> set:
         """Loop stages k whose lone GEMM feeds the lone fused group of stage k+1 element by element
@@ -167,6 +51,18 @@ class Executor:
             if set(g.sizes) == {size} and reads and all(d == 0 and kind is not OpKind.SLICE for _, d, kind in reads):
                 out.add(k)
         return out
+
+    def _backward_pair(self):
+        """(G, F) when the loop starts with a lone GEMM G reading, one frame back, a member of the lone
+        fused group F that ends the loop: G's input gradient at frame t can then run inside F's
+        backward kernel at frame t-1 (the LSTM's dh_{t-1} += dgates_t · W_hh)."""
+        loop = self.sched.loop
+        if len(loop) < 2 or len(loop[0]) != 1 or len(loop[-1]) != 1:
+            return None
+        g, f = loop[0][0], loop[-1][0]
+        if isinstance(g, Gemm) and not isinstance(f, Gemm) and g.delay == 1 and g.operand in f.nodes:
+            return g, f
+        return None
 
     def workspace(self, T: int, B: int, dtype) -> Workspace:
         key = (T, B, str(dtype))
@@ -204,7 +100,7 @@ class Executor:
     def _forward_body(self, ws, run_loop):
         """Everything after the inputs are staged: packing, pre, the time loop, post."""
         for it, (w, _) in ws.wcat.items():
-            self.backend.pack(w, [ws.vals[p] for p in it.weights])
+            self.backend.pack(w, [ws.vals[p] for p in it.weights], transpose=it in self._loop_items)
         for it in self.sched.pre:
             self._forward_item(it, ws, ALL)
         run_loop(lambda: self._forward_loop(ws))
@@ -230,7 +126,7 @@ class Executor:
     def _final(self, buf, lengths):
         if lengths is None:
             return buf[self.ws.T]
-        return buf[lengths, _xp(buf).arange(self.ws.B)]
+        return buf[lengths, array_module(buf).arange(self.ws.B)]
 
     def _forward_loop(self, ws):
         stages = self.sched.loop
@@ -271,7 +167,7 @@ class Executor:
         """The views one item reads and writes at frame t (memoised: the buffers are static)."""
         if isinstance(it, Gemm):
             out = ws.cat[it][0]
-            return ws.read(it.operand, it.delay, t), ws.wcat[it][0], out[t + 1] if t is not ALL else _rows(out[1:])
+            return ws.read(it.operand, it.delay, t), ws.wcat[it][0], out[t + 1] if t is not ALL else rows(out[1:])
         env = self._env(it, ws, t)
         return env, self.backend.prepare_forward(self.cell, it, env)
 
@@ -301,7 +197,7 @@ class Executor:
                 if self.lengths is None:
                     ws.grads[p][ws.T] += g
                 else:   # each sequence's final state is its value at its own last frame
-                    ws.grads[p][self.lengths, _xp(g).arange(ws.B)] += g
+                    ws.grads[p][self.lengths, array_module(g).arange(ws.B)] += g
         key = ("bwd", self.serial, ws.serial, ws.version)
         if self.whole_capture:
             be.loop(key, lambda: self._backward_body(ws, _call))
@@ -333,14 +229,36 @@ class Executor:
 
     def _backward_loop(self, ws):
         params = not self.sched.hoist_param_grads
+        paired = False    # whether frame t's last stage already ran inside the previous frame's pair
         for t in reversed(range(ws.T)):
-            for stage in reversed(self.sched.loop):
+            for k, stage in reversed(list(enumerate(self.sched.loop))):
+                if paired and k == len(self.sched.loop) - 1:
+                    paired = False
+                    continue
+                if k == 0 and t > 0 and not params and self._backward_pair_run(ws, t):
+                    paired = True
+                    continue
                 if len(stage) == 1 or not self._disjoint_grads(stage):
                     for it in reversed(stage):
                         self._backward_item(it, ws, t, params)
                 else:
                     self.backend.run_stage([lambda it=it: self._backward_item(it, ws, t, params)
                                             for it in reversed(stage)])
+
+    def _backward_pair_run(self, ws, t) -> bool:
+        if self._bwd_pair is None:
+            return False
+        g, f = self._bwd_pair
+        key = ("bp", g, t)
+        if key not in ws.memo:
+            env, genv, _ = self._backward_args(f, ws, t - 1)
+            targets = self._targets(f, ws, t - 1)
+            ws.memo[key] = None if targets is None else self.backend.prepare_backward_pair(
+                self.cell, g, f, self._backward_args(g, ws, t), env, genv, targets)
+        if ws.memo[key] is None:
+            return False
+        self.backend.launch(ws.memo[key])
+        return True
 
     def _disjoint_grads(self, stage) -> bool:
         """Whether the items of a stage add their gradients into different nodes (may overlap)."""
@@ -376,26 +294,29 @@ class Executor:
     def _backward_args(self, it, ws, t):
         if isinstance(it, Gemm):
             g = ws.cat[it][1]
-            g = g[t + 1] if t is not ALL else _rows(g[1:])
+            g = g[t + 1] if t is not ALL else rows(g[1:])
             gx = ws.read(it.operand, it.delay, t, grads=True) if t is not ALL or it.delay <= 1 else None
             return g, ws.wcat[it][0], ws.read(it.operand, it.delay, t), gx
-        env, genv, targets = self._env(it, ws, t), {}, {}
-        for n in it.nodes:
-            genv[n] = ws.read(n, 0, t, grads=True)
-            for u, d in self.cell.reads(n):
-                if self.cell.op(u).kind is not OpKind.PARAM:   # where this read's gradient is added
-                    targets[(u, d)] = ws.read(u, d, t, grads=True) if t is not ALL or d <= 1 else None
-        viewable = all(v is not None for v in targets.values())
-        if t is ALL and len({u for u, _ in targets}) < len(targets):
-            viewable = False   # one node read at two delays: its row ranges overlap across threads
-        return env, genv, self.backend.prepare_backward(self.cell, it, env, genv, targets) if viewable else None
+        env, genv = self._env(it, ws, t), {n: ws.read(n, 0, t, grads=True) for n in it.nodes}
+        targets = self._targets(it, ws, t)
+        return env, genv, None if targets is None else self.backend.prepare_backward(self.cell, it, env, genv,
+                                                                                     targets)
+
+    def _targets(self, it, ws, t):
+        """(u, d) -> the gradient view each non-parameter read of a fused group adds into, or None
+        where some read has no such view (all frames at delay ≥ 2, or one node at two delays)."""
+        targets = {(u, d): ws.read(u, d, t, grads=True) if t is not ALL or d <= 1 else None
+                   for n in it.nodes for u, d in self.cell.reads(n) if self.cell.op(u).kind is not OpKind.PARAM}
+        if any(v is None for v in targets.values()) or (t is ALL and len({u for u, _ in targets}) < len(targets)):
+            return None
+        return targets
 
     def _param_grads(self, it, ws):
         """An item's parameter gradients, reduced once over all frames (one GEMM or one sum each)."""
         if not self.sched.hoist_param_grads:
             return
         if isinstance(it, Gemm):
-            g = _rows(ws.cat[it][1][1:])
+            g = rows(ws.cat[it][1][1:])
             self.backend.gemm_tn(g, ws.read(it.operand, it.delay, ALL), ws.wcat[it][1])
             return
         for n in it.nodes:

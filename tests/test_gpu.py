@@ -148,8 +148,9 @@ def test_gemm_fused_pair_matches_reference(B):
     for capture in (False, True):
         ex, got = _run(cell, CupyBackend(capture=capture), "graph" if capture else "staged", *prob, cupy, "float64")
         _assert_close(got, ref, TOL["float64"], f"pair B={B} capture={capture}")
-        paired = [v for k, v in ex.ws.memo.items() if k[0] == "p"]
-        assert paired and all((v is not None) == (B <= 8) for v in paired)
+        for kind in ("p", "bp"):   # forward pairs, and backward pairs (GEMM input grad inside the group)
+            paired = [v for k, v in ex.ws.memo.items() if k[0] == kind]
+            assert paired and all((v is not None) == (B <= 8) for v in paired), kind
 
 
 def test_failed_capture_warns_falls_back_and_leaves_no_broken_stream():

@@ -19,8 +19,9 @@ class ArrayBackend:
     def copy(self, dst, src):
         dst[...] = self.xp.asarray(src)
 
-    def pack(self, out, parts):
-        """out [ΣF, K] = the matrices parts[k] [F_k, K] stacked along rows (plain copies: capturable)."""
+    def pack(self, out, parts, transpose: bool = False):
+        """out [ΣF, K] = the matrices parts[k] [F_k, K] stacked along rows (plain copies: capturable).
+        transpose: the backend may also keep outᵀ for per-frame kernels that read W by columns."""
         off = 0
         for p in parts:
             out[off:off + p.shape[0]] = p
@@ -48,6 +49,11 @@ class ArrayBackend:
 
     def prepare_pair(self, cell, gemm, fused, gemm_args, env):
         """One kernel for a frame's merged GEMM and the fused group reading it, or None (here: never)."""
+        return None
+
+    def prepare_backward_pair(self, cell, gemm, fused, gemm_args, env, genv, targets):
+        """One kernel for a GEMM's input gradient at frame t and the backward of the fused group at
+        frame t-1 that produced its operand, or None (here: never)."""
         return None
 
     def fused_forward(self, cell, item, env, prepared=None):

@@ -66,7 +66,7 @@ class CupyBackend(ArrayBackend):
         self.max_graphs = max_graphs
         self._graphs: OrderedDict = OrderedDict()
         self._own_matmul = False          # True while a loop may be captured with matmul='own'
-        self._transposed: dict = {}       # id(packed W) -> its transpose [K, M], for matmul='own'
+        self._transposed: dict = {}       # id(packed per-frame W) -> (W, its transpose [K, M])
         self.blas = None
         if matmul == "cublas":
             try:
@@ -85,9 +85,9 @@ class CupyBackend(ArrayBackend):
     def synchronize(self):
         self.xp.cuda.get_current_stream().synchronize()
 
-    def pack(self, out, parts):
+    def pack(self, out, parts, transpose: bool = False):
         super().pack(out, parts)
-        if self.matmul == "own":
+        if transpose:
             wt = self._transposed.get(id(out))
             if wt is None or wt[0] is not out:
                 self._transposed[id(out)] = (out, self.xp.empty(out.shape[::-1], out.dtype))
@@ -103,7 +103,7 @@ class CupyBackend(ArrayBackend):
             self.xp.matmul(x, w.T, out=out)
 
     def gemm_nn(self, g, w, out):
-        if self._own_matmul:
+        if self._own_matmul and id(w) in self._transposed:
             self._matmul(g, self._transposed[id(w)][1], out, accumulate=True)
         elif self.blas and self.blas.usable(g, w, out):
             self.blas.nn(g, w, out)
@@ -187,6 +187,26 @@ class CupyBackend(ArrayBackend):
         head = (x, cp.int64(x.strides[0] // x.itemsize), w, cp.int32(w.shape[1]), out,
                 cp.int64(out.strides[0] // out.itemsize))
         return _KERNELS[src], (int(F),), head + args
+
+    def prepare_backward_pair(self, cell, gemm, fused, gemm_args, env, genv, targets):
+        """d operand += g · W (rows ≤ 8, one block per operand feature, over Wᵀ) added straight into
+        the operand's gradient inside the fused group's backward kernel of the previous frame."""
+        g, w, _, gx = gemm_args
+        if g.shape[0] > GEMV_FUSED_ROWS or id(w) not in self._transposed or not fusable(cell, fused.nodes):
+            return None
+        spec = _spec(cell, fused, "bwd")
+        arrays = [env[key] if kind == "val" else _slice(env[key[:2]], key[2]) for kind, key in spec.inputs]
+        arrays += [genv[key] if kind == "grad" else _slice(targets[key[:2]], key[2]) for kind, key in spec.outputs]
+        _, _, args = self._launch_args(spec, arrays)
+        into = f"gm{list(fused.nodes).index(gemm.operand)}"
+        ctype = {"float32": "float", "float64": "double"}[str(g.dtype)]
+        name, src = gemv_fused_kernel(spec, ["dx"], [0], ctype, into=into)
+        if src not in _KERNELS:
+            _KERNELS[src] = self.xp.RawKernel(src, name)
+        cp, wt = self.xp, self._transposed[id(w)][1]
+        head = (g, cp.int64(g.strides[0] // g.itemsize), wt, cp.int32(wt.shape[1]), gx,
+                cp.int64(gx.strides[0] // gx.itemsize))
+        return _KERNELS[src], (int(args[-1]),), head + args
 
     def _launch_args(self, spec, arrays):
         """Pointer and row-stride pairs: rows [N, F] with unit column stride, or vectors [F] (stride 0)."""
