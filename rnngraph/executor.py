@@ -11,7 +11,7 @@ from collections import OrderedDict
 from .arrays import array_module
 from .errors import RnnGraphError
 from .ops import FORWARD, VJP, OpKind, concat_vjp
-from .schedule import Gemm, build_schedule
+from .schedule import Gemm, Schedule, build_schedule
 from .workspace import ALL, SERIAL, Workspace, rows
 
 MODES = ("naive", "staged", "graph")
@@ -23,14 +23,14 @@ class Executor:
 
     max_workspaces = 4
 
-    def __init__(self, cell, backend, mode: str = "staged"):
+    def __init__(self, cell, backend, mode: str = "staged", schedule: Schedule | None = None):
         if mode not in MODES:
             raise RnnGraphError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         if (mode == "graph") != bool(getattr(backend, "capture", False)):
             raise RnnGraphError("mode 'graph' runs on the cupy backend created with capture=True, and "
                                 "only there; use 'staged' for eager execution")
         self.cell, self.backend, self.mode = cell, backend, mode
-        self.sched = build_schedule(cell, optimize=(mode != "naive"))
+        self.sched = schedule or build_schedule(cell, optimize=(mode != "naive"))   # a variant, for experiments
         self._ws: OrderedDict = OrderedDict()
         self._pairs = self._gemm_fused_pairs()
         self._loop_items = {it for st in self.sched.loop for it in st}

@@ -25,6 +25,7 @@ from . import bench
 from .cells import CELLS, load_cell
 from .cli import positive_int
 from .errors import RnnGraphError
+from .executor import Executor
 from .graph import Cell
 from .ops import OpKind
 from .schedule import Gemm, Schedule, build_schedule
@@ -158,19 +159,6 @@ def schedule_variants(s: Schedule) -> dict:
             "no_fused_elementwise": replace(s, loop=loop_keeping(lambda it: isinstance(it, Gemm)))}
 
 
-def variant_executor(cell, backend, mode: str, sched: Schedule):
-    """An Executor that runs `sched` instead of build_schedule(cell). The Executor derives its plan
-    (e.g. which GEMM and fused group run as one kernel) from build_schedule while it is constructed,
-    so the variant is handed in there. TODO(executor hook): Executor(..., schedule=sched)."""
-    from . import executor
-    planner = executor.build_schedule
-    executor.build_schedule = lambda cell, optimize=True: sched
-    try:
-        return executor.Executor(cell, backend, mode)
-    finally:
-        executor.build_schedule = planner
-
-
 def _breakdown_grid(quick: bool) -> list:
     if quick:
         return [dict(cell=c, H=H, T=10, B=1) for c in ("lstm", "gru", "mgu") for H in (16, 64)]
@@ -196,7 +184,7 @@ def _breakdown(cfg: dict, opts: dict) -> dict:
             continue
         params, inputs = _random_run(cell, be, T, cfg["B"])
         for name, sched in variants.items():
-            ex = variant_executor(cell, be, mode, sched)
+            ex = Executor(cell, be, mode, schedule=sched)
             times[f"{mode}/{name}"] = median(bench.time_ms(
                 lambda: ex.forward(params, inputs, {}), repeats=opts["repeats"], warmup=opts["warmup"],
                 device="gpu" if be.name == "cupy" else "cpu"))
