@@ -12,7 +12,7 @@ from rnngraph import RnnGraphError, build_schedule, load_cell
 from rnngraph.backends import get_backend
 from rnngraph.executor import Executor
 from rnngraph.experiments import (EXPERIMENTS, QUICK_LABEL, load_results, run_experiment, schedule_flops,
-                                  schedule_variants, variant_executor, wavefront_lstm)
+                                  schedule_variants, wavefront_lstm)
 from rnngraph.schedule import Gemm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,17 +134,17 @@ def test_schedule_variants_leave_one_part_out():
     assert all(x.pre == s.pre for k, x in v.items() if k != "no_hoisted")
 
 
-def test_variant_executor_runs_the_given_schedule():
+def test_executor_runs_a_given_schedule():
     cell = load_cell("gru", 8, 16)
     rng = np.random.default_rng(0)
     params = {p: rng.standard_normal(shape) * 0.3 for p, shape in cell.params.items()}
     x = {"x": rng.standard_normal((5, 2, 8))}
     be = get_backend("numpy")
     want = Executor(cell, be, "staged").forward(params, x, {})[0]["h"].copy()
-    got = variant_executor(cell, be, "staged", build_schedule(cell)).forward(params, x, {})[0]["h"]
+    got = Executor(cell, be, "staged", schedule=build_schedule(cell)).forward(params, x, {})[0]["h"]
     np.testing.assert_array_equal(got, want)
     no_gemm = schedule_variants(build_schedule(cell))["no_per_frame_gemm"]
-    ex = variant_executor(cell, be, "staged", no_gemm)
+    ex = Executor(cell, be, "staged", schedule=no_gemm)
     assert ex.sched is no_gemm
     ex.forward(params, x, {})
 
