@@ -15,7 +15,7 @@ from .schedule import build_schedule
 from .train import TrainConfig, train
 
 # (hidden, streams, bptt, steps, sample length) of the full and the --quick demo
-FULL = dict(hidden=128, streams=32, bptt=64, max_steps=500, sample=400)
+FULL = dict(hidden=256, streams=32, bptt=32, max_steps=1000, sample=400)
 QUICK = dict(hidden=32, streams=8, bptt=16, max_steps=12, sample=80)
 
 

@@ -40,10 +40,10 @@ class TrainConfig:
     dropout: float = 0.0
     dtype: str = "float32"
     streams: int = 32                # S, the batch
-    bptt: int = 64                   # K, frames per chunk
+    bptt: int = 32                   # K, frames per chunk
     val_fraction: float = 0.05
     optimizer: str = "adam"          # adam | sgd (with momentum)
-    lr: float = 3e-3
+    lr: float = 1e-2
     momentum: float = 0.9
     clip: float = 5.0                # global gradient-norm limit; 0: none
     schedule: str = "cosine"         # cosine (to lr/10) | step (halve each epoch) | constant

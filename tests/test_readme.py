@@ -58,7 +58,7 @@ def test_readme_transcript(command, expected, mycells):
 def test_quick_start_matches_ci():
     (setup,) = [b for b in blocks("bash") if "pip install" in b]
     install = re.search(r'pip install -e "\.\[test\]"', setup).group(0)
-    assert "rnngraph schedule lstm" in setup and "\npytest -q" in "\n" + setup
+    assert "rnngraph demo" in setup and "\npytest -q" in "\n" + setup
     ci = (ROOT / ".ci" / "run").read_text()
     assert install in ci and re.search(r"^pytest -q\b", ci, re.M)
 

@@ -148,7 +148,7 @@ def test_huge_learning_rate_exits_2_naming_the_step(small_text, tmp_path, capsys
 @pytest.mark.parametrize("option, value, message", [
     ("--bptt", "20000", "--bptt 20000 is larger than the data allows: the training text has 11400 characters"),
     ("--streams", "5000", "--streams 5000 is larger than the data allows: the training text has 11400 "
-                          "characters, enough for at most 175 streams of --bptt 64 + 1"),
+                          "characters, enough for at most 345 streams of --bptt 32 + 1"),
     ("--cell", "no_such_cell", "unknown cell 'no_such_cell'; built-in cells: lstm"),
     ("--dropout", "1.5", "--dropout must lie in [0, 1), got 1.5"),
 ])
@@ -237,3 +237,18 @@ def test_charlm_dropout_draws_from_its_saved_generator():
     lm.set_rng_states(saved)
     assert np.array_equal(lm(ids)[0], first)
     assert not np.array_equal(lm(ids)[0], first)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["staged", "graph"])
+def test_gpu_training_follows_the_cpu_run(small_text, tmp_path, mode):
+    runs = {}
+    for backend, m in (("numpy", "staged"), ("cupy", mode)):
+        cfg = tiny(small_text, tmp_path / backend, backend=backend, mode=m, dtype="float64", layers=2, max_steps=12)
+        runs[backend] = train(cfg, **QUIET)
+    assert runs["cupy"].backend == "cupy"
+    np.testing.assert_allclose([r["loss"] for r in runs["cupy"].history],
+                               [r["loss"] for r in runs["numpy"].history], rtol=1e-7)
+    from rnngraph.sample import generate, load_model
+    lm, vocab = load_model(runs["cupy"].checkpoint, "cupy", mode)
+    assert len(generate(lm, vocab, "Ham", 30)) == 30
