@@ -53,7 +53,7 @@ def run_demo(quick: bool = False, out="rnngraph-demo", backend: str = "auto", ec
                       max_steps=size["max_steps"], schedule="constant", backend=name,
                       mode="graph" if name == "cupy" else "staged", out=str(out),
                       checkpoint_every=size["max_steps"])
-    result = train(cfg, echo=echo)
+    result = train(cfg, echo=echo, overwrite=True)      # the demo's folder is its own scratch space
     first = result.history[0]["bpc"]
     echo(f"   training bpc {first:.2f} -> {result.history[-1]['bpc']:.2f}; validation bpc "
          f"{result.val_bpc:.3f} after {result.seconds:.0f} s")

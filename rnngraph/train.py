@@ -13,7 +13,7 @@ import csv
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -73,7 +73,6 @@ class Result:
     log_json: Path
     backend: str = ""
     steps: int = 0
-    notes: list = field(default_factory=list)
 
 
 def check_train_config(cfg: TrainConfig) -> None:
@@ -117,9 +116,13 @@ class Trainer:
         print(result.val_bpc)
     """
 
-    def __init__(self, cfg: TrainConfig, resume=None, echo=print):
+    def __init__(self, cfg: TrainConfig, resume=None, echo=print, overwrite: bool = False):
         check_train_config(cfg)
         self.cfg, self.echo = cfg, echo
+        old = Path(cfg.out) / "checkpoint.npz"
+        if resume is None and old.exists() and not overwrite:
+            raise RnnGraphError(f"{old} already holds a checkpoint; continue it with --resume {old}, start "
+                                "a new run elsewhere with --out DIR, or replace it with --overwrite")
         ckpt = load_checkpoint(resume) if resume is not None else None
         if ckpt is not None:
             _check_resumable(ckpt)
@@ -142,7 +145,8 @@ class Trainer:
         self.ckpt_path, self.csv_path, self.json_path = (self.out / "checkpoint.npz", self.out / "log.csv",
                                                          self.out / "log.json")
         self.schedule_steps = cfg.epochs * self.data.chunks
-        self.step, self.states, self.history, self.elapsed, self.saved_step = 0, None, [], 0.0, None
+        self.step, self.states, self.history, self.elapsed = 0, None, [], 0.0
+        self.saved_step = self.saved_path = None
         if ckpt is not None:
             self._restore(ckpt)
         self.lr_at = make_schedule(cfg, self.schedule_steps, self.data.chunks)
@@ -158,12 +162,11 @@ class Trainer:
         st_meta, st_arrays = (None, {}) if self.states is None else pack_states(self.lm.states_to_host(self.states))
         config = {"model": self.model_config, "vocab": self.vocab.chars, "train": asdict(self.cfg),
                   "text_sha256": self.digest, "step": self.step, "elapsed_s": self.elapsed,
-                  "schedule_steps": self.schedule_steps, "optimizer": opt_meta,
-                  "states": st_meta,
+                  "schedule_steps": self.schedule_steps, "optimizer": opt_meta, "states": st_meta,
                   "rng": self.lm.rng_states(), "history": self.history}
         arrays = {f"model/{k}": v for k, v in self.lm.state_dict().items()}
         save_checkpoint(self.ckpt_path, config, {**arrays, **opt_arrays, **st_arrays})
-        self.saved_step = self.step
+        self.saved_step, self.saved_path = self.step, self.ckpt_path
         self._write_json()
         return self.ckpt_path
 
@@ -181,12 +184,12 @@ class Trainer:
             raise RnnGraphError(f"checkpoint {ckpt.path} is incomplete ({type(e).__name__}: {e}); "
                                 "resume from an earlier copy or start a new run") from None
         self.step, self.elapsed, self.history = c["step"], c["elapsed_s"], list(c["history"])
-        self.schedule_steps, self.saved_step = c["schedule_steps"], c["step"]
+        self.schedule_steps, self.saved_step, self.saved_path = c["schedule_steps"], c["step"], ckpt.path
 
     def _kept(self) -> str:
         if self.saved_step is None:
             return "no checkpoint was written yet;"
-        return f"the last good checkpoint {self.ckpt_path} (step {self.saved_step}) is intact;"
+        return f"the last good checkpoint {self.saved_path} (step {self.saved_step}) is intact;"
 
     # -- one step -------------------------------------------------------------------------------
     def train_step(self) -> dict:
@@ -236,11 +239,11 @@ class Trainer:
         cfg, chunks = self.cfg, self.data.chunks
         stop = cfg.epochs * chunks if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * chunks)
         self._start_logs()
-        notes = [f"{self.lm.rnn!r}, {self.lm.count_parameters():,} parameters; {self.data.streams} streams "
-                 f"× {len(self.data.data[0]):,} characters, bptt {self.data.bptt}, {chunks} steps per epoch"]
-        self.echo(notes[0])
+        self.echo(f"{self.lm.rnn!r}, {self.lm.count_parameters():,} parameters; {self.data.streams} streams "
+                  f"× {self.data.data.shape[1]:,} characters, bptt {self.data.bptt}, {chunks} steps per epoch")
         from tqdm import tqdm
-        bar = tqdm(total=stop, initial=min(self.step, stop), unit="step", disable=_disable(cfg.progress),
+        bar = tqdm(total=stop, initial=min(self.step, stop), unit="step",
+                   disable=None if cfg.progress is None else not cfg.progress,
                    dynamic_ncols=True, leave=False)
         rate = None
         try:
@@ -263,7 +266,7 @@ class Trainer:
             self.save()
         vals = [r["val_bpc"] for r in self.history if r["val_bpc"] is not None]
         return Result(self.history, vals[-1] if vals else float("nan"), self.elapsed, self.ckpt_path,
-                      self.csv_path, self.json_path, self.lm.backend.name, self.step, notes)
+                      self.csv_path, self.json_path, self.lm.backend.name, self.step)
 
     def _epoch_line(self, row: dict, rate: float) -> str:
         return (f"epoch {self.step_epoch(self.step):.2f}: step {self.step}, train bpc {row['bpc']:.3f}, "
@@ -293,15 +296,16 @@ class Trainer:
         tmp.replace(self.json_path)
 
 
-def train(cfg: TrainConfig, resume=None, echo=print) -> Result:
+def train(cfg: TrainConfig, resume=None, echo=print, overwrite: bool = False) -> Result:
     """Runs one training run (continuing checkpoint `resume` when given) and returns its Result.
+    A new run refuses to replace an existing checkpoint in cfg.out unless overwrite is True.
 
     Example::
 
         result = train(TrainConfig(hidden=128, epochs=1, out="runs/small"))
         print(f"validation bpc {result.val_bpc:.3f}")
     """
-    return Trainer(cfg, resume, echo).run()
+    return Trainer(cfg, resume, echo, overwrite).run()
 
 
 def config_for_resume(path, **overrides) -> TrainConfig:
@@ -329,10 +333,6 @@ def _norm(grads: dict) -> float:
 def _csv_row(row: dict) -> dict:
     return {k: ("" if row[k] is None else repr(row[k]) if isinstance(row[k], float) else row[k])
             for k in LOG_COLUMNS}
-
-
-def _disable(progress):
-    return None if progress is None else not progress
 
 
 def read_log(path) -> dict:

@@ -52,6 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--checkpoint-every", type=_pos, metavar="N",
                    help=f"write the checkpoint every N steps, and at the end (default: {D.checkpoint_every})")
     r.add_argument("--resume", metavar="CKPT", help="continue the run saved in CKPT exactly where it stopped")
+    r.add_argument("--overwrite", action="store_true", help="start afresh even if --out already holds a checkpoint")
     r.add_argument("--progress", action=argparse.BooleanOptionalAction,
                    help="show the progress bar (default: on a terminal)")
 
@@ -66,7 +67,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     try:
-        result = train(cfg, resume=args.resume)
+        result = train(cfg, resume=args.resume, overwrite=args.overwrite)
     except KeyboardInterrupt:
         print(f"rnngraph: interrupted; continue with rnngraph train --resume {cfg.out}/checkpoint.npz "
               "(the checkpoint holds the last saved step)", file=sys.stderr)

@@ -80,6 +80,18 @@ def test_resume_from_the_command_line_takes_the_checkpoints_settings(small_text,
     assert read_log(tmp_path)["step"].tolist() == list(range(1, 9))
 
 
+def test_a_new_run_does_not_replace_an_existing_checkpoint(small_text, tmp_path, capsys):
+    args = ["train", "--text", str(small_text), "--hidden", "16", "--bptt", "16", "--backend", "numpy",
+            "--max-steps", "2", "--out", str(tmp_path), "--no-progress"]
+    assert main(args) == 0
+    before = (tmp_path / "checkpoint.npz").read_bytes()
+    one_line_error(capsys, args + ["--seed", "1"], f"{tmp_path / 'checkpoint.npz'} already holds a checkpoint; "
+                   f"continue it with --resume {tmp_path / 'checkpoint.npz'}, start a new run elsewhere")
+    assert (tmp_path / "checkpoint.npz").read_bytes() == before
+    assert main(args + ["--seed", "1", "--overwrite"]) == 0
+    assert (tmp_path / "checkpoint.npz").read_bytes() != before
+
+
 def test_resume_with_a_different_model_or_text_is_refused(small_text, tmp_path, capsys):
     train(tiny(small_text, tmp_path, max_steps=3), **QUIET)
     ckpt = str(tmp_path / "checkpoint.npz")
