@@ -187,7 +187,7 @@ def fig_multi_stream_throughput(doc) -> Figure:
     ax.set_xlabel("parallel training streams S (batch size)")
     ax.set_ylabel("training throughput (frames/s)")
     ax.set_title(f"{NAMES[r0['cell']]}, H = {r0['H']}, T = {r0['T']}: training steps", fontsize=8)
-    ax.legend(loc="upper left")
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside upper center", ncol=2)
     return fig
 
 
@@ -332,7 +332,7 @@ def fig_cuda_lanes(doc) -> Figure:
                 ax.set_title(WHAT[what], fontsize=8)
             ax.grid(axis="y", lw=0.3, alpha=0.5)
             ax.set_xticks(range(len(Ls)), [str(L) for L in Ls])
-        axes[row][0].set_ylabel(f"{style.IMPL_LABEL[impl]}\ntime per frame (µs)")
+        axes[row][0].set_ylabel(f"{impl}\nµs per frame")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside upper center", ncol=2)
     r0 = doc["records"][0]
