@@ -38,10 +38,10 @@ def save_checkpoint(path, config: dict, arrays: dict) -> Path:
     >>> save_checkpoint("run/checkpoint.npz", {"step": 10}, {"model/weight": numpy.zeros((2, 3))})
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     body = json.dumps({"format": FORMAT, "version": VERSION, **config}, indent=1)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
             with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as z:
                 z.writestr(CONFIG, body)
@@ -51,8 +51,12 @@ def save_checkpoint(path, config: dict, arrays: dict) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as e:
+        if tmp.parent.is_dir():
+            tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise RnnGraphError(f"cannot write checkpoint {path}: {e.strerror or e}; the previous one, if any, "
+                                "is intact") from None
         raise
     return path
 

@@ -275,8 +275,11 @@ class Trainer:
     # -- logs -----------------------------------------------------------------------------------
     def _start_logs(self) -> None:
         """Opens log.csv, rewritten from the history so far (a resumed run drops rows past its checkpoint)."""
-        self.out.mkdir(parents=True, exist_ok=True)
-        self._csv = open(self.csv_path, "w", newline="")
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self._csv = open(self.csv_path, "w", newline="")
+        except OSError as e:
+            raise RnnGraphError(f"cannot write the training log {self.csv_path}: {e.strerror or e}") from None
         self._writer = csv.DictWriter(self._csv, LOG_COLUMNS)
         self._writer.writeheader()
         for row in self.history:

@@ -50,6 +50,12 @@ def test_interrupted_write_keeps_the_last_good_checkpoint(saved, monkeypatch):
     assert os.listdir(saved.parent) == ["checkpoint.npz"]        # no temporary file left behind
 
 
+def test_unwritable_place_is_a_clear_error(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(RnnGraphError, match=r"cannot write checkpoint .*file/c.npz: "):
+        ck.save_checkpoint(tmp_path / "file" / "c.npz", {}, ARRAYS)
+
+
 def test_missing_checkpoint(tmp_path):
     with pytest.raises(RnnGraphError, match=r"checkpoint .*nothing.npz not found"):
         ck.load_checkpoint(tmp_path / "nothing.npz")
