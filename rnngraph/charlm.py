@@ -131,15 +131,12 @@ class CharLM:
         self.drop.rng.bit_generator.state = states["dropout"]
 
     def states_to_host(self, states) -> list:
-        """Stream states as host numpy arrays, for a checkpoint."""
-        to = self.backend.to_numpy
-        return [None if s is None else tuple(np.array(to(a)) for a in s) if isinstance(s, tuple)
-                else np.array(to(s)) for s in states]
+        """Stream states (per module: None, an array or a tuple of arrays) as host numpy copies."""
+        return _map_states(states, lambda a: np.array(self.backend.to_numpy(a)))
 
     def states_from_host(self, states) -> list:
-        dev = lambda a: self.backend.asarray(a, dtype=self.rnn.dtype)   # noqa: E731
-        return [None if s is None else tuple(dev(a) for a in s) if isinstance(s, tuple) else dev(s)
-                for s in states]
+        """The inverse of states_to_host: arrays on this model's backend, in its dtype."""
+        return _map_states(states, lambda a: self.backend.asarray(a, dtype=self.rnn.dtype))
 
     # -- evaluation -----------------------------------------------------------------------------
     def evaluate(self, streams) -> float:
@@ -156,6 +153,16 @@ class CharLM:
         finally:
             self.train()
         return total / count / math.log(2)
+
+
+def _map_states(states, fn) -> list:
+    out = []
+    for s in states:
+        if s is None:
+            out.append(None)
+        else:
+            out.append(tuple(fn(a) for a in s) if isinstance(s, tuple) else fn(s))
+    return out
 
 
 def check_model_config(config: dict) -> None:
