@@ -7,6 +7,7 @@ Every RnnGraphError ends the program with status 2 and one line on stderr, never
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -85,31 +86,26 @@ def _schedule_run(args: argparse.Namespace) -> None:
         print(f"rnngraph: drew {args.draw}", file=sys.stderr)
 
 
+def _lazy(module: str, help: str, add: str = "add_arguments", run: str = "run") -> Command:
+    """A subcommand whose module is imported only when it is used (keeps `rnngraph --help` fast)."""
+    def load():
+        return importlib.import_module(f"{__package__}.{module}")
+    return Command(help, lambda p: getattr(load(), add)(p), lambda a: getattr(load(), run)(a))
+
+
 COMMANDS: dict[str, Command] = {
     "cells": Command("list the built-in cells", _cells_arguments, _cells_run),
     "schedule": Command("print (or draw) a cell's schedule: hoisted, per-frame stages, merged kernels",
                         _schedule_arguments, _schedule_run),
-    "bench": Command("time rnngraph's modes against cuDNN and a torch eager loop, side by side",
-                     lambda p: __import__(f"{__package__}.bench", fromlist=["run"]).add_arguments(p),
-                     lambda a: __import__(f"{__package__}.bench", fromlist=["run"]).run(a)),
-    "doctor": Command("print versions, GPU and driver state, and self-check every available backend",
-                      lambda p: __import__(f"{__package__}.doctor", fromlist=["run"]).add_arguments(p),
-                      lambda a: __import__(f"{__package__}.doctor", fromlist=["run"]).run(a)),
-    "train": Command("train a character-level language model on the bundled text (or --text FILE)",
-                     lambda p: __import__(f"{__package__}.train_cli", fromlist=["run"]).add_arguments(p),
-                     lambda a: __import__(f"{__package__}.train_cli", fromlist=["run"]).run(a)),
-    "sample": Command("generate text from a checkpoint written by rnngraph train",
-                      lambda p: __import__(f"{__package__}.sample", fromlist=["run"]).add_arguments(p),
-                      lambda a: __import__(f"{__package__}.sample", fromlist=["run"]).run(a)),
-    "demo": Command("build an LSTM, print its schedule, train it briefly, sample from it, draw its curve",
-                    lambda p: __import__(f"{__package__}.demo", fromlist=["run"]).add_arguments(p),
-                    lambda a: __import__(f"{__package__}.demo", fromlist=["run"]).run(a)),
-    "experiment": Command("run one evaluation experiment and write its JSON results (--quick: a CPU sample)",
-                          lambda p: __import__(f"{__package__}.experiments", fromlist=["run"]).add_arguments(p),
-                          lambda a: __import__(f"{__package__}.experiments", fromlist=["run"]).run(a)),
-    "figures": Command("rebuild every evaluation figure from stored results (no GPU, nothing re-measured)",
-                       lambda p: __import__(f"{__package__}.experiments", fromlist=["run"]).add_figures_arguments(p),
-                       lambda a: __import__(f"{__package__}.experiments", fromlist=["run"]).run_figures(a)),
+    "bench": _lazy("bench", "time rnngraph's modes against cuDNN and a torch eager loop, side by side"),
+    "doctor": _lazy("doctor", "print versions, GPU and driver state, and self-check every available backend"),
+    "train": _lazy("train_cli", "train a character-level language model on the bundled text (or --text FILE)"),
+    "sample": _lazy("sample", "generate text from a checkpoint written by rnngraph train"),
+    "demo": _lazy("demo", "build an LSTM, print its schedule, train it briefly, sample from it, draw its curve"),
+    "experiment": _lazy("experiments", "run one evaluation experiment and write its JSON results "
+                                      "(--quick: a CPU sample)"),
+    "figures": _lazy("experiments", "rebuild every evaluation figure from stored results (no GPU, nothing "
+                                   "re-measured)", "add_figures_arguments", "run_figures"),
 }
 
 

@@ -5,31 +5,25 @@ import argparse
 import sys
 from dataclasses import fields
 
+from .cli import positive_int
 from .train import TrainConfig, config_for_resume, train
 
 D = TrainConfig()   # the defaults, shown in --help
-
-
-def _pos(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Every option defaults to None so that --resume can tell what was asked for from what was not."""
     m = p.add_argument_group("model")
     m.add_argument("--cell", help=f"a built-in cell or module:function (default: {D.cell})")
-    m.add_argument("--layers", type=_pos, metavar="N", help=f"stacked recurrent layers (default: {D.layers})")
-    m.add_argument("--hidden", type=_pos, metavar="H", help=f"hidden features per layer (default: {D.hidden})")
+    m.add_argument("--layers", type=positive_int, metavar="N", help=f"stacked recurrent layers (default: {D.layers})")
+    m.add_argument("--hidden", type=positive_int, metavar="H", help=f"hidden features per layer (default: {D.hidden})")
     m.add_argument("--dropout", type=float, metavar="P",
                    help=f"dropout between layers and before the output layer (default: {D.dropout})")
     m.add_argument("--dtype", choices=("float32", "float64"), help=f"(default: {D.dtype})")
     d = p.add_argument_group("data")
     d.add_argument("--text", metavar="FILE", help="a UTF-8 text file (default: the bundled Shakespeare, 1.6 MB)")
-    d.add_argument("--streams", type=_pos, metavar="S", help=f"parallel training streams, the batch (default: {D.streams})")
-    d.add_argument("--bptt", type=_pos, metavar="K", help=f"frames per truncated-BPTT chunk (default: {D.bptt})")
+    d.add_argument("--streams", type=positive_int, metavar="S", help=f"parallel training streams, the batch (default: {D.streams})")
+    d.add_argument("--bptt", type=positive_int, metavar="K", help=f"frames per truncated-BPTT chunk (default: {D.bptt})")
     d.add_argument("--val-fraction", type=float, metavar="F",
                    help=f"the text's last fraction held out for validation (default: {D.val_fraction})")
     o = p.add_argument_group("optimisation")
@@ -39,8 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--clip", type=float, help=f"global gradient-norm limit, 0 for none (default: {D.clip})")
     o.add_argument("--schedule", choices=("cosine", "step", "constant"),
                    help=f"cosine decays to lr/10 over the run, step halves lr each epoch (default: {D.schedule})")
-    o.add_argument("--epochs", type=_pos, metavar="N", help=f"passes over the training text (default: {D.epochs})")
-    o.add_argument("--max-steps", type=_pos, metavar="N", help="stop after N steps in total (default: all epochs)")
+    o.add_argument("--epochs", type=positive_int, metavar="N", help=f"passes over the training text (default: {D.epochs})")
+    o.add_argument("--max-steps", type=positive_int, metavar="N", help="stop after N steps in total (default: all epochs)")
     o.add_argument("--seed", type=int, help=f"initialisation and dropout seed (default: {D.seed})")
     r = p.add_argument_group("run")
     r.add_argument("--backend", choices=("auto", "numpy", "cupy"),
@@ -49,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"executor mode; graph (CUDA-graph replay) needs cupy (default: {D.mode})")
     r.add_argument("--out", metavar="DIR", help=f"where checkpoint.npz, log.csv and log.json go (default: {D.out}; "
                    "with --resume, the checkpoint's folder)")
-    r.add_argument("--checkpoint-every", type=_pos, metavar="N",
+    r.add_argument("--checkpoint-every", type=positive_int, metavar="N",
                    help=f"write the checkpoint every N steps, and at the end (default: {D.checkpoint_every})")
     r.add_argument("--resume", metavar="CKPT", help="continue the run saved in CKPT exactly where it stopped")
     r.add_argument("--overwrite", action="store_true", help="start afresh even if --out already holds a checkpoint")
