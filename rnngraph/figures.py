@@ -47,7 +47,7 @@ def build_figures(results=RESULTS, out="figures", runs="runs") -> list:
             fig.text(0.0, 0.0, _footnote(docs[name]), ha="left", va="top", wrap=True, **style.FOOTNOTE)
             written += _save(fig, out / name)
     written += _schedule_diagram(out)
-    written += _training_curves(out, runs)
+    written += _training_curves(out, runs, results)
     (out / "headline.md").write_text(headline_table(docs["single_stream_speedup"]))
     return written + [out / "headline.md"]
 
@@ -70,13 +70,14 @@ def _schedule_diagram(out: Path) -> list:
     return paths
 
 
-def _training_curves(out: Path, runs) -> list:
-    """The training curves (rnngraph.train_figures) of the runs RUNS/*/log.csv, if there are any."""
-    logs = sorted(Path(runs).glob("*/log.csv"))
-    if not logs:
-        return []
+def _training_curves(out: Path, runs, results) -> list:
+    """Training curves (rnngraph.train_figures): the stored runs RESULTS/training*/log.csv, one figure
+    each, and the local runs RUNS/*/log.csv together, if there are any."""
     from .train_figures import draw_training_curves
-    return [draw_training_curves(logs, out / "training_curves.png")]
+    written = [draw_training_curves([log], out / f"{log.parent.name}.png")
+               for log in sorted(Path(results).glob("training*/log.csv"))]
+    logs = sorted(Path(runs).glob("*/log.csv"))
+    return written + ([draw_training_curves(logs, out / "training_curves.png")] if logs else [])
 
 
 # -- reading records ---------------------------------------------------------------------------

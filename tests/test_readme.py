@@ -45,6 +45,12 @@ def test_custom_cell_example_is_not_a_builtin_and_builds():
     assert s.pre[0].weights == ("W_f", "W_n")
 
 
+def test_layers_example_runs_matches_torch_and_learns():
+    namespace = {"__name__": "readme"}
+    exec(blocks("python")[1], namespace)          # asserts y == torch's y itself
+    assert float(namespace["loss"]) < 1.0         # from about ln 5 = 1.61 after 20 Adam steps
+
+
 @pytest.mark.parametrize("command, expected", transcripts(), ids=[c for c, _ in transcripts()])
 def test_readme_transcript(command, expected, mycells):
     program, *args = shlex.split(command)
