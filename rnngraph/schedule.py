@@ -223,3 +223,32 @@ def _singletons(cell, nodes):
             yield Gemm((n,), x, d, (w,), (cell.op(n).size,))
         elif cell.op(n).kind is not OpKind.INPUT:
             yield Fused((n,))
+
+
+ARITHMETIC = {OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.SCALE, OpKind.ONE_MINUS, OpKind.SIGMOID,
+              OpKind.TANH, OpKind.RELU}   # ~1 FLOP per element; IDENTITY, SLICE, CONCAT only move data
+
+
+def schedule_flops(s: Schedule) -> dict:
+    """FLOPs per row (one stream, one frame) of the forward and backward passes, each split into
+    'hoisted' (pre, post and the parameter-gradient reductions) and 'per_frame' (the loop).
+
+    A linear op costs 2·in·out forward, and as much again for the operand's gradient (in its own
+    section) and for the weight's (a reduction over all frames: hoisted). An arithmetic op costs one
+    per element forward, and one per element per input slot backward; a vector parameter's slot is a
+    hoisted reduction."""
+    cell, where = s.cell, s.section_of()
+    out = {d: {"hoisted": 0, "per_frame": 0} for d in ("forward", "backward")}
+    for n, sec in where.items():
+        part, op = ("per_frame" if sec.startswith("stage") else "hoisted"), cell.op(n)
+        reads = cell.reads(n)
+        if op.kind is OpKind.LINEAR:
+            f = 2 * cell.op(reads[0][0]).size * op.size
+            out["forward"][part] += f
+            out["backward"][part] += f
+            out["backward"]["hoisted"] += f
+        elif op.kind in ARITHMETIC:
+            out["forward"][part] += op.size
+            for u, _ in reads:
+                out["backward"]["hoisted" if cell.op(u).kind is OpKind.PARAM else part] += op.size
+    return out
