@@ -59,17 +59,26 @@ def test_cli_draws_and_lists_what_it_wrote(tmp_path, capsys):
     assert f"wrote {tmp_path / 'single_stream_speedup.pdf'}" in capsys.readouterr().out
 
 
-def test_training_curves_are_drawn_when_there_are_logs(tmp_path):
-    log = tmp_path / "runs" / "small" / "log.csv"
+def _write_log(log):
     log.parent.mkdir(parents=True)
     with open(log, "w", newline="") as f:
         w = csv.DictWriter(f, LOG_COLUMNS)
         w.writeheader()
         for step in range(1, 6):
             w.writerow({c: step for c in LOG_COLUMNS} | {"bpc": 4.0 / step, "val_bpc": "" if step % 2 else 3.0})
-    assert _training_curves(tmp_path, tmp_path / "runs") == [tmp_path / "training_curves.png"]
+
+
+def test_training_curves_are_drawn_when_there_are_logs(tmp_path):
+    _write_log(tmp_path / "runs" / "small" / "log.csv")
+    assert _training_curves(tmp_path, tmp_path / "runs", tmp_path / "no_results") == [tmp_path / "training_curves.png"]
     assert (tmp_path / "training_curves.png").read_bytes().startswith(PNG)
-    assert _training_curves(tmp_path, tmp_path / "no_runs") == []
+    assert _training_curves(tmp_path, tmp_path / "no_runs", tmp_path / "no_results") == []
+
+
+def test_stored_training_logs_get_a_figure_each(tmp_path):
+    _write_log(tmp_path / "results" / "training_gpu" / "log.csv")
+    assert _training_curves(tmp_path, tmp_path / "no_runs", tmp_path / "results") == [tmp_path / "training_gpu.png"]
+    assert (tmp_path / "training_gpu.png").read_bytes().startswith(PNG)
 
 
 @pytest.mark.parametrize("damage, message", [
