@@ -19,7 +19,13 @@ MODES = ("naive", "staged", "graph")
 
 class Executor:
     """Forward and BPTT of one cell on one backend in one mode: 'naive' (node by node, frame by
-    frame), 'staged' (the schedule) or 'graph' (the schedule, its loops replayed as CUDA graphs)."""
+    frame), 'staged' (the schedule) or 'graph' (the schedule, recorded once as CUDA graphs and
+    replayed). Example::
+
+        ex = Executor(rnngraph.load_cell("lstm", 8, 16), get_backend("numpy"))
+        outputs, finals = ex.forward(params, {"x": x}, {})          # x [T, B, 8]
+        grad_inputs, grad_init, grad_params = ex.backward({"h": grad_y})
+    """
 
     max_workspaces = 4
 
