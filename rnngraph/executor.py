@@ -93,15 +93,20 @@ class Executor:
             be.copy(ws.vals[n][1:], x)
         for s, (p, _) in cell.states.items():
             ws.vals[p][0] = 0 if init.get(s) is None else init[s]
-        key = ("fwd", self.serial, ws.serial, ws.version)
-        if self.whole_capture:
-            be.loop(key, lambda: self._forward_body(ws, _call))
-        else:
-            self._forward_body(ws, lambda fn: be.loop(key, fn))
+        self._run_body("fwd", ws, self._forward_body)
         self.lengths = lengths
         outputs = {o: ws.vals[o][1:] for o in cell.outputs}
         finals = {s: self._final(ws.vals[p], lengths) for s, (p, _) in cell.states.items()}
         return outputs, finals
+
+    def _run_body(self, kind: str, ws, body):
+        """Runs body(ws, run_loop) through the backend: the whole body recorded once and replayed, or,
+        where it cannot be, only its time loop (run_loop); eager backends just run it."""
+        key, be = (kind, self.serial, ws.serial, ws.version), self.backend
+        if self.whole_capture:
+            be.loop(key, lambda: body(ws, _call))
+        else:
+            body(ws, lambda fn: be.loop(key, fn))
 
     def _forward_body(self, ws, run_loop):
         """Everything after the inputs are staged: packing, pre, the time loop, post."""
@@ -190,7 +195,7 @@ class Executor:
         """grad_outputs: name -> [T, B, F] (or None); grad_finals: state -> [B, F] (or None).
         Returns (grad_inputs: name -> [T, B, F], grad_init: state -> [B, F], grad_params: name ->
         array), views into the workspace that the next call overwrites."""
-        cell, be, ws = self.cell, self.backend, self.ws
+        cell, ws = self.cell, self.ws
         if ws is None:
             raise RnnGraphError("backward() called before forward()")
         ws.grad_arena[...] = 0
@@ -204,11 +209,7 @@ class Executor:
                     ws.grads[p][ws.T] += g
                 else:   # each sequence's final state is its value at its own last frame
                     ws.grads[p][self.lengths, array_module(g).arange(ws.B)] += g
-        key = ("bwd", self.serial, ws.serial, ws.version)
-        if self.whole_capture:
-            be.loop(key, lambda: self._backward_body(ws, _call))
-        else:
-            self._backward_body(ws, lambda fn: be.loop(key, fn))
+        self._run_body("bwd", ws, self._backward_body)
         return ({n: ws.grads[n][1:] for n in cell.inputs},
                 {s: ws.grads[p][0] for s, (p, _) in cell.states.items()},
                 {n: ws.grads[n] for n in cell.params})

@@ -14,6 +14,7 @@ from ..kernels import (GEMV_FUSED_ROWS, GEMV_ROWS, fusable, fused_backward_kerne
 from .base import ArrayBackend
 
 _KERNELS: dict = {}      # process-wide cache: generated source -> compiled kernel object
+_CTYPE = {"float32": "float", "float64": "double"}
 
 
 def gpu_problem() -> str | None:
@@ -118,17 +119,10 @@ class CupyBackend(ArrayBackend):
 
     def param_grad(self, cell, n, slot, g, ins, y, out):
         """out [F] += Σ_rows of node n's backward expression for its vector-parameter operand."""
-        ctype = {"float32": "float", "float64": "double"}[str(out.dtype)]
-        name, src = param_grad_kernel(cell, n, slot, ctype)
-        if src not in _KERNELS:
-            _KERNELS[src] = self.xp.RawKernel(src, name)
-        cp, arrays = self.xp, [g, *ins, y]
-        args = []
-        for a in arrays:
-            args += [a, cp.int64(0 if a.ndim == 1 else a.strides[0] // a.itemsize)]
-        N, F, R = g.shape[0], out.shape[0], 64
-        _KERNELS[src](((F + 127) // 128, (N + R - 1) // R), (128,),
-                      (*args, out, cp.int32(N), cp.int32(F), cp.int32(R)))
+        kernel = self._raw(*param_grad_kernel(cell, n, slot, _CTYPE[str(out.dtype)]))
+        cp, N, F, R = self.xp, g.shape[0], out.shape[0], 64
+        kernel(((F + 127) // 128, (N + R - 1) // R), (128,),
+               (*self._row_args([g, *ins, y]), out, cp.int32(N), cp.int32(F), cp.int32(R)))
 
     def _matmul(self, a, w, c, accumulate: bool):
         """c [N, M] (+)= a [N, K] · w [M, K]ᵀ with our own kernels (capturable without cuBLAS)."""
@@ -146,11 +140,8 @@ class CupyBackend(ArrayBackend):
             k(((M + 31) // 32, (N + 31) // 32), (256,), args)
 
     def _matmul_kernel(self, kind, dtype):
-        ctype = {"float32": "float", "float64": "double"}[str(dtype)]
-        src = matmul_source(kind, ctype)
-        if src not in _KERNELS:
-            _KERNELS[src] = self.xp.RawKernel(src, f"rg_{kind}_{ctype}")
-        return _KERNELS[src]
+        ctype = _CTYPE[str(dtype)]
+        return self._raw(f"rg_{kind}_{ctype}", matmul_source(kind, ctype))
 
     # -- fused elementwise groups --------------------------------------------------------------
     def prepare_forward(self, cell, item, env):
@@ -158,16 +149,13 @@ class CupyBackend(ArrayBackend):
         if not fusable(cell, item.nodes):
             return None
         spec = _spec(cell, item, "fwd")
-        arrays = [_slice(env[(u, d)], cols) for _, (u, d, cols) in spec.inputs]
-        return self._launch_args(spec, arrays + [env[n] for _, n in spec.outputs])
+        return self._fused_launch(spec, _fused_arrays(spec, env))
 
     def prepare_backward(self, cell, item, env, genv, targets):
         if not fusable(cell, item.nodes):
             return None
         spec = _spec(cell, item, "bwd")
-        arrays = [env[key] if kind == "val" else _slice(env[key[:2]], key[2]) for kind, key in spec.inputs]
-        arrays += [genv[key] if kind == "grad" else _slice(targets[key[:2]], key[2]) for kind, key in spec.outputs]
-        return self._launch_args(spec, arrays)
+        return self._fused_launch(spec, _fused_arrays(spec, env, genv, targets))
 
     def prepare_pair(self, cell, gemm, fused, gemm_args, env):
         """GEMV (rows ≤ 8) plus the fused group as one kernel, one block per feature."""
@@ -176,17 +164,9 @@ class CupyBackend(ArrayBackend):
                 not all(a.strides[-1] == a.itemsize for a in (x, w, out)) or not w.flags.c_contiguous:
             return None
         spec = _spec(cell, fused, "fwd")
-        kernel, _, args = self._launch_args(spec, [_slice(env[(u, d)], cols) for _, (u, d, cols) in spec.inputs]
-                                            + [env[n] for _, n in spec.outputs])
-        ctype = {"float32": "float", "float64": "double"}[str(out.dtype)]
         offsets = [sum(gemm.sizes[:j]) for j in range(len(gemm.nodes))]
-        name, src = gemv_fused_kernel(spec, list(gemm.nodes), offsets, ctype)
-        if src not in _KERNELS:
-            _KERNELS[src] = self.xp.RawKernel(src, name)
-        cp, F = self.xp, args[-1]
-        head = (x, cp.int64(x.strides[0] // x.itemsize), w, cp.int32(w.shape[1]), out,
-                cp.int64(out.strides[0] // out.itemsize))
-        return _KERNELS[src], (int(F),), head + args
+        kernel = self._raw(*gemv_fused_kernel(spec, list(gemm.nodes), offsets, _CTYPE[str(out.dtype)]))
+        return kernel, (out.shape[1] // len(gemm.nodes),), self._pair_args(x, w, out, spec, _fused_arrays(spec, env))
 
     def prepare_backward_pair(self, cell, gemm, fused, gemm_args, env, genv, targets):
         """d operand += g · W (rows ≤ 8, one block per operand feature, over Wᵀ) added straight into
@@ -195,33 +175,42 @@ class CupyBackend(ArrayBackend):
         if g.shape[0] > GEMV_FUSED_ROWS or id(w) not in self._transposed or not fusable(cell, fused.nodes):
             return None
         spec = _spec(cell, fused, "bwd")
-        arrays = [env[key] if kind == "val" else _slice(env[key[:2]], key[2]) for kind, key in spec.inputs]
-        arrays += [genv[key] if kind == "grad" else _slice(targets[key[:2]], key[2]) for kind, key in spec.outputs]
-        _, _, args = self._launch_args(spec, arrays)
         into = f"gm{list(fused.nodes).index(gemm.operand)}"
-        ctype = {"float32": "float", "float64": "double"}[str(g.dtype)]
-        name, src = gemv_fused_kernel(spec, ["dx"], [0], ctype, into=into)
-        if src not in _KERNELS:
-            _KERNELS[src] = self.xp.RawKernel(src, name)
-        cp, wt = self.xp, self._transposed[id(w)][1]
-        head = (g, cp.int64(g.strides[0] // g.itemsize), wt, cp.int32(wt.shape[1]), gx,
-                cp.int64(gx.strides[0] // gx.itemsize))
-        return _KERNELS[src], (int(args[-1]),), head + args
+        kernel = self._raw(*gemv_fused_kernel(spec, ["dx"], [0], _CTYPE[str(g.dtype)], into=into))
+        wt = self._transposed[id(w)][1]
+        return kernel, (gx.shape[1],), self._pair_args(g, wt, gx, spec, _fused_arrays(spec, env, genv, targets))
 
-    def _launch_args(self, spec, arrays):
+    def _pair_args(self, a, w, c, spec, arrays):
+        """GEMV operand a [N, K], weights w [M, K] and output c, then the fused group's arguments."""
+        cp = self.xp
+        head = (a, cp.int64(a.strides[0] // a.itemsize), w, cp.int32(w.shape[1]), c,
+                cp.int64(c.strides[0] // c.itemsize))
+        return head + self._fused_args(spec, arrays)
+
+    def _fused_launch(self, spec, arrays):
+        out = arrays[len(spec.in_names)]
+        kernel = self._raw(*spec.source(_CTYPE[str(out.dtype)]))
+        return kernel, ((out.shape[0] * out.shape[1] + 127) // 128,), self._fused_args(spec, arrays)
+
+    def _fused_args(self, spec, arrays):
+        """Pointer and row-stride pairs of a fused kernel's arrays, then its rows and features."""
+        rows, F = arrays[len(spec.in_names)].shape
+        return tuple(self._row_args(arrays) + [self.xp.int64(rows), self.xp.int32(F)])
+
+    def _row_args(self, arrays) -> list:
         """Pointer and row-stride pairs: rows [N, F] with unit column stride, or vectors [F] (stride 0)."""
-        cp, out = self.xp, arrays[len(spec.in_names)]
-        rows, F = (out.shape[0], out.shape[1])
         args = []
         for a in arrays:
             if a.ndim == 2 and a.shape[1] > 1 and a.strides[1] != a.itemsize:
-                raise RnnGraphError("internal: fused kernel operands need unit column stride")
-            args += [a, cp.int64(0 if a.ndim == 1 else a.strides[0] // a.itemsize)]
-        ctype = {"float32": "float", "float64": "double"}[str(out.dtype)]
-        name, src = spec.source(ctype)
+                raise RnnGraphError("internal: kernel operands need unit column stride")
+            args += [a, self.xp.int64(0 if a.ndim == 1 else a.strides[0] // a.itemsize)]
+        return args
+
+    def _raw(self, name: str, src: str):
+        """The compiled kernel `name` of `src`, built once per process."""
         if src not in _KERNELS:
-            _KERNELS[src] = cp.RawKernel(src, name)
-        return _KERNELS[src], ((rows * F + 127) // 128,), tuple(args + [cp.int64(rows), cp.int32(F)])
+            _KERNELS[src] = self.xp.RawKernel(src, name)
+        return _KERNELS[src]
 
     def fused_forward(self, cell, item, env, prepared=None):
         if prepared is None:
@@ -317,6 +306,13 @@ def _spec(cell, item, direction):
         _SPECS[key] = (cell, fused_forward_kernel(cell, item.nodes) if direction == "fwd"
                        else fused_backward_kernel(cell, item.nodes, set(cell.params)))
     return _SPECS[key][1]
+
+
+def _fused_arrays(spec, env, genv=None, targets=None) -> list:
+    """The arrays behind a fused kernel's arguments, in its order (slice reads as column views)."""
+    pick = {"ext": lambda k: _slice(env[k[:2]], k[2]), "val": env.__getitem__, "out": env.__getitem__,
+            "grad": lambda k: genv[k], "gext": lambda k: _slice(targets[k[:2]], k[2])}
+    return [pick[kind](key) for kind, key in spec.inputs + spec.outputs]
 
 
 def _slice(a, cols):
