@@ -60,6 +60,37 @@ def make_rng(seed=0, rng=None) -> numpy.random.Generator:
     return rng
 
 
+# splitmix64 (Steele, Lea & Flood 2014): a counter-based hash whose outputs pass BigCrush
+_GOLDEN, _MIX1, _MIX2 = (numpy.uint64(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+
+
+def dropout_mask(rng: numpy.random.Generator, shape: tuple, p: float, xp, dtype):
+    """An inverted-dropout mask of `shape` in module `xp` (numpy or cupy) and `dtype`: 0 with probability p,
+    1/(1-p) otherwise. The host draws one 64-bit key from `rng`; the mask is then computed where the
+    activations live, as splitmix64 of key + element index, so a GPU run moves no mask over the bus and
+    numpy and cupy give the same mask from the same generator state.
+
+    >>> m = dropout_mask(numpy.random.default_rng(0), (2, 3), 0.5, numpy, numpy.float32)   # m: [2, 3]
+    >>> sorted(set(m.ravel().tolist())) in ([0.0, 2.0], [0.0], [2.0])
+    True
+    """
+    n = 1
+    for d in shape:
+        n *= int(d)
+    key = numpy.uint64(rng.integers(0, 2**63, dtype=numpy.int64))
+    z = (xp.arange((n + 1) // 2, dtype=xp.uint64) + key + numpy.uint64(1)) * _GOLDEN    # [ceil(n/2)] counters
+    z ^= z >> numpy.uint64(30)
+    z *= _MIX1
+    z ^= z >> numpy.uint64(27)
+    z *= _MIX2
+    z ^= z >> numpy.uint64(31)
+    bits = z.view(xp.uint32)[:n]                          # [n]: both 32-bit halves of every hash
+    keep = bits >= numpy.uint32(min(int(p * 2.0**32), 2**32 - 1))
+    mask = keep.astype(dtype).reshape(shape)
+    mask *= 1.0 / (1.0 - p)
+    return mask
+
+
 def check_float(x, who: str, xp=None, dtype=None) -> None:
     """Raises unless `x` is a float array, of module `xp` and of `dtype` where those are given."""
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):

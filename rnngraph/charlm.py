@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 
+from .arrays import dropout_mask
 from .errors import RnnGraphError
 from .layers import CrossEntropyLoss, Dense, Sequential
 from .nn import Recurrent
@@ -19,7 +20,7 @@ MODEL_KEYS = ("cell", "layers", "hidden", "dropout", "dtype")   # what fixes the
 
 
 class Dropout:
-    """Inverted dropout as a feed-forward module (mask drawn on the host from its own seeded generator)."""
+    """Inverted dropout as a feed-forward module (mask computed on the device, keyed by its own seeded generator)."""
     recurrent = False
 
     def __init__(self, p: float, backend, seed: int):
@@ -31,8 +32,7 @@ class Dropout:
         if not self.training or self.p == 0:
             self._mask = None
             return x
-        keep = self.rng.random(x.shape) >= self.p
-        self._mask = self.backend.asarray(keep / (1.0 - self.p), dtype=x.dtype)
+        self._mask = dropout_mask(self.rng, x.shape, self.p, self.backend.xp, x.dtype)
         return x * self._mask
 
     def backward(self, grad_y):

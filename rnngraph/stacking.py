@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .arrays import dropout_mask
 from .executor import Executor
 
 
@@ -96,8 +97,7 @@ class Stack:
             out = frames.mask(out)
             mask = None
             if dropout > 0 and l < len(self.runs) - 1:
-                keep = rng.random(out.shape) >= dropout      # the layer's own seeded generator
-                mask = self.backend.asarray(keep / (1.0 - dropout), dtype=x.dtype)
+                mask = dropout_mask(rng, out.shape, dropout, xp, x.dtype)   # keyed by the layer's own generator
             self.masks.append(mask)
             inp = out if mask is None else out * mask
         return out, finals

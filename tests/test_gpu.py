@@ -177,3 +177,15 @@ def test_failed_capture_warns_falls_back_and_leaves_no_broken_stream():
     ex2, got2 = _run(cell, be, "graph", *prob, cupy, "float64")
     _assert_close(got2, ref, TOL["float64"], "capture after a failed one")
     assert any(g != "eager" for g in be._graphs.values())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_dropout_mask_on_the_device_equals_numpy(dtype):
+    import cupy
+
+    from rnngraph.arrays import dropout_mask
+    a, b = np.random.default_rng(5), np.random.default_rng(5)
+    want = dropout_mask(a, (33, 7, 9), 0.3, np, dtype)                  # [33, 7, 9]
+    got = dropout_mask(b, (33, 7, 9), 0.3, cupy, dtype)
+    assert type(got) is cupy.ndarray and got.dtype == want.dtype
+    np.testing.assert_array_equal(cupy.asnumpy(got), want)

@@ -8,6 +8,7 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from rnngraph import CELLS, Cell, nn
+from rnngraph.arrays import dropout_mask
 
 F64 = dict(dtype="float64")
 
@@ -310,6 +311,28 @@ def test_dropout_only_in_training_and_seeded():
     a.eval()
     np.testing.assert_array_equal(a(x)[0], plain(x)[0])
     assert a.train() is a and a.training
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_dropout_mask_rate_independence_and_key(p):
+    """Masks are 0 or 1/(1-p); the drop rate, a neighbour's and the next mask's agreement all match
+    independent Bernoulli(p) draws within 5 standard deviations; one key per mask from the generator."""
+    rng = np.random.default_rng(3)
+    m = dropout_mask(rng, (64, 33, 51), p, np, np.float32)                # odd size: the last hash half unused
+    assert m.shape == (64, 33, 51) and m.dtype == np.float32
+    assert set(np.unique(m).tolist()) == {0.0, np.float32(1 / (1 - p))}
+    drop, n = (m == 0).ravel(), m.size
+    sd = np.sqrt(p * (1 - p) / n)
+    assert abs(drop.mean() - p) < 5 * sd
+    both = (drop[:-1] & drop[1:]).mean()                                # neighbours, incl. the two halves of a hash
+    assert abs(both - p * p) < 5 * np.sqrt(p * p * (1 - p * p) / n)
+    nxt = (dropout_mask(rng, m.shape, p, np, np.float32) == 0).ravel()
+    assert abs((drop & nxt).mean() - p * p) < 5 * np.sqrt(p * p * (1 - p * p) / n)
+    a, b = np.random.default_rng(9), np.random.default_rng(9)
+    np.testing.assert_array_equal(dropout_mask(a, (7, 5), p, np, np.float64), dropout_mask(b, (7, 5), p, np, np.float64))
+    c = np.random.default_rng(9)
+    c.integers(0, 2**63)                                                 # a mask takes exactly one draw
+    assert a.integers(0, 2**63) == c.integers(0, 2**63)
 
 
 def test_init_uniform_orthogonal_and_custom():
