@@ -68,22 +68,22 @@ def test_cupy_matches_numpy_reference(name, mode, dtype):
     ex, got = _run(cell, be, mode.split("-")[0], *prob, cupy, dtype)
     _assert_close(got, ref, TOL[dtype], f"{name}/{mode}/{dtype} first call")
     if mode.startswith("graph"):   # replay with new inputs must give new, correct results (no stale values)
+        own = {}
         for seed in (1, 2):   # the same parameter arrays updated in place, as an optimizer does
             prob2 = _problem(cell, seed=seed)
             _, ref2 = _run(cell, NumpyBackend(), "naive", *prob2, np, np.float64)
-            got2 = _run_again(ex, prob2, cupy, dtype)
+            got2 = _run_again(ex, prob2, cupy, dtype, own)
             _assert_close(got2, ref2, TOL[dtype], f"{name}/graph replay {seed}")
         assert len(be._graphs) == 4 and all(g != "eager" for g in be._graphs.values())
         assert ex.whole_capture == (mode == "graph" and ex.capture_problem() is None)
 
 
-_PARAMS = {}
-
-
-def _run_again(ex, prob, xp, dtype):
+def _run_again(ex, prob, xp, dtype, own: dict):
+    """Runs ex again with prob's values written into the parameter arrays `own` (made on the first call)."""
     params, x, init, gy, gf = prob
     conv = lambda d: {k: xp.asarray(v.astype(dtype)) for k, v in d.items()}
-    own = _PARAMS.setdefault(id(ex), conv(params))
+    if not own:
+        own.update(conv(params))
     for k, v in params.items():
         own[k][...] = xp.asarray(v.astype(dtype))
     outs, fin = ex.forward(own, {"x": xp.asarray(x.astype(dtype))}, conv(init))
@@ -133,7 +133,7 @@ def test_lanes_match_reference(mode):
     be = CupyBackend(capture=mode == "graph", lanes=2)
     ex, got = _run(cell, be, mode, *prob, cupy, "float64")
     _assert_close(got, ref, TOL["float64"], f"lanes/{mode}")
-    got2 = _run_again(ex, prob, cupy, "float64")
+    got2 = _run_again(ex, prob, cupy, "float64", {})
     _assert_close(got2, ref, TOL["float64"], f"lanes/{mode} replay")
 
 
@@ -172,7 +172,7 @@ def test_failed_capture_warns_falls_back_and_leaves_no_broken_stream():
         ex, got = _run(cell, be, "graph", *prob, cupy, "float64")
     _assert_close(got, ref, TOL["float64"], "after a failed capture")
     assert "eager" in be._graphs.values()
-    _assert_close(_run_again(ex, prob, cupy, "float64"), ref, TOL["float64"], "eager fallback, second call")
+    _assert_close(_run_again(ex, prob, cupy, "float64", {}), ref, TOL["float64"], "eager fallback, second call")
     be.gemm = real   # the stream still records: a fresh executor captures normally
     ex2, got2 = _run(cell, be, "graph", *prob, cupy, "float64")
     _assert_close(got2, ref, TOL["float64"], "capture after a failed one")
