@@ -40,7 +40,6 @@ class Executor:
         self._ws: OrderedDict = OrderedDict()
         self._pairs = self._gemm_fused_pairs()
         self._loop_items = {it for st in self.sched.loop for it in st}
-        self._bwd_pair = self._backward_pair()
         self.ws: Workspace | None = None
         self.serial = next(SERIAL)
 
@@ -57,18 +56,6 @@ class Executor:
             if set(g.sizes) == {size} and reads and all(d == 0 and kind is not OpKind.SLICE for _, d, kind in reads):
                 out.add(k)
         return out
-
-    def _backward_pair(self):
-        """(G, F) when the loop starts with a lone GEMM G reading, one frame back, a member of the lone
-        fused group F that ends the loop: G's input gradient at frame t can then run inside F's
-        backward kernel at frame t-1 (the LSTM's dh_{t-1} += dgates_t · W_hh)."""
-        loop = self.sched.loop
-        if len(loop) < 2 or len(loop[0]) != 1 or len(loop[-1]) != 1:
-            return None
-        g, f = loop[0][0], loop[-1][0]
-        if isinstance(g, Gemm) and not isinstance(f, Gemm) and g.delay == 1 and g.operand in f.nodes:
-            return g, f
-        return None
 
     def workspace(self, T: int, B: int, dtype) -> Workspace:
         key = (T, B, str(dtype))
@@ -236,36 +223,14 @@ class Executor:
 
     def _backward_loop(self, ws):
         params = not self.sched.hoist_param_grads
-        paired = False    # whether frame t's last stage already ran inside the previous frame's pair
         for t in reversed(range(ws.T)):
-            for k, stage in reversed(list(enumerate(self.sched.loop))):
-                if paired and k == len(self.sched.loop) - 1:
-                    paired = False
-                    continue
-                if k == 0 and t > 0 and not params and self._backward_pair_run(ws, t):
-                    paired = True
-                    continue
+            for stage in reversed(self.sched.loop):
                 if len(stage) == 1 or not self._disjoint_grads(stage):
                     for it in reversed(stage):
                         self._backward_item(it, ws, t, params)
                 else:
                     self.backend.run_stage([lambda it=it: self._backward_item(it, ws, t, params)
                                             for it in reversed(stage)])
-
-    def _backward_pair_run(self, ws, t) -> bool:
-        if self._bwd_pair is None:
-            return False
-        g, f = self._bwd_pair
-        key = ("bp", g, t)
-        if key not in ws.memo:
-            env, genv, _ = self._backward_args(f, ws, t - 1)
-            targets = self._targets(f, ws, t - 1)
-            ws.memo[key] = None if targets is None else self.backend.prepare_backward_pair(
-                self.cell, g, f, self._backward_args(g, ws, t), env, genv, targets)
-        if ws.memo[key] is None:
-            return False
-        self.backend.launch(ws.memo[key])
-        return True
 
     def _disjoint_grads(self, stage) -> bool:
         """Whether the items of a stage add their gradients into different nodes (may overlap)."""

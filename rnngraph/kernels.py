@@ -229,6 +229,7 @@ def param_grad_kernel(cell, n: str, slot: int, ctype: str) -> tuple[str, str]:
 
 
 GEMV_FUSED_ROWS = 8   # a per-frame GEMM with at most this many rows can run inside its fused kernel
+PAIR_MAX_BYTES = 8 << 20   # ... and does when rows × its weight bytes are at most this (measured on an H200)
 
 GEMV_FUSED_SOURCE = r"""
 extern "C" __global__ void {name}(const {T}* __restrict__ gA, long long glda, const {T}* __restrict__ gW,
@@ -266,11 +267,9 @@ extern "C" __global__ void {name}(const {T}* __restrict__ gA, long long glda, co
 """
 
 
-def gemv_fused_kernel(spec: KernelSpec, gemm_nodes, offsets, ctype: str, into: str | None = None):
+def gemv_fused_kernel(spec: KernelSpec, gemm_nodes, offsets, ctype: str):
     """(name, source) of one frame's merged GEMM (rows ≤ 8) and the fused group that reads it, as one
-    kernel. gemm_nodes/offsets: the merged linear ops and their column offsets in the GEMM output.
-    into: for a backward group, the member gradient (gm<k>) that the single GEMV output adds into,
-    instead of being stored to gC."""
+    kernel. gemm_nodes/offsets: the merged linear ops and their column offsets in the GEMM output."""
     m = len(gemm_nodes)
     from_gemm = {f"x{k}": gemm_nodes.index(key[1][0]) for k, key in enumerate(spec.inputs)
                  if key[0] == "ext" and key[1][0] in gemm_nodes and key[1][1] == 0 and key[1][2] is None}
@@ -279,7 +278,6 @@ def gemv_fused_kernel(spec: KernelSpec, gemm_nodes, offsets, ctype: str, into: s
     args += "".join(f"{ctype}* p_{nm}, long long s_{nm}, " for nm in spec.out_names)
     # the group's other operands are loaded first, so their latency overlaps the GEMV's
     prefetch = [f"    {ctype} {nm} = {at(nm)};" for nm in spec.in_names if nm not in from_gemm]
-    prefetch += [f"    {ctype} {nm} = {at(nm)};" for nm in spec.out_names if nm.startswith("gm")]
     lines = [f"{ctype} {nm} = g{from_gemm[nm]};" for nm in spec.in_names if nm in from_gemm]
     lines += [ln.replace("T ", f"{ctype} ") for ln in spec.body]
     lines += [f"{at(nm)} {op} {v};" for nm, v, op in spec.stores]
@@ -291,9 +289,7 @@ def gemv_fused_kernel(spec: KernelSpec, gemm_nodes, offsets, ctype: str, into: s
         shfl="\n".join(f"            acc{j}[b] += __shfl_xor_sync(0xffffffff, acc{j}[b], o);" for j in range(m)),
         share="\n".join(f"            part[warp][{j}][b] = acc{j}[b];" for j in range(m)),
         pick="\n".join([f"    {ctype} g{j} = part[0][{j}][r] + part[1][{j}][r] + part[2][{j}][r] + part[3][{j}][r];"
-                        for j in range(m)]
-                       + ([f"    {into} += g0;"] if into else [f"    gC[r * gldc + {offsets[j]} + f] = g{j};"
-                                                              for j in range(m)])),
+                        for j in range(m)] + [f"    gC[r * gldc + {offsets[j]} + f] = g{j};" for j in range(m)]),
         body="\n".join("    " + ln for ln in lines))
     name = _named("gemvfused", text)
     return name, text.replace("{name}", name)

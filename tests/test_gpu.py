@@ -148,9 +148,21 @@ def test_gemm_fused_pair_matches_reference(B):
     for capture in (False, True):
         ex, got = _run(cell, CupyBackend(capture=capture), "graph" if capture else "staged", *prob, cupy, "float64")
         _assert_close(got, ref, TOL["float64"], f"pair B={B} capture={capture}")
-        for kind in ("p", "bp"):   # forward pairs, and backward pairs (GEMM input grad inside the group)
-            paired = [v for k, v in ex.ws.memo.items() if k[0] == kind]
-            assert paired and all((v is not None) == (B <= 8) for v in paired), kind
+        paired = [v for k, v in ex.ws.memo.items() if k[0] == "p"]
+        assert paired and all((v is not None) == (B <= 8) for v in paired)
+
+
+def test_no_gemm_fused_pair_when_the_weights_are_large():
+    """Rows × weight bytes over PAIR_MAX_BYTES (here B = 1, H = 1024: 32 MB in fp64) take two kernels."""
+    import cupy
+    from rnngraph.backends.cupy_backend import CupyBackend
+    cell = rg.load_cell("lstm", 5, 1024)
+    prob = _problem(cell, T=3, B=1)
+    _, ref = _run(cell, NumpyBackend(), "naive", *prob, np, np.float64)
+    ex, got = _run(cell, CupyBackend(capture=True), "graph", *prob, cupy, "float64")
+    _assert_close(got, ref, TOL["float64"], "unpaired H=1024")
+    paired = [v for k, v in ex.ws.memo.items() if k[0] == "p"]
+    assert paired and all(v is None for v in paired)
 
 
 def test_failed_capture_warns_falls_back_and_leaves_no_broken_stream():

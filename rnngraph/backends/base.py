@@ -51,11 +51,6 @@ class ArrayBackend:
         """One kernel for a frame's merged GEMM and the fused group reading it, or None (here: never)."""
         return None
 
-    def prepare_backward_pair(self, cell, gemm, fused, gemm_args, env, genv, targets):
-        """One kernel for a GEMM's input gradient at frame t and the backward of the fused group at
-        frame t-1 that produced its operand, or None (here: never)."""
-        return None
-
     def fused_forward(self, cell, item, env, prepared=None):
         run_fused_forward(self.xp, cell, item, env)
 

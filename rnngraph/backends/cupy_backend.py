@@ -9,8 +9,8 @@ import warnings
 from collections import OrderedDict
 
 from ..errors import RnnGraphError, RnnGraphWarning
-from ..kernels import (GEMV_FUSED_ROWS, GEMV_ROWS, fusable, fused_backward_kernel, fused_forward_kernel,
-                       gemv_fused_kernel, matmul_source, param_grad_kernel)
+from ..kernels import (GEMV_FUSED_ROWS, GEMV_ROWS, PAIR_MAX_BYTES, fusable, fused_backward_kernel,
+                       fused_forward_kernel, gemv_fused_kernel, matmul_source, param_grad_kernel)
 from .base import ArrayBackend
 
 _KERNELS: dict = {}      # process-wide cache: generated source -> compiled kernel object
@@ -158,27 +158,18 @@ class CupyBackend(ArrayBackend):
         return self._fused_launch(spec, _fused_arrays(spec, env, genv, targets))
 
     def prepare_pair(self, cell, gemm, fused, gemm_args, env):
-        """GEMV (rows ≤ 8) plus the fused group as one kernel, one block per feature."""
+        """GEMV (rows ≤ 8) plus the fused group as one kernel, one block per feature, while rows × the
+        weights' bytes stay within PAIR_MAX_BYTES: beyond that (B = 1 at H ≥ 1024, B = 8 at H = 512 in
+        fp32) the H200 ran the GEMM and the fused kernel faster apart."""
         x, w, out = gemm_args
-        if x.shape[0] > GEMV_FUSED_ROWS or not fusable(cell, fused.nodes) or \
-                not all(a.strides[-1] == a.itemsize for a in (x, w, out)) or not w.flags.c_contiguous:
+        dense = all(a.strides[-1] == a.itemsize for a in (x, w, out)) and w.flags.c_contiguous
+        if x.shape[0] > GEMV_FUSED_ROWS or x.shape[0] * w.nbytes > PAIR_MAX_BYTES or not dense or \
+                not fusable(cell, fused.nodes):
             return None
         spec = _spec(cell, fused, "fwd")
         offsets = [sum(gemm.sizes[:j]) for j in range(len(gemm.nodes))]
         kernel = self._raw(*gemv_fused_kernel(spec, list(gemm.nodes), offsets, _CTYPE[str(out.dtype)]))
         return kernel, (out.shape[1] // len(gemm.nodes),), self._pair_args(x, w, out, spec, _fused_arrays(spec, env))
-
-    def prepare_backward_pair(self, cell, gemm, fused, gemm_args, env, genv, targets):
-        """d operand += g · W (rows ≤ 8, one block per operand feature, over Wᵀ) added straight into
-        the operand's gradient inside the fused group's backward kernel of the previous frame."""
-        g, w, _, gx = gemm_args
-        if g.shape[0] > GEMV_FUSED_ROWS or id(w) not in self._transposed or not fusable(cell, fused.nodes):
-            return None
-        spec = _spec(cell, fused, "bwd")
-        into = f"gm{list(fused.nodes).index(gemm.operand)}"
-        kernel = self._raw(*gemv_fused_kernel(spec, ["dx"], [0], _CTYPE[str(g.dtype)], into=into))
-        wt = self._transposed[id(w)][1]
-        return kernel, (gx.shape[1],), self._pair_args(g, wt, gx, spec, _fused_arrays(spec, env, genv, targets))
 
     def _pair_args(self, a, w, c, spec, arrays):
         """GEMV operand a [N, K], weights w [M, K] and output c, then the fused group's arguments."""
