@@ -2,6 +2,7 @@
 float dtypes, host copies, seeded generators, float-array checks and the state-dict check."""
 from __future__ import annotations
 
+import math
 import sys
 
 import numpy
@@ -74,9 +75,7 @@ def dropout_mask(rng: numpy.random.Generator, shape: tuple, p: float, xp, dtype)
     >>> sorted(set(m.ravel().tolist())) in ([0.0, 2.0], [0.0], [2.0])
     True
     """
-    n = 1
-    for d in shape:
-        n *= int(d)
+    n = math.prod(shape)
     key = numpy.uint64(rng.integers(0, 2**63, dtype=numpy.int64))
     z = (xp.arange((n + 1) // 2, dtype=xp.uint64) + key + numpy.uint64(1)) * _GOLDEN    # [ceil(n/2)] counters
     z ^= z >> numpy.uint64(30)
