@@ -25,7 +25,6 @@ import numpy as np
 from . import __version__
 from .cells import load_cell
 from .errors import RnnGraphError
-from .graph import Cell
 
 IMPLS = ("naive", "staged", "graph", "cudnn", "torch_eager")
 MODES = IMPLS[:3]                                   # the rnngraph implementations
@@ -34,17 +33,6 @@ QUICK = {"T": 8, "B": [2], "H": [16], "repeats": 3, "warmup": 1}
 _TF32 = {"on": False}
 
 
-def mgu(input_size: int, hidden_size: int, bias: bool = True):
-    """The benchmark's user-defined cell: the minimal gated unit (Zhou et al. 2016), not a built-in."""
-    c, H = Cell("mgu"), hidden_size
-    x, h = c.input("x", input_size), c.state("h", H)
-    f = c.sigmoid(c.linear(x, "W_f", H, bias="b_f" if bias else None) + c.linear(h, "U_f", H), name="f")
-    n = c.tanh(c.linear(x, "W_n", H, bias="b_n" if bias else None) + c.linear(f * h, "U_n", H), name="n")
-    c.output(c.bind(h, (1 - f) * h + f * n, name="h"))
-    return c.build()
-
-
-USER_CELLS = {"mgu": mgu}
 
 
 # -- timing -----------------------------------------------------------------------------------
@@ -132,7 +120,7 @@ def measure(cell, impl: str, *, T: int = 100, B: int = 1, H: int = 512, D: int |
             seed: int = 0) -> dict:
     """Times one implementation of one cell: forward and/or a training step, median of `repeats`.
 
-    cell: a built-in name, 'mgu' (the benchmark's user cell), 'module:function' or a cell function.
+    cell: a built-in name, 'module:function' or a cell function.
     impl: one of IMPLS. Returns the configuration plus backend, forward_ms / train_ms (medians) and
     forward_all / train_all (every repeat), or the configuration plus 'skipped': why, when the
     implementation is not available here (no GPU, no torch, no cuDNN equivalent).
@@ -140,18 +128,17 @@ def measure(cell, impl: str, *, T: int = 100, B: int = 1, H: int = 512, D: int |
     if impl not in IMPLS:
         raise RnnGraphError(f"unknown implementation {impl!r}; choose from {', '.join(IMPLS)}")
     D = D or H
-    spec = USER_CELLS.get(cell, cell) if isinstance(cell, str) else cell
-    first = load_cell(spec, D, H)
+    first = load_cell(cell, D, H)
     res = {"impl": impl, "cell": first.name, "T": T, "B": B, "H": H, "D": D, "layers": layers, "dtype": dtype}
     why = unavailable(impl, first)
     if why:
         return {**res, "skipped": why}
     if impl in MODES:
-        fns, backend, device, extra = _rnngraph_fns(spec, impl, T, B, H, D, layers, dtype, seed)
+        fns, backend, device, extra = _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed)
     else:
         from .bench_torch import torch_fns
         _torch_tf32()
-        fns, backend, device, extra = torch_fns(spec, impl, T, B, H, D, layers, dtype, seed)
+        fns, backend, device, extra = torch_fns(cell, impl, T, B, H, D, layers, dtype, seed)
     res.update(backend=backend, device=device, tf32=_TF32["on"], **extra)
     for w in ("forward", "train"):
         times = time_ms(fns[w], repeats=repeats, warmup=warmup, device=device) if w in what else []
@@ -196,10 +183,10 @@ def _backend(impl: str):
     return NumpyBackend()
 
 
-def _rnngraph_fns(spec, impl, T, B, H, D, layers, dtype, seed):
+def _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed):
     from .nn import Recurrent
     be = _backend(impl)
-    layer = Recurrent(spec, D, H, num_layers=layers, backend=be, mode=impl, dtype=dtype, seed=seed)
+    layer = Recurrent(cell, D, H, num_layers=layers, backend=be, mode=impl, dtype=dtype, seed=seed)
     rng = np.random.default_rng(seed)
     x = be.asarray(rng.standard_normal((T, B, D)), dtype=dtype)
     F = layer.cells[-1].op(layer.cells[-1].outputs[0]).size
@@ -250,7 +237,7 @@ def _list(kind):
 def add_arguments(p) -> None:
     """`rnngraph bench` options; list options are repeatable or comma lists."""
     p.add_argument("--cell", action="extend", type=_list(str), metavar="CELL",
-                   help=f"built-in, 'mgu' or module:function (default: {','.join(DEFAULT_CELLS)})")
+                   help=f"built-in or module:function (default: {','.join(DEFAULT_CELLS)})")
     p.add_argument("-T", type=int, metavar="N", help="frames (default: 100)")
     p.add_argument("-B", action="extend", type=_list(int), metavar="N", help="streams, i.e. batch (default: 1)")
     p.add_argument("-H", action="extend", type=_list(int), metavar="N", help="hidden sizes (default: 512)")

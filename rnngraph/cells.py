@@ -113,6 +113,15 @@ def min_gru(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
     return c.build().with_layout(lay)
 
 
+def mgu(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
+    c, H = Cell("mgu"), hidden_size
+    x, h = c.input("x", input_size), c.state("h", H)
+    f = c.sigmoid(c.linear(x, "W_f", H, bias="b_f" if bias else None) + c.linear(h, "U_f", H), name="f")
+    n = c.tanh(c.linear(x, "W_n", H, bias="b_n" if bias else None) + c.linear(f * h, "U_n", H), name="n")
+    c.output(c.bind(h, (1 - f) * h + f * n, name="h"))
+    return c.build()
+
+
 def indrnn(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
     c, H = Cell("indrnn"), hidden_size
     x, h = c.input("x", input_size), c.state("h", H)
@@ -140,6 +149,7 @@ CELLS: dict[str, tuple[Callable, str]] = {
     "peephole_lstm": (peephole_lstm, "LSTM with peephole connections c -> i, f, o (Graves 2013)"),
     "cifg_lstm": (cifg_lstm, "Coupled input-forget gate LSTM, f = 1 - i"),
     "min_gru": (min_gru, "minGRU (Feng et al. 2024): gates from x only, h = (1-z)·h + z·h~"),
+    "mgu": (mgu, "Minimal gated unit (Zhou et al. 2016): one gate f resets h inside n and updates it"),
     "indrnn": (indrnn, "IndRNN (Li et al. 2018): h = relu(W·x + b + u ⊙ h)"),
     "sru": (sru, "SRU (Lei et al. 2018): light recurrence c with diagonal v ⊙ c, highway output"),
 }

@@ -1,4 +1,4 @@
-"""rnngraph's one exception type and its warning category."""
+"""rnngraph's exception types (errors, and Ctrl-C with what was kept) and its warning category."""
 
 
 class RnnGraphError(ValueError):
@@ -7,3 +7,8 @@ class RnnGraphError(ValueError):
 
 class RnnGraphWarning(UserWarning):
     """Something legal but probably unintended, e.g. an input the cell never reads."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a command, carrying what was kept: `rnngraph: interrupted; <message>`, exit 130.
+    A command catches KeyboardInterrupt where it knows what it has written, and raises this."""

@@ -33,12 +33,7 @@ RESULTS = Path("experiments") / "results"
 QUICK_LABEL = "sample from a --quick run (tiny sizes, CPU-sized): not the evaluation's GPU results"
 ANALYSIS_LABEL = "schedule analysis: no timing, the same on any machine"
 TIMED_IMPLS = ("naive", "staged", "graph", "cudnn")
-PAPER_CELLS = ("lstm", "peephole_lstm", "gru", "min_gru", "mgu")   # mgu: the user-defined cell
-
-
-def cell_spec(name: str):
-    """What load_cell accepts for a cell name of the experiments ('mgu' is bench's user-defined cell)."""
-    return bench.USER_CELLS.get(name, name)
+PAPER_CELLS = ("lstm", "peephole_lstm", "gru", "min_gru", "mgu")
 
 
 # -- timed experiments, through bench.measure -------------------------------------------------------
@@ -175,7 +170,7 @@ def _breakdown(cfg: dict, opts: dict) -> dict:
     if eager.name == "cupy":
         from .backends.cupy_backend import CupyBackend
         replay = CupyBackend(capture=True)
-    cell, T = load_cell(cell_spec(cfg["cell"]), cfg["H"], cfg["H"]), cfg["T"]
+    cell, T = load_cell(cfg["cell"], cfg["H"], cfg["H"]), cfg["T"]
     variants = schedule_variants(build_schedule(cell))
     times = {}
     for mode, be in (("staged", eager), ("graph", replay)):
@@ -210,11 +205,11 @@ def _random_run(cell, be, T: int, B: int, seed: int = 0):
 # -- schedule statistics: pure analysis ------------------------------------------------------------
 
 def _stats_grid(quick: bool) -> list:
-    return [dict(cell=c, D=512, H=512) for c in (*CELLS, "mgu")]   # analysis: quick changes nothing
+    return [dict(cell=c, D=512, H=512) for c in CELLS]   # analysis: quick changes nothing
 
 
 def _stats(cfg: dict, opts: dict) -> dict:
-    s = build_schedule(load_cell(cell_spec(cfg["cell"]), cfg["D"], cfg["H"]))
+    s = build_schedule(load_cell(cfg["cell"], cfg["D"], cfg["H"]))
     summary, flops = s.summary(), schedule_flops(s)
     training = {k: flops["forward"][k] + flops["backward"][k] for k in ("hoisted", "per_frame")}
     share = lambda f: f["hoisted"] / (f["hoisted"] + f["per_frame"])   # noqa: E731

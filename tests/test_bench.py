@@ -155,7 +155,7 @@ def assert_same_cell(loop_cls, cell, tol=1e-12):
 
 @pytest.mark.parametrize("name", sorted(STEPS))
 def test_hand_written_step_is_the_same_cell(name):
-    assert_same_cell(HandWritten, rg.load_cell(bench.USER_CELLS.get(name, name), 5, 6))
+    assert_same_cell(HandWritten, rg.load_cell(name, 5, 6))
 
 
 @pytest.mark.parametrize("name", [*rg.CELLS, "user", "random0", "random1", "random2"])
