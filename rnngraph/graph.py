@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from numbers import Number
+from numbers import Integral, Number
 
 import networkx as nx
 
@@ -88,21 +88,24 @@ class Cell:
 
     # -- sources ------------------------------------------------------------------------------
     def input(self, name: str, size: int) -> Node:
-        self._add_node(name, Op(OpKind.INPUT, int(size)))
-        self._inputs[name] = int(size)
+        size = _size(f"size of input '{name}' of cell '{self.name}'", size)
+        self._add_node(name, Op(OpKind.INPUT, size))
+        self._inputs[name] = size
         return Node(self, name)
 
     def state(self, name: str, size: int) -> Node:
         """A recurrent state; the handle reads its value one frame back (``.ago(d)`` for d)."""
         if name in self._states:
             raise RnnGraphError(f"duplicate state name '{name}'; give each state its own name")
-        self._add_node(_PLACEHOLDER + name, Op(OpKind.IDENTITY, int(size)))
-        self._states[name] = int(size)
+        size = _size(f"size of state '{name}' of cell '{self.name}'", size)
+        self._add_node(_PLACEHOLDER + name, Op(OpKind.IDENTITY, size))
+        self._states[name] = size
         return Node(self, _PLACEHOLDER + name, 1)
 
     def param(self, name: str, shape) -> Node:
         """A parameter [out, in] (matrix) or [n] (vector); reusing a name reuses the parameter."""
-        shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        shape = tuple(_size(f"shape of parameter '{name}' of cell '{self.name}'", s)
+                      for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
         if name in self._g:
             op = self._g.nodes[name]["op"]
             if op.kind is not OpKind.PARAM:
@@ -138,6 +141,7 @@ class Cell:
     def linear(self, x, weight: str, out_features: int, bias: str | None = None, name=None) -> Node:
         """x · Wᵀ (+ b), with W a parameter [out_features, x.size] and b a vector [out_features]."""
         x = self._handle(x)
+        out_features = _size(f"out_features of linear '{weight}' in cell '{self.name}'", out_features)
         y = self.apply(OpKind.LINEAR, x, self.param(weight, (out_features, x.size)),
                        name=None if bias else name)
         return self.add(y, self.param(bias, (out_features,)), name=name) if bias else y
@@ -165,11 +169,13 @@ class Cell:
         return self.apply(OpKind.SCALE, a, name=name, attrs=(float(c),))
 
     def slice(self, x, start: int, stop: int, name=None):
-        return self.apply(OpKind.SLICE, x, name=name, attrs=(int(start), int(stop)))
+        bounds = tuple(_size(f"slice {b} in cell '{self.name}'", v, 0)
+                       for b, v in (("start", start), ("stop", stop)))
+        return self.apply(OpKind.SLICE, x, name=name, attrs=bounds)
 
     def split(self, x, parts: int, names=None) -> list[Node]:
         """Splits x's features into `parts` equal slices (e.g. a 4H gate block into i, f, g, o)."""
-        x = self._handle(x)
+        x, parts = self._handle(x), _size(f"parts of split in cell '{self.name}'", parts)
         if x.size % parts:
             raise RnnGraphError(f"cannot split '{x.label}' [{x.size}] into {parts} equal parts")
         n = x.size // parts
@@ -254,6 +260,13 @@ class Cell:
         self._outputs = [new if v == old else v for v in self._outputs]
 
 
+def _size(what: str, v, low: int = 1) -> int:
+    """`v` as an int ≥ low (numpy integers too); a bool, a float or a smaller int is an error naming `what`."""
+    if isinstance(v, bool) or not isinstance(v, Integral) or v < low:
+        raise RnnGraphError(f"{what} must be {'a positive integer' if low else 'an integer ≥ 0'}, got {v!r}")
+    return int(v)
+
+
 @dataclass(frozen=True, eq=False)
 class CellGraph:
     """A validated cell: the graph plus its inputs, states (with their producers), outputs and params."""
@@ -281,6 +294,12 @@ class CellGraph:
     @property
     def producers(self) -> dict:
         return {p: s for s, (p, _) in self.states.items()}
+
+    @property
+    def depths(self) -> dict:
+        """state -> how many past frames the cell reads (its largest delay, at least 1)."""
+        return {s: max([d for _, _, d in self.graph.out_edges(p, data="delay")] + [1])
+                for s, (p, _) in self.states.items()}
 
     def with_layout(self, layout: dict) -> "CellGraph":
         """A copy that maps PyTorch parameter names to (row-concatenated) cell parameters."""
