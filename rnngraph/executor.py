@@ -12,7 +12,7 @@ from .arrays import array_module
 from .errors import RnnGraphError
 from .ops import FORWARD, VJP, OpKind, concat_vjp
 from .schedule import Gemm, Schedule, build_schedule
-from .workspace import ALL, SERIAL, Workspace, rows
+from .workspace import ALL, SERIAL, Workspace
 
 MODES = ("naive", "staged", "graph")
 
@@ -68,22 +68,27 @@ class Executor:
 
     # -- forward ------------------------------------------------------------------------------
     def forward(self, params: dict, inputs: dict, init: dict, lengths=None):
-        """params: name -> array; inputs: name -> [T, B, F]; init: state -> [B, F] (or None).
-        Returns (outputs: name -> [T, B, F], finals: state -> [B, F]), views into the workspace
-        that the next call overwrites; finals are read at each sequence's own last frame when
-        lengths [B] is given. Parameters are used in place, not copied."""
+        """params: name -> array; inputs: name -> [T, B, F]; init: state -> [B, F] (every earlier
+        frame holds it), [D, B, F] (the D frames before this call, oldest first; D = cell.depths[s])
+        or None (zeros). Returns (outputs: name -> [T, B, F], finals: state -> its last D frames,
+        [B, F] where D is 1 and [D, B, F] otherwise), views into the workspace that the next call
+        overwrites; finals end at each sequence's own last frame when lengths [B] is given.
+        Parameters are used in place, not copied."""
         cell, be = self.cell, self.backend
         x0 = inputs[next(iter(cell.inputs))]
         ws = self.ws = self.workspace(x0.shape[0], x0.shape[1], x0.dtype)
         ws.bind_params({n: params[n] for n in cell.params})
         for n, x in inputs.items():
-            be.copy(ws.vals[n][1:], x)
+            be.copy(ws.frames(ws.vals[n]), x)
         for s, (p, _) in cell.states.items():
-            ws.vals[p][0] = 0 if init.get(s) is None else init[s]
-        self._run_body("fwd", ws, self._forward_body)
+            h, a = ws.vals[p][:ws.P], init.get(s)
+            h[...] = 0 if a is None else a[0] if a.ndim == 3 else a     # frames older than D: the oldest
+            if a is not None and a.ndim == 3:
+                h[ws.P - len(a):] = a
         self.lengths = lengths
-        outputs = {o: ws.vals[o][1:] for o in cell.outputs}
-        finals = {s: self._final(ws.vals[p], lengths) for s, (p, _) in cell.states.items()}
+        self._run_body("fwd", ws, self._forward_body)
+        outputs = {o: ws.frames(ws.vals[o]) for o in cell.outputs}
+        finals = {s: ws.vals[p][self._last_rows(cell.depths[s])] for s, (p, _) in cell.states.items()}
         return outputs, finals
 
     def _run_body(self, kind: str, ws, body):
@@ -102,7 +107,6 @@ class Executor:
         for it in self.sched.pre:
             self._forward_item(it, ws, ALL)
         run_loop(lambda: self._forward_loop(ws))
-        ws.refresh_shifts()
         for it in self.sched.post:
             self._forward_item(it, ws, ALL)
 
@@ -117,14 +121,20 @@ class Executor:
             reads = [(it.operand, it.delay)] if isinstance(it, Gemm) else \
                 [r for n in it.nodes for r in self.cell.reads(n) if self.cell.op(r[0]).kind is not OpKind.PARAM]
             reads = set(reads)
-            if any(d >= 2 for _, d in reads) or len({u for u, _ in reads}) < len(reads):
-                return f"post-loop op {it.nodes[0]} reads a value at several or far delays"
+            if len({u for u, _ in reads}) < len(reads):
+                return f"post-loop op {it.nodes[0]} reads a value at several delays"
         return None
 
-    def _final(self, buf, lengths):
-        if lengths is None:
-            return buf[self.ws.T]
-        return buf[lengths, array_module(buf).arange(self.ws.B)]
+    def _last_rows(self, D: int):
+        """The index of a state's last D frames in its [P+T, B, F] buffer: [B, F] rows for D = 1,
+        [D, B, F] otherwise; each sequence's own last frames when lengths are given."""
+        ws, end = self.ws, self.ws.P + self.ws.T     # one past the last frame's row
+        if self.lengths is None:
+            return end - 1 if D == 1 else slice(end - D, end)
+        xp = array_module(self.lengths)
+        last = self.lengths + ws.P - 1                                    # [B]
+        rows_ = last if D == 1 else last[None, :] + xp.arange(1 - D, 1)[:, None]   # [D, B]
+        return rows_, xp.arange(ws.B)
 
     def _forward_loop(self, ws):
         stages = self.sched.loop
@@ -165,7 +175,7 @@ class Executor:
         """The views one item reads and writes at frame t (memoised: the buffers are static)."""
         if isinstance(it, Gemm):
             out = ws.cat[it][0]
-            return ws.read(it.operand, it.delay, t), ws.wcat[it][0], out[t + 1] if t is not ALL else rows(out[1:])
+            return ws.read(it.operand, it.delay, t), ws.wcat[it][0], ws.read_cat(out, t)
         env = self._env(it, ws, t)
         return env, self.backend.prepare_forward(self.cell, it, env)
 
@@ -188,18 +198,14 @@ class Executor:
         ws.grad_arena[...] = 0
         for o, g in (grad_outputs or {}).items():
             if g is not None:
-                ws.grads[o][1:] += g
+                ws.frames(ws.grads[o])[...] += g
         for s, g in (grad_finals or {}).items():
-            if g is not None:
-                p = cell.states[s][0]
-                if self.lengths is None:
-                    ws.grads[p][ws.T] += g
-                else:   # each sequence's final state is its value at its own last frame
-                    ws.grads[p][self.lengths, array_module(g).arange(ws.B)] += g
+            if g is not None:       # shaped like finals[s]; rows never repeat within a sequence
+                ws.grads[cell.states[s][0]][self._last_rows(cell.depths[s])] += g
         self._run_body("bwd", ws, self._backward_body)
-        return ({n: ws.grads[n][1:] for n in cell.inputs},
-                {s: ws.grads[p][0] for s, (p, _) in cell.states.items()},
-                {n: ws.grads[n] for n in cell.params})
+        init = {s: ws.grads[p][ws.P - 1] if cell.depths[s] == 1 else ws.grads[p][ws.P - cell.depths[s]:ws.P]
+                for s, (p, _) in cell.states.items()}
+        return {n: ws.frames(ws.grads[n]) for n in cell.inputs}, init, {n: ws.grads[n] for n in cell.params}
 
     def _backward_body(self, ws, run_loop):
         """Everything after the output gradients are staged: post, the reverse loop, hoisted
@@ -249,10 +255,7 @@ class Executor:
         args = ws.memo[key]
         if isinstance(it, Gemm):
             g, w, x, gx = args
-            if gx is not None:
-                be.gemm_nn(g, w, gx)
-            else:
-                ws.add(it.operand, it.delay, t, VJP[OpKind.LINEAR][0](be.xp, g, None, w, None, ()))
+            be.gemm_nn(g, w, gx)
             if params:
                 be.gemm_tn(g, x, ws.wcat[it][1])
             return
@@ -265,10 +268,8 @@ class Executor:
 
     def _backward_args(self, it, ws, t):
         if isinstance(it, Gemm):
-            g = ws.cat[it][1]
-            g = g[t + 1] if t is not ALL else rows(g[1:])
-            gx = ws.read(it.operand, it.delay, t, grads=True) if t is not ALL or it.delay <= 1 else None
-            return g, ws.wcat[it][0], ws.read(it.operand, it.delay, t), gx
+            return (ws.read_cat(ws.cat[it][1], t), ws.wcat[it][0], ws.read(it.operand, it.delay, t),
+                    ws.read(it.operand, it.delay, t, grads=True))
         env, genv = self._env(it, ws, t), {n: ws.read(n, 0, t, grads=True) for n in it.nodes}
         targets = self._targets(it, ws, t)
         return env, genv, None if targets is None else self.backend.prepare_backward(self.cell, it, env, genv,
@@ -276,10 +277,10 @@ class Executor:
 
     def _targets(self, it, ws, t):
         """(u, d) -> the gradient view each non-parameter read of a fused group adds into, or None
-        where some read has no such view (all frames at delay ≥ 2, or one node at two delays)."""
-        targets = {(u, d): ws.read(u, d, t, grads=True) if t is not ALL or d <= 1 else None
+        where one kernel over all frames would add into one node at two delays (overlapping views)."""
+        targets = {(u, d): ws.read(u, d, t, grads=True)
                    for n in it.nodes for u, d in self.cell.reads(n) if self.cell.op(u).kind is not OpKind.PARAM}
-        if any(v is None for v in targets.values()) or (t is ALL and len({u for u, _ in targets}) < len(targets)):
+        if t is ALL and len({u for u, _ in targets}) < len(targets):
             return None
         return targets
 
@@ -288,7 +289,7 @@ class Executor:
         if not self.sched.hoist_param_grads:
             return
         if isinstance(it, Gemm):
-            g = rows(ws.cat[it][1][1:])
+            g = ws.read_cat(ws.cat[it][1], ALL)
             self.backend.gemm_tn(g, ws.read(it.operand, it.delay, ALL), ws.wcat[it][1])
             return
         for n in it.nodes:

@@ -7,8 +7,12 @@ whatever batch_first is. Parameters use PyTorch's names, shapes and gate order.
 The layers build no autograd graph: ``backward`` differentiates the most recent call. Truncated
 BPTT over a stream is therefore the plain loop ``y, state = layer(x_chunk, state)``; the backward
 of a chunk covers that chunk only, and ``grad_state0`` is what would cross into the previous chunk.
-A state carries its last frame across calls; a cell reading a state d ≥ 2 frames back (``.ago(d)``)
-sees the initial value for all frames before the call, not the previous chunk's history.
+A state carries what the cell can still read across calls. For PyTorch's cells (every state read
+one frame back) that is its last frame, [L·dirs, B, S]. A cell that reads a state up to D ≥ 2
+frames back (``h.ago(D)``) carries its last D frames, oldest first: h_n is [D, L·dirs, B, S], so
+``layer(x[:4])`` then ``layer(x[4:], state)`` equals ``layer(x)``. Such a state's h0 may be given
+as [D, L·dirs, B, S] or as [L·dirs, B, S] (one value for every frame before the call), and its
+gradient grad_state0 comes back in the shape it was given ([D, ...] when it was None).
 
 Dense, Softmax, LogSoftmax, Sequential (rnngraph.layers) and the losses (rnngraph.losses) are
 re-exported here, so a whole model reads ``nn.Sequential(nn.LSTM(8, 32), nn.Dense(32, 1))``.
@@ -143,7 +147,7 @@ class Recurrent(Parameterized):
         chk.check_input(x, self.input_size, self.batch_first)
         xt = x.transpose(1, 0, 2) if self.batch_first else x
         T, B = xt.shape[:2]
-        init = self._unpack(state, "{}0", T, B)
+        init = self._unpack(state, "{}0", T, B, every_frame=True)
         frames = Frames(self.backend.xp, T, B, chk.check_lengths(lengths, T, B))
         if self.check_finite:
             for name, a in [("x", x)] + [(f"{s}0", a) for s, a in init.items() if a is not None]:
@@ -151,7 +155,8 @@ class Recurrent(Parameterized):
         dropout = self.dropout if self.training else 0.0
         self._last = None               # the executors' workspaces are about to change
         y, finals = self._stack.forward(self._views, xt, init, frames, dropout, self.rng)
-        self._last = (frames, y.shape)
+        spread = {s for s, a in init.items() if a is not None and a.ndim < len(self._stack.shape(s, B))}
+        self._last = (frames, y.shape, spread)
         y = self._to_user(y)
         if self.check_finite:
             for n, a in [("output y", y)] + [(f"final state {s}_n", a) for s, a in finals.items()]:
@@ -164,7 +169,7 @@ class Recurrent(Parameterized):
         array keyed like parameters()); grads are also kept in ``layer.grads``."""
         if self._last is None:
             raise RnnGraphError("backward() called before the layer was called on an input")
-        frames, y_shape = self._last
+        frames, y_shape, spread = self._last
         user_shape = (y_shape[1], y_shape[0], y_shape[2]) if self.batch_first else y_shape
         if grad_y is None:
             gy = self.backend.zeros(y_shape, self.dtype)
@@ -176,6 +181,7 @@ class Recurrent(Parameterized):
             gy = gy.transpose(1, 0, 2) if self.batch_first else gy
         gfin = self._unpack(grad_state_n, "grad_{}_n", y_shape[0], y_shape[1])
         gx, ginit, grads = self._stack.backward(gy, gfin, frames)
+        ginit = {s: g.sum(axis=0) if s in spread else g for s, g in ginit.items()}   # h0 given for every frame
         gx, self.grads = self._to_user(gx), self._torch_grads(grads)
         if self.check_finite:
             for n, g in [("grad_x", gx)] + [(f"gradient of {n}", g) for n, g in self.grads.items()]:
@@ -183,16 +189,20 @@ class Recurrent(Parameterized):
         return gx, self._pack(ginit), dict(self.grads)
 
     # -- states -------------------------------------------------------------------------------
-    def _unpack(self, state, label: str, T: int, B: int) -> dict:
+    def _unpack(self, state, label: str, T: int, B: int, every_frame: bool = False) -> dict:
         """User state (None, array, or tuple in cell.states order) -> state name -> array or None.
-        label: e.g. '{}0' names each part ('h0', 'c0') in error messages."""
+        label: e.g. '{}0' names each part ('h0', 'c0') in error messages; every_frame: a state carried
+        as [D, L·dirs, B, S] may also come as [L·dirs, B, S], its value at every earlier frame."""
         parts = chk.split_state(state, self.state_names, type(self).__name__, label)
         out = {}
         for s, a in zip(self.state_names, parts):
             if a is not None:
-                a = chk.check_array(label.format(s), a, self.backend, self.dtype)
-                expected = (self.num_layers * self.num_directions, B, self.cell.states[s][1])
-                chk.check_state_shape(label.format(s), a.shape, expected, T, self)
+                name, shape = label.format(s), self._stack.shape(s, B)
+                a = chk.check_array(name, a, self.backend, self.dtype)
+                if len(shape) == 4 and (a.ndim != 3 or not every_frame):
+                    _check_history_shape(name, a.shape, shape, self.cell.name, every_frame)
+                else:
+                    chk.check_state_shape(name, a.shape, shape[-3:], T, self)
             out[s] = a
         return out
 
@@ -242,6 +252,15 @@ class RNN(Recurrent):
         self.nonlinearity = nonlinearity
         super().__init__(f"rnn_{nonlinearity}", input_size, hidden_size, num_layers, bias, batch_first,
                          dropout, bidirectional, **options)
+
+
+def _check_history_shape(name: str, got: tuple, expected: tuple, cell: str, every_frame: bool):
+    if tuple(got) != tuple(expected):
+        D, K, B, S = expected
+        alt = f", or [{K}, {B}, {S}] for one value at every earlier frame" if every_frame else ""
+        raise RnnGraphError(f"{name} must be [D, num_layers·num_directions, B, S] = {list(expected)}{alt}: cell "
+                            f"'{cell}' reads this state up to {D} frames back, so it carries its last {D} frames, "
+                            f"oldest first; got {list(got)}")
 
 
 def _make_backend(backend, mode: str):

@@ -2,7 +2,8 @@
 padding masks and dropout between layers, forward and backward of the whole stack.
 
 Everything here is time-major: x [T, B, D], y [T, B, dirs·F], states [L·dirs, B, S], with slice
-k = l·dirs + d holding layer l, direction d (0 forward, 1 reverse), as PyTorch orders h_n.
+k = l·dirs + d holding layer l, direction d (0 forward, 1 reverse), as PyTorch orders h_n. A state
+the cell reads D ≥ 2 frames back carries its last D frames: [D, L·dirs, B, S], oldest first.
 """
 from __future__ import annotations
 
@@ -76,14 +77,21 @@ class Stack:
         self.backend, self.nd = backend, num_directions
         self.runs = [[Direction(c, backend, mode, d == 1) for d in range(num_directions)] for c in cells]
         self.states = dict(cells[0].states)     # name -> (producer, features); the same in every layer
+        self.depths = cells[0].depths           # name -> frames carried (1: PyTorch's [L·dirs, B, S])
         self.masks: list = []
 
+    def shape(self, s: str, B: int) -> tuple:
+        """The shape of state s: [L·dirs, B, S], or [D, L·dirs, B, S] when the cell reads D ≥ 2 frames back."""
+        D, K = self.depths[s], len(self.runs) * self.nd
+        return (K, B, self.states[s][1]) if D == 1 else (D, K, B, self.states[s][1])
+
     def forward(self, params, x, init: dict, frames: Frames, dropout: float, rng):
-        """params[l][d]: cell param -> array; x: [T, B, D]; init: state -> [L·dirs, B, S] or None.
-        Returns (y [T, B, dirs·F], state -> final [L·dirs, B, S])."""
+        """params[l][d]: cell param -> array; x: [T, B, D]; init: state -> [L·dirs, B, S] (every
+        earlier frame), [D, L·dirs, B, S] (the last D frames) or None. Returns (y [T, B, dirs·F],
+        state -> final, shaped self.shape(s, B))."""
         xp, nd = self.backend.xp, self.nd
         T, B = x.shape[:2]
-        finals = {s: xp.zeros((len(self.runs) * nd, B, n), x.dtype) for s, (_, n) in self.states.items()}
+        finals = {s: xp.zeros(self.shape(s, B), x.dtype) for s in self.states}
         self.masks = []
         inp = frames.mask(x)            # padded input frames read as zeros, whatever the caller put there
         for l, layer in enumerate(self.runs):
@@ -91,9 +99,9 @@ class Stack:
             out = xp.empty((T, B, nd * F), x.dtype)
             for d, run in enumerate(layer):
                 k = l * nd + d
-                st0 = {s: None if a is None else a[k] for s, a in init.items()}
+                st0 = {s: None if a is None else a[..., k, :, :] for s, a in init.items()}
                 for s, f in run.forward(params[l][d], inp, st0, frames, out[..., d * F:(d + 1) * F]).items():
-                    finals[s][k] = f
+                    finals[s][..., k, :, :] = f
             out = frames.mask(out)
             mask = None
             if dropout > 0 and l < len(self.runs) - 1:
@@ -103,23 +111,23 @@ class Stack:
         return out, finals
 
     def backward(self, gy, gfinals: dict, frames: Frames):
-        """gy: [T, B, dirs·F]; gfinals: state -> [L·dirs, B, S] or None. Returns
-        (gx [T, B, D], state -> g0 [L·dirs, B, S], grads[l][d]: cell param -> gradient)."""
+        """gy: [T, B, dirs·F]; gfinals: state -> self.shape(s, B) or None. Returns (gx [T, B, D],
+        state -> g0 shaped self.shape(s, B), grads[l][d]: cell param -> gradient)."""
         xp, nd = self.backend.xp, self.nd
         T, B = gy.shape[:2]
         g = frames.mask(gy)             # gradients arriving at padded frames are ignored
-        ginit = {s: xp.zeros((len(self.runs) * nd, B, n), gy.dtype) for s, (_, n) in self.states.items()}
+        ginit = {s: xp.zeros(self.shape(s, B), gy.dtype) for s in self.states}
         grads = [[None] * nd for _ in self.runs]
         for l in reversed(range(len(self.runs))):
             layer, F = self.runs[l], self.runs[l][0].out_size
             gx = xp.zeros((T, B, layer[0].in_size), gy.dtype)
             for d, run in enumerate(layer):
                 k = l * nd + d
-                gf = {s: None if a is None else a[k] for s, a in gfinals.items()}
+                gf = {s: None if a is None else a[..., k, :, :] for s, a in gfinals.items()}
                 gxd, g0, grads[l][d] = run.backward(g[..., d * F:(d + 1) * F], gf, frames)
                 gx += gxd
                 for s, v in g0.items():
-                    ginit[s][k] = v
+                    ginit[s][..., k, :, :] = v
             if l > 0:
                 mask = self.masks[l - 1]
                 g = frames.mask(gx if mask is None else gx * mask)

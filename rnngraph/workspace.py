@@ -1,9 +1,11 @@
 """The Workspace: static buffers for one (schedule, T, B, dtype), carved from flat arenas.
 
-Layout: every node's value lives in a buffer [T+1, B, F]; frame t is row t+1 and row 0 holds the
-initial state (zeros for nodes that are not states). A read with delay d at frame t is row
-max(t+1-d, 0). Gradients mirror values. Nothing is allocated after construction, which is what
-lets the GPU backend record the loops into CUDA graphs.
+Layout: every node's value lives in a buffer [P+T, B, F], P the cell's largest delay (1 for
+PyTorch's cells); frame t is row P+t and rows 0..P-1 hold the frames before the call (a state's
+initial history; zeros for nodes that are not states). A read with delay d at frame t is row
+P+t-d, so every delayed read, of one frame or of all T, is a plain view. Gradients mirror values.
+Nothing is allocated after construction, which is what lets the GPU backend record the loops into
+CUDA graphs.
 """
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ import itertools
 import math
 from collections import Counter
 
-from .arrays import array_module
 from .errors import RnnGraphError
 from .ops import OpKind, accumulate
 from .schedule import Gemm, Schedule
@@ -27,16 +28,14 @@ class Workspace:
     def __init__(self, sched: Schedule, backend, T: int, B: int, dtype):
         cell = sched.cell
         self.T, self.B, self.dtype, self.serial, self.version = T, B, dtype, next(SERIAL), 0
-        self.vals, self.grads, self.cat, self.wcat, self.memo, self.shift = {}, {}, {}, {}, {}, {}
+        self.P = max(cell.depths.values(), default=1)       # history rows before frame 0
+        self.vals, self.grads, self.cat, self.wcat, self.memo = {}, {}, {}, {}, {}
         self.shared_weights = {w for w, k in Counter(w for n in cell.graph if cell.op(n).kind is OpKind.LINEAR
                                                      for w in [cell.reads(n)[1][0]]).items() if k > 1}
         gemms = [it for it in sched.items if isinstance(it, Gemm)]
-        blocks = [((T + 1, B, sum(it.sizes)), it) for it in gemms]
-        blocks += [((T + 1, B, cell.op(n).size), n) for n in cell.graph
+        blocks = [((self.P + T, B, sum(it.sizes)), it) for it in gemms]
+        blocks += [((self.P + T, B, cell.op(n).size), n) for n in cell.graph
                    if cell.op(n).kind is not OpKind.PARAM and n not in {m for it in gemms for m in it.nodes}]
-        shifts = sorted({(u, d["delay"]) for u, _, d in cell.graph.edges(data=True)
-                         if d["delay"] >= 2 and cell.op(u).kind is not OpKind.PARAM})
-        blocks += [((T, B, cell.op(u).size), ("shift", u, d)) for u, d in shifts]
         wblocks = [((sum(it.sizes), cell.op(it.operand).size), it) for it in gemms]
         pblocks = [(cell.params[p], p) for p in cell.params]
         vals = _carve(backend, dtype, [s for s, _ in blocks + wblocks])
@@ -50,8 +49,6 @@ class Workspace:
                     off += f
             elif isinstance(key, Gemm):
                 self.wcat[key] = (v, g)
-            elif isinstance(key, tuple):   # frames t-d of node u for all t: [T, B, F]
-                self.shift[key[1:]] = v
             else:
                 self.vals[key], self.grads[key] = v, g
         for it, (_, g) in self.wcat.items():   # a weight read by one linear op: its grad is a row block
@@ -60,14 +57,6 @@ class Workspace:
                 if w not in self.shared_weights:
                     self.grads[w] = g[off:off + f]
                 off += f
-
-        xp = backend.xp
-        self.gather = {d: xp.asarray(xp.maximum(xp.arange(T) + 1 - d, 0)) for _, d in shifts}
-
-    def refresh_shifts(self):
-        """Fills the [T, B, F] buffers of values read d ≥ 2 frames back (frames before d-1 read row 0)."""
-        for (u, d), buf in self.shift.items():
-            array_module(buf).take(self.vals[u], self.gather[d], axis=0, out=buf)
 
     def bind_params(self, params: dict):
         """Parameters are used in place; a new array object invalidates recorded loops and views."""
@@ -81,18 +70,20 @@ class Workspace:
                 self.memo.clear()
 
     # -- frame selection: arrays handed to the rules are rows [N, F] -------------------------------
+    def frames(self, buf, d: int = 0):
+        """buf [P+T, B, F] read with delay d at every frame: its rows P-d .. P-d+T-1, [T, B, F]."""
+        return buf[self.P - d:self.P - d + self.T]
+
+    def read_cat(self, buf, t):
+        """A merged GEMM's output buffer [P+T, B, ΣF] at frame t ([B, ΣF]) or all frames ([T·B, ΣF])."""
+        return buf[self.P + t] if t is not ALL else rows(self.frames(buf))
+
     def read(self, n: str, d: int, t, grads: bool = False):
         """Node n read with delay d at frame t ([B, F]) or at all frames (ALL, [T·B, F]); params as is."""
         buf = (self.grads if grads else self.vals)[n]
         if buf.ndim != 3:
             return buf
-        if t is not ALL:
-            return buf[max(t + 1 - d, 0)]
-        if d <= 1:
-            return rows(buf[1 - d:self.T + 1 - d])
-        if grads:
-            raise RnnGraphError(f"internal: no gradient view of '{n}' read {d} frames back over all frames")
-        return rows(self.shift[(n, d)])   # d ≥ 2: filled by refresh_shifts() after the loop
+        return buf[self.P + t - d] if t is not ALL else rows(self.frames(buf, d))
 
     def add(self, n: str, d: int, t, v, cols=slice(None)):
         """Adds gradient v (rows of the read) into n's gradient at the rows a delay-d read came from."""
@@ -100,15 +91,9 @@ class Workspace:
         if g.ndim != 3:
             accumulate(g, v)
         elif t is not ALL:
-            g[max(t + 1 - d, 0)][:, cols] += v
+            g[self.P + t - d][:, cols] += v
         else:
-            T, B = self.T, self.B
-            v = v.reshape(T, B, v.shape[-1])
-            if d <= 1:
-                g[1 - d:T + 1 - d, :, cols] += v
-            else:
-                g[0:max(T + 1 - d, 0), :, cols] += v[d - 1:]
-                g[0, :, cols] += v[:d - 1].sum(axis=0)
+            self.frames(g, d)[:, :, cols] += v.reshape(self.T, self.B, v.shape[-1])
 
 
 def _carve(backend, dtype, shapes, arena=False):
