@@ -189,9 +189,10 @@ class Executor:
 
     # -- backward -----------------------------------------------------------------------------
     def backward(self, grad_outputs: dict, grad_finals: dict | None = None):
-        """grad_outputs: name -> [T, B, F] (or None); grad_finals: state -> [B, F] (or None).
-        Returns (grad_inputs: name -> [T, B, F], grad_init: state -> [B, F], grad_params: name ->
-        array), views into the workspace that the next call overwrites."""
+        """grad_outputs: name -> [T, B, F] (or None); grad_finals: state -> [B, F] (the last frame),
+        [D, B, F] (shaped like finals) or None. Returns (grad_inputs: name -> [T, B, F], grad_init:
+        state -> [B, F] or [D, B, F] like finals, grad_params: name -> array), views into the
+        workspace that the next call overwrites."""
         cell, ws = self.cell, self.ws
         if ws is None:
             raise RnnGraphError("backward() called before forward()")
@@ -200,8 +201,8 @@ class Executor:
             if g is not None:
                 ws.frames(ws.grads[o])[...] += g
         for s, g in (grad_finals or {}).items():
-            if g is not None:       # shaped like finals[s]; rows never repeat within a sequence
-                ws.grads[cell.states[s][0]][self._last_rows(cell.depths[s])] += g
+            if g is not None:       # [B, F]: the last frame's; [D, B, F]: each of the last D frames'
+                ws.grads[cell.states[s][0]][self._last_rows(cell.depths[s] if g.ndim == 3 else 1)] += g
         self._run_body("bwd", ws, self._backward_body)
         init = {s: ws.grads[p][ws.P - 1] if cell.depths[s] == 1 else ws.grads[p][ws.P - cell.depths[s]:ws.P]
                 for s, (p, _) in cell.states.items()}

@@ -201,3 +201,20 @@ def test_dropout_mask_on_the_device_equals_numpy(dtype):
     got = dropout_mask(b, (33, 7, 9), 0.3, cupy, dtype)
     assert type(got) is cupy.ndarray and got.dtype == want.dtype
     np.testing.assert_array_equal(cupy.asnumpy(got), want)
+
+
+@pytest.mark.parametrize("mode", ["staged", "graph"])
+def test_chunked_calls_carry_the_history_on_the_gpu(mode):
+    """A state read two frames back crosses a chunk boundary intact: chunks equal one call."""
+    import cupy
+    from rnngraph.nn import Recurrent
+    layer = Recurrent(user_cell, 5, 8, num_layers=2, backend="cupy", mode=mode, dtype="float64")
+    x = cupy.asarray(np.random.default_rng(9).standard_normal((9, 3, 5)))
+    want, want_h = layer(x)
+    want, want_h = want.copy(), want_h.copy()
+    a, h = layer(x[:4])
+    a = a.copy()
+    b, h2 = layer(x[4:], h)
+    assert h2.shape == (2, 2, 3, 8)
+    _assert_close({"y": cupy.concatenate([a, b]), "h": h2}, {"y": cupy.asnumpy(want), "h": cupy.asnumpy(want_h)},
+                  TOL["float64"], f"chunked {mode}")
