@@ -73,3 +73,20 @@ def test_quick_start_matches_ci():
 def test_readme_figure_exists():
     for path in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", README):
         assert (ROOT / path).stat().st_size > 10_000
+
+
+def test_cpu_training_numbers_come_from_the_committed_log():
+    from rnngraph.train import read_log
+    log = read_log(ROOT / "experiments" / "results" / "training_cpu_default")
+    text = " ".join(README.split())
+    ends = [k for k, v in enumerate(log["val_bpc"]) if v == v]               # the epoch ends
+    for k in ends:
+        row = (f"| {log['step'][k]:.0f} | {log['epoch'][k]:.0f} | {log['bpc'][k]:.3f} | {log['val_bpc'][k]:.3f} "
+               f"| {log['frames_per_s'][k]:,.0f} | {log['elapsed_s'][k]:.0f} s |")
+        assert row in text, row
+    steps, seconds, val = log["step"][-1], log["elapsed_s"][-1], log["val_bpc"][-1]
+    chars = steps * 32 * 32                                                    # the default streams × bptt
+    assert (f"validation bpc of {val:.3f}** after {steps:,.0f} steps and {seconds:.0f} s of training "
+            f"({log['val_bpc'][ends[0]]:.3f} after the first epoch), about {round(chars / seconds, -2):,.0f} "
+            "characters per second") in text
+    assert f"{val:.3f} in {seconds:.0f} s for the CPU default" in text
