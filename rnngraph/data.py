@@ -26,7 +26,7 @@ def bundled_path() -> Path:
 
 def read_text(path=None) -> str:
     """The UTF-8 text at `path` (the bundled text when None); a clear RnnGraphError if it is missing,
-    unreadable, empty or not UTF-8.
+    unreadable, empty or not UTF-8 (with an iconv command that converts it: UTF-16 and UTF-32 are recognised).
 
     >>> text = read_text()            # the bundled corpus, 1,588,272 characters
     """
@@ -35,6 +35,10 @@ def read_text(path=None) -> str:
         raw = path.read_bytes()
     except OSError as e:
         raise RnnGraphError(f"cannot read text file {path}: {e.strerror or e}") from None
+    wide = _wide_encoding(raw)
+    if wide:
+        raise RnnGraphError(f"text file {path} is {wide}, not UTF-8; convert it first, e.g. iconv -f {wide} -t utf-8 "
+                            f"{path} > {path.stem}-utf8.txt")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -46,6 +50,20 @@ def read_text(path=None) -> str:
     if not text.strip():
         raise RnnGraphError(f"text file {path} is empty; give a UTF-8 text of at least a few kilobytes")
     return text
+
+
+def _wide_encoding(raw: bytes) -> str | None:
+    """iconv's name for raw's encoding when it is UTF-16 or UTF-32: by its byte-order mark, or, lacking
+    one, when a quarter or more of its first 4 KB are NUL bytes (their position tells the byte order)."""
+    if raw.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
+        return "utf-32"
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "utf-16"
+    head = raw[:4096]
+    if not head or head.count(0) * 4 < len(head):
+        return None
+    width = "utf-32" if head.count(0) * 3 >= len(head) * 2 else "utf-16"
+    return width + ("be" if head[0] == 0 else "le")
 
 
 def text_digest(text: str) -> str:
@@ -118,24 +136,28 @@ class Streams:
         return window[:-1], window[1:]
 
 
-def make_streams(ids: np.ndarray, streams: int, bptt: int, what: str = "training") -> Streams:
+def make_streams(ids: np.ndarray, streams: int, bptt: int, what: str = "training",
+                 longer: str = "a longer text") -> Streams:
     """Cuts ids [N] into `streams` continuous streams for chunks of `bptt` frames; a clear error when
-    the text is too short for that many streams of at least bptt + 1 characters."""
+    the text is too short for that many streams of at least bptt + 1 characters (`longer` says how to
+    get more text)."""
     n = len(ids)
+    if n < 2:
+        raise RnnGraphError(f"the {what} text is too short: it has {n} character(s) and even --bptt 1 needs 2; "
+                            f"use {longer}")
     if bptt + 1 > n:
         raise RnnGraphError(f"--bptt {bptt} is larger than the data allows: the {what} text has {n} "
-                            f"characters, so --bptt can be at most {n - 1}")
+                            f"characters, so --bptt can be at most {n - 1}; use a smaller --bptt or {longer}")
     if streams * (bptt + 1) > n:
+        fix = f"fewer streams, a smaller --bptt or {longer}" if bptt > 1 else f"fewer --streams or {longer}"
         raise RnnGraphError(f"--streams {streams} is larger than the data allows: the {what} text has {n} "
                             f"characters, enough for at most {n // (bptt + 1)} streams of --bptt {bptt} + 1 "
-                            f"characters; use fewer streams, a smaller --bptt or a longer text")
+                            f"characters; use {fix}")
     per = n // streams
     return Streams(np.ascontiguousarray(ids[:streams * per].reshape(streams, per)), bptt)
 
 
 def validation_streams(ids: np.ndarray, streams: int, bptt: int) -> Streams:
     """The validation part as up to `streams` streams (fewer when it is short), chunks of `bptt` frames."""
-    if bptt + 1 > len(ids):
-        raise RnnGraphError(f"--bptt {bptt} is larger than the data allows: the validation text has only "
-                            f"{len(ids)} characters; use a smaller --bptt or a larger --val-fraction")
-    return make_streams(ids, min(streams, len(ids) // (bptt + 1)), bptt, "validation")
+    return make_streams(ids, max(1, min(streams, len(ids) // (bptt + 1))), bptt, "validation",
+                        "a larger --val-fraction or a longer text")

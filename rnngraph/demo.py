@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
+from functools import partial
 
 from .cells import load_cell
 from .data import Vocab, read_text
+from .errors import Interrupted
+from .runs import check_folder, new_run_id, out_folder, run_in
 from .schedule import build_schedule
 from .train import TrainConfig, train
 
@@ -34,15 +36,19 @@ def backend_line(backend: str) -> tuple[str, str]:
     return "numpy", "running on the CPU (numpy backend)"
 
 
-def run_demo(quick: bool = False, out="rnngraph-demo", backend: str = "auto", echo=print) -> dict:
-    """Runs the demo and returns {"val_bpc", "sample", "figure", "checkpoint", "seconds"}."""
+def run_demo(quick: bool = False, out="rnngraph-demo", backend: str = "auto", echo=print,
+             overwrite: bool = False) -> dict:
+    """Runs the demo and returns {"val_bpc", "sample", "figure", "checkpoint", "seconds"}. It replaces its own
+    earlier output in `out`, but another run's checkpoint only when overwrite is True."""
     from .sample import generate, load_model
     from .train_figures import draw_training_curves
 
     t0 = time.perf_counter()
     size = QUICK if quick else FULL
+    out, run_id = out_folder(out), new_run_id("demo")
+    if not overwrite:
+        check_folder(out, run_id)       # before any output: the demo may replace only an earlier demo
     name, line = backend_line(backend)
-    out = Path(out)
     echo(f"rnngraph demo: {line}\n")
     vocab = Vocab.from_text(read_text())
     echo(f"1. An LSTM over {len(vocab)} characters, hidden size {size['hidden']}: its schedule\n")
@@ -52,8 +58,8 @@ def run_demo(quick: bool = False, out="rnngraph-demo", backend: str = "auto", ec
     cfg = TrainConfig(hidden=size["hidden"], streams=size["streams"], bptt=size["bptt"], epochs=1,
                       max_steps=size["max_steps"], schedule="constant", backend=name,
                       mode="graph" if name == "cupy" else "staged", out=str(out),
-                      checkpoint_every=size["max_steps"])
-    result = train(cfg, echo=echo, overwrite=True)      # the demo's folder is its own scratch space
+                      checkpoint_every=size["max_steps"], run_id=run_id)
+    result = train(cfg, echo=echo, overwrite=True)      # checked above
     first = result.history[0]["bpc"]
     echo(f"   training bpc {first:.2f} -> {result.history[-1]['bpc']:.2f}; validation bpc "
          f"{result.val_bpc:.3f} after {result.seconds:.0f} s")
@@ -76,7 +82,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where the checkpoint, logs and figure go (default: %(default)s)")
     p.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto",
                    help="auto takes the GPU when cupy finds one (default: %(default)s)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the checkpoint and logs of a training run in --out (an earlier demo's always are)")
 
 
 def run(args: argparse.Namespace) -> None:
-    run_demo(args.quick, args.out, args.backend)
+    try:
+        run_demo(args.quick, args.out, args.backend, partial(print, flush=True), args.overwrite)
+    except KeyboardInterrupt:
+        there = run_in(args.out)
+        raise Interrupted(f"kept {there.path} ({there})" if there else f"nothing was saved in {args.out}") from None

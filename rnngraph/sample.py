@@ -6,13 +6,14 @@ With --backend auto it runs on the GPU when one is usable; --mode graph replays 
 from __future__ import annotations
 
 import argparse
+from typing import Callable
 
 import numpy as np
 
 from .charlm import CharLM
 from .checkpoint import load_checkpoint, model_arrays
 from .data import Vocab
-from .errors import RnnGraphError
+from .errors import Interrupted, RnnGraphError
 
 
 def load_model(path, backend: str = "auto", mode: str = "staged"):
@@ -28,14 +29,17 @@ def load_model(path, backend: str = "auto", mode: str = "staged"):
     return lm.eval(), Vocab(ckpt.config["vocab"])
 
 
-def generate(lm: CharLM, vocab: Vocab, prime: str, length: int, temperature: float = 1.0, seed: int = 0) -> str:
+def generate(lm: CharLM, vocab: Vocab, prime: str, length: int, temperature: float = 1.0, seed: int = 0,
+             on_text: Callable[[str], None] | None = None) -> str:
     """`length` characters following `prime`, each drawn from softmax(logits / temperature)
     (the most likely one when temperature is 0). The prime is read in one call of T = len(prime) frames.
+    `on_text`, when given, receives each character as soon as it is drawn.
 
     Example::
 
         lm, vocab = load_model("runs/train/checkpoint.npz")
         print(generate(lm, vocab, "ROMEO.\\n", 200, temperature=0.8))
+        generate(lm, vocab, "ROMEO.\\n", 200, on_text=lambda ch: print(ch, end="", flush=True))
     """
     if length < 0 or temperature < 0:
         raise RnnGraphError(f"need --length >= 0 and --temperature >= 0, got {length}, {temperature}")
@@ -49,6 +53,8 @@ def generate(lm: CharLM, vocab: Vocab, prime: str, length: int, temperature: flo
         z = np.asarray(lm.backend.to_numpy(logits[-1, 0]), dtype=np.float64)   # [V]
         nxt = int(np.argmax(z)) if temperature == 0 else _draw(rng, z / temperature)
         out.append(nxt)
+        if on_text is not None:
+            on_text(vocab.chars[nxt])
         logits, states = lm(np.array([[nxt]], dtype=np.int32), states)          # [1, 1, V]
     return vocab.decode(out)
 
@@ -74,6 +80,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    """Prints the prime, then each character as it is generated."""
     lm, vocab = load_model(args.checkpoint, args.backend, args.mode)
-    text = generate(lm, vocab, args.prime, args.length, args.temperature, args.seed)
-    print(args.prime + text)
+    shown = []
+
+    def show(ch: str) -> None:
+        shown.append(ch)
+        print(ch, end="", flush=True)
+
+    print(args.prime, end="", flush=True)
+    try:
+        generate(lm, vocab, args.prime, args.length, args.temperature, args.seed, on_text=show)
+    except KeyboardInterrupt:
+        print(flush=True)
+        raise Interrupted(f"kept the {len(shown)} of --length {args.length} characters printed above") from None
+    print()

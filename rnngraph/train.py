@@ -13,7 +13,7 @@ import csv
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +25,7 @@ from .data import Vocab, make_streams, read_text, split, text_digest, validation
 from .errors import RnnGraphError
 from .layers import CrossEntropyLoss
 from .optim import SGD, Adam, CosineLR, StepLR, clip_grad_norm
+from .runs import check_folder, new_run_id, out_folder
 
 VAL_STREAMS = 64   # validation reads at least this many streams (fewer calls; forward only)
 LOG_COLUMNS = ("step", "epoch", "loss", "bpc", "val_bpc", "lr", "grad_norm", "frames_per_s", "elapsed_s")
@@ -55,6 +56,8 @@ class TrainConfig:
     out: str = "runs/train"
     checkpoint_every: int = 200
     progress: bool | None = None     # tqdm bar; None: only on a terminal
+    progress_every: float = 10.0     # seconds between progress lines while the bar is off; 0: every step
+    run_id: str | None = None        # the run's identity, kept across resumes; None: a new id (runs.py)
 
 
 # Settings a resumed run must share with its checkpoint; the others (epochs, backend, out, ...) may change.
@@ -73,6 +76,7 @@ class Result:
     log_json: Path
     backend: str = ""
     steps: int = 0
+    trained: int = 0                 # steps run by this call (0: the checkpoint was already at the stop)
 
 
 def check_train_config(cfg: TrainConfig) -> None:
@@ -83,6 +87,9 @@ def check_train_config(cfg: TrainConfig) -> None:
             raise RnnGraphError(f"--{k.replace('_', '-')} must be a positive integer, got {getattr(cfg, k)}")
     if cfg.max_steps is not None and cfg.max_steps <= 0:
         raise RnnGraphError(f"--max-steps must be a positive integer, got {cfg.max_steps}")
+    if not cfg.progress_every >= 0:
+        raise RnnGraphError(f"--progress-every must be a number of seconds >= 0, got {cfg.progress_every}")
+    out_folder(cfg.out)
     if cfg.optimizer not in ("adam", "sgd"):
         raise RnnGraphError(f"--optimizer must be 'adam' or 'sgd', got {cfg.optimizer!r}")
     if cfg.schedule not in ("cosine", "step", "constant"):
@@ -118,15 +125,15 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, resume=None, echo=print, overwrite: bool = False):
         check_train_config(cfg)
-        self.cfg, self.echo = cfg, echo
-        old = Path(cfg.out) / "checkpoint.npz"
-        if resume is None and old.exists() and not overwrite:
-            raise RnnGraphError(f"{old} already holds a checkpoint; continue it with --resume {old}, start "
-                                "a new run elsewhere with --out DIR, or replace it with --overwrite")
         ckpt = load_checkpoint(resume) if resume is not None else None
         if ckpt is not None:
             _check_resumable(ckpt)
             check_same(ckpt.path, ckpt.config["train"], {k: getattr(cfg, k) for k in FIXED})
+        saved_id = ckpt.config["train"].get("run_id") if ckpt else None
+        cfg = replace(cfg, run_id=saved_id or cfg.run_id or new_run_id())
+        if not overwrite:
+            check_folder(cfg.out, cfg.run_id, ckpt)
+        self.cfg, self.echo = cfg, echo
         text = read_text(cfg.text)
         self.vocab = Vocab(ckpt.config["vocab"]) if ckpt else Vocab.from_text(text)
         self.digest = text_digest(text)
@@ -234,10 +241,18 @@ class Trainer:
         return bpc
 
     # -- the loop -------------------------------------------------------------------------------
+    @property
+    def stop(self) -> int:   # the last epoch's end, or --max-steps if that comes first
+        end = self.cfg.epochs * self.data.chunks
+        return end if self.cfg.max_steps is None else min(self.cfg.max_steps, end)
+
     def run(self) -> Result:
-        """Trains to the last epoch (or --max-steps), validating each epoch, checkpointing every N steps."""
-        cfg, chunks = self.cfg, self.data.chunks
-        stop = cfg.epochs * chunks if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * chunks)
+        """Trains to the last epoch (or --max-steps), validating each epoch, checkpointing every N steps;
+        prints a progress line every cfg.progress_every seconds while the bar is off; trains nothing (and
+        writes nothing) when the run is already at its stop."""
+        cfg, chunks, stop, start = self.cfg, self.data.chunks, self.stop, self.step
+        if start >= stop:
+            return self._result(0)
         self._start_logs()
         self.echo(f"{self.lm.rnn!r}, {self.lm.count_parameters():,} parameters; {self.data.streams} streams "
                   f"× {self.data.data.shape[1]:,} characters, bptt {self.data.bptt}, {chunks} steps per epoch")
@@ -245,11 +260,15 @@ class Trainer:
         bar = tqdm(total=stop, initial=min(self.step, stop), unit="step",
                    disable=None if cfg.progress is None else not cfg.progress,
                    dynamic_ncols=True, leave=False)
-        rate = None
+        rate, shown = None, time.monotonic()
         try:
             while self.step < stop:
                 row = self.train_step()
                 rate = row["frames_per_s"] if rate is None else 0.9 * rate + 0.1 * row["frames_per_s"]
+                if bar.disable and time.monotonic() - shown >= cfg.progress_every:
+                    self.echo(f"step {self.step:,}/{stop:,}: loss {row['loss']:.3f}, bpc {row['bpc']:.3f}, "
+                              f"{rate:,.0f} frames/s, {self.elapsed:.0f} s")
+                    shown = time.monotonic()
                 if self.step % chunks == 0 or self.step == stop:
                     row["val_bpc"] = self.validate()
                     (self.echo if bar.disable else bar.write)(self._epoch_line(row, rate))
@@ -264,9 +283,12 @@ class Trainer:
             self._csv.close()
         if self.saved_step != self.step:
             self.save()
+        return self._result(self.step - start)
+
+    def _result(self, trained: int) -> Result:
         vals = [r["val_bpc"] for r in self.history if r["val_bpc"] is not None]
-        return Result(self.history, vals[-1] if vals else float("nan"), self.elapsed, self.ckpt_path,
-                      self.csv_path, self.json_path, self.lm.backend.name, self.step)
+        return Result(self.history, vals[-1] if vals else float("nan"), self.elapsed, self.saved_path,
+                      self.csv_path, self.json_path, self.lm.backend.name, self.step, trained)
 
     def _epoch_line(self, row: dict, rate: float) -> str:
         return (f"epoch {self.step_epoch(self.step):.2f}: step {self.step}, train bpc {row['bpc']:.3f}, "
@@ -301,7 +323,7 @@ class Trainer:
 
 def train(cfg: TrainConfig, resume=None, echo=print, overwrite: bool = False) -> Result:
     """Runs one training run (continuing checkpoint `resume` when given) and returns its Result.
-    A new run refuses to replace an existing checkpoint in cfg.out unless overwrite is True.
+    Refuses to write into a cfg.out holding another run's checkpoint or logs unless overwrite is True.
 
     Example::
 

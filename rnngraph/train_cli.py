@@ -1,12 +1,13 @@
-"""`rnngraph train`: the command-line options of a TrainConfig, resume handling and the closing summary."""
+"""`rnngraph train`: the command-line options of a TrainConfig, resume handling, Ctrl-C and the closing summary."""
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import fields
+from functools import partial
 
 from .cli import positive_int
-from .train import TrainConfig, config_for_resume, train
+from .errors import Interrupted
+from .train import TrainConfig, Trainer, config_for_resume
 
 D = TrainConfig()   # the defaults, shown in --help
 
@@ -46,9 +47,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--checkpoint-every", type=positive_int, metavar="N",
                    help=f"write the checkpoint every N steps, and at the end (default: {D.checkpoint_every})")
     r.add_argument("--resume", metavar="CKPT", help="continue the run saved in CKPT exactly where it stopped")
-    r.add_argument("--overwrite", action="store_true", help="start afresh even if --out already holds a checkpoint")
+    r.add_argument("--overwrite", action="store_true",
+                   help="write into --out even if it holds the checkpoint and logs of another run, replacing them")
     r.add_argument("--progress", action=argparse.BooleanOptionalAction,
                    help="show the progress bar (default: on a terminal)")
+    r.add_argument("--progress-every", type=float, metavar="SECONDS",
+                   help=f"without the bar, print a progress line this often; 0: every step (default: {D.progress_every:g})")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -58,14 +62,31 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(**given)
 
 
-def run(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
+def run(args: argparse.Namespace) -> None:
+    trainer = Trainer(config_from_args(args), args.resume, partial(print, flush=True), args.overwrite)
     try:
-        result = train(cfg, resume=args.resume, overwrite=args.overwrite)
+        result = trainer.run()
     except KeyboardInterrupt:
-        print(f"rnngraph: interrupted; continue with rnngraph train --resume {cfg.out}/checkpoint.npz "
-              "(the checkpoint holds the last saved step)", file=sys.stderr)
-        return 130
+        raise Interrupted(kept(trainer)) from None
+    if not result.trained:
+        print(nothing_trained(trainer))
+        return
     print(f"done: {result.steps} steps on {result.backend} in {result.seconds:.0f} s; validation bpc "
           f"{result.val_bpc:.3f}; checkpoint {result.checkpoint}; logs {result.log_csv}, {result.log_json}")
-    return 0
+
+
+def kept(t: Trainer) -> str:
+    """What a Ctrl-C leaves: the last checkpoint and how to continue it, or that nothing was saved."""
+    if t.saved_step is None:
+        return (f"nothing was saved yet (the first checkpoint comes at step {min(t.cfg.checkpoint_every, t.stop)});"
+                " run the same command again to start afresh")
+    out = "" if t.saved_path.parent == t.out else f" --out {t.out}"
+    return f"checkpoint {t.saved_path} holds step {t.saved_step}; continue with rnngraph train --resume {t.saved_path}{out}"
+
+
+def nothing_trained(t: Trainer) -> str:
+    """Why a resumed run trained no step: its checkpoint is already at --max-steps or its last epoch's end."""
+    cfg, at = t.cfg, f"nothing trained: checkpoint {t.saved_path} is already at step {t.step}"
+    if cfg.max_steps is not None and t.step >= cfg.max_steps:
+        return f"{at} ≥ --max-steps {cfg.max_steps}; raise --max-steps to train further"
+    return f"{at}, the end of its --epochs {cfg.epochs} ({t.data.chunks} steps each); raise --epochs to train further"
