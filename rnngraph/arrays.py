@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Mapping
 
 import numpy
 
@@ -98,10 +99,18 @@ def check_float(x, who: str, xp=None, dtype=None) -> None:
         raise RnnGraphError(f"{who}: expected a {xp.__name__} array (where the parameters or the other "
                             f"inputs live), got a {array_module(x).__name__} array; move it with {xp.__name__}.asarray")
     if dtype is not None and x.dtype != dtype:
-        raise RnnGraphError(f"{who}: dtype mismatch, expected {dtype}, got {x.dtype}; convert with "
-                            f".astype('{dtype}') (or build the layer with dtype='{x.dtype}')")
+        raise RnnGraphError(f"{who}: dtype mismatch, expected {dtype}, got {x.dtype}; "
+                            + dtype_fix("", x.dtype, dtype))
     if dtype is None and x.dtype.kind != "f":
         raise RnnGraphError(f"{who}: expected a float array, got dtype {x.dtype}")
+
+
+def dtype_fix(name: str, got, want) -> str:
+    """How to fix array `name` of dtype `got` for a layer of dtype `want`: cast the array, or, for the other
+    float dtype, build the layer with it (never suggests a dtype the layers reject, such as int64)."""
+    if numpy.dtype(got).name in FLOAT_DTYPES:
+        return f"convert with {name}.astype('{want}') or build the layer with dtype='{got}'"
+    return f"convert with {name}.astype('{want}') (layers take only {' or '.join(FLOAT_DTYPES)} arrays)"
 
 
 def saved_cache(owner, cache):
@@ -115,14 +124,18 @@ def saved_cache(owner, cache):
 def check_state_dict(owner: str, expected: dict, got: dict, strict: bool = True) -> None:
     """One RnnGraphError listing, by name, every missing key, unexpected key and wrong shape.
 
-    expected: name -> shape; got: name -> array. With strict=False missing and unexpected keys are
-    allowed (skipped by the loader); wrong shapes still raise.
+    expected: name -> shape; got: name -> array (numpy, cupy or torch). With strict=False missing and
+    unexpected keys are allowed (skipped by the loader); wrong shapes and values that are not arrays raise.
     """
+    if not isinstance(got, Mapping):
+        raise RnnGraphError(f"cannot load state dict into {owner}: expected a dict of name -> array (as "
+                            f"state_dict() returns), got {type(got).__name__}")
     missing = [k for k in expected if k not in got]
     unexpected = [k for k in got if k not in expected]
-    wrong = [f"{k}: expected {list(s)}, got {list(numpy.shape(got[k]))}"
-             for k, s in expected.items() if k in got and tuple(numpy.shape(got[k])) != tuple(s)]
-    problems = []
+    not_arrays = [f"{k} ({type(v).__name__})" for k, v in got.items() if not hasattr(v, "shape")]
+    wrong = [f"{k}: expected {list(s)}, got {list(got[k].shape)}" for k, s in expected.items()
+             if hasattr(got.get(k), "shape") and tuple(got[k].shape) != tuple(s)]
+    problems = ["not arrays (pass numpy arrays): " + ", ".join(not_arrays)] if not_arrays else []
     if strict and missing:
         problems.append("missing keys: " + ", ".join(missing))
     if strict and unexpected:

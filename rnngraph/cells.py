@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sysconfig
+import traceback
 from typing import Callable
 
 from .errors import RnnGraphError
@@ -156,28 +159,68 @@ CELLS: dict[str, tuple[Callable, str]] = {
 
 
 def load_cell(spec, input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
-    """A CellGraph from a built-in name, 'module:function', a cell function or a CellGraph."""
+    """A CellGraph from a built-in name, 'module:function', a cell function or a CellGraph.
+
+    Whatever goes wrong in the user's function (an exception, a wrong signature, a result that is not a
+    CellGraph) is one RnnGraphError naming the spec and, for an exception, the user's file:line.
+    """
     if isinstance(spec, CellGraph):
         return spec
+    fn, what = _cell_function(spec)
+    try:
+        sig = inspect.signature(fn)
+    except ValueError:               # a builtin without a signature: calling it tells
+        sig = None
+    kw = {"bias": bias} if sig and "bias" in sig.parameters else {}
+    try:
+        if sig:
+            sig.bind(input_size, hidden_size, **kw)
+    except TypeError:
+        raise RnnGraphError(f"{what} must take (input_size, hidden_size, bias=True), but its signature is "
+                            f"{sig}") from None
+    try:
+        cell = fn(input_size, hidden_size, **kw)
+    except Exception as e:           # the user's error and line, not our frames
+        where = _user_line(e.__traceback__)
+        if isinstance(e, RnnGraphError):
+            if not where:            # a built-in cell: the message says it all
+                raise
+            raise RnnGraphError(f"{e} ({what}{where})") from None
+        raise RnnGraphError(f"{what} raised {type(e).__name__}: {e}{where}") from None
+    if not isinstance(cell, CellGraph):
+        raise RnnGraphError(f"{what} returned {type(cell).__name__}, not a CellGraph (did you forget .build()?)")
+    return cell
+
+
+def _cell_function(spec) -> tuple[Callable, str]:
+    """The cell function `spec` names, and how to name it in an error."""
     if callable(spec):
-        fn = spec
-    elif spec in CELLS:
-        fn = CELLS[spec][0]
-    elif isinstance(spec, str) and ":" in spec:
-        mod, _, attr = spec.partition(":")
-        try:
-            module = importlib.import_module(mod)
-        except Exception as e:  # show the user's own import error, not our frames
-            raise RnnGraphError(f"cannot import cell module '{mod}': {type(e).__name__}: {e}") from None
-        fn = getattr(module, attr, None)
-        if fn is None:
-            raise RnnGraphError(f"module '{mod}' has no cell function '{attr}'")
-    else:
+        return spec, f"cell function {getattr(spec, '__qualname__', spec)!r}"
+    if isinstance(spec, str) and spec in CELLS:
+        return CELLS[spec][0], f"cell '{spec}'"
+    if not isinstance(spec, str) or ":" not in spec:
         raise RnnGraphError(f"unknown cell {spec!r}; built-in cells: {', '.join(CELLS)}; "
                             "or pass 'module:function'")
-    kw = {"bias": bias} if "bias" in inspect.signature(fn).parameters else {}
-    cell = fn(input_size, hidden_size, **kw)
-    if not isinstance(cell, CellGraph):
-        raise RnnGraphError(f"cell function {spec!r} returned {type(cell).__name__}, not a CellGraph "
-                            "(did you forget .build()?)")
-    return cell
+    mod, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(mod)
+    except Exception as e:  # show the user's own import error, not our frames
+        name = mod[:-3].replace("/", ".")
+        hint = f"; name the module, not its file: '{name}:{attr}'" if mod.endswith(".py") else ""
+        raise RnnGraphError(f"cannot import cell module '{mod}': {type(e).__name__}: {e}"
+                            f"{_user_line(e.__traceback__)}{hint}") from None
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise RnnGraphError(f"module '{mod}' has no cell function '{attr}'")
+    if not callable(fn):
+        raise RnnGraphError(f"'{spec}' is not callable (type {type(fn).__name__}); expected a cell function "
+                            "fn(input_size, hidden_size, bias=True) -> CellGraph")
+    return fn, f"cell function '{spec}'"
+
+
+def _user_line(tb) -> str:
+    """', at FILE:LINE' of the innermost frame outside rnngraph and the Python installation, or ''."""
+    python = {sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}
+    ours = (os.path.dirname(__file__) + os.sep, "<frozen ", *python)
+    frames = [f for f in traceback.extract_tb(tb) if not f.filename.startswith(ours)]
+    return f", at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""

@@ -2,7 +2,8 @@
 
 To add a subcommand, write its two functions (in any module) and add one entry to COMMANDS.
 Keep heavy imports (torch, cupy, matplotlib) inside `run`, so `rnngraph --help` stays fast.
-Every RnnGraphError ends the program with status 2 and one line on stderr, never a traceback.
+Every RnnGraphError (and MemoryError) ends the program with status 2 and one line on stderr, Ctrl-C with
+status 130 and one line saying what was kept (errors.Interrupted, or the command's `interrupted` text).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Callable
 
 from . import __version__
 from .cells import CELLS, load_cell
-from .errors import RnnGraphError
+from .errors import Interrupted, RnnGraphError
 from .graph import CellGraph
 from .schedule import build_schedule
 
@@ -26,6 +27,7 @@ class Command:
     help: str                                               # one line, shown by `rnngraph --help`
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], "int | None"]       # exit status; None means 0
+    interrupted: str = "nothing was written"                # what a bare Ctrl-C leaves behind
 
 
 # -- shared arguments -------------------------------------------------------------------------
@@ -75,10 +77,12 @@ def _schedule_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _schedule_run(args: argparse.Namespace) -> None:
+    if args.draw is not None:
+        from .viz import check_image_path, draw_schedule   # matplotlib only when drawing
+        check_image_path(args.draw)
     schedule = build_schedule(cell_from_args(args))
     print(json.dumps(schedule.summary()) if args.json else schedule)
-    if args.draw:
-        from .viz import draw_schedule   # matplotlib only when drawing
+    if args.draw is not None:
         try:
             draw_schedule(schedule, args.draw)
         except OSError as e:
@@ -118,15 +122,26 @@ def build_parser() -> argparse.ArgumentParser:
     for name, command in COMMANDS.items():
         p = sub.add_parser(name, help=command.help, description=command.help)
         command.add_arguments(p)
-        p.set_defaults(run=command.run)
+        p.set_defaults(run=command.run, interrupted=command.interrupted)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs one subcommand; returns the exit status (2 with a one-line message for an RnnGraphError)."""
+    """Runs one subcommand; returns the exit status: 2 with one line for an RnnGraphError or MemoryError,
+    130 with one line for Ctrl-C."""
     args = build_parser().parse_args(argv)
     try:
         return args.run(args) or 0
     except RnnGraphError as e:
-        print(f"rnngraph: error: {' '.join(str(e).splitlines())}", file=sys.stderr)
-        return 2
+        return _say(f"error: {e}", 2)
+    except MemoryError as e:            # numpy's message names the size it tried to allocate
+        return _say(f"error: out of memory: {e or 'an allocation failed'}; try smaller sizes", 2)
+    except Interrupted as e:
+        return _say(f"interrupted; {e}", 130)
+    except KeyboardInterrupt:
+        return _say(f"interrupted; {args.interrupted}", 130)
+
+
+def _say(message: str, status: int) -> int:
+    print(f"rnngraph: {' '.join(message.splitlines())}", file=sys.stderr)
+    return status

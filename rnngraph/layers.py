@@ -44,12 +44,11 @@ class Parameterized:
         Missing keys, unexpected keys and wrong shapes are all listed, by name, in one RnnGraphError.
         With strict=False missing and unexpected keys are skipped; wrong shapes still raise.
         """
-        arrays = {k: to_numpy(v) for k, v in d.items()}
-        check_state_dict(type(self).__name__, {k: p.shape for k, p in self._params.items()}, arrays, strict)
-        for k, a in arrays.items():
+        check_state_dict(type(self).__name__, {k: p.shape for k, p in self._params.items()}, d, strict)
+        for k, v in d.items():
             if k in self._params:
                 p = self._params[k]
-                p[...] = array_module(p).asarray(a, dtype=p.dtype)
+                p[...] = array_module(p).asarray(to_numpy(v), dtype=p.dtype)
         return self
 
 

@@ -3,10 +3,11 @@ and, where the mistake is a common one, what was probably meant."""
 from __future__ import annotations
 
 import warnings
+from numbers import Real
 
 import numpy as np
 
-from .arrays import array_module, to_numpy
+from .arrays import array_module, dtype_fix, to_numpy
 from .errors import RnnGraphError, RnnGraphWarning
 
 
@@ -31,7 +32,7 @@ def check_finite(name: str, a):
 
 def check_config(input_size, hidden_size, num_layers, dropout):
     for name, v in (("input_size", input_size), ("hidden_size", hidden_size), ("num_layers", num_layers)):
-        if int(v) != v or v < 1:
+        if isinstance(v, bool) or not isinstance(v, Real) or not v >= 1 or v % 1:
             raise RnnGraphError(f"{name} must be a positive integer, got {v!r}")
     if not 0.0 <= dropout < 1.0:
         raise RnnGraphError(f"dropout must be a probability in [0, 1), got {dropout!r}")
@@ -73,8 +74,8 @@ def check_array(name: str, a, backend, dtype):
         raise RnnGraphError(f"{name} is a {type(a).__module__}.{type(a).__name__} but this layer runs on "
                             f"the {backend.name} backend and takes {xp.__name__} arrays; {hint}")
     if a.dtype != dtype:
-        raise RnnGraphError(f"{name} has dtype {a.dtype} but the layer is {dtype}; convert with "
-                            f"{name}.astype('{dtype}') or build the layer with dtype='{a.dtype}'")
+        raise RnnGraphError(f"{name} has dtype {a.dtype} but the layer is {dtype}; "
+                            + dtype_fix(name, a.dtype, dtype))
     return a
 
 

@@ -6,12 +6,16 @@ and the `post` items. Each item (one future kernel) is outlined; parameters appe
 """
 from __future__ import annotations
 
+import os
+
 import networkx as nx
+from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch, Rectangle
 
 from . import style
+from .errors import RnnGraphError
 from .graph import same_frame
 from .ops import OpKind
 from .schedule import Gemm, Schedule, fmt_read
@@ -29,6 +33,7 @@ def draw_schedule(schedule: Schedule, path) -> None:
 
     Example: ``draw_schedule(build_schedule(load_cell("lstm", 32, 64)), "lstm.png")``
     """
+    check_image_path(path)
     lay = _Layout(schedule)
     with style.context():
         ncols, (top, bottom) = lay.ncols, lay.row_span()
@@ -48,6 +53,15 @@ def draw_schedule(schedule: Schedule, path) -> None:
         ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0),
                   ncol=min(len(handles), 6), handlelength=2.4)
         fig.savefig(path)
+
+
+def check_image_path(path) -> None:
+    """Raises RnnGraphError unless `path` ends in a format matplotlib writes (.png, .pdf, .svg, ...)."""
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = os.path.splitext(os.fspath(path))[1][1:].lower()
+    if suffix not in formats:
+        raise RnnGraphError(f"cannot draw to {os.fspath(path)!r}: the file name must end in an image format, "
+                            f"one of {', '.join('.' + f for f in sorted(formats))}; e.g. lstm.png")
 
 
 class _Layout:
