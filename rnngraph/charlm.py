@@ -12,6 +12,8 @@ import sys
 import numpy as np
 
 from .arrays import dropout_mask
+from .cells import CELLS, load_cell
+from .cellio import cell_from_dict, cell_to_dict, first_difference
 from .errors import RnnGraphError
 from .layers import CrossEntropyLoss, Dense, Sequential
 from .nn import Recurrent
@@ -58,8 +60,58 @@ def import_path_for(cell: str) -> None:
         sys.path.insert(0, os.getcwd())
 
 
+def check_stored_cell(model: dict, path, given: bool = False) -> None:
+    """Checks the cell of checkpoint `path` (its model config `model`) against the code its name builds today.
+
+    A user's module is imported only when `given` (the user named the cell again with --cell): a built-in
+    cell whose graph changed is noted in one line (the stored graph runs); a given module:function cell
+    that differs is refused; a version-1 checkpoint (no stored graphs) of a module:function cell needs `given`.
+    """
+    spec, user = model["cell"], model["cell"] not in CELLS
+    if "graphs" not in model:
+        if user and not given:
+            raise RnnGraphError(f"checkpoint {path} predates stored cell graphs: it names the cell {spec} but does "
+                                "not hold it, and loading a checkpoint imports no module by itself; if "
+                                f"{spec.partition(':')[0]} still holds the cell this run was trained with, pass "
+                                f"--cell {spec} to build it from there")
+        _note(f"checkpoint {path} predates stored cell graphs; building the cell {spec} from "
+              f"{'its module' if user else 'rnngraph'}")
+        return
+    try:
+        stored = [cell_from_dict(g) for g in model["graphs"]]
+    except RnnGraphError as e:
+        raise RnnGraphError(f"checkpoint {path}: {e}; resume from an earlier copy or start a new run") from None
+    if user and not given:
+        _note(f"running the graph of {spec} stored in checkpoint {path} (its module is not imported)")
+        return
+    import_path_for(spec)
+    diff = _first_change(spec, stored, model["hidden"])
+    if diff and user:
+        raise RnnGraphError(f"cell {spec} differs from the one checkpoint {path} was trained with: {diff}; drop "
+                            "--cell to continue with the stored graph, or train the new cell in a new run")
+    if diff:
+        _note(f"the built-in cell {spec} now builds another graph than checkpoint {path} stores ({diff}); "
+              "running the stored graph")
+
+
+def _first_change(spec: str, stored: list, hidden: int) -> str | None:
+    """How the cell `spec` builds today differs from its stored graphs (one per layer), or None."""
+    for cell in stored:
+        diff = first_difference(load_cell(spec, next(iter(cell.inputs.values())), hidden), cell, spec,
+                                "the checkpoint")
+        if diff:
+            return diff
+    return None
+
+
+def _note(text: str) -> None:
+    print(f"rnngraph: {text}", file=sys.stderr)
+
+
 class CharLM:
-    """A character model from a config dict (MODEL_KEYS plus 'vocab_size' and 'seed').
+    """A character model from a config dict: MODEL_KEYS, 'vocab_size', 'seed' and, in a checkpoint's config,
+    'graphs' (the cell's stored graphs, one per layer: built from them, not from the cell's name).
+    ``lm.config`` always holds the graphs.
 
     Example::
 
@@ -71,10 +123,15 @@ class CharLM:
     def __init__(self, config: dict, backend: str = "numpy", mode: str = "staged"):
         self.config = dict(config)
         V, H = config["vocab_size"], config["hidden"]
-        import_path_for(config["cell"])
-        self.rnn = Recurrent(config["cell"], V, H, num_layers=config["layers"],
+        if "graphs" in config:
+            spec = [cell_from_dict(g) for g in config["graphs"]]
+        else:
+            spec = config["cell"]
+            import_path_for(spec)
+        self.rnn = Recurrent(spec, V, H, num_layers=config["layers"],
                              dropout=config["dropout"] if config["layers"] > 1 else 0.0,
                              backend=backend, dtype=config["dtype"], mode=mode, seed=config["seed"])
+        self.config["graphs"] = [cell_to_dict(c) for c in self.rnn.cells]
         self.backend = self.rnn.backend
         self.xp = self.backend.xp
         F = self.rnn.cells[-1].op(self.rnn.cells[-1].outputs[0]).size

@@ -20,7 +20,8 @@ import numpy as np
 from .errors import RnnGraphError
 
 FORMAT = "rnngraph-checkpoint"
-VERSION = 1
+VERSION = 2           # 2: the model config holds the cell graphs (cellio); 1: only the cell's name
+READS = (1, 2)
 CONFIG = "config.json"
 
 
@@ -88,9 +89,9 @@ def load_checkpoint(path) -> Checkpoint:
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         raise RnnGraphError(f"{path} is not an rnngraph checkpoint (its {CONFIG} has no format "
                             f"'{FORMAT}')")
-    if config.get("version") != VERSION:
+    if config.get("version") not in READS:
         raise RnnGraphError(f"checkpoint {path} has format version {config.get('version')}; this rnngraph "
-                            f"reads version {VERSION}")
+                            f"reads version {' or '.join(map(str, READS))}; upgrade rnngraph to load it")
     return Checkpoint(path, config, arrays)
 
 

@@ -343,16 +343,25 @@ class CellGraph:
                 g.add_edge(prod, v, key=d["slot"], slot=d["slot"], delay=d["delay"])
             g.remove_node(ph)
         states = {s: (b._bound[s], n) for s, n in b._states.items()}
-        if not b._outputs:
-            raise RnnGraphError(f"cell '{b.name}' has no output; mark one with cell.output(node)")
-        _check_algebraic_loops(b.name, g)
-        _check_reachable(b.name, g, b._outputs)
-        _check_elementwise_params(b.name, g)
+        cell = cls.from_graph(b.name, g, b._inputs, states, b._outputs)
         for n in b._inputs:
             if g.out_degree(n) == 0:
                 warnings.warn(f"input '{n}' of cell '{b.name}' is never used", RnnGraphWarning, stacklevel=3)
+        return cell
+
+    @classmethod
+    def from_graph(cls, name: str, g: nx.MultiDiGraph, inputs: dict, states: dict, outputs,
+                   layout: dict | None = None) -> "CellGraph":
+        """A cell from a finished graph (delayed reads already come from the state producers), checked as
+        build() checks a whole graph: an output, no algebraic loop, outputs reachable from an input."""
+        if not outputs:
+            raise RnnGraphError(f"cell '{name}' has no output; mark one with cell.output(node)")
+        _check_algebraic_loops(name, g)
+        _check_reachable(name, g, outputs)
+        _check_elementwise_params(name, g)
         params = {n: d["op"].attrs for n, d in g.nodes(data=True) if d["op"].kind is OpKind.PARAM}
-        return cls(b.name, nx.freeze(g), dict(b._inputs), states, tuple(b._outputs), params)
+        cell = cls(name, nx.freeze(g), dict(inputs), dict(states), tuple(outputs), params)
+        return cell.with_layout(layout) if layout else cell
 
 
 def same_frame(g: nx.MultiDiGraph) -> nx.DiGraph:

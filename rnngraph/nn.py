@@ -52,8 +52,9 @@ class Recurrent(Parameterized):
     """A stack of recurrent layers running any cell, with PyTorch's layer conventions.
 
     cell: a built-in name (see rnngraph.CELLS), 'module:function', a cell function
-    ``fn(input_size, hidden_size, bias=True) -> CellGraph`` or a CellGraph (one layer, or layers
-    whose inputs have the cell's input size). Keyword options: ``backend`` 'numpy' | 'cupy' | 'auto'
+    ``fn(input_size, hidden_size, bias=True) -> CellGraph``, a CellGraph (one layer, or layers
+    whose inputs have the cell's input size) or a list of CellGraphs, one per layer (as a checkpoint
+    stores them). Keyword options: ``backend`` 'numpy' | 'cupy' | 'auto'
     or a backend object (``layer.backend_name`` says which was picked), ``dtype`` 'float32' (default, as torch) or
     'float64', ``mode`` 'staged' | 'naive' | 'graph' (cupy only), ``seed`` for the layer's generator (initialisation and
     dropout masks), ``init`` 'uniform' (torch's U(±1/√H)) | 'orthogonal' | a function of the layer.
@@ -94,12 +95,21 @@ class Recurrent(Parameterized):
         chk.resolve_init(init, _INIT)(self)
 
     def _load_cells(self, spec) -> list:
-        cells = [load_cell(spec, self.input_size, self.hidden_size, self.bias)]
-        chk.check_cell(cells[0], self.input_size, 0)
-        out = cells[0].op(cells[0].outputs[0]).size * self.num_directions
-        for l in range(1, self.num_layers):
-            cells.append(load_cell(spec, out, self.hidden_size, self.bias))
-            chk.check_cell(cells[l], out, l)
+        """One cell per layer, built for that layer's input size, or taken from a list (one per layer)."""
+        per_layer = isinstance(spec, (list, tuple))
+        if per_layer and len(spec) != self.num_layers:
+            raise RnnGraphError(f"a list of cells needs one cell per layer: got {len(spec)} for num_layers="
+                                f"{self.num_layers}; pass {self.num_layers} cells, or one cell for every layer")
+        cells, size = [], self.input_size
+        for l in range(self.num_layers):
+            cells.append(load_cell(spec[l] if per_layer else spec, size, self.hidden_size, self.bias))
+            chk.check_cell(cells[l], size, l)
+            sizes = {s: n for s, (_, n) in cells[l].states.items()}
+            first = sizes if l == 0 else first
+            if sizes != first:
+                raise RnnGraphError(f"layer {l}'s cell '{cells[l].name}' has states {sizes} but layer 0's has "
+                                    f"{first}; every layer needs the same states (name: features)")
+            size = cells[l].op(cells[l].outputs[0]).size * self.num_directions
         return cells
 
     # -- parameters: parameters(), state_dict() and load_state_dict() come from Parameterized ----

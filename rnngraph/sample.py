@@ -10,17 +10,19 @@ from typing import Callable
 
 import numpy as np
 
-from .charlm import CharLM
+from .charlm import CharLM, check_stored_cell
 from .checkpoint import load_checkpoint, model_arrays
 from .data import Vocab
 from .errors import Interrupted, RnnGraphError
 
 
 def load_model(path, backend: str = "auto", mode: str = "staged"):
-    """(CharLM in eval mode with the checkpoint's weights, its Vocab) from a checkpoint file."""
+    """(CharLM in eval mode with the checkpoint's weights, its Vocab) from a checkpoint file. The model runs
+    the cell graph the checkpoint stores; no module of a user's cell is imported."""
     ckpt = load_checkpoint(path)
     if "model" not in ckpt.config or "vocab" not in ckpt.config:
         raise RnnGraphError(f"checkpoint {ckpt.path} is incomplete: its config lacks the model or vocabulary")
+    check_stored_cell(ckpt.config["model"], ckpt.path)
     lm = CharLM(ckpt.config["model"], backend, mode)
     try:
         lm.load_state_dict(model_arrays(ckpt.arrays))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .charlm import MODEL_KEYS, CharLM, check_model_config
+from .charlm import MODEL_KEYS, CharLM, check_model_config, check_stored_cell
 from .checkpoint import (check_same, load_checkpoint, model_arrays, pack_optimizer, pack_states,
                          save_checkpoint, unpack_optimizer, unpack_states)
 from .data import Vocab, make_streams, read_text, split, text_digest, validation_streams
@@ -117,13 +117,17 @@ def make_schedule(cfg: TrainConfig, total_steps: int, steps_per_epoch: int):
 class Trainer:
     """One run: data, model, optimizer and the loop's position (step, stream states, log rows).
 
+    A resumed run runs the cell graph its checkpoint stores; with cell_given (the user named the cell
+    again, `--cell`) a module:function cell is imported and must build that same graph.
+
     Example::
 
         result = Trainer(TrainConfig(hidden=64, epochs=1)).run()
         print(result.val_bpc)
     """
 
-    def __init__(self, cfg: TrainConfig, resume=None, echo=print, overwrite: bool = False):
+    def __init__(self, cfg: TrainConfig, resume=None, echo=print, overwrite: bool = False,
+                 cell_given: bool = False):
         check_train_config(cfg)
         ckpt = load_checkpoint(resume) if resume is not None else None
         if ckpt is not None:
@@ -145,7 +149,10 @@ class Trainer:
         self.val = validation_streams(val_ids, max(cfg.streams, VAL_STREAMS), cfg.bptt)
         self.model_config = {**{k: getattr(cfg, k) for k in MODEL_KEYS}, "vocab_size": len(self.vocab),
                              "seed": cfg.seed}
-        self.lm = CharLM(self.model_config, cfg.backend, cfg.mode)
+        if ckpt is not None:
+            check_stored_cell(ckpt.config["model"], ckpt.path, cell_given)
+        self.lm = CharLM(ckpt.config["model"] if ckpt else self.model_config, cfg.backend, cfg.mode)
+        self.text_file = None if cfg.text is None else str(Path(cfg.text).resolve())   # found from any cwd
         self.opt = make_optimizer(cfg, self.lm.parameters())
         self.ce = CrossEntropyLoss()
         self.out = Path(cfg.out)
@@ -167,7 +174,8 @@ class Trainer:
                                     f"{self._kept()} try a lower --lr or --clip")
         opt_meta, opt_arrays = pack_optimizer(self.opt.state_dict())
         st_meta, st_arrays = (None, {}) if self.states is None else pack_states(self.lm.states_to_host(self.states))
-        config = {"model": self.model_config, "vocab": self.vocab.chars, "train": asdict(self.cfg),
+        run = {**asdict(self.cfg), "text": self.text_file}
+        config = {"model": self.lm.config, "vocab": self.vocab.chars, "train": run,
                   "text_sha256": self.digest, "step": self.step, "elapsed_s": self.elapsed,
                   "schedule_steps": self.schedule_steps, "optimizer": opt_meta, "states": st_meta,
                   "rng": self.lm.rng_states(), "history": self.history}

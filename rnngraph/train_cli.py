@@ -63,7 +63,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def run(args: argparse.Namespace) -> None:
-    trainer = Trainer(config_from_args(args), args.resume, partial(print, flush=True), args.overwrite)
+    trainer = Trainer(config_from_args(args), args.resume, partial(print, flush=True), args.overwrite,
+                      cell_given=args.cell is not None)
     try:
         result = trainer.run()
     except KeyboardInterrupt:

@@ -129,10 +129,12 @@ def test_missing_truncated_and_corrupt_checkpoints_exit_2(small_text, tmp_path, 
 
 
 def test_weights_that_do_not_fit_the_config_are_refused(small_text, tmp_path, capsys):
-    from rnngraph import checkpoint as ck
+    from rnngraph import checkpoint as ck, load_cell
+    from rnngraph.cellio import cell_to_dict
     train(tiny(small_text, tmp_path, max_steps=2), **QUIET)
     got = ck.load_checkpoint(tmp_path / "checkpoint.npz")
-    got.config["model"]["hidden"] = 48                     # a config edited by hand
+    model = got.config["model"]                             # a config edited by hand: the cell it stores is bigger
+    model["hidden"], model["graphs"] = 48, [cell_to_dict(load_cell("lstm", model["vocab_size"], 48))]
     ck.save_checkpoint(tmp_path / "edited.npz", {k: v for k, v in got.config.items()
                                                   if k not in ("format", "version")}, got.arrays)
     err = one_line_error(capsys, ["sample", str(tmp_path / "edited.npz")],
