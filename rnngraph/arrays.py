@@ -130,12 +130,15 @@ def check_state_dict(owner: str, expected: dict, got: dict, strict: bool = True)
     if not isinstance(got, Mapping):
         raise RnnGraphError(f"cannot load state dict into {owner}: expected a dict of name -> array (as "
                             f"state_dict() returns), got {type(got).__name__}")
+    not_arrays = [f"{type(v).__name__} for {k}" for k, v in got.items() if not hasattr(v, "shape")]
+    if not_arrays:
+        raise RnnGraphError(f"cannot load state dict into {owner}: values must be arrays (numpy, cupy or torch), "
+                            f"got {', '.join(not_arrays)}")
     missing = [k for k in expected if k not in got]
     unexpected = [k for k in got if k not in expected]
-    not_arrays = [f"{k} ({type(v).__name__})" for k, v in got.items() if not hasattr(v, "shape")]
-    wrong = [f"{k}: expected {list(s)}, got {list(got[k].shape)}" for k, s in expected.items()
-             if hasattr(got.get(k), "shape") and tuple(got[k].shape) != tuple(s)]
-    problems = ["not arrays (pass numpy arrays): " + ", ".join(not_arrays)] if not_arrays else []
+    wrong = [f"{k}: expected {list(s)}, got {list(got[k].shape)}"
+             for k, s in expected.items() if k in got and tuple(got[k].shape) != tuple(s)]
+    problems = []
     if strict and missing:
         problems.append("missing keys: " + ", ".join(missing))
     if strict and unexpected:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import rnngraph as package
 from rnngraph import CELLS, build_schedule, load_cell
 from rnngraph.cli import COMMANDS, main
 
@@ -130,3 +131,16 @@ def test_bad_size_is_a_usage_error(capsys):
         main(["schedule", "lstm", "--hidden-size", "0"])
     assert e.value.code == 2
     assert "must be a positive integer" in capsys.readouterr().err
+
+
+def test_import_rnngraph_exposes_its_subpackages_without_heavy_imports():
+    code = ("import sys, rnngraph\n"
+            "assert not {'torch', 'cupy', 'matplotlib', 'rnngraph.nn'} & set(sys.modules), sys.modules.keys()\n"
+            "print(rnngraph.nn.LSTM.__name__, rnngraph.optim.Adam.__name__, rnngraph.losses.MSELoss.__name__,\n"
+            "      rnngraph.layers.Dense.__name__)\n"
+            "assert not {'torch', 'cupy', 'matplotlib'} & set(sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "LSTM Adam MSELoss Dense\n"
+    with pytest.raises(AttributeError, match="module 'rnngraph' has no attribute 'nope'"):
+        package.nope
