@@ -123,6 +123,22 @@ def test_linear_shape_mismatch_names_the_weight_shape():
         c.apply("linear", x, "W", name="l")
 
 
+def test_sizes_are_positive_integers_numpy_integers_included():
+    import numpy as np
+    c = Cell("sizes")
+    x, h = c.input("x", np.int64(3)), c.state("h", np.int32(4))
+    c.output(c.bind(h, c.tanh(c.linear(x, "W", np.int16(4)) + c.slice(c.linear(h, "U", 8), 2, np.int64(6)))))
+    cell = c.build()
+    assert cell.inputs == {"x": 3} and cell.params == {"W": (4, 3), "U": (8, 4)}
+    assert all(type(n) is int for n in [*cell.inputs.values(), *cell.params["W"]])
+    for size in (0, -2, 2.5, 4.0, True, "4", None):       # the catalogue test has the messages
+        with pytest.raises(RnnGraphError, match="must be a positive integer"):
+            Cell("bad").input("x", size)
+    with pytest.raises(RnnGraphError, match="parts of split in cell 'bad' must be a positive integer, got 0"):
+        c = Cell("bad")
+        c.split(c.input("x", 4), 0)
+
+
 def test_unbound_state():
     c = Cell("unbound")
     x, h = c.input("x", 4), c.state("h", 4)
