@@ -1,4 +1,5 @@
-"""A canonical, versioned form of a CellGraph as plain JSON data, so a checkpoint stores the cell itself, not its name."""
+"""A canonical, versioned form of a CellGraph as plain JSON data, so that a checkpoint stores the cell
+itself rather than its name."""
 from __future__ import annotations
 
 from itertools import zip_longest
