@@ -52,7 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--progress", action=argparse.BooleanOptionalAction,
                    help="show the progress bar (default: on a terminal)")
     r.add_argument("--progress-every", type=float, metavar="SECONDS",
-                   help=f"without the bar, print a progress line this often; 0: every step (default: {D.progress_every:g})")
+                   help="without the bar, print a progress line this often; 0: every step "
+                        f"(default: {D.progress_every:g})")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -82,7 +83,8 @@ def kept(t: Trainer) -> str:
         return (f"nothing was saved yet (the first checkpoint comes at step {min(t.cfg.checkpoint_every, t.stop)});"
                 " run the same command again to start afresh")
     out = "" if t.saved_path.parent == t.out else f" --out {t.out}"
-    return f"checkpoint {t.saved_path} holds step {t.saved_step}; continue with rnngraph train --resume {t.saved_path}{out}"
+    return (f"checkpoint {t.saved_path} holds step {t.saved_step}; continue with rnngraph train --resume "
+            f"{t.saved_path}{out}")
 
 
 def nothing_trained(t: Trainer) -> str:
@@ -90,4 +92,5 @@ def nothing_trained(t: Trainer) -> str:
     cfg, at = t.cfg, f"nothing trained: checkpoint {t.saved_path} is already at step {t.step}"
     if cfg.max_steps is not None and t.step >= cfg.max_steps:
         return f"{at} ≥ --max-steps {cfg.max_steps}; raise --max-steps to train further"
-    return f"{at}, the end of its --epochs {cfg.epochs} ({t.data.chunks} steps each); raise --epochs to train further"
+    return (f"{at}, the end of its --epochs {cfg.epochs} ({t.data.chunks} steps each); raise --epochs to train "
+            "further")
