@@ -1,4 +1,5 @@
-"""Shared test setup: the `gpu` marker, skipped cleanly where no GPU is usable."""
+"""Shared test setup: the `gpu` marker, skipped cleanly where no GPU is usable, and a summary line
+saying how many comparisons with PyTorch were skipped where torch is not installed."""
 import functools
 
 import pytest
@@ -18,3 +19,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and _gpu_problem():
             item.add_marker(pytest.mark.skip(reason=f"no usable GPU: {_gpu_problem()}"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line when torch is missing: how many comparisons with PyTorch were skipped, and the fix."""
+    from numerics import TORCH_MISSING, torch
+    if torch is not None:
+        return
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if TORCH_MISSING in str(r.longrepr)]
+    modules = [r.nodeid for r in terminalreporter.stats.get("skipped", [])       # pytest.importorskip("torch")
+               if r.when == "collect" and "could not import 'torch'" in str(r.longrepr)]
+    extra = f", and {', '.join(modules)} as a whole" if modules else ""
+    terminalreporter.write_line(f"torch is not installed: {len(skipped)} comparisons with PyTorch were skipped{extra} "
+                                "(pip install torch; CPU build: see README)", yellow=True)

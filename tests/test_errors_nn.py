@@ -2,8 +2,8 @@
 usual mix-ups, what was probably meant."""
 import numpy as np
 import pytest
-import torch
 
+from numerics import needs_torch, torch
 from rnngraph import Cell, RnnGraphError, RnnGraphWarning, load_cell, nn
 
 T, B, D, H = 5, 3, 4, 6
@@ -53,8 +53,13 @@ def test_backend_mismatch():
     layer = nn.GRU(D, H, dtype="float64")
     assert layer.backend_name == "numpy"
     raises(lambda: layer(FakeCupyArray()), "runs on the numpy backend", "x.get()", "backend='cupy'")
-    raises(lambda: layer(torch.zeros(T, B, D, dtype=torch.float64)), "torch.Tensor", "x.detach().cpu().numpy()")
     raises(lambda: layer([[[0.0] * D]]), "builtins.list", "numpy.asarray")
+
+
+@needs_torch
+def test_backend_mismatch_torch_tensor():
+    layer = nn.GRU(D, H, dtype="float64")
+    raises(lambda: layer(torch.zeros(T, B, D, dtype=torch.float64)), "torch.Tensor", "x.detach().cpu().numpy()")
 
 
 def test_lengths_errors():
@@ -133,6 +138,7 @@ def test_load_state_dict_lists_every_problem_by_name():
     np.testing.assert_array_equal(layer.state_dict()["weight_hh_l0"], before + 1)
 
 
+@needs_torch
 def test_torch_state_dict_loads_as_tensors_or_numpy():
     tm = torch.nn.GRU(D, H, 2, bidirectional=True)
     a, b = nn.GRU(D, H, 2, bidirectional=True), nn.GRU(D, H, 2, bidirectional=True)

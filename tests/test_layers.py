@@ -1,11 +1,9 @@
 """Dense, Softmax/LogSoftmax and Sequential: against torch, against finite differences, and their errors."""
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
 
 from rnngraph.errors import RnnGraphError
-from numerics import close, directional
+from numerics import F, close, directional, needs_torch, torch
 from rnngraph.layers import CrossEntropyLoss, Dense, LogSoftmax, MSELoss, Sequential, Softmax
 
 @pytest.fixture
@@ -15,6 +13,7 @@ def rng():
 
 # -- Dense ------------------------------------------------------------------------------------------------
 
+@needs_torch
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("shape", [(7, 3, 5), (1, 1, 5), (4, 5)])
 def test_dense_matches_torch_linear(bias, shape, rng):
@@ -101,16 +100,28 @@ def test_dense_load_state_dict_lists_every_problem():
     w = dense.weight
     assert dense.load_state_dict({"weight": np.ones((2, 8)), "bias": np.ones(2)}) is dense
     assert dense.weight is w and w.dtype == np.float32 and (w == 1).all()   # in place: optimizers keep their arrays
-    dense.load_state_dict({"weight": torch.full((2, 8), 2.0), "extra": np.zeros(1)}, strict=False)
-    assert (w == 2).all() and (dense.bias == 1).all()              # non-strict: partial loads, torch tensors as is
+    dense.load_state_dict({"weight": np.full((2, 8), 2.0), "extra": np.zeros(1)}, strict=False)
+    assert (w == 2).all() and (dense.bias == 1).all()              # non-strict: partial loads
     with pytest.raises(RnnGraphError, match=r"wrong shapes: weight: expected \[2, 8\], got \[8, 2\]"):
         dense.load_state_dict({"weight": np.ones((8, 2))}, strict=False)
 
 
+@needs_torch
+def test_dense_load_state_dict_takes_torch_tensors_as_is():
+    dense = Dense(8, 2, seed=0)
+    w = dense.weight
+    dense.load_state_dict({"weight": np.ones((2, 8)), "bias": np.ones(2)})
+    dense.load_state_dict({"weight": torch.full((2, 8), 2.0), "extra": np.zeros(1)}, strict=False)
+    assert dense.weight is w and w.dtype == np.float32
+    assert (w == 2).all() and (dense.bias == 1).all()              # non-strict: partial loads, torch tensors as is
+
+
 # -- Softmax / LogSoftmax -------------------------------------------------------------------------------
 
+@needs_torch
 @pytest.mark.parametrize("dim", [-1, 1])
-@pytest.mark.parametrize("cls, ref", [(Softmax, torch.softmax), (LogSoftmax, torch.log_softmax)])
+@pytest.mark.parametrize("cls, ref", [(Softmax, lambda x, d: torch.softmax(x, d)),     # lambdas: torch may be None
+                                      (LogSoftmax, lambda x, d: torch.log_softmax(x, d))])
 def test_softmax_family_matches_torch(cls, ref, dim, rng):
     x, gy = rng.standard_normal((6, 3, 5)) * 4, rng.standard_normal((6, 3, 5))
     m = cls(dim)
@@ -232,6 +243,7 @@ def test_nested_sequential_uses_torch_style_prefixes(rng):
     assert list(grads) == ["0.a", "1.0.weight", "1.0.bias"] == list(model.parameters())
 
 
+@needs_torch
 def test_sequential_with_nn_lstm_matches_torch(rng):
     nn = pytest.importorskip("rnngraph.nn")
     if not hasattr(nn, "LSTM"):

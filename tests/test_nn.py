@@ -4,9 +4,8 @@ import random
 
 import numpy as np
 import pytest
-import torch
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from numerics import needs_torch, torch
 from rnngraph import CELLS, Cell, nn
 from rnngraph.arrays import dropout_mask
 
@@ -29,7 +28,7 @@ def pack(layer, parts):
     return tuple(parts) if len(layer.state_names) > 1 else parts[0]
 
 
-# -- torch equivalence ------------------------------------------------------------------------
+# -- torch equivalence (skipped without torch; the lambdas read torch only when called) ---------
 TORCH = {"lstm": lambda *a, **k: torch.nn.LSTM(*a, **k), "gru": lambda *a, **k: torch.nn.GRU(*a, **k),
          "rnn_tanh": lambda *a, **k: torch.nn.RNN(*a, nonlinearity="tanh", **k),
          "rnn_relu": lambda *a, **k: torch.nn.RNN(*a, nonlinearity="relu", **k)}
@@ -47,6 +46,7 @@ CONFIGS = [(1, False, False,      5, 3, 4, 6, True, True),
 
 def run_pair(kind, L, bidir, bf, T, B, D, H, bias, with_h0, lengths=None, seed=0):
     """Same weights, inputs and upstream gradients through torch and rnngraph; returns both results."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
     rng = np.random.default_rng(seed)
     tm = TORCH[kind](D, H, L, bias=bias, batch_first=bf, bidirectional=bidir).double()
     ours = OURS[kind](D, H, L, bias=bias, batch_first=bf, bidirectional=bidir, **F64)
@@ -91,12 +91,14 @@ def assert_matches_torch(got, ref, tol=1e-10):
         assert_rel(got["grads"][name], b, tol, f"grad {name}")
 
 
+@needs_torch
 @pytest.mark.parametrize("kind", list(TORCH))
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "L{}-bi{:d}-bf{:d}-T{}B{}D{}H{}-bias{:d}-h0{:d}".format(*c))
 def test_matches_torch(kind, config):
     assert_matches_torch(*run_pair(kind, *config))
 
 
+@needs_torch
 @pytest.mark.parametrize("kind", list(TORCH))
 @pytest.mark.parametrize("batch_first", [False, True])
 def test_lengths_match_torch_packed(kind, batch_first):
@@ -271,6 +273,7 @@ def test_zero_length_sequence_keeps_its_initial_state():
 
 
 # -- parameters, state dicts, modes, init -----------------------------------------------------
+@needs_torch
 @pytest.mark.parametrize("kind", list(TORCH))
 def test_state_dict_names_shapes_and_order_match_torch(kind):
     tm = TORCH[kind](3, 5, 2, bidirectional=True, bias=False)

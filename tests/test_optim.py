@@ -1,8 +1,8 @@
 """SGD, Adam, clipping and learning-rate schedules against torch.optim; initialisers; seeded reproducibility."""
 import numpy as np
 import pytest
-import torch
 
+from numerics import needs_torch, torch
 from rnngraph.errors import RnnGraphError
 from rnngraph.init import init_orthogonal, init_uniform
 from rnngraph.layers import CrossEntropyLoss, Dense
@@ -40,6 +40,7 @@ def run_both(make_ours, make_torch, steps=6, seed=0, skip=()):
     dict(lr=0.05, momentum=0.8, weight_decay=0.01, nesterov=True),
     dict(lr=0.05, momentum=0.9, dampening=0.3, weight_decay=0.1),
 ])
+@needs_torch
 def test_sgd_matches_torch(kw):
     assert run_both(lambda p: SGD(p, **kw), lambda p: torch.optim.SGD(p, **kw), skip=("b",)) <= 1e-12
 
@@ -50,6 +51,7 @@ def test_sgd_matches_torch(kw):
     dict(lr=0.02, betas=(0.3, 0.99), eps=1e-6),     # beta1 < 0.5: torch's lerp takes its other branch
     dict(lr=0.5, betas=(0.95, 0.9)),
 ])
+@needs_torch
 def test_adam_matches_torch(kw):
     assert run_both(lambda p: Adam(p, **kw), lambda p: torch.optim.Adam(p, **kw), steps=8, skip=("v",)) <= 1e-12
 
@@ -105,6 +107,7 @@ def test_optimizer_errors():
         SGD(params, 0.1).load_state_dict({"hyper": {}, "state": {"x": {}}})
 
 
+@needs_torch
 @pytest.mark.parametrize("max_norm", [0.5, 1e3])
 def test_clip_grad_norm_matches_torch(max_norm):
     rng = np.random.default_rng(2)
@@ -137,16 +140,21 @@ def _torch_lrs(make_sched, lr, steps):
     return np.array(out)
 
 
+@needs_torch
 def test_step_lr_matches_torch():
     ours = [StepLR(0.1, step_size=7, gamma=0.3)(s) for s in range(40)]
     ref = _torch_lrs(lambda o: torch.optim.lr_scheduler.StepLR(o, 7, 0.3), 0.1, 40)
     assert np.allclose(ours, ref, rtol=1e-12, atol=0)
 
 
-def test_cosine_lr_matches_torch_and_warms_up():
+@needs_torch
+def test_cosine_lr_matches_torch():
     ours = [CosineLR(0.1, total_steps=30, min_lr=0.001)(s) for s in range(30)]
     ref = _torch_lrs(lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 30, eta_min=0.001), 0.1, 30)
     assert np.allclose(ours, ref, rtol=1e-10, atol=0)
+
+
+def test_cosine_lr_warms_up():
     warm = CosineLR(1.0, total_steps=110, warmup_steps=10)
     assert [warm(s) for s in range(3)] == pytest.approx([0.1, 0.2, 0.3], rel=1e-15) and warm(9) == 1.0 == warm(10)
     assert warm(60) == pytest.approx(0.5) and warm(110) == 0.0 == warm(500)

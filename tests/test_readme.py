@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from numerics import needs_torch
 from rnngraph import CELLS, CellGraph, build_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +47,7 @@ def test_custom_cell_example_builds_the_builtin_mgu():
     assert s.pre[0].weights == ("W_f", "W_n")
 
 
+@needs_torch
 def test_layers_example_runs_matches_torch_and_learns():
     namespace = {"__name__": "readme"}
     exec(blocks("python")[1], namespace)          # asserts y == torch's y itself
