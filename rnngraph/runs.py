@@ -30,7 +30,9 @@ class RunInfo:
     step: int | None
 
     def __str__(self) -> str:
-        return f"{self.run_id or 'a run without an id'} at step {'?' if self.step is None else self.step}"
+        if self.step is None:
+            return "a run whose file cannot be read"
+        return f"{self.run_id or 'a run without an id'} at step {self.step}"
 
 
 def run_in(folder) -> RunInfo | None:

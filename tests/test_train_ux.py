@@ -81,6 +81,15 @@ def test_a_folder_with_only_another_runs_log_is_protected_too(text, tmp_path, ca
     assert (tmp_path / "log.json").read_bytes() == log
 
 
+def test_an_unreadable_checkpoint_is_replaced_only_with_overwrite(text, tmp_path, capsys):
+    (tmp_path / "checkpoint.npz").write_bytes(b"not a zip")
+    args = ["train", "--text", str(text), *TINY, "--out", str(tmp_path), "--max-steps", "1"]
+    err = one_line(capsys, args, 2, f"rnngraph: error: {tmp_path / 'checkpoint.npz'} already holds a checkpoint")
+    assert "replace it (a run whose file cannot be read) with --overwrite" in err
+    assert (tmp_path / "checkpoint.npz").read_bytes() == b"not a zip"
+    assert main(args + ["--overwrite"]) == 0 and run_id(tmp_path).startswith("run-")
+
+
 def test_resume_into_its_own_folder_from_an_earlier_or_later_checkpoint(text, tmp_path, capsys):
     first = train(tiny(text, tmp_path, max_steps=3), **QUIET)
     ident = run_id(tmp_path)
