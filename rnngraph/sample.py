@@ -16,13 +16,17 @@ from .data import Vocab
 from .errors import Interrupted, RnnGraphError
 
 
-def load_model(path, backend: str = "auto", mode: str = "staged"):
+def load_model(path, backend: str = "auto", mode: str = "staged", cell: str | None = None):
     """(CharLM in eval mode with the checkpoint's weights, its Vocab) from a checkpoint file. The model runs
-    the cell graph the checkpoint stores; no module of a user's cell is imported."""
+    the cell graph the checkpoint stores; a user's cell module is imported only when named again as `cell`
+    (it must then build the stored graph)."""
     ckpt = load_checkpoint(path)
     if "model" not in ckpt.config or "vocab" not in ckpt.config:
         raise RnnGraphError(f"checkpoint {ckpt.path} is incomplete: its config lacks the model or vocabulary")
-    check_stored_cell(ckpt.config["model"], ckpt.path)
+    if cell is not None and cell != ckpt.config["model"]["cell"]:
+        raise RnnGraphError(f"--cell {cell} is not the cell of checkpoint {ckpt.path} "
+                            f"({ckpt.config['model']['cell']}); drop --cell to run the cell the checkpoint stores")
+    check_stored_cell(ckpt.config["model"], ckpt.path, cell is not None)
     lm = CharLM(ckpt.config["model"], backend, mode)
     try:
         lm.load_state_dict(model_arrays(ckpt.arrays))
@@ -79,11 +83,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="auto takes the GPU when cupy finds one (default: %(default)s)")
     p.add_argument("--mode", choices=("naive", "staged", "graph"), default="staged",
                    help="executor mode; graph needs cupy (default: %(default)s)")
+    p.add_argument("--cell", help="the checkpoint's module:function cell, imported to check that it still builds the "
+                   "stored graph (needed for checkpoints written before graphs were stored)")
 
 
 def run(args: argparse.Namespace) -> None:
     """Prints the prime, then each character as it is generated."""
-    lm, vocab = load_model(args.checkpoint, args.backend, args.mode)
+    lm, vocab = load_model(args.checkpoint, args.backend, args.mode, args.cell)
     shown = []
 
     def show(ch: str) -> None:

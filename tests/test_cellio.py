@@ -230,11 +230,12 @@ def test_a_changed_user_cell_runs_the_stored_graph_and_imports_nothing(text, tmp
 
     (work / "mycells.py").write_text(MGU.replace("c.tanh", "c.relu"))
     kept = Path(ckpt).read_bytes()
-    refused = rnngraph("train", "--resume", ckpt, "--cell", "mycells:mgu", "--max-steps", "5", cwd=work)
-    assert refused.returncode == 2 and refused.stdout == ""
-    assert refused.stderr == (f"rnngraph: error: cell mycells:mgu differs from the one checkpoint {ckpt} was trained "
-                              "with: node 'n' is relu in mycells:mgu but tanh in the checkpoint; drop --cell to "
-                              "continue with the stored graph, or train the new cell in a new run\n")
+    for cmd in (["train", "--resume", ckpt, "--max-steps", "5"], sample):
+        refused = rnngraph(*cmd, "--cell", "mycells:mgu", cwd=work)
+        assert refused.returncode == 2 and refused.stdout == ""
+        assert refused.stderr == (f"rnngraph: error: cell mycells:mgu differs from the one checkpoint {ckpt} was "
+                                  "trained with: node 'n' is relu in mycells:mgu but tanh in the checkpoint; drop "
+                                  "--cell to continue with the stored graph, or train the new cell in a new run\n")
     assert Path(ckpt).read_bytes() == kept
 
 
@@ -296,6 +297,10 @@ def test_version_1_checkpoints(text, tmp_path, monkeypatch, capsys):
                                            "the cell v1cells:mgu but does not hold it, and loading a checkpoint imports "
                                            "no module by itself; if v1cells still holds the cell this run was trained "
                                            "with, pass --cell v1cells:mgu to build it from there\n")
+    assert main(["sample", str(old), "--cell", "gru"]) == 2
+    assert capsys.readouterr().err == (f"rnngraph: error: --cell gru is not the cell of checkpoint {old} (v1cells:mgu); "
+                                       "drop --cell to run the cell the checkpoint stores\n")
+    assert main(["sample", str(old), "--cell", "v1cells:mgu", "--length", "5", "--backend", "numpy"]) == 0
     assert main(["train", "--resume", str(old), "--cell", "v1cells:mgu", "--max-steps", "4", "--no-progress"]) == 0
     assert ck.load_checkpoint(old).config["version"] == 2 and read_log(tmp_path / "user")["step"][-1] == 4
 
