@@ -1,13 +1,6 @@
-"""Experiment cuda_lanes: 2–4 LSTM layers: stacked on one CUDA stream, against the wavefront cell (all
-layers' recurrent GEMMs in one stage) on one stream and on k lanes.
-
-    python experiments/cuda_lanes.py [--quick] [--out DIR] [--repeats N]
-    rnngraph experiment cuda_lanes [--quick] [--out DIR] [--repeats N]      (the same)
-
-writes experiments/results/cuda_lanes.json, or with --quick the labelled CPU sample
-experiments/results/quick/cuda_lanes.json. The grid and the measurement live in
-rnngraph/experiments.py.
-"""
+"""Experiment cuda_lanes, as `rnngraph experiment cuda_lanes`: 2–4 LSTM layers: stacked on one CUDA stream,
+against the wavefront cell (all layers' recurrent GEMMs in one stage) on one stream and on k lanes;
+--help says where it writes."""
 import sys
 from pathlib import Path
 

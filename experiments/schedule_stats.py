@@ -1,13 +1,6 @@
-"""Experiment schedule_stats: per cell: ops, stages per frame, kernels per frame before and after
-merging, share of FLOPs hoisted out of the loop (D = H = 512; pure analysis).
-
-    python experiments/schedule_stats.py [--quick] [--out DIR] [--repeats N]
-    rnngraph experiment schedule_stats [--quick] [--out DIR] [--repeats N]      (the same)
-
-writes experiments/results/schedule_stats.json, or with --quick the labelled CPU sample
-experiments/results/quick/schedule_stats.json. The grid and the measurement live in
-rnngraph/experiments.py.
-"""
+"""Experiment schedule_stats, as `rnngraph experiment schedule_stats`: per cell: ops, stages per frame,
+kernels per frame before and after merging, share of FLOPs hoisted out of the loop (D = H = 512; pure
+analysis); --help says where it writes."""
 import sys
 from pathlib import Path
 

@@ -1,12 +1,5 @@
-"""Experiment sequence_length: cost per frame for T = 10 … 10,000, LSTM H = 512, one stream.
-
-    python experiments/sequence_length.py [--quick] [--out DIR] [--repeats N]
-    rnngraph experiment sequence_length [--quick] [--out DIR] [--repeats N]      (the same)
-
-writes experiments/results/sequence_length.json, or with --quick the labelled CPU sample
-experiments/results/quick/sequence_length.json. The grid and the measurement live in
-rnngraph/experiments.py.
-"""
+"""Experiment sequence_length, as `rnngraph experiment sequence_length`: cost per frame for T = 10 …
+10,000, LSTM H = 512, one stream; --help says where it writes."""
 import sys
 from pathlib import Path
 

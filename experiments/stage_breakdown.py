@@ -1,13 +1,6 @@
-"""Experiment stage_breakdown: forward time per frame split into hoisted GEMMs, per-frame GEMM, fused
-elementwise and launch/host overhead, by variants that leave one part out.
-
-    python experiments/stage_breakdown.py [--quick] [--out DIR] [--repeats N]
-    rnngraph experiment stage_breakdown [--quick] [--out DIR] [--repeats N]      (the same)
-
-writes experiments/results/stage_breakdown.json, or with --quick the labelled CPU sample
-experiments/results/quick/stage_breakdown.json. The grid and the measurement live in
-rnngraph/experiments.py.
-"""
+"""Experiment stage_breakdown, as `rnngraph experiment stage_breakdown`: forward time per frame split into
+hoisted GEMMs, per-frame GEMM, fused elementwise and launch/host overhead, by variants that leave one
+part out; --help says where it writes."""
 import sys
 from pathlib import Path
 

@@ -11,11 +11,13 @@ torch (bench_torch.py) and cupy are imported only when a measurement needs them.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,15 +26,13 @@ import numpy as np
 
 from . import __version__
 from .cells import load_cell
-from .errors import RnnGraphError
+from .errors import Interrupted, RnnGraphError
 
 IMPLS = ("naive", "staged", "graph", "cudnn", "torch_eager")
 MODES = IMPLS[:3]                                   # the rnngraph implementations
 DEFAULT_CELLS = ("lstm", "peephole_lstm", "min_gru", "mgu")
-QUICK = {"T": 8, "B": [2], "H": [16], "repeats": 3, "warmup": 1}
+QUICK = {"T": [8], "B": [2], "H": [16], "repeats": 3, "warmup": 1}
 _TF32 = {"on": False}
-
-
 
 
 # -- timing -----------------------------------------------------------------------------------
@@ -238,7 +238,7 @@ def add_arguments(p) -> None:
     """`rnngraph bench` options; list options are repeatable or comma lists."""
     p.add_argument("--cell", action="extend", type=_list(str), metavar="CELL",
                    help=f"built-in or module:function (default: {','.join(DEFAULT_CELLS)})")
-    p.add_argument("-T", type=int, metavar="N", help="frames (default: 100)")
+    p.add_argument("-T", action="extend", type=_list(int), metavar="N", help="frames (default: 100)")
     p.add_argument("-B", action="extend", type=_list(int), metavar="N", help="streams, i.e. batch (default: 1)")
     p.add_argument("-H", action="extend", type=_list(int), metavar="N", help="hidden sizes (default: 512)")
     p.add_argument("-D", type=int, metavar="N", help="input features (default: H)")
@@ -249,50 +249,80 @@ def add_arguments(p) -> None:
     p.add_argument("--repeats", type=int, metavar="N", help="timed calls; the median is reported (default: 20)")
     p.add_argument("--warmup", type=int, metavar="N", help="untimed calls first (default: 3)")
     p.add_argument("--tf32", action="store_true", help="allow TF32 in torch and cupy matmuls (default: off)")
-    p.add_argument("--json", metavar="FILE", help="write every measurement and machine_info() to FILE")
+    p.add_argument("--json", metavar="FILE", help="write every measurement and machine_info() to FILE (in a "
+                   "folder that exists: checked before measuring)")
     p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke test: T=8, B=2, H=16, 3 repeats")
 
 
 def run(args) -> int:
-    """Times every (cell, B, H) × implementation in one process; prints a table; 1 if any failed."""
+    """Times every (cell, T, B, H) × implementation in one process; prints a table; 1 if any failed."""
     set_tf32(args.tf32)                       # before anything imports cupy
     q = QUICK if args.quick else {}
-    st = {"cells": args.cell or list(DEFAULT_CELLS), "T": args.T or q.get("T", 100), "B": args.B or q.get("B", [1]),
-          "H": args.H or q.get("H", [512]), "D": args.D, "layers": args.layers, "dtype": args.dtype,
-          "impls": args.impls, "repeats": args.repeats or q.get("repeats", 20),
+    st = {"cells": args.cell or list(DEFAULT_CELLS), "T": args.T or q.get("T", [100]),
+          "B": args.B or q.get("B", [1]), "H": args.H or q.get("H", [512]), "D": args.D, "layers": args.layers,
+          "dtype": args.dtype, "impls": args.impls, "repeats": args.repeats or q.get("repeats", 20),
           "warmup": args.warmup or q.get("warmup", 3), "tf32": args.tf32}
     bad = [i for i in st["impls"] if i not in IMPLS]
     if bad:
         raise RnnGraphError(f"unknown implementation(s) {bad}; choose from {', '.join(IMPLS)}")
+    if args.json is not None:
+        writable_folder(Path(args.json).parent, "--json FILE", missing=0, raw=args.json)
+        if Path(args.json).is_dir():
+            raise RnnGraphError(f"--json {args.json} is a folder; give a file, e.g. {Path(args.json) / 'bench.json'}")
     if any(":" in c for c in st["cells"]) and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     threads = _torch_threads(1 if args.quick else None)   # tiny ops: threads only contend (seen: 100x)
     try:
         info = machine_info()
         print(_header(info) + ("\nquick: torch runs on 1 CPU thread" if args.quick else ""), flush=True)
-        configs = [(c, b, h) for c in st["cells"] for b in st["B"] for h in st["H"]]
-        results = [_measure_or_error(c, impl, st, b, h) for c, b, h in _progress(configs)
-                   for impl in st["impls"]]
+        configs = [(c, t, b, h) for c in st["cells"] for t in st["T"] for b in st["B"] for h in st["H"]]
+        with contextlib.closing(_progress(configs)) as bar:   # closed before a Ctrl-C's message is printed
+            results = [_measure_or_error(c, impl, st, t, b, h) for c, t, b, h in bar for impl in st["impls"]]
+    except KeyboardInterrupt:
+        raise Interrupted("no measurements were kept" + (f"; {args.json} was not written" if args.json else "")) \
+            from None
     finally:
         _torch_threads(threads)
     print(format_table(results))
     if args.json:
-        data = {"machine": info, "settings": st, "results": results}
-        Path(args.json).write_text(json.dumps(data, indent=1, default=str) + "\n")
+        Path(args.json).write_text(json.dumps({"machine": info, "settings": st, "results": results},
+                                              indent=1, default=str) + "\n")
         print(f"rnngraph: wrote {args.json}", file=sys.stderr)
     return 1 if any("error" in r for r in results) else 0
 
 
-def _measure_or_error(cell, impl, st, B, H) -> dict:
+def writable_folder(folder, option: str, *, missing: int | None = 1, raw=None) -> Path:
+    """`folder` as a Path, once it is known that it can be written: it exists, or at most `missing` levels
+    of it do not (None: any) and the nearest folder that exists is writable. Creates nothing; raises a
+    one-line RnnGraphError naming `option` otherwise, so a bad path fails before any work is done."""
+    if raw is not None and not str(raw).strip():
+        raise RnnGraphError(f"{option} is empty; give a path")
+    folder = Path(folder)
+    chain = [folder, *folder.parents]
+    base = next(p for p in chain if p.exists() or p == chain[-1])
+    if missing is not None and chain.index(base) > missing:
+        raise RnnGraphError(f"cannot write to {folder}: {chain[missing]} does not exist; create it or pass "
+                            f"another {option}")
+    if not base.is_dir():
+        raise RnnGraphError(f"cannot write to {folder}: {base} is not a folder; pass another {option}")
+    try:
+        with tempfile.TemporaryFile(dir=base):
+            pass
+    except OSError as e:
+        raise RnnGraphError(f"cannot write to {folder}: {e.strerror or e} in {base}; pass another {option}") from None
+    return folder
+
+
+def _measure_or_error(cell, impl, st, T, B, H) -> dict:
     """measure(), or the configuration plus 'error' when it raised (e.g. out of memory); a bad
     cell or option (RnnGraphError) still ends the command."""
-    kw = {k: st[k] for k in ("T", "D", "layers", "dtype", "repeats", "warmup")}
+    kw = {k: st[k] for k in ("D", "layers", "dtype", "repeats", "warmup")}
     try:
-        return measure(cell, impl, B=B, H=H, **kw)
+        return measure(cell, impl, T=T, B=B, H=H, **kw)
     except RnnGraphError:
         raise
     except Exception as e:
-        return {"impl": impl, "cell": str(cell), "B": B, "H": H, **kw, "D": st["D"] or H,
+        return {"impl": impl, "cell": str(cell), "T": T, "B": B, "H": H, **kw, "D": st["D"] or H,
                 "error": f"{type(e).__name__}: {e}"}
 
 

@@ -197,29 +197,36 @@ class GraphLoop:
         return list(self.W.values())
 
     def _read(self, u, d, t, env, hist, before):
-        """Node u read with delay d at frame t; before frame 0 a state's initial value, else zeros."""
+        """Node u read with delay d at frame t."""
         if u in self.W:
             return self.W[u]
-        if d == 0:
-            return env[u]
-        if t >= d:
-            return hist[t - d][u]
-        return before[u] if u in before else env[self.x_name].new_zeros((env[self.x_name].shape[0],
-                                                                          self.cell.op(u).size))
+        return env[u] if d == 0 else self._at(u, t - d, hist, before, env[self.x_name])
+
+    def _at(self, u, t, hist, before, x_t):
+        """Node u's value at frame t; before frame 0 (t < 0) a state's initial value ([B, S] for every
+        earlier frame, or [D, B, S]: the D frames before, oldest first), other nodes' zeros."""
+        if t >= 0:
+            return hist[t][u]
+        if u not in before:
+            return x_t.new_zeros((x_t.shape[0], self.cell.op(u).size))
+        return before[u] if before[u].dim() == 2 else before[u][t]
 
     def __call__(self, x, init: dict | None = None):
-        """x: [T, B, D]; init: state -> [B, S] or None. Returns (y [T, B, F], state -> [B, S])."""
+        """x: [T, B, D]; init: state -> [B, S], [D, B, S] or None (as Executor.forward). Returns (y [T, B, F],
+        state -> its last D frames: [B, S] where D = cell.depths[s] is 1, else [D, B, S])."""
         cell, init = self.cell, _zeros_init(self.cell, init, x)
-        before = {p: init[s] for s, (p, _) in cell.states.items()}   # what a read before frame 0 sees
-        hist, y_name = [], cell.outputs[0]     # hist[t]: node -> its value at frame t
-        for t in range(x.shape[0]):
+        before = {p: init[s] for s, (p, _) in cell.states.items()}
+        hist, y_name, T = [], cell.outputs[0], x.shape[0]     # hist[t]: node -> its value at frame t
+        for t in range(T):
             env = {self.x_name: x[t]}
             for n, op, reads in self.order:
                 env[n] = TORCH_OPS[op.kind](*[self._read(u, d, t, env, hist, before) for u, d in reads],
                                             op.attrs)
             hist.append(env)
-        finals = {s: hist[-1][p] for s, (p, _) in cell.states.items()}
-        return torch.stack([e[y_name] for e in hist]), finals
+        last = {s: [self._at(p, T - k, hist, before, x[0]) for k in range(cell.depths[s], 0, -1)]
+                for s, (p, _) in cell.states.items()}
+        return torch.stack([e[y_name] for e in hist]), {s: v[0] if len(v) == 1 else torch.stack(v)
+                                                         for s, v in last.items()}
 
 
 def eager_loop(cell, P: dict, check: bool = True):

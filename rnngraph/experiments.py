@@ -1,13 +1,5 @@
-"""The evaluation's experiments as data: a configuration grid and a measurement per experiment, run
-by one runner that shows progress and writes JSON results with full metadata.
-
-Results go to ``experiments/results/NAME.json`` (relative to the working directory: run from the
-repository root); ``--quick`` runs go to ``experiments/results/quick/NAME.json`` and are labelled as
-CPU samples, never as GPU numbers. A results file holds ``experiment``, ``description``, ``quick``,
-``label``, ``settings``, ``metadata`` (``bench.machine_info()`` plus the exact command) and
-``records``: per configuration, its keys merged with what was measured, or with ``skipped``
-(a reason) or ``failed`` (the error). Times are medians in ms; per-frame costs are in µs.
-"""
+"""The evaluation's experiments as data (a grid and a measurement each), run by one runner that writes JSON
+results with full metadata (format: experiments/README.md)."""
 from __future__ import annotations
 
 import argparse
@@ -24,12 +16,14 @@ import numpy as np
 from . import bench
 from .cells import CELLS, load_cell
 from .cli import positive_int
-from .errors import RnnGraphError
+from .errors import Interrupted, RnnGraphError
 from .executor import Executor
 from .graph import Cell
 from .schedule import Gemm, Schedule, build_schedule, schedule_flops
 
-RESULTS = Path("experiments") / "results"
+REPO = Path(__file__).resolve().parents[1]      # the checkout rnngraph runs from (site-packages if installed)
+RESULTS = REPO / "experiments" / "results"      # the committed results, found from any working directory
+SCRATCH = {False: Path("runs") / "experiments", True: Path("runs") / "experiments-quick"}   # default --out
 QUICK_LABEL = "sample from a --quick run (tiny sizes, CPU-sized): not the evaluation's GPU results"
 ANALYSIS_LABEL = "schedule analysis: no timing, the same on any machine"
 TIMED_IMPLS = ("naive", "staged", "graph", "cudnn")
@@ -257,32 +251,41 @@ EXPERIMENTS = {
 
 
 def run_experiment(name: str, *, quick: bool = False, out=None, repeats: int | None = None,
-                   command: str | None = None) -> tuple[Path, int]:
-    """Runs every configuration of experiment `name` and writes its JSON results; returns (path,
-    number of failed configurations). Example: ``run_experiment("schedule_stats", quick=True)``."""
+                   command: str | None = None, allow_cpu: bool = False) -> tuple[Path, int]:
+    """Runs every configuration of experiment `name` and writes OUT/NAME.json (OUT: SCRATCH[quick] by
+    default, never the committed RESULTS); returns (path, number of failed configurations). A full run of
+    a timed experiment needs a GPU unless allow_cpu. Example: ``run_experiment("schedule_stats", quick=True)``."""
     from tqdm import tqdm
     exp = experiment(name)
+    if exp.timed and not quick and not allow_cpu and bench.gpu_problem():
+        raise RnnGraphError(f"no usable GPU ({bench.gpu_problem()}); the full {name} grid is a GPU measurement "
+                            "(20+ minutes on numpy): use --quick for a CPU sample, or --allow-cpu to run it anyway")
+    folder = bench.writable_folder(SCRATCH[quick] if out is None else out, "--out DIR", raw=out,
+                                   missing=None if out is None else 1)
+    path, tmp = folder / f"{name}.json", folder / f".{name}.json.tmp"
     opts = {"quick": quick, "repeats": repeats or (3 if quick else 10), "warmup": 1 if quick else 2}
-    records = []
-    with tqdm(exp.grid(quick), desc=name, unit="config", file=sys.stderr, dynamic_ncols=True) as bar:
-        for cfg in bar:
-            bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in cfg.items() if k not in ("what", "warmup")))
-            try:
-                result = exp.run(cfg, opts)
-            except Exception as e:      # recorded, reported, counted: one bad size must not lose a GPU run
-                result = {"failed": f"{type(e).__name__}: {e}"}
-                bar.write(f"{name}: {cfg}: failed: {result['failed']}")
-            records.append({**cfg, **result})
-    meta = dict(bench.machine_info(), command=command or _command(sys.argv[1:]))
-    label = ANALYSIS_LABEL if not exp.timed else QUICK_LABEL if quick else f"measured on {meta.get('device')}"
-    doc = {"experiment": name, "description": exp.description, "quick": quick, "label": label,
-           "settings": {k: v for k, v in opts.items() if k != "quick"}, "metadata": meta, "records": records}
-    path = Path(out) if out is not None else (RESULTS / "quick" if quick else RESULTS)
-    path.mkdir(parents=True, exist_ok=True)
-    path = path / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    tmp.replace(path)
+    grid, records = exp.grid(quick), []
+    try:
+        with tqdm(grid, desc=name, unit="config", file=sys.stderr, dynamic_ncols=True) as bar:
+            for cfg in bar:
+                bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in cfg.items() if k not in ("what", "warmup")))
+                try:
+                    result = exp.run(cfg, opts)
+                except Exception as e:      # recorded, reported, counted: one bad size must not lose a GPU run
+                    result = {"failed": f"{type(e).__name__}: {e}"}
+                    bar.write(f"{name}: {cfg}: failed: {result['failed']}")
+                records.append({**cfg, **result})
+        meta = dict(bench.machine_info(), command=command or _command(sys.argv[1:]))
+        label = ANALYSIS_LABEL if not exp.timed else QUICK_LABEL if quick else f"measured on {meta.get('device')}"
+        doc = {"experiment": name, "description": exp.description, "quick": quick, "label": label,
+               "settings": {k: v for k, v in opts.items() if k != "quick"}, "metadata": meta, "records": records}
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        tmp.replace(path)
+    except KeyboardInterrupt:
+        tmp.unlink(missing_ok=True)
+        raise Interrupted(f"{name} stopped after {len(records)} of {len(grid)} configurations; nothing was written "
+                          f"({path} {'is unchanged' if path.exists() else 'was not created'})") from None
     return path, sum("failed" in r for r in records)
 
 
@@ -324,12 +327,14 @@ def load_results(path) -> dict:
 # -- command line: `rnngraph experiment NAME` and experiments/NAME.py ---------------------------------
 
 def _options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true",
-                   help=f"a CPU-sized run (under a minute), written to {RESULTS / 'quick'} as a labelled sample")
+    p.add_argument("--quick", action="store_true", help="a CPU-sized run (under a minute), labelled as a sample")
     p.add_argument("--out", metavar="DIR",
-                   help=f"results folder (default: {RESULTS}, or {RESULTS / 'quick'} with --quick)")
+                   help=f"results folder (default: {SCRATCH[False]}, or {SCRATCH[True]} with --quick, in the working "
+                        "directory); the committed results are replaced only when named: --out experiments/results")
     p.add_argument("--repeats", type=positive_int, metavar="N",
                    help="timed repeats per configuration; the median is kept (default: 10; 3 with --quick)")
+    p.add_argument("--allow-cpu", action="store_true",
+                   help="run the full grid of a timed experiment without a GPU (on numpy: 20+ minutes)")
 
 
 def _command(argv: list, script: str | None = None) -> str:
@@ -340,35 +345,38 @@ def _command(argv: list, script: str | None = None) -> str:
     return shlex.join(head + list(argv))
 
 
-def _finish(path: Path, failed: int) -> int:
+def _run(name: str, args: argparse.Namespace, command: str | None = None) -> int:
+    path, failed = run_experiment(name, quick=args.quick, out=args.out, repeats=args.repeats, command=command,
+                                  allow_cpu=args.allow_cpu)
     print(f"wrote {path}" + (f" ({failed} configurations failed: see 'failed' in its records)" if failed else ""))
     return 1 if failed else 0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """`rnngraph experiment NAME [--quick] [--out DIR] [--repeats N]`."""
+    """`rnngraph experiment NAME [--quick] [--out DIR] [--repeats N] [--allow-cpu]`."""
     p.add_argument("name", metavar="NAME", choices=list(EXPERIMENTS),
                    help=f"one of: {', '.join(EXPERIMENTS)}")
     _options(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    return _finish(*run_experiment(args.name, quick=args.quick, out=args.out, repeats=args.repeats))
+    return _run(args.name, args)
 
 
 def add_figures_arguments(p: argparse.ArgumentParser) -> None:
     """`rnngraph figures [--results DIR] [--out DIR] [--runs DIR]` (here: --help needs no matplotlib)."""
-    p.add_argument("--results", metavar="DIR", default=str(RESULTS),
-                   help=f"folder of NAME.json results (default: %(default)s; {RESULTS / 'quick'}: CPU samples)")
-    p.add_argument("--out", metavar="DIR", default="figures", help="where figures go (default: %(default)s)")
+    p.add_argument("--results", metavar="DIR",
+                   help=f"folder of NAME.json results (default: the committed {RESULTS}; "
+                        f"{RESULTS / 'quick'}: CPU samples)")
+    p.add_argument("--out", metavar="DIR", help=f"where figures go (default: {REPO / 'figures'} for the committed "
+                   f"results, {SCRATCH[False].parent / 'figures'} for any other --results)")
     p.add_argument("--runs", metavar="DIR", default="runs",
                    help="training runs (DIR/*/log.csv) for the training curves, if any (default: %(default)s)")
 
 
 def run_figures(args: argparse.Namespace) -> None:
-    from .figures import build_figures     # matplotlib only when drawing
-    for path in build_figures(args.results, args.out, args.runs):
-        print(f"wrote {path}")
+    from .figures import run_figures as draw     # matplotlib only when drawing
+    draw(args)
 
 
 def main(name: str, argv: list | None = None) -> int:
@@ -376,10 +384,11 @@ def main(name: str, argv: list | None = None) -> int:
     p = argparse.ArgumentParser(prog=f"experiments/{name}.py", description=experiment(name).description)
     _options(p)
     argv = sys.argv[1:] if argv is None else argv
-    args = p.parse_args(argv)
     try:
-        return _finish(*run_experiment(name, quick=args.quick, out=args.out, repeats=args.repeats,
-                                       command=_command(argv, f"experiments/{name}.py")))
+        return _run(name, p.parse_args(argv), _command(argv, f"experiments/{name}.py"))
     except RnnGraphError as e:
         print(f"{name}: error: {' '.join(str(e).splitlines())}", file=sys.stderr)
         return 2
+    except Interrupted as e:
+        print(f"{name}: interrupted; {e}", file=sys.stderr)
+        return 130

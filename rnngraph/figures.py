@@ -1,13 +1,8 @@
-"""Every figure of the evaluation, rebuilt on the CPU from stored results: `rnngraph figures`.
-
-Reads ``RESULTS/NAME.json`` for each experiment (see rnngraph/experiments.py; ``--results
-experiments/results/quick`` uses the labelled CPU samples) and writes ``OUT/NAME.png`` and ``.pdf``,
-the LSTM's schedule diagram, the training curves of RUNS/*/log.csv if there are any, and
-``OUT/headline.md`` (the speed-up table for README.md). Nothing is measured here. Each figure carries
-a footnote with the device, driver, library versions, rnngraph commit and date it was measured on.
-"""
+"""Every figure of the evaluation, redrawn on the CPU from stored results (nothing is measured): `rnngraph figures`."""
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +12,9 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from . import style
-from .errors import RnnGraphError
-from .experiments import EXPERIMENTS, PARTS, RESULTS, load_results
+from .bench import writable_folder
+from .errors import Interrupted, RnnGraphError
+from .experiments import EXPERIMENTS, PARTS, REPO, RESULTS, SCRATCH, load_results
 
 NAMES = {"lstm": "LSTM", "peephole_lstm": "peephole LSTM", "gru": "GRU", "min_gru": "minGRU",
          "mgu": "MGU (user cell)", "cifg_lstm": "CIFG LSTM", "rnn_tanh": "RNN tanh", "rnn_relu": "RNN ReLU",
@@ -28,56 +24,96 @@ PART_LABEL = {"hoisted": "hoisted (pre/post)", "per_frame_gemm": "per-frame GEMM
               "fused_elementwise": "fused elementwise", "launch_overhead": "launch/host overhead"}
 
 
-def build_figures(results=RESULTS, out="figures", runs="runs") -> list:
-    """Draws every figure from the results in `results`; returns the paths written. Raises an
-    RnnGraphError naming the missing or malformed results file(s) before drawing anything."""
-    results = Path(results)
+def run_figures(args) -> None:
+    """`rnngraph figures`: every figure, each file named as it is written; Ctrl-C says which were."""
+    written = []
+    try:
+        for path in draw_figures(args.results, args.out, args.runs):
+            written.append(path)
+            print(f"wrote {path}", flush=True)
+    except KeyboardInterrupt:
+        names = ", ".join(dict.fromkeys(p.stem for p in written))
+        raise Interrupted(f"wrote {len(written)} files to {written[0].parent} ({names}); the others are unchanged"
+                          if written else "no figure was written") from None
+
+
+def build_figures(results=None, out=None, runs="runs") -> list:
+    """Draws every figure from the results in `results` (default: the committed RESULTS) into `out`
+    (default: the checkout's figures/ for the committed results, else runs/figures); returns the paths
+    written. Missing or malformed results and an unwritable `out` raise an RnnGraphError before drawing."""
+    return list(draw_figures(results, out, runs))
+
+
+def draw_figures(results=None, out=None, runs="runs"):
+    """build_figures, yielding each path once it is written (whole: files are written, then renamed)."""
+    if results is None and not RESULTS.is_dir():
+        raise RnnGraphError(f"no results found: searched {RESULTS}; point at a folder of NAME.json files with "
+                            "--results DIR")
+    default_out = REPO / "figures" if results is None else SCRATCH[False].parent / "figures"
+    results = Path(RESULTS if results is None else results)
     missing = [f"{name}.json" for name in EXPERIMENTS if not (results / f"{name}.json").is_file()]
     if missing:
-        raise RnnGraphError(f"missing results file(s) in {results}: {', '.join(missing)}; run `rnngraph "
-                            f"experiment NAME` for each, or draw the committed CPU samples: --results "
-                            f"{RESULTS / 'quick'}")
+        samples = f", or draw the committed CPU samples: --results {RESULTS / 'quick'}" \
+            if (RESULTS / "quick").is_dir() else ""
+        raise RnnGraphError(f"missing results file(s) in {results.resolve()}: {', '.join(missing)}; run "
+                            f"`rnngraph experiment NAME` for each{samples}")
     docs = {name: load_results(results / f"{name}.json") for name in EXPERIMENTS}
-    out = Path(out)
+    out = writable_folder(default_out if out is None else out, "--out DIR", missing=None if out is None else 1, raw=out)
     out.mkdir(parents=True, exist_ok=True)
-    written = []
-    with style.context():
+    with style.context(), _reproducible():
         for name, draw in DRAW.items():
             fig = draw(docs[name])
             fig.text(0.0, 0.0, _footnote(docs[name]), ha="left", va="top", wrap=True, **style.FOOTNOTE)
-            written += _save(fig, out / name)
-    written += _schedule_diagram(out)
-    written += _training_curves(out, runs, results)
-    (out / "headline.md").write_text(headline_table(docs["single_stream_speedup"]))
-    return written + [out / "headline.md"]
+            yield from (_write(out / f"{name}.{ext}", fig.savefig) for ext in ("png", "pdf"))
+        yield from _schedule_diagram(out)
+        yield from _training_curves(out, runs, results)
+        yield _write(out / "headline.md", lambda tmp: tmp.write_text(headline_table(docs["single_stream_speedup"])))
 
 
-def _save(fig, stem: Path) -> list:
-    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
-    for p in paths:
-        fig.savefig(p)
-    return paths
+@contextlib.contextmanager
+def _reproducible():
+    """The same inputs give the same bytes: PDFs are dated from SOURCE_DATE_EPOCH (0 unless it is set), not now."""
+    old = os.environ.get("SOURCE_DATE_EPOCH")
+    os.environ["SOURCE_DATE_EPOCH"] = old or "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["SOURCE_DATE_EPOCH"]
 
 
-def _schedule_diagram(out: Path) -> list:
+def _write(path: Path, write) -> Path:
+    """write(tmp) to a hidden file beside `path`, then renamed to `path`: a Ctrl-C leaves no half-written file."""
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    try:
+        write(tmp)
+        tmp.replace(path)
+    except OSError as e:
+        raise RnnGraphError(f"cannot write {path}: {e.strerror or e}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def _schedule_diagram(out: Path):
     """The LSTM's schedule, as `rnngraph schedule lstm --draw` draws it (D = 32, H = 64)."""
     from .cells import load_cell
     from .schedule import build_schedule
     from .viz import draw_schedule
-    paths = [out / "lstm_schedule.png", out / "lstm_schedule.pdf"]
-    for p in paths:
-        draw_schedule(build_schedule(load_cell("lstm", 32, 64)), p)
-    return paths
+    schedule = build_schedule(load_cell("lstm", 32, 64))
+    for ext in ("png", "pdf"):
+        yield _write(out / f"lstm_schedule.{ext}", lambda tmp: draw_schedule(schedule, tmp))
 
 
-def _training_curves(out: Path, runs, results) -> list:
-    """Training curves (rnngraph.train_figures): the stored runs RESULTS/training*/log.csv, one figure
-    each, and the local runs RUNS/*/log.csv together, if there are any."""
-    from .train_figures import draw_training_curves
-    written = [draw_training_curves([log], out / f"{log.parent.name}.png")
-               for log in sorted(Path(results).glob("training*/log.csv"))]
-    logs = sorted(Path(runs).glob("*/log.csv"))
-    return written + ([draw_training_curves(logs, out / "training_curves.png")] if logs else [])
+def _training_curves(out: Path, runs, results):
+    """Training curves (rnngraph.train_figures): each stored run RESULTS/training*/log.csv in a figure of its
+    own, and the local runs RUNS/*/log.csv together, if there are any. A log without rows is skipped."""
+    from .train_figures import draw_training_curves, with_rows
+    for log in with_rows(sorted(Path(results).glob("training*/log.csv"))):
+        yield _write(out / f"{log.parent.name}.png", lambda tmp: draw_training_curves([log], tmp))
+    logs = with_rows(sorted(Path(runs).glob("*/log.csv")))
+    if logs:
+        yield _write(out / "training_curves.png", lambda tmp: draw_training_curves(logs, tmp))
 
 
 # -- reading records ---------------------------------------------------------------------------

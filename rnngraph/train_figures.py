@@ -1,6 +1,7 @@
 """Training-curve figures from the logs `rnngraph train` writes (log.csv or log.json per run)."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +60,15 @@ def draw_training_curves(log_paths, out_png, labels=None) -> Path:
         except OSError as e:
             raise RnnGraphError(f"cannot write {out}: {e.strerror or e}") from None
     return out
+
+
+def with_rows(logs: list) -> list:
+    """The logs that hold rows; each one that does not (a run stopped before its first logged step) is
+    named in a note on stderr."""
+    keep = [log for log in logs if len(read_log(log)["step"])]
+    for log in (log for log in logs if log not in keep):
+        print(f"rnngraph: note: skipped {log}: the training log has no rows yet", file=sys.stderr)
+    return keep
 
 
 def _colours(n: int):

@@ -47,12 +47,40 @@ def test_quick_bench_writes_every_measurement_and_says_gpu_rows_were_skipped(tmp
 
 
 def test_bench_options_lists_and_unknown_impl(capsys):
-    assert main(["bench", "--cell", "gru", "-T", "3", "-B", "1,2", "-H", "4", "--impls", "naive",
+    assert main(["bench", "--cell", "gru", "-T", "3,5", "-T", "4", "-B", "1,2", "-H", "4", "--impls", "naive",
                  "--repeats", "2", "--warmup", "1"]) == 0
     out = capsys.readouterr().out
-    assert len([line for line in out.splitlines() if line.startswith("gru ")]) == 2
+    rows = [line.split()[1:3] for line in out.splitlines() if line.startswith("gru ")]
+    assert rows == [[T, B] for T in ("3", "5", "4") for B in ("1", "2")]
     assert main(["bench", "--quick", "--impls", "fast"]) == 2
     assert "unknown implementation" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path, message", [
+    ("missing/bench.json", "missing does not exist; create it or pass another --json FILE"),
+    ("file/bench.json", "file is not a folder; pass another --json FILE"),
+    (".", "--json . is a folder; give a file, e.g. bench.json"),
+    ("", "--json FILE is empty"),
+])
+def test_a_bad_json_path_is_one_line_before_measuring(tmp_path, monkeypatch, capsys, path, message):
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: pytest.fail("measured before checking --json"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file").write_text("")
+    assert main(["bench", "--quick", "--json", path]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rnngraph: error: ") and message in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_ctrl_c_says_no_measurement_was_kept(tmp_path, monkeypatch, capsys):
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(bench, "measure", interrupt)
+    path = tmp_path / "bench.json"
+    assert main(["bench", "--quick", "--json", str(path)]) == 130
+    err = capsys.readouterr().err.strip().split("\n")[-1]     # after the progress bar
+    assert err == f"rnngraph: interrupted; no measurements were kept; {path} was not written"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_table_ratios_against_cudnn_and_the_eager_loop():
@@ -163,6 +191,18 @@ def test_graph_interpreter_is_the_same_cell(name):
     cell = (user_cell(5, 6) if name == "user" else random_cell(int(name[6:]), 5, 6)
             if name.startswith("random") else rg.load_cell(name, 5, 6))
     assert_same_cell(GraphLoop, cell)
+
+
+def test_graph_interpreter_carries_every_frame_a_cell_reads_across_calls():
+    cell = user_cell(5, 6)                                          # reads h two frames back
+    loop = GraphLoop(cell, {k: torch.tensor(v) for k, v in reference(cell)[0].items()})
+    x = torch.randn(6, 2, 5, dtype=torch.float64)
+    y, finals = loop(x)
+    y1, mid = loop(x[:3])
+    y2, end = loop(x[3:], mid)
+    assert mid["h"].shape == (2, 2, 6)                              # [D, B, S], oldest first
+    torch.testing.assert_close(torch.cat([y1, y2]), y, rtol=0, atol=1e-12)
+    torch.testing.assert_close(end["h"], finals["h"], rtol=0, atol=1e-12)
 
 
 def test_eager_loop_uses_the_graph_when_a_cell_only_shares_a_builtin_name():

@@ -1,4 +1,5 @@
-"""The experiments: every --quick run writes well-formed results; the analyses count exactly."""
+"""The experiments: every --quick run writes well-formed results outside the committed ones; bad paths,
+no GPU and Ctrl-C end in one line before (or without) writing; the analyses count exactly."""
 import json
 import os
 import subprocess
@@ -8,11 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rnngraph import RnnGraphError, build_schedule, load_cell
+from dataclasses import replace
+
+from rnngraph import RnnGraphError, bench, build_schedule, load_cell
 from rnngraph.backends import get_backend
+from rnngraph.cli import main
 from rnngraph.executor import Executor
-from rnngraph.experiments import (EXPERIMENTS, QUICK_LABEL, load_results, run_experiment, schedule_flops,
-                                  schedule_variants, wavefront_lstm)
+from rnngraph.experiments import (EXPERIMENTS, QUICK_LABEL, RESULTS, SCRATCH, load_results, run_experiment,
+                                  schedule_flops, schedule_variants, wavefront_lstm)
 from rnngraph.schedule import Gemm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,11 +80,94 @@ def test_cli_runs_an_experiment(tmp_path):
 
 
 def test_committed_results_are_well_formed():
-    for path in sorted((ROOT / "experiments" / "results" / "quick").glob("*.json")):
+    assert RESULTS == ROOT / "experiments" / "results"              # found from the package, not the working dir
+    for path in sorted((RESULTS / "quick").glob("*.json")):
         _check(load_results(path), path.stem)
-    stats = load_results(ROOT / "experiments" / "results" / "schedule_stats.json")
+    stats = load_results(RESULTS / "schedule_stats.json")
     exp = EXPERIMENTS["schedule_stats"]
     assert stats["records"] == json.loads(json.dumps([dict(cfg, **exp.run(cfg, {})) for cfg in exp.grid(False)]))
+
+
+def _committed():
+    return {p: p.read_bytes() for p in RESULTS.rglob("*.json")}
+
+
+def test_runs_go_to_a_scratch_folder_by_default(tmp_path, monkeypatch, capsys):
+    before = _committed()
+    monkeypatch.chdir(ROOT)                                         # even from the checkout itself
+    monkeypatch.setattr("rnngraph.experiments.SCRATCH", {q: tmp_path / p for q, p in SCRATCH.items()})
+    assert main(["experiment", "schedule_stats", "--quick"]) == 0
+    assert capsys.readouterr().out == f"wrote {tmp_path / SCRATCH[True] / 'schedule_stats.json'}\n"
+    _check(load_results(tmp_path / SCRATCH[True] / "schedule_stats.json"), "schedule_stats")
+    assert main(["experiment", "schedule_stats"]) == 0              # analysis: a full run needs no GPU
+    assert (tmp_path / SCRATCH[False] / "schedule_stats.json").is_file()
+    assert _committed() == before
+    assert SCRATCH == {False: Path("runs/experiments"), True: Path("runs/experiments-quick")}
+    ignored = subprocess.run(["git", "check-ignore", "-q", "runs/experiments-quick/x.json"], cwd=ROOT)
+    assert ignored.returncode in (0, 128)                           # 128: not a git checkout
+
+
+def _stub(monkeypatch, name, run):
+    """Experiment `name` with its quick grid cut to three configurations and `run` as its measurement."""
+    exp = EXPERIMENTS[name]
+    monkeypatch.setitem(EXPERIMENTS, name, replace(exp, grid=lambda quick: exp.grid(True)[:3], run=run))
+
+
+def _one_line(capsys, start):
+    """The one line on stderr after the progress bar (tqdm redraws it with \\r), which must start with `start`."""
+    *bar, line = capsys.readouterr().err.strip().split("\n")
+    assert line.startswith(start) and all("config/s" in b for b in bar), bar + [line]
+    return line
+
+
+def test_a_full_timed_run_without_a_gpu_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "gpu_problem", lambda: "no GPU in this test")
+    _stub(monkeypatch, "single_stream_speedup", lambda cfg, opts: pytest.fail("measured without a GPU"))
+    assert main(["experiment", "single_stream_speedup", "--out", str(tmp_path)]) == 2
+    err = _one_line(capsys, "rnngraph: error: no usable GPU (no GPU in this test)")
+    assert "--quick" in err and "--allow-cpu" in err
+    assert list(tmp_path.iterdir()) == []
+    _stub(monkeypatch, "single_stream_speedup", lambda cfg, opts: {"forward_ms": 1.0, "train_ms": 2.0})
+    assert main(["experiment", "single_stream_speedup", "--out", str(tmp_path), "--allow-cpu"]) == 0
+    doc = load_results(tmp_path / "single_stream_speedup.json")
+    assert doc["quick"] is False and len(doc["records"]) == 3
+
+
+@pytest.mark.parametrize("out, message", [
+    ("missing/folder", "missing does not exist; create it or pass another --out DIR"),
+    ("file/folder", "file is not a folder; pass another --out DIR"),
+    ("", "--out DIR is empty"),
+])
+def test_a_bad_out_folder_is_one_line_before_any_work(tmp_path, monkeypatch, capsys, out, message):
+    _stub(monkeypatch, "schedule_stats", lambda cfg, opts: pytest.fail("ran before checking --out"))
+    (tmp_path / "file").write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert main(["experiment", "schedule_stats", "--quick", "--out", out]) == 2
+    assert message in _one_line(capsys, "rnngraph: error: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+@pytest.mark.parametrize("existing", [False, True])
+@pytest.mark.parametrize("script", [False, True])
+def test_ctrl_c_writes_nothing_and_says_so(tmp_path, monkeypatch, capsys, existing, script):
+    from rnngraph.experiments import main as script_main
+    measure = EXPERIMENTS["schedule_stats"].run
+
+    def run(cfg, opts):
+        if cfg["cell"] != "lstm":
+            raise KeyboardInterrupt
+        return measure(cfg, opts)
+    _stub(monkeypatch, "schedule_stats", run)
+    path = tmp_path / "schedule_stats.json"
+    if existing:
+        path.write_text("the previous results")
+    argv = ["--quick", "--out", str(tmp_path)]
+    assert (script_main("schedule_stats", argv) if script else main(["experiment", "schedule_stats", *argv])) == 130
+    err = _one_line(capsys, "schedule_stats: interrupted; " if script else "rnngraph: interrupted; ")
+    assert err.endswith(f"schedule_stats stopped after 1 of 3 configurations; nothing was written "
+                                 f"({path} {'is unchanged' if existing else 'was not created'})")
+    assert [p.name for p in tmp_path.iterdir()] == (["schedule_stats.json"] if existing else [])
+    assert not existing or path.read_text() == "the previous results"
 
 
 @pytest.mark.parametrize("change, message", [

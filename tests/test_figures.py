@@ -1,4 +1,5 @@
-"""`rnngraph figures`: every figure from the committed CPU samples, and clear errors for bad results.
+"""`rnngraph figures`: every figure from the committed CPU samples, byte for byte the same each time, found
+from any working directory; clear one-line errors for bad results or --out, notes for empty logs, and Ctrl-C.
 
 The tests draw from experiments/results/quick (quick CPU samples, committed for this purpose); the
 default, experiments/results, holds the GPU results the figures in figures/ are made from.
@@ -10,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from rnngraph import figures
 from rnngraph.cli import main
-from rnngraph.experiments import EXPERIMENTS
-from rnngraph.figures import _training_curves, build_figures, headline_table
+from rnngraph.experiments import EXPERIMENTS, RESULTS
+from rnngraph.figures import _training_curves, build_figures, draw_figures, headline_table
 from rnngraph.train import LOG_COLUMNS
 
 QUICK = Path(__file__).resolve().parents[1] / "experiments" / "results" / "quick"
@@ -37,6 +39,48 @@ def test_every_figure_is_written_as_png_and_pdf(drawn):
         assert pdf.startswith(PDF) and len(pdf) > 5_000, s
 
 
+def test_the_committed_results_are_found_from_any_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    first = next(draw_figures(out=tmp_path / "out"))                # draws only the first figure
+    assert first == tmp_path / "out" / "single_stream_speedup.png" and first.read_bytes().startswith(PNG)
+
+
+def _one_line(capsys):
+    err = capsys.readouterr().err
+    assert err.startswith("rnngraph: ") and len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+def test_no_results_found_names_the_folder_searched(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(figures, "RESULTS", tmp_path / "nowhere")
+    assert main(["figures", "--out", str(tmp_path / "out")]) == 2
+    assert _one_line(capsys) == (f"rnngraph: error: no results found: searched {tmp_path / 'nowhere'}; point at a "
+                                 "folder of NAME.json files with --results DIR")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("out, message", [
+    ("missing/out", "missing does not exist; create it or pass another --out DIR"),
+    ("file/out", "file is not a folder; pass another --out DIR"),
+])
+def test_a_bad_out_folder_is_one_line_before_drawing(tmp_path, monkeypatch, capsys, out, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file").write_text("")
+    assert main(["figures", "--results", str(QUICK), "--out", out]) == 2
+    assert message in _one_line(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_ctrl_c_says_which_figures_were_written(tmp_path, monkeypatch, capsys):
+    def interrupt(doc):
+        raise KeyboardInterrupt
+    monkeypatch.setitem(figures.DRAW, "multi_stream_throughput", interrupt)   # the second figure
+    assert main(["figures", "--results", str(QUICK), "--out", str(tmp_path)]) == 130
+    assert _one_line(capsys) == (f"rnngraph: interrupted; wrote 2 files to {tmp_path} (single_stream_speedup); "
+                                 "the others are unchanged")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["single_stream_speedup.pdf", "single_stream_speedup.png"]
+
+
 def test_headline_table_says_what_it_shows(drawn):
     out, _ = drawn
     text = (out / "headline.md").read_text()
@@ -54,31 +98,46 @@ def test_headline_table_ratios():
     assert "| LSTM | 512 | 120.0× | 100.0× | 3.0× | 2.5× |" in headline_table(doc)
 
 
-def test_cli_draws_and_lists_what_it_wrote(tmp_path, capsys):
-    assert main(["figures", "--results", str(QUICK), "--out", str(tmp_path), "--runs", str(tmp_path)]) == 0
-    assert f"wrote {tmp_path / 'single_stream_speedup.pdf'}" in capsys.readouterr().out
+def test_cli_draws_the_same_bytes_again_and_skips_an_empty_log(drawn, tmp_path, capsys):
+    _write_log(tmp_path / "runs" / "good" / "log.csv")
+    _write_log(tmp_path / "runs" / "stopped" / "log.csv", rows=0)   # a run stopped before its first step
+    out = tmp_path / "out"
+    assert main(["figures", "--results", str(QUICK), "--out", str(out), "--runs", str(tmp_path / "runs")]) == 0
+    cap = capsys.readouterr()
+    assert cap.out.splitlines() == [f"wrote {out / p.name}" for p in drawn[1][:-1]] + [
+        f"wrote {out / 'training_curves.png'}", f"wrote {out / 'headline.md'}"]
+    stopped = tmp_path / "runs" / "stopped" / "log.csv"
+    assert cap.err == f"rnngraph: note: skipped {stopped}: the training log has no rows yet\n"
+    for p in drawn[1]:                                              # the same results give the same bytes
+        assert (out / p.name).read_bytes() == p.read_bytes(), p.name
+    assert b"CreationDate (D:1970" in (out / "cuda_lanes.pdf").read_bytes()     # not "now"
+    assert not list(out.glob(".*"))                                             # no temporary file left
 
 
-def _write_log(log):
+def _write_log(log, rows=5):
     log.parent.mkdir(parents=True)
     with open(log, "w", newline="") as f:
         w = csv.DictWriter(f, LOG_COLUMNS)
         w.writeheader()
-        for step in range(1, 6):
+        for step in range(1, rows + 1):
             w.writerow({c: step for c in LOG_COLUMNS} | {"bpc": 4.0 / step, "val_bpc": "" if step % 2 else 3.0})
 
 
 def test_training_curves_are_drawn_when_there_are_logs(tmp_path):
     _write_log(tmp_path / "runs" / "small" / "log.csv")
-    assert _training_curves(tmp_path, tmp_path / "runs", tmp_path / "no_results") == [tmp_path / "training_curves.png"]
+    assert list(_training_curves(tmp_path, tmp_path / "runs", tmp_path / "no_results")) == [
+        tmp_path / "training_curves.png"]
     assert (tmp_path / "training_curves.png").read_bytes().startswith(PNG)
-    assert _training_curves(tmp_path, tmp_path / "no_runs", tmp_path / "no_results") == []
+    assert list(_training_curves(tmp_path, tmp_path / "no_runs", tmp_path / "no_results")) == []
 
 
-def test_stored_training_logs_get_a_figure_each(tmp_path):
+def test_stored_training_logs_get_a_figure_each_and_empty_ones_a_note(tmp_path, capsys):
     _write_log(tmp_path / "results" / "training_gpu" / "log.csv")
-    assert _training_curves(tmp_path, tmp_path / "no_runs", tmp_path / "results") == [tmp_path / "training_gpu.png"]
+    _write_log(tmp_path / "results" / "training_stopped" / "log.csv", rows=0)
+    assert list(_training_curves(tmp_path, tmp_path / "no_runs", tmp_path / "results")) == [
+        tmp_path / "training_gpu.png"]
     assert (tmp_path / "training_gpu.png").read_bytes().startswith(PNG)
+    assert "skipped" in _one_line(capsys) and not (tmp_path / "training_stopped.png").exists()
 
 
 @pytest.mark.parametrize("damage, message", [
