@@ -39,10 +39,11 @@ def test_every_figure_is_written_as_png_and_pdf(drawn):
         assert pdf.startswith(PDF) and len(pdf) > 5_000, s
 
 
-def test_the_committed_results_are_found_from_any_working_directory(tmp_path, monkeypatch):
+def test_the_committed_results_are_found_from_any_working_directory_and_others_drawn_aside(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     first = next(draw_figures(out=tmp_path / "out"))                # draws only the first figure
     assert first == tmp_path / "out" / "single_stream_speedup.png" and first.read_bytes().startswith(PNG)
+    assert next(draw_figures(QUICK)) == Path("runs/figures/single_stream_speedup.png")   # not the committed figures/
 
 
 def _one_line(capsys):
