@@ -333,7 +333,7 @@ def _progress(configs):
     except ImportError:
         return (print(f"bench {k + 1}/{len(configs)}: {c}", file=sys.stderr, flush=True) or c
                 for k, c in enumerate(configs))
-    return tqdm(configs, desc="bench", unit="config", file=sys.stderr)
+    return tqdm(configs, desc="bench", unit="config", file=sys.stderr, disable=None, leave=False)   # no bar when piped
 
 
 def _torch_threads(n):

@@ -266,7 +266,7 @@ def run_experiment(name: str, *, quick: bool = False, out=None, repeats: int | N
     opts = {"quick": quick, "repeats": repeats or (3 if quick else 10), "warmup": 1 if quick else 2}
     grid, records = exp.grid(quick), []
     try:
-        with tqdm(grid, desc=name, unit="config", file=sys.stderr, dynamic_ncols=True) as bar:
+        with tqdm(grid, desc=name, unit="config", file=sys.stderr, dynamic_ncols=True, disable=None, leave=False) as bar:
             for cfg in bar:
                 bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in cfg.items() if k not in ("what", "warmup")))
                 try:
