@@ -17,7 +17,7 @@ from .errors import Interrupted, RnnGraphError
 from .experiments import EXPERIMENTS, PARTS, REPO, RESULTS, SCRATCH, load_results
 
 NAMES = {"lstm": "LSTM", "peephole_lstm": "peephole LSTM", "gru": "GRU", "min_gru": "minGRU",
-         "mgu": "MGU (user cell)", "cifg_lstm": "CIFG LSTM", "rnn_tanh": "RNN tanh", "rnn_relu": "RNN ReLU",
+         "mgu": "MGU", "cifg_lstm": "CIFG LSTM", "rnn_tanh": "RNN tanh", "rnn_relu": "RNN ReLU",
          "indrnn": "IndRNN", "sru": "SRU", "wavefront_lstm": "wavefront LSTM"}
 WHAT = {"forward": "forward", "train": "training step"}
 PART_LABEL = {"hoisted": "hoisted (pre/post)", "per_frame_gemm": "per-frame GEMM",
