@@ -92,3 +92,10 @@ def test_cpu_training_numbers_come_from_the_committed_log():
             f"({log['val_bpc'][ends[0]]:.3f} after the first epoch), about {round(chars / seconds, -2):,.0f} "
             "characters per second") in text
     assert f"{val:.3f} in {seconds:.0f} s for the CPU default" in text
+
+
+def test_demo_numbers_come_from_its_committed_output():
+    out = (ROOT / "experiments" / "results" / "demo_cpu" / "output.txt").read_text()
+    seconds = re.search(r"rnngraph demo: done in (\d+) s", out).group(1)
+    val = re.search(r"validation bpc (\d\.\d{3}) after", out).group(1)
+    assert f"It took {seconds} s on two CPU cores, reaching a validation bpc of {val}" in " ".join(README.split())
