@@ -102,14 +102,14 @@ class Recurrent(Parameterized):
                                 f"{self.num_layers}; pass {self.num_layers} cells, or one cell for every layer")
         cells, size = [], self.input_size
         for l in range(self.num_layers):
-            cells.append(load_cell(spec[l] if per_layer else spec, size, self.hidden_size, self.bias))
-            chk.check_cell(cells[l], size, l)
-            sizes = {s: n for s, (_, n) in cells[l].states.items()}
-            first = sizes if l == 0 else first
-            if sizes != first:
-                raise RnnGraphError(f"layer {l}'s cell '{cells[l].name}' has states {sizes} but layer 0's has "
-                                    f"{first}; every layer needs the same states (name: features)")
-            size = cells[l].op(cells[l].outputs[0]).size * self.num_directions
+            cell = load_cell(spec[l] if per_layer else spec, size, self.hidden_size, self.bias)
+            chk.check_cell(cell, size, l)
+            if cells and _state_kinds(cell) != _state_kinds(cells[0]):
+                raise RnnGraphError(f"layer {l}'s cell '{cell.name}' has states {_state_kinds(cell)} but layer 0's "
+                                    f"has {_state_kinds(cells[0])}; every layer needs the same states "
+                                    "(name: features, frames carried)")
+            cells.append(cell)
+            size = cell.op(cell.outputs[0]).size * self.num_directions
         return cells
 
     # -- parameters: parameters(), state_dict() and load_state_dict() come from Parameterized ----
@@ -262,6 +262,10 @@ class RNN(Recurrent):
         self.nonlinearity = nonlinearity
         super().__init__(f"rnn_{nonlinearity}", input_size, hidden_size, num_layers, bias, batch_first,
                          dropout, bidirectional, **options)
+
+
+def _state_kinds(cell) -> dict:
+    return {s: (n, cell.depths[s]) for s, (_, n) in cell.states.items()}
 
 
 def _check_history_shape(name: str, got: tuple, expected: tuple, cell: str, every_frame: bool):

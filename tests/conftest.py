@@ -32,3 +32,12 @@ def pytest_terminal_summary(terminalreporter):
     extra = f", and {', '.join(modules)} as a whole" if modules else ""
     terminalreporter.write_line(f"torch is not installed: {len(skipped)} comparisons with PyTorch were skipped{extra} "
                                 "(pip install torch; CPU build: see README)", yellow=True)
+
+
+@pytest.fixture(scope="session")
+def small_text(tmp_path_factory):
+    """The bundled corpus's first 12,000 characters (the start of Hamlet) as a file: runs of seconds."""
+    from rnngraph.data import read_text
+    path = tmp_path_factory.mktemp("text") / "small.txt"
+    path.write_text(read_text()[:12_000])
+    return path

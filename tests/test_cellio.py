@@ -15,7 +15,6 @@ from rnngraph import CELLS, Cell, RnnGraphError, build_schedule, load_cell, nn
 from rnngraph import checkpoint as ck
 from rnngraph.cellio import cell_from_dict, cell_to_dict, first_difference
 from rnngraph.cli import main
-from rnngraph.data import read_text
 from rnngraph.sample import generate, load_model
 from rnngraph.train import TrainConfig, read_log, train
 
@@ -177,15 +176,8 @@ def test_recurrent_takes_one_cell_per_layer():
 
 # -- checkpoints ----------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def text(tmp_path_factory):
-    path = tmp_path_factory.mktemp("text") / "small.txt"
-    path.write_text(read_text()[:12_000])
-    return path
-
-
-def tiny(text, out, **kw):
-    return TrainConfig(**{**dict(text=str(text), hidden=8, streams=2, bptt=4, max_steps=3, backend="numpy",
+def tiny(small_text, out, **kw):
+    return TrainConfig(**{**dict(text=str(small_text), hidden=8, streams=2, bptt=4, max_steps=3, backend="numpy",
                                  progress=False, out=str(out)), **kw})
 
 
@@ -202,10 +194,10 @@ def rnngraph(*args, cwd, path=()) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
-def test_a_changed_user_cell_runs_the_stored_graph_and_imports_nothing(text, tmp_path):
+def test_a_changed_user_cell_runs_the_stored_graph_and_imports_nothing(small_text, tmp_path):
     work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
     work.mkdir(), elsewhere.mkdir()
-    (work / "small.txt").write_text(text.read_text())
+    (work / "small.txt").write_text(small_text.read_text())
     (work / "mycells.py").write_text(MGU)
     run = ["train", "--cell", "mycells:mgu", "--hidden", "8", "--streams", "2", "--bptt", "4", "--text", "small.txt",
            "--backend", "numpy", "--no-progress"]
@@ -239,18 +231,18 @@ def test_a_changed_user_cell_runs_the_stored_graph_and_imports_nothing(text, tmp
     assert Path(ckpt).read_bytes() == kept
 
 
-def test_the_checkpoint_stores_the_graphs_as_plain_json(text, tmp_path):
-    train(tiny(text, tmp_path, layers=2, cell="gru"), echo=lambda *a: None)
+def test_the_checkpoint_stores_the_graphs_as_plain_json(small_text, tmp_path):
+    train(tiny(small_text, tmp_path, layers=2, cell="gru"), echo=lambda *a: None)
     got = ck.load_checkpoint(tmp_path / "checkpoint.npz")       # arrays read with allow_pickle=False
     graphs = got.config["model"]["graphs"]
     assert got.config["version"] == 2 and plain(got.config)
     assert [next(iter(g["inputs"].values())) for g in graphs] == [got.config["model"]["vocab_size"], 8]
     assert_same(load_cell("gru", 8, 8), cell_from_dict(graphs[1]))
-    assert got.config["train"]["text"] == str(text.resolve())
+    assert got.config["train"]["text"] == str(small_text.resolve())
 
 
-def test_a_changed_builtin_cell_is_noted_and_the_stored_graph_runs(text, tmp_path, monkeypatch, capsys):
-    train(tiny(text, tmp_path), echo=lambda *a: None)
+def test_a_changed_builtin_cell_is_noted_and_the_stored_graph_runs(small_text, tmp_path, monkeypatch, capsys):
+    train(tiny(small_text, tmp_path), echo=lambda *a: None)
     ckpt = tmp_path / "checkpoint.npz"
     expected = generate(*load_model(ckpt, "numpy"), "Th", 30)
 
@@ -277,8 +269,8 @@ def version_1(ckpt, path):
     return ck.save_checkpoint(path, {**got.config, "version": 1}, got.arrays)
 
 
-def test_version_1_checkpoints(text, tmp_path, monkeypatch, capsys):
-    train(tiny(text, tmp_path / "lstm"), echo=lambda *a: None)
+def test_version_1_checkpoints(small_text, tmp_path, monkeypatch, capsys):
+    train(tiny(small_text, tmp_path / "lstm"), echo=lambda *a: None)
     old = version_1(tmp_path / "lstm" / "checkpoint.npz", tmp_path / "old.npz")
     capsys.readouterr()
     assert main(["sample", str(old), "--length", "5", "--backend", "numpy"]) == 0
@@ -288,7 +280,7 @@ def test_version_1_checkpoints(text, tmp_path, monkeypatch, capsys):
     (tmp_path / "v1cells.py").write_text(MGU)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    train(tiny(text, tmp_path / "user", cell="v1cells:mgu"), echo=lambda *a: None)
+    train(tiny(small_text, tmp_path / "user", cell="v1cells:mgu"), echo=lambda *a: None)
     old = version_1(tmp_path / "user" / "checkpoint.npz", tmp_path / "user" / "checkpoint.npz")
     capsys.readouterr()
     for argv in (["sample", str(old)], ["train", "--resume", str(old)]):
@@ -305,9 +297,9 @@ def test_version_1_checkpoints(text, tmp_path, monkeypatch, capsys):
     assert ck.load_checkpoint(old).config["version"] == 2 and read_log(tmp_path / "user")["step"][-1] == 4
 
 
-def test_resume_from_another_directory_with_a_relative_text(text, tmp_path, monkeypatch, capsys):
+def test_resume_from_another_directory_with_a_relative_text(small_text, tmp_path, monkeypatch, capsys):
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
-    (tmp_path / "a" / "small.txt").write_text(text.read_text())
+    (tmp_path / "a" / "small.txt").write_text(small_text.read_text())
     monkeypatch.chdir(tmp_path / "a")
     assert main(["train", "--text", "small.txt", "--hidden", "8", "--streams", "2", "--bptt", "4", "--max-steps", "2",
                  "--backend", "numpy", "--out", "run", "--no-progress"]) == 0

@@ -13,7 +13,7 @@ import pytest
 
 from rnngraph import figures
 from rnngraph.cli import main
-from rnngraph.experiments import EXPERIMENTS, RESULTS
+from rnngraph.experiments import EXPERIMENTS
 from rnngraph.figures import _training_curves, build_figures, draw_figures, headline_table
 from rnngraph.train import LOG_COLUMNS
 

@@ -13,20 +13,12 @@ import pytest
 from rnngraph import RnnGraphError
 from rnngraph.charlm import CharLM
 from rnngraph.cli import main
-from rnngraph.data import read_text
 from rnngraph.optim import Adam
 from rnngraph.train import Trainer, TrainConfig, read_log, train
 from rnngraph.train_figures import draw_training_curves
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = dict(echo=lambda *a: None)
-
-
-@pytest.fixture(scope="module")
-def small_text(tmp_path_factory):
-    path = tmp_path_factory.mktemp("text") / "small.txt"
-    path.write_text(read_text()[:12_000])                   # the start of Hamlet
-    return path
 
 
 def tiny(small_text, out, **kw):

@@ -25,15 +25,8 @@ QUIET = dict(echo=lambda *a: None)
 TINY = ["--hidden", "8", "--streams", "2", "--bptt", "4", "--backend", "numpy", "--no-progress"]
 
 
-@pytest.fixture(scope="module")
-def text(tmp_path_factory):
-    path = tmp_path_factory.mktemp("text") / "small.txt"
-    path.write_text(read_text()[:12_000])
-    return path
-
-
-def tiny(text, out, **kw):
-    return TrainConfig(**{**dict(text=str(text), hidden=8, streams=2, bptt=4, backend="numpy", progress=False,
+def tiny(small_text, out, **kw):
+    return TrainConfig(**{**dict(text=str(small_text), hidden=8, streams=2, bptt=4, backend="numpy", progress=False,
                                  out=str(out)), **kw})
 
 
@@ -56,10 +49,10 @@ def run_id(folder):
 
 # -- item 1: no command replaces another run ----------------------------------------------------
 
-def test_resume_into_another_runs_folder_is_refused_unless_overwrite(text, tmp_path, capsys):
+def test_resume_into_another_runs_folder_is_refused_unless_overwrite(small_text, tmp_path, capsys):
     a, b = tmp_path / "a", tmp_path / "b"
-    train(tiny(text, a, max_steps=3), **QUIET)
-    train(tiny(text, b, max_steps=5), **QUIET)
+    train(tiny(small_text, a, max_steps=3), **QUIET)
+    train(tiny(small_text, b, max_steps=5), **QUIET)
     before = files(b)
     err = one_line(capsys, ["train", "--resume", str(a / "checkpoint.npz"), "--out", str(b), "--max-steps", "6"],
                    2, f"rnngraph: error: {b / 'checkpoint.npz'} holds a checkpoint of another run ({run_id(b)} at "
@@ -72,26 +65,26 @@ def test_resume_into_another_runs_folder_is_refused_unless_overwrite(text, tmp_p
     assert json.loads((b / "log.json").read_text())["config"]["run_id"] == run_id(a)
 
 
-def test_a_folder_with_only_another_runs_log_is_protected_too(text, tmp_path, capsys):
-    train(tiny(text, tmp_path, max_steps=2), **QUIET)
+def test_a_folder_with_only_another_runs_log_is_protected_too(small_text, tmp_path, capsys):
+    train(tiny(small_text, tmp_path, max_steps=2), **QUIET)
     (tmp_path / "checkpoint.npz").unlink()
     log = (tmp_path / "log.json").read_bytes()
-    one_line(capsys, ["train", "--text", str(text), *TINY, "--out", str(tmp_path)], 2,
+    one_line(capsys, ["train", "--text", str(small_text), *TINY, "--out", str(tmp_path)], 2,
              f"rnngraph: error: {tmp_path / 'log.json'} already holds the log; start a new run elsewhere")
     assert (tmp_path / "log.json").read_bytes() == log
 
 
-def test_an_unreadable_checkpoint_is_replaced_only_with_overwrite(text, tmp_path, capsys):
+def test_an_unreadable_checkpoint_is_replaced_only_with_overwrite(small_text, tmp_path, capsys):
     (tmp_path / "checkpoint.npz").write_bytes(b"not a zip")
-    args = ["train", "--text", str(text), *TINY, "--out", str(tmp_path), "--max-steps", "1"]
+    args = ["train", "--text", str(small_text), *TINY, "--out", str(tmp_path), "--max-steps", "1"]
     err = one_line(capsys, args, 2, f"rnngraph: error: {tmp_path / 'checkpoint.npz'} already holds a checkpoint")
     assert "replace it (a run whose file cannot be read) with --overwrite" in err
     assert (tmp_path / "checkpoint.npz").read_bytes() == b"not a zip"
     assert main(args + ["--overwrite"]) == 0 and run_id(tmp_path).startswith("run-")
 
 
-def test_resume_into_its_own_folder_from_an_earlier_or_later_checkpoint(text, tmp_path, capsys):
-    first = train(tiny(text, tmp_path, max_steps=3), **QUIET)
+def test_resume_into_its_own_folder_from_an_earlier_or_later_checkpoint(small_text, tmp_path, capsys):
+    first = train(tiny(small_text, tmp_path, max_steps=3), **QUIET)
     ident = run_id(tmp_path)
     shutil.copy(first.checkpoint, tmp_path / "step3.npz")
     assert main(["train", "--resume", str(tmp_path / "checkpoint.npz"), "--max-steps", "6"]) == 0
@@ -101,15 +94,15 @@ def test_resume_into_its_own_folder_from_an_earlier_or_later_checkpoint(text, tm
     assert "done: 5 steps" in capsys.readouterr().out
 
 
-def test_a_checkpoint_from_before_run_ids_resumes_into_its_own_folder(text, tmp_path):
-    train(tiny(text, tmp_path, max_steps=2), **QUIET)
+def test_a_checkpoint_from_before_run_ids_resumes_into_its_own_folder(small_text, tmp_path):
+    train(tiny(small_text, tmp_path, max_steps=2), **QUIET)
     ckpt = load_checkpoint(tmp_path / "checkpoint.npz")
     del ckpt.config["train"]["run_id"]
     save_checkpoint(ckpt.path, {k: v for k, v in ckpt.config.items() if k not in ("format", "version")},
                     ckpt.arrays)
-    assert train(tiny(text, tmp_path, max_steps=4), resume=ckpt.path, **QUIET).steps == 4
+    assert train(tiny(small_text, tmp_path, max_steps=4), resume=ckpt.path, **QUIET).steps == 4
     with pytest.raises(RnnGraphError, match="already holds a checkpoint"):
-        Trainer(tiny(text, tmp_path, max_steps=4), **QUIET)     # a new run still may not replace it
+        Trainer(tiny(small_text, tmp_path, max_steps=4), **QUIET)     # a new run still may not replace it
 
 
 @pytest.fixture
@@ -119,9 +112,9 @@ def small_demo(monkeypatch):
     monkeypatch.setattr("rnngraph.train.VAL_STREAMS", 4096)
 
 
-def test_demo_refuses_a_training_runs_folder_but_replaces_its_own(text, tmp_path, capsys, small_demo):
+def test_demo_refuses_a_training_runs_folder_but_replaces_its_own(small_text, tmp_path, capsys, small_demo):
     run, mine = tmp_path / "run", tmp_path / "demo"
-    train(tiny(text, run, max_steps=4), **QUIET)
+    train(tiny(small_text, run, max_steps=4), **QUIET)
     before = files(run)
     err = one_line(capsys, ["demo", "--quick", "--backend", "numpy", "--out", str(run)], 2,
                    f"rnngraph: error: {run / 'checkpoint.npz'} holds a checkpoint of a training run "
@@ -148,9 +141,9 @@ def interrupt_at(monkeypatch, call):
     monkeypatch.setattr(Trainer, "train_step", step)
 
 
-def test_ctrl_c_before_the_first_checkpoint_says_nothing_was_saved(text, tmp_path, capsys, monkeypatch):
+def test_ctrl_c_before_the_first_checkpoint_says_nothing_was_saved(small_text, tmp_path, capsys, monkeypatch):
     interrupt_at(monkeypatch, 3)
-    args = ["train", "--text", str(text), *TINY, "--out", str(tmp_path / "q"), "--checkpoint-every", "100"]
+    args = ["train", "--text", str(small_text), *TINY, "--out", str(tmp_path / "q"), "--checkpoint-every", "100"]
     one_line(capsys, args, 130, "rnngraph: interrupted; nothing was saved yet (the first checkpoint comes at "
                                 "step 100); run the same command again to start afresh")
     assert not (tmp_path / "q" / "checkpoint.npz").exists()
@@ -158,10 +151,10 @@ def test_ctrl_c_before_the_first_checkpoint_says_nothing_was_saved(text, tmp_pat
     assert main(args + ["--max-steps", "2"]) == 0               # and the same command does start afresh
 
 
-def test_ctrl_c_after_a_checkpoint_names_it_and_the_command_to_continue(text, tmp_path, capsys, monkeypatch):
+def test_ctrl_c_after_a_checkpoint_names_it_and_the_command_to_continue(small_text, tmp_path, capsys, monkeypatch):
     a, b = tmp_path / "a", tmp_path / "b"
     interrupt_at(monkeypatch, 4)
-    args = ["train", "--text", str(text), *TINY, "--out", str(a), "--checkpoint-every", "2"]
+    args = ["train", "--text", str(small_text), *TINY, "--out", str(a), "--checkpoint-every", "2"]
     err = one_line(capsys, args, 130, f"rnngraph: interrupted; checkpoint {a / 'checkpoint.npz'} holds step 2; "
                                       f"continue with rnngraph train --resume {a / 'checkpoint.npz'}\n")
     monkeypatch.undo()
@@ -175,10 +168,10 @@ def test_ctrl_c_after_a_checkpoint_names_it_and_the_command_to_continue(text, tm
     assert load_checkpoint(b / "checkpoint.npz").config["step"] == 3
 
 
-def test_sigint_to_a_piped_training_run(text, tmp_path):
+def test_sigint_to_a_piped_training_run(small_text, tmp_path):
     """A real Ctrl-C: the progress lines reach a pipe while the run goes on, and the end is one line, 130."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.Popen([sys.executable, "-m", "rnngraph", "train", "--text", str(text), *TINY, "--out", "q",
+    p = subprocess.Popen([sys.executable, "-m", "rnngraph", "train", "--text", str(small_text), *TINY, "--out", "q",
                           "--progress-every", "0.05", "--epochs", "100", "--checkpoint-every", "100000"],
                          cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -196,8 +189,8 @@ def test_sigint_to_a_piped_training_run(text, tmp_path):
     assert line.startswith("step ") and "/142,400: loss " in line and " frames/s, " in line
 
 
-def test_ctrl_c_in_sample_keeps_the_text_printed_so_far(text, tmp_path, capsys, monkeypatch):
-    train(tiny(text, tmp_path, max_steps=2), **QUIET)
+def test_ctrl_c_in_sample_keeps_the_text_printed_so_far(small_text, tmp_path, capsys, monkeypatch):
+    train(tiny(small_text, tmp_path, max_steps=2), **QUIET)
     real, calls = CharLM.__call__, []
 
     def call(self, *a, **kw):
@@ -228,20 +221,20 @@ def test_ctrl_c_in_demo_names_what_its_folder_holds(tmp_path, capsys, monkeypatc
 
 # -- item 3: progress without a terminal, and streamed samples -----------------------------------
 
-def test_progress_lines_come_at_the_interval_when_the_bar_is_off(text, tmp_path, capsys):
-    assert main(["train", "--text", str(text), *TINY, "--out", str(tmp_path / "a"), "--max-steps", "3",
+def test_progress_lines_come_at_the_interval_when_the_bar_is_off(small_text, tmp_path, capsys):
+    assert main(["train", "--text", str(small_text), *TINY, "--out", str(tmp_path / "a"), "--max-steps", "3",
                  "--progress-every", "0"]) == 0
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("step ")]
     assert [x.split(":")[0] for x in lines] == ["step 1/3", "step 2/3", "step 3/3"]
     assert all(" loss " in x and ", bpc " in x and " frames/s, " in x and x.endswith(" s") for x in lines)
-    assert main(["train", "--text", str(text), *TINY, "--out", str(tmp_path / "b"), "--max-steps", "3"]) == 0
+    assert main(["train", "--text", str(small_text), *TINY, "--out", str(tmp_path / "b"), "--max-steps", "3"]) == 0
     assert "step 1/3" not in capsys.readouterr().out            # the default 10 s did not pass
-    one_line(capsys, ["train", "--text", str(text), "--progress-every", "-1"], 2,
+    one_line(capsys, ["train", "--text", str(small_text), "--progress-every", "-1"], 2,
              "rnngraph: error: --progress-every must be a number of seconds >= 0, got -1.0")
 
 
-def test_generate_hands_each_character_to_the_callback_as_it_is_drawn(text, tmp_path):
-    train(tiny(text, tmp_path, max_steps=2), **QUIET)
+def test_generate_hands_each_character_to_the_callback_as_it_is_drawn(small_text, tmp_path):
+    train(tiny(small_text, tmp_path, max_steps=2), **QUIET)
     lm, vocab = load_model(tmp_path / "checkpoint.npz", "numpy")
     real, calls, seen = lm.__class__.__call__, [], []
 
@@ -257,28 +250,28 @@ def test_generate_hands_each_character_to_the_callback_as_it_is_drawn(text, tmp_
 
 # -- item 4: a resume that has nothing left to train says so -------------------------------------
 
-def test_resume_past_max_steps_or_the_last_epoch_says_nothing_was_trained(text, tmp_path, capsys):
-    train(tiny(text, tmp_path / "a", max_steps=4), **QUIET)
+def test_resume_past_max_steps_or_the_last_epoch_says_nothing_was_trained(small_text, tmp_path, capsys):
+    train(tiny(small_text, tmp_path / "a", max_steps=4), **QUIET)
     ckpt = tmp_path / "a" / "checkpoint.npz"
     before = files(tmp_path / "a")
     assert main(["train", "--resume", str(ckpt), "--max-steps", "2"]) == 0
     assert capsys.readouterr().out == (f"nothing trained: checkpoint {ckpt} is already at step 4 ≥ --max-steps 2; "
                                        "raise --max-steps to train further\n")
     assert files(tmp_path / "a") == before
-    epoch = train(tiny(text, tmp_path / "e", streams=16, bptt=64, epochs=1), **QUIET)   # 11 steps per epoch
+    epoch = train(tiny(small_text, tmp_path / "e", streams=16, bptt=64, epochs=1), **QUIET)   # 11 steps per epoch
     assert epoch.steps == 11 and epoch.trained == 11
     assert main(["train", "--resume", str(epoch.checkpoint)]) == 0
     assert capsys.readouterr().out == (f"nothing trained: checkpoint {epoch.checkpoint} is already at step 11, "
                                        "the end of its --epochs 1 (11 steps each); raise --epochs to train further\n")
-    assert train(tiny(text, tmp_path / "e", streams=16, bptt=64, epochs=1), resume=epoch.checkpoint,
+    assert train(tiny(small_text, tmp_path / "e", streams=16, bptt=64, epochs=1), resume=epoch.checkpoint,
                  **QUIET).trained == 0
 
 
 # -- items 5 and 6: --out "" and hints that fit --------------------------------------------------
 
-def test_an_empty_out_is_refused(text, tmp_path, capsys, monkeypatch):
+def test_an_empty_out_is_refused(small_text, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    for argv in (["train", "--text", str(text), *TINY, "--out", ""], ["demo", "--quick", "--out", " "]):
+    for argv in (["train", "--text", str(small_text), *TINY, "--out", ""], ["demo", "--quick", "--out", " "]):
         one_line(capsys, argv, 2, "rnngraph: error: --out is empty; give the folder")
     assert list(tmp_path.iterdir()) == []
 
@@ -300,14 +293,14 @@ def test_utf16_text_on_the_command_line(tmp_path, capsys):
     assert "latin1" not in err
 
 
-def test_too_many_streams_at_bptt_1_suggests_fewer_streams_not_a_smaller_bptt(text, tmp_path, capsys):
+def test_too_many_streams_at_bptt_1_suggests_fewer_streams_not_a_smaller_bptt(small_text, tmp_path, capsys):
     with pytest.raises(RnnGraphError) as e:
         make_streams(np.arange(100), 60, 1)
     assert str(e.value).endswith("enough for at most 50 streams of --bptt 1 + 1 characters; use fewer --streams "
                                  "or a longer text")
-    err = one_line(capsys, ["train", "--text", str(text), "--bptt", "1", "--streams", "10000", "--out",
+    err = one_line(capsys, ["train", "--text", str(small_text), "--bptt", "1", "--streams", "10000", "--out",
                             str(tmp_path)], 2, "rnngraph: error: --streams 10000 is larger than the data allows")
     assert "fewer --streams or a longer text" in err and "smaller --bptt" not in err
     with pytest.raises(RnnGraphError, match="validation text is too short: it has 1 character.* use a larger "
                                             "--val-fraction or a longer text"):
-        Trainer(tiny(text, tmp_path, bptt=1, val_fraction=1e-9), **QUIET)
+        Trainer(tiny(small_text, tmp_path, bptt=1, val_fraction=1e-9), **QUIET)
