@@ -4,7 +4,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout, installed or not
-from rnngraph.experiments import main  # noqa: E402
+from rnngraph.lab.experiments import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main("multi_stream_throughput"))

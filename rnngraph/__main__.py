@@ -1,4 +1,4 @@
 """`python -m rnngraph`: the same command line as the `rnngraph` console script."""
-from .cli import main
+from .lab.cli import main
 
 raise SystemExit(main())

@@ -7,7 +7,7 @@ import pytest
 
 @functools.lru_cache(maxsize=None)
 def _gpu_problem():
-    from rnngraph.backends.cupy_backend import gpu_problem
+    from rnngraph.run.backends.cupy_backend import gpu_problem
     return gpu_problem()
 
 
@@ -37,7 +37,7 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture(scope="session")
 def small_text(tmp_path_factory):
     """The bundled corpus's first 12,000 characters (the start of Hamlet) as a file: runs of seconds."""
-    from rnngraph.data import read_text
+    from rnngraph.train.data import read_text
     path = tmp_path_factory.mktemp("text") / "small.txt"
     path.write_text(read_text()[:12_000])
     return path

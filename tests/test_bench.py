@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 import rnngraph as rg
-from rnngraph import bench
-from rnngraph.backends.numpy_backend import NumpyBackend
-from rnngraph.cli import main
-from rnngraph.executor import Executor
+from rnngraph.lab import bench
+from rnngraph.run.backends.numpy_backend import NumpyBackend
+from rnngraph.lab.cli import main
+from rnngraph.run.executor import Executor
 
 torch = pytest.importorskip("torch")
-from rnngraph.bench_torch import STEPS, GraphLoop, HandWritten, eager_loop  # noqa: E402
+from rnngraph.lab.references import STEPS, GraphLoop, HandWritten, eager_loop  # noqa: E402
 
 RESULT_KEYS = {"impl", "cell", "T", "B", "H", "D", "layers", "dtype", "backend", "forward_ms", "train_ms",
                "forward_all", "train_all"}

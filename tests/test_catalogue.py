@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 
 from rnngraph import Cell, RnnGraphError, build_schedule, load_cell, nn
-from rnngraph.cli import main
-from rnngraph.layers import Dense, Sequential
+from rnngraph.lab.cli import main
+from rnngraph.nn.layers import Dense, Sequential
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ("--text", "small.txt", "--hidden", "16", "--streams", "2", "--bptt", "8", "--no-progress")
 
 CELLS = '''from rnngraph import Cell
-from rnngraph.cells import lstm
+from rnngraph.ir.cells import lstm
 
 def raises(input_size, hidden_size):
     return {}["no such key"]
@@ -80,7 +80,7 @@ def slice_api():
 
 
 def draw_api(path):
-    from rnngraph.viz import draw_schedule
+    from rnngraph.lab.drawing import draw_schedule
     return lambda: draw_schedule(build_schedule(load_cell("lstm", 3, 4)), path)
 
 
@@ -140,20 +140,20 @@ CATALOGUE = {
     "train --hidden 1000000": Row("out of memory: Unable to allocate 14.6 TiB for an array with shape (4000000, "
                                   "1000000)", ("train", "--hidden", "1000000", "--out", "new")),
     "Ctrl-C in schedule": Row("interrupted; nothing was written", ("schedule", "lstm"), status=130,
-                              interrupt="rnngraph.cli:build_schedule"),
+                              interrupt="rnngraph.lab.cli:build_schedule"),
     "Ctrl-C in demo": Row("interrupted; nothing was saved in new", ("demo", "--quick", "--out", "new",
                                                                     "--backend", "numpy"),
-                          status=130, interrupt="rnngraph.demo:train"),
+                          status=130, interrupt="rnngraph.lab.demo:train"),
     "Ctrl-C in sample": Row("interrupted; kept the 0 of --length 50 characters", ("sample", "run/checkpoint.npz",
                                                                                  "--length", "50"),
-                            status=130, interrupt="rnngraph.sample:generate"),
+                            status=130, interrupt="rnngraph.train.sample:generate"),
     "Ctrl-C in experiment": Row("interrupted; schedule_stats stopped after", ("experiment", "schedule_stats",
                                                                               "--quick", "--out", "new"),
-                                status=130, interrupt="rnngraph.bench:machine_info"),
+                                status=130, interrupt="rnngraph.lab.bench:machine_info"),
     "Ctrl-C in figures": Row("interrupted; no figure was written", ("figures", "--out", "new"), status=130,
-                             interrupt="rnngraph.figures:draw_figures"),
+                             interrupt="rnngraph.lab.figures:draw_figures"),
     "Ctrl-C in bench": Row("interrupted; no measurements were kept", ("bench", "--quick", "--impls", "staged"),
-                           status=130, interrupt="rnngraph.bench:machine_info"),
+                           status=130, interrupt="rnngraph.lab.bench:machine_info"),
     "real SIGINT in sample": Row("interrupted; kept the ", ("sample", "run/checkpoint.npz", "--length", "100000",
                                                             "--backend", "numpy"), status=130, real=True),
     "load_state_dict(None)": Row("cannot load state dict into LSTM: expected a dict of name -> array",
@@ -204,7 +204,7 @@ CATALOGUE = {
 @pytest.fixture(scope="module")
 def template(tmp_path_factory):
     """The working folder every row starts from: user cells, texts, a trained run, a truncated checkpoint."""
-    from rnngraph.data import read_text
+    from rnngraph.train.data import read_text
     d = tmp_path_factory.mktemp("catalogue")
     (d / "mycells.py").write_text(CELLS)
     (d / "small.txt").write_text(read_text()[:6000])

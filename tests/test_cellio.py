@@ -12,11 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from test_schedule import build as build_random_cell, recipes
 
 from rnngraph import CELLS, Cell, RnnGraphError, build_schedule, load_cell, nn
-from rnngraph import checkpoint as ck
-from rnngraph.cellio import cell_from_dict, cell_to_dict, first_difference
-from rnngraph.cli import main
-from rnngraph.sample import generate, load_model
-from rnngraph.train import TrainConfig, read_log, train
+from rnngraph.train import checkpoint as ck
+from rnngraph.ir.cellio import cell_from_dict, cell_to_dict, first_difference
+from rnngraph.lab.cli import main
+from rnngraph.train.sample import generate, load_model
+from rnngraph.train.loop import TrainConfig, read_log, train
 
 ROOT = Path(__file__).resolve().parents[1]
 

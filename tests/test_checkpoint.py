@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from rnngraph import RnnGraphError
-from rnngraph import checkpoint as ck
-from rnngraph.charlm import CharLM
-from rnngraph.optim import Adam
+from rnngraph.train import checkpoint as ck
+from rnngraph.train.charlm import CharLM
+from rnngraph.nn.optim import Adam
 
 ARRAYS = {"model/0.weight_ih_l0": np.arange(12, dtype=np.float32).reshape(3, 4),
           "optim/0.bias/exp_avg": np.full(5, 0.1, dtype=np.float64),

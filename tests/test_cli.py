@@ -9,7 +9,7 @@ import pytest
 
 import rnngraph as package
 from rnngraph import CELLS, build_schedule, load_cell
-from rnngraph.cli import COMMANDS, main
+from rnngraph.lab.cli import COMMANDS, main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -138,6 +138,9 @@ def test_import_rnngraph_exposes_its_subpackages_without_heavy_imports():
             "assert not {'torch', 'cupy', 'matplotlib', 'rnngraph.nn'} & set(sys.modules), sys.modules.keys()\n"
             "print(rnngraph.nn.LSTM.__name__, rnngraph.optim.Adam.__name__, rnngraph.losses.MSELoss.__name__,\n"
             "      rnngraph.layers.Dense.__name__)\n"
+            "from rnngraph.optim import Adam\n"
+            "import rnngraph.layers, rnngraph.nn.layers\n"
+            "assert rnngraph.layers is rnngraph.nn.layers and Adam is rnngraph.nn.optim.Adam\n"
             "assert not {'torch', 'cupy', 'matplotlib'} & set(sys.modules)\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rnngraph import RnnGraphError
-from rnngraph.data import Vocab, bundled_path, make_streams, read_text, split, validation_streams
+from rnngraph.train.data import Vocab, bundled_path, make_streams, read_text, split, validation_streams
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,8 +23,8 @@ def test_bundled_text_is_1_to_2_mb_of_utf8_with_a_source_note():
 def test_package_data_ships_the_text():
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
-    patterns = cfg["options.package_data"]["rnngraph"].split()
-    assert any(bundled_path().relative_to(ROOT / "rnngraph").match(p) for p in patterns)
+    patterns = cfg["options.package_data"]["rnngraph.train"].replace(",", " ").split()
+    assert any(bundled_path().relative_to(ROOT / "rnngraph" / "train").match(p) for p in patterns)
 
 
 def test_vocab_round_trips_and_names_unknown_characters():

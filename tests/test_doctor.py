@@ -4,9 +4,9 @@ import types
 
 import numpy as np
 
-from rnngraph import doctor
-from rnngraph.backends import cupy_backend
-from rnngraph.cli import main
+from rnngraph.lab import doctor
+from rnngraph.run.backends import cupy_backend
+from rnngraph.lab.cli import main
 
 
 def test_doctor_prints_versions_and_passes_without_a_gpu(capsys):

@@ -11,13 +11,15 @@ import pytest
 
 from dataclasses import replace
 
-from rnngraph import RnnGraphError, bench, build_schedule, load_cell
-from rnngraph.backends import get_backend
-from rnngraph.cli import main
-from rnngraph.executor import Executor
-from rnngraph.experiments import (EXPERIMENTS, QUICK_LABEL, RESULTS, SCRATCH, load_results, run_experiment,
+from rnngraph import RnnGraphError, build_schedule, load_cell
+
+from rnngraph.lab import bench
+from rnngraph.run.backends import get_backend
+from rnngraph.lab.cli import main
+from rnngraph.run.executor import Executor
+from rnngraph.lab.experiments import (EXPERIMENTS, QUICK_LABEL, RESULTS, SCRATCH, load_results, run_experiment,
                                   schedule_flops, schedule_variants, wavefront_lstm)
-from rnngraph.schedule import Gemm
+from rnngraph.plan.schedule import Gemm
 
 ROOT = Path(__file__).resolve().parents[1]
 META = ("gpu", "cuda_driver", "cuda_runtime", "cupy", "numpy", "commit", "date", "command")
@@ -95,7 +97,7 @@ def _committed():
 def test_runs_go_to_a_scratch_folder_by_default(tmp_path, monkeypatch, capsys):
     before = _committed()
     monkeypatch.chdir(ROOT)                                         # even from the checkout itself
-    monkeypatch.setattr("rnngraph.experiments.SCRATCH", {q: tmp_path / p for q, p in SCRATCH.items()})
+    monkeypatch.setattr("rnngraph.lab.experiments.SCRATCH", {q: tmp_path / p for q, p in SCRATCH.items()})
     assert main(["experiment", "schedule_stats", "--quick"]) == 0
     assert capsys.readouterr().out == f"wrote {tmp_path / SCRATCH[True] / 'schedule_stats.json'}\n"
     _check(load_results(tmp_path / SCRATCH[True] / "schedule_stats.json"), "schedule_stats")
@@ -150,7 +152,7 @@ def test_a_bad_out_folder_is_one_line_before_any_work(tmp_path, monkeypatch, cap
 @pytest.mark.parametrize("existing", [False, True])
 @pytest.mark.parametrize("script", [False, True])
 def test_ctrl_c_writes_nothing_and_says_so(tmp_path, monkeypatch, capsys, existing, script):
-    from rnngraph.experiments import main as script_main
+    from rnngraph.lab.experiments import main as script_main
     measure = EXPERIMENTS["schedule_stats"].run
 
     def run(cfg, opts):

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 import rnngraph as rg
-from rnngraph.backends.numpy_backend import NumpyBackend
-from rnngraph.executor import Executor
+from rnngraph.run.backends.numpy_backend import NumpyBackend
+from rnngraph.run.executor import Executor
 
 pytestmark = pytest.mark.gpu
 TOL = {"float64": 1e-10, "float32": 1e-4}   # relative, by dtype (issue 4)
@@ -60,7 +60,7 @@ CELLS = [*rg.CELLS, "user"]
 @pytest.mark.parametrize("name", CELLS)
 def test_cupy_matches_numpy_reference(name, mode, dtype):
     import cupy
-    from rnngraph.backends.cupy_backend import CupyBackend
+    from rnngraph.run.backends.cupy_backend import CupyBackend
     cell = user_cell(5, 8) if name == "user" else rg.load_cell(name, 5, 8)
     prob = _problem(cell)
     _, ref = _run(cell, NumpyBackend(), "naive", *prob, np, np.float64)
@@ -98,7 +98,7 @@ def _run_again(ex, prob, xp, dtype, own: dict):
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_captured_matmul_kernels_match_cublas(N, M, K, dtype, accumulate):
     import cupy
-    from rnngraph.backends.cupy_backend import CupyBackend
+    from rnngraph.run.backends.cupy_backend import CupyBackend
     be = CupyBackend()
     rng = np.random.default_rng(N * M + K)
     big_a = cupy.asarray(rng.standard_normal((N, K + 5)).astype(dtype))
@@ -125,7 +125,7 @@ def two_path_cell(D, H):
 @pytest.mark.parametrize("mode", ["staged", "graph"])
 def test_lanes_match_reference(mode):
     import cupy
-    from rnngraph.backends.cupy_backend import CupyBackend
+    from rnngraph.run.backends.cupy_backend import CupyBackend
     cell = two_path_cell(5, 8)
     assert max(len(st) for st in rg.build_schedule(cell).loop) == 2
     prob = _problem(cell)
@@ -141,7 +141,7 @@ def test_lanes_match_reference(mode):
 def test_gemm_fused_pair_matches_reference(B):
     """The per-frame GEMV runs inside the fused kernel for B ≤ 8; B = 9 takes the two-kernel path."""
     import cupy
-    from rnngraph.backends.cupy_backend import CupyBackend
+    from rnngraph.run.backends.cupy_backend import CupyBackend
     cell = rg.load_cell("lstm", 5, 8)
     prob = _problem(cell, B=B)
     _, ref = _run(cell, NumpyBackend(), "naive", *prob, np, np.float64)
@@ -155,7 +155,7 @@ def test_gemm_fused_pair_matches_reference(B):
 def test_no_gemm_fused_pair_when_the_weights_are_large():
     """Rows × weight bytes over PAIR_MAX_BYTES (here B = 1, H = 1024: 32 MB in fp64) take two kernels."""
     import cupy
-    from rnngraph.backends.cupy_backend import CupyBackend
+    from rnngraph.run.backends.cupy_backend import CupyBackend
     cell = rg.load_cell("lstm", 5, 1024)
     prob = _problem(cell, T=3, B=1)
     _, ref = _run(cell, NumpyBackend(), "naive", *prob, np, np.float64)
@@ -167,7 +167,7 @@ def test_no_gemm_fused_pair_when_the_weights_are_large():
 
 def test_failed_capture_warns_falls_back_and_leaves_no_broken_stream():
     import cupy
-    from rnngraph.backends.cupy_backend import CupyBackend
+    from rnngraph.run.backends.cupy_backend import CupyBackend
     cell = rg.load_cell("gru", 5, 8)
     prob = _problem(cell)
     _, ref = _run(cell, NumpyBackend(), "naive", *prob, np, np.float64)

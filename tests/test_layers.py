@@ -4,7 +4,7 @@ import pytest
 
 from rnngraph.errors import RnnGraphError
 from numerics import F, close, directional, needs_torch, torch
-from rnngraph.layers import CrossEntropyLoss, Dense, LogSoftmax, MSELoss, Sequential, Softmax
+from rnngraph.nn.layers import CrossEntropyLoss, Dense, LogSoftmax, MSELoss, Sequential, Softmax
 
 @pytest.fixture
 def rng():
@@ -273,7 +273,7 @@ def test_sequential_with_nn_lstm_matches_torch(rng):
 def test_layers_losses_and_optimizers_on_cupy_match_numpy(rng):
     import cupy
 
-    from rnngraph.optim import Adam, clip_grad_norm
+    from rnngraph.nn.optim import Adam, clip_grad_norm
     x, gy = rng.standard_normal((5, 3, 4)), rng.standard_normal((5, 3, 2))
     target, mask = rng.integers(0, 2, (5, 3)), rng.random((5, 3)) < 0.7
     results = []

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from rnngraph import nn
-from rnngraph.optim import Adam, clip_grad_norm
+from rnngraph.nn.optim import Adam, clip_grad_norm
 
 
 def adding_batch(rng, T: int, B: int, dtype="float32"):

@@ -4,7 +4,7 @@ import pytest
 
 from numerics import F, close, directional, needs_torch, torch
 from rnngraph.errors import RnnGraphError
-from rnngraph.layers import CrossEntropyLoss, MSELoss
+from rnngraph.nn.layers import CrossEntropyLoss, MSELoss
 
 
 @pytest.fixture

@@ -4,9 +4,9 @@ import pytest
 
 from numerics import needs_torch, torch
 from rnngraph.errors import RnnGraphError
-from rnngraph.init import init_orthogonal, init_uniform
-from rnngraph.layers import CrossEntropyLoss, Dense
-from rnngraph.optim import SGD, Adam, CosineLR, StepLR, clip_grad_norm
+from rnngraph.nn.init import init_orthogonal, init_uniform
+from rnngraph.nn.layers import CrossEntropyLoss, Dense
+from rnngraph.nn.optim import SGD, Adam, CosineLR, StepLR, clip_grad_norm
 
 SHAPES = {"w": (4, 3), "b": (4,), "v": (2, 2, 2)}
 

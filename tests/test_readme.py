@@ -78,7 +78,7 @@ def test_readme_figure_exists():
 
 
 def test_cpu_training_numbers_come_from_the_committed_log():
-    from rnngraph.train import read_log
+    from rnngraph.train.loop import read_log
     log = read_log(ROOT / "experiments" / "results" / "training_cpu_default")
     text = " ".join(README.split())
     ends = [k for k, v in enumerate(log["val_bpc"]) if v == v]               # the epoch ends

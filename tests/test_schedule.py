@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rnngraph import CELLS, Cell, OpKind, build_schedule, load_cell
-from rnngraph.ops import ELEMENTWISE
-from rnngraph.schedule import Fused, Gemm
+from rnngraph.ir.ops import ELEMENTWISE
+from rnngraph.plan.schedule import Fused, Gemm
 
 # cell: (pre items, loop stages, post items, forward kernels/frame, backward kernels/frame).
 # An item is ("gemm", n): n linear ops merged into one GEMM, or ("fused", n): n elementwise ops in one

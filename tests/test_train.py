@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from rnngraph import RnnGraphError
-from rnngraph.charlm import CharLM
-from rnngraph.cli import main
-from rnngraph.optim import Adam
-from rnngraph.train import Trainer, TrainConfig, read_log, train
-from rnngraph.train_figures import draw_training_curves
+from rnngraph.train.charlm import CharLM
+from rnngraph.lab.cli import main
+from rnngraph.nn.optim import Adam
+from rnngraph.train.loop import Trainer, TrainConfig, read_log, train
+from rnngraph.lab.curves import draw_training_curves
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = dict(echo=lambda *a: None)
@@ -121,8 +121,9 @@ def test_missing_truncated_and_corrupt_checkpoints_exit_2(small_text, tmp_path, 
 
 
 def test_weights_that_do_not_fit_the_config_are_refused(small_text, tmp_path, capsys):
-    from rnngraph import checkpoint as ck, load_cell
-    from rnngraph.cellio import cell_to_dict
+    from rnngraph import load_cell
+    from rnngraph.train import checkpoint as ck
+    from rnngraph.ir.cellio import cell_to_dict
     train(tiny(small_text, tmp_path, max_steps=2), **QUIET)
     got = ck.load_checkpoint(tmp_path / "checkpoint.npz")
     model = got.config["model"]                             # a config edited by hand: the cell it stores is bigger
@@ -268,6 +269,6 @@ def test_gpu_training_follows_the_cpu_run(small_text, tmp_path, mode):
     assert runs["cupy"].backend == "cupy"
     np.testing.assert_allclose([r["loss"] for r in runs["cupy"].history],
                                [r["loss"] for r in runs["numpy"].history], rtol=1e-7)
-    from rnngraph.sample import generate, load_model
+    from rnngraph.train.sample import generate, load_model
     lm, vocab = load_model(runs["cupy"].checkpoint, "cupy", mode)
     assert len(generate(lm, vocab, "Ham", 30)) == 30

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from rnngraph import RnnGraphError
-from rnngraph import demo as demo_module
-from rnngraph.charlm import CharLM
-from rnngraph.checkpoint import load_checkpoint, save_checkpoint
-from rnngraph.cli import main
-from rnngraph.data import make_streams, read_text
-from rnngraph.sample import generate, load_model
-from rnngraph.train import Trainer, TrainConfig, read_log, train
+from rnngraph.lab import demo as demo_module
+from rnngraph.train.charlm import CharLM
+from rnngraph.train.checkpoint import load_checkpoint, save_checkpoint
+from rnngraph.lab.cli import main
+from rnngraph.train.data import make_streams, read_text
+from rnngraph.train.sample import generate, load_model
+from rnngraph.train.loop import Trainer, TrainConfig, read_log, train
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = dict(echo=lambda *a: None)
@@ -109,7 +109,7 @@ def test_a_checkpoint_from_before_run_ids_resumes_into_its_own_folder(small_text
 def small_demo(monkeypatch):
     """demo --quick in about a second: a tinier model, validated on 4096 short streams."""
     monkeypatch.setitem(demo_module.__dict__, "QUICK", dict(hidden=8, streams=2, bptt=4, max_steps=3, sample=5))
-    monkeypatch.setattr("rnngraph.train.VAL_STREAMS", 4096)
+    monkeypatch.setattr("rnngraph.train.loop.VAL_STREAMS", 4096)
 
 
 def test_demo_refuses_a_training_runs_folder_but_replaces_its_own(small_text, tmp_path, capsys, small_demo):
@@ -214,7 +214,7 @@ def test_ctrl_c_in_demo_names_what_its_folder_holds(tmp_path, capsys, monkeypatc
         m.setattr(demo_module, "train", lambda *a, **kw: (_ for _ in ()).throw(KeyboardInterrupt))
         one_line(capsys, ["demo", "--quick", "--backend", "numpy", "--out", str(out)], 130,
                  f"rnngraph: interrupted; nothing was saved in {out}\n")
-    monkeypatch.setattr("rnngraph.sample.generate", lambda *a, **kw: (_ for _ in ()).throw(KeyboardInterrupt))
+    monkeypatch.setattr("rnngraph.train.sample.generate", lambda *a, **kw: (_ for _ in ()).throw(KeyboardInterrupt))
     err = one_line(capsys, ["demo", "--quick", "--backend", "numpy", "--out", str(out)], 130, "rnngraph: interrupted")
     assert err == f"rnngraph: interrupted; kept {out / 'checkpoint.npz'} ({run_id(out)} at step 3)\n"
 

@@ -1,0 +1,226 @@
+"""The cell library, each cell written with the public builder, plus loading of user cells.
+
+A cell function is ``fn(input_size, hidden_size, bias=True) -> CellGraph``. Its ``layout`` maps
+PyTorch's parameter names to the cell parameters stacked along rows, in PyTorch's gate order.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sysconfig
+import traceback
+from typing import Callable
+
+from ..errors import RnnGraphError
+from .graph import Cell, CellGraph
+
+GATE_ORDER = ("i", "f", "g", "o")   # PyTorch's LSTM gate order
+GRU_GATE_ORDER = ("r", "z", "n")    # PyTorch's GRU gate order
+
+
+def _gates(c: Cell, x, h, H: int, names, bias: bool):
+    """Per gate k: W_ik·x (+ b_ik) + W_hk·h (+ b_hk), the sums PyTorch's LSTM/GRU gates start from."""
+    out = {}
+    for k in names:
+        xi = c.linear(x, f"W_i{k}", H, bias=f"b_i{k}" if bias else None)
+        hh = c.linear(h, f"W_h{k}", H, bias=f"b_h{k}" if bias else None)
+        out[k] = (xi, hh)
+    return out
+
+
+def _torch_layout(names, bias: bool) -> dict:
+    lay = {"weight_ih": tuple(f"W_i{k}" for k in names), "weight_hh": tuple(f"W_h{k}" for k in names)}
+    if bias:
+        lay.update(bias_ih=tuple(f"b_i{k}" for k in names), bias_hh=tuple(f"b_h{k}" for k in names))
+    return lay
+
+
+def lstm(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
+    c, H = Cell("lstm"), hidden_size
+    x, h, cs = c.input("x", input_size), c.state("h", H), c.state("c", H)
+    a = _gates(c, x, h, H, GATE_ORDER, bias)
+    i = c.sigmoid(a["i"][0] + a["i"][1], name="i")
+    f = c.sigmoid(a["f"][0] + a["f"][1], name="f")
+    g = c.tanh(a["g"][0] + a["g"][1], name="g")
+    o = c.sigmoid(a["o"][0] + a["o"][1], name="o")
+    c_new = c.bind(cs, f * cs + i * g, name="c")
+    c.output(c.bind(h, o * c.tanh(c_new), name="h"))
+    return c.build().with_layout(_torch_layout(GATE_ORDER, bias))
+
+
+def gru(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
+    c, H = Cell("gru"), hidden_size
+    x, h = c.input("x", input_size), c.state("h", H)
+    a = _gates(c, x, h, H, GRU_GATE_ORDER, bias)
+    r = c.sigmoid(a["r"][0] + a["r"][1], name="r")
+    z = c.sigmoid(a["z"][0] + a["z"][1], name="z")
+    n = c.tanh(a["n"][0] + r * a["n"][1], name="n")
+    c.output(c.bind(h, (1 - z) * n + z * h, name="h"))
+    return c.build().with_layout(_torch_layout(GRU_GATE_ORDER, bias))
+
+
+def _rnn(name: str, act: str, input_size: int, hidden_size: int, bias: bool) -> CellGraph:
+    c, H = Cell(name), hidden_size
+    x, h = c.input("x", input_size), c.state("h", H)
+    pre = (c.linear(x, "weight_ih", H, bias="bias_ih" if bias else None)
+           + c.linear(h, "weight_hh", H, bias="bias_hh" if bias else None))
+    c.output(c.bind(h, getattr(c, act)(pre), name="h"))
+    return c.build()
+
+
+def rnn_tanh(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
+    return _rnn("rnn_tanh", "tanh", input_size, hidden_size, bias)
+
+
+def rnn_relu(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
+    return _rnn("rnn_relu", "relu", input_size, hidden_size, bias)
+
+
+def peephole_lstm(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
+    c, H = Cell("peephole_lstm"), hidden_size
+    x, h, cs = c.input("x", input_size), c.state("h", H), c.state("c", H)
+    a = _gates(c, x, h, H, GATE_ORDER, bias)
+    i = c.sigmoid(a["i"][0] + a["i"][1] + c.diag(cs, "w_ci"), name="i")
+    f = c.sigmoid(a["f"][0] + a["f"][1] + c.diag(cs, "w_cf"), name="f")
+    g = c.tanh(a["g"][0] + a["g"][1], name="g")
+    c_new = c.bind(cs, f * cs + i * g, name="c")
+    o = c.sigmoid(a["o"][0] + a["o"][1] + c.diag(c_new, "w_co"), name="o")
+    c.output(c.bind(h, o * c.tanh(c_new), name="h"))
+    lay = _torch_layout(GATE_ORDER, bias)
+    lay["weight_peephole"] = ("w_ci", "w_cf", "w_co")
+    return c.build().with_layout(lay)
+
+
+def cifg_lstm(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
+    c, H, gates = Cell("cifg_lstm"), hidden_size, ("i", "g", "o")
+    x, h, cs = c.input("x", input_size), c.state("h", H), c.state("c", H)
+    a = _gates(c, x, h, H, gates, bias)
+    i = c.sigmoid(a["i"][0] + a["i"][1], name="i")
+    g = c.tanh(a["g"][0] + a["g"][1], name="g")
+    o = c.sigmoid(a["o"][0] + a["o"][1], name="o")
+    c_new = c.bind(cs, (1 - i) * cs + i * g, name="c")
+    c.output(c.bind(h, o * c.tanh(c_new), name="h"))
+    return c.build().with_layout(_torch_layout(gates, bias))
+
+
+def min_gru(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
+    c, H = Cell("min_gru"), hidden_size
+    x, h = c.input("x", input_size), c.state("h", H)
+    z = c.sigmoid(c.linear(x, "W_z", H, bias="b_z" if bias else None), name="z")
+    h_tilde = c.linear(x, "W_h", H, bias="b_h" if bias else None)
+    c.output(c.bind(h, (1 - z) * h + z * h_tilde, name="h"))
+    lay = {"weight_ih": ("W_z", "W_h")}
+    if bias:
+        lay["bias_ih"] = ("b_z", "b_h")
+    return c.build().with_layout(lay)
+
+
+def mgu(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
+    c, H = Cell("mgu"), hidden_size
+    x, h = c.input("x", input_size), c.state("h", H)
+    f = c.sigmoid(c.linear(x, "W_f", H, bias="b_f" if bias else None) + c.linear(h, "U_f", H), name="f")
+    n = c.tanh(c.linear(x, "W_n", H, bias="b_n" if bias else None) + c.linear(f * h, "U_n", H), name="n")
+    c.output(c.bind(h, (1 - f) * h + f * n, name="h"))
+    return c.build()
+
+
+def indrnn(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
+    c, H = Cell("indrnn"), hidden_size
+    x, h = c.input("x", input_size), c.state("h", H)
+    pre = c.linear(x, "weight_ih", H, bias="bias_ih" if bias else None) + c.diag(h, "weight_hh")
+    c.output(c.bind(h, c.relu(pre), name="h"))
+    return c.build()
+
+
+def sru(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
+    c, H = Cell("sru"), hidden_size
+    x, cs = c.input("x", input_size), c.state("c", H)
+    x_tilde = c.linear(x, "W", H)
+    f = c.sigmoid(c.linear(x, "W_f", H, bias="b_f" if bias else None) + c.diag(cs, "v_f"), name="f")
+    r = c.sigmoid(c.linear(x, "W_r", H, bias="b_r" if bias else None) + c.diag(cs, "v_r"), name="r")
+    c_new = c.bind(cs, f * cs + (1 - f) * x_tilde, name="c")
+    c.output(r * c_new + (1 - r) * c.linear(x, "W_s", H), name="h")
+    return c.build()
+
+
+CELLS: dict[str, tuple[Callable, str]] = {
+    "lstm": (lstm, "LSTM with PyTorch's equations and gate order (i, f, g, o)"),
+    "gru": (gru, "GRU with PyTorch's equations (r, z, n; reset applied after W_hn·h)"),
+    "rnn_tanh": (rnn_tanh, "Elman RNN, h = tanh(W_ih·x + b_ih + W_hh·h + b_hh)"),
+    "rnn_relu": (rnn_relu, "Elman RNN with ReLU"),
+    "peephole_lstm": (peephole_lstm, "LSTM with peephole connections c -> i, f, o (Graves 2013)"),
+    "cifg_lstm": (cifg_lstm, "Coupled input-forget gate LSTM, f = 1 - i"),
+    "min_gru": (min_gru, "minGRU (Feng et al. 2024): gates from x only, h = (1-z)·h + z·h~"),
+    "mgu": (mgu, "Minimal gated unit (Zhou et al. 2016): one gate f resets h inside n and updates it"),
+    "indrnn": (indrnn, "IndRNN (Li et al. 2018): h = relu(W·x + b + u ⊙ h)"),
+    "sru": (sru, "SRU (Lei et al. 2018): light recurrence c with diagonal v ⊙ c, highway output"),
+}
+
+
+def load_cell(spec, input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
+    """A CellGraph from a built-in name, 'module:function', a cell function or a CellGraph.
+
+    Whatever goes wrong in the user's function (an exception, a wrong signature, a result that is not a
+    CellGraph) is one RnnGraphError naming the spec and, for an exception, the user's file:line.
+    """
+    if isinstance(spec, CellGraph):
+        return spec
+    fn, what = _cell_function(spec)
+    try:
+        sig = inspect.signature(fn)
+    except ValueError:               # a builtin without a signature: calling it tells
+        sig = None
+    kw = {"bias": bias} if sig and "bias" in sig.parameters else {}
+    try:
+        if sig:
+            sig.bind(input_size, hidden_size, **kw)
+    except TypeError:
+        raise RnnGraphError(f"{what} must take (input_size, hidden_size, bias=True), but its signature is "
+                            f"{sig}") from None
+    try:
+        cell = fn(input_size, hidden_size, **kw)
+    except Exception as e:           # the user's error and line, not our frames
+        where = _user_line(e.__traceback__)
+        if isinstance(e, RnnGraphError):
+            if not where:            # a built-in cell: the message says it all
+                raise
+            raise RnnGraphError(f"{e} ({what}{where})") from None
+        raise RnnGraphError(f"{what} raised {type(e).__name__}: {e}{where}") from None
+    if not isinstance(cell, CellGraph):
+        raise RnnGraphError(f"{what} returned {type(cell).__name__}, not a CellGraph (did you forget .build()?)")
+    return cell
+
+
+def _cell_function(spec) -> tuple[Callable, str]:
+    """The cell function `spec` names, and how to name it in an error."""
+    if callable(spec):
+        return spec, f"cell function {getattr(spec, '__qualname__', spec)!r}"
+    if isinstance(spec, str) and spec in CELLS:
+        return CELLS[spec][0], f"cell '{spec}'"
+    if not isinstance(spec, str) or ":" not in spec:
+        raise RnnGraphError(f"unknown cell {spec!r}; built-in cells: {', '.join(CELLS)}; "
+                            "or pass 'module:function'")
+    mod, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(mod)
+    except Exception as e:  # show the user's own import error, not our frames
+        name = mod[:-3].replace("/", ".")
+        hint = f"; name the module, not its file: '{name}:{attr}'" if mod.endswith(".py") else ""
+        raise RnnGraphError(f"cannot import cell module '{mod}': {type(e).__name__}: {e}"
+                            f"{_user_line(e.__traceback__)}{hint}") from None
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise RnnGraphError(f"module '{mod}' has no cell function '{attr}'")
+    if not callable(fn):
+        raise RnnGraphError(f"'{spec}' is not callable (type {type(fn).__name__}); expected a cell function "
+                            "fn(input_size, hidden_size, bias=True) -> CellGraph")
+    return fn, f"cell function '{spec}'"
+
+
+def _user_line(tb) -> str:
+    """', at FILE:LINE' of the innermost frame outside rnngraph and the Python installation, or ''."""
+    python = {sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}
+    ours = (os.path.dirname(os.path.dirname(__file__)) + os.sep, "<frozen ", *python)
+    frames = [f for f in traceback.extract_tb(tb) if not f.filename.startswith(ours)]
+    return f", at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""

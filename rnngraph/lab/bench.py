@@ -1,0 +1,406 @@
+"""`rnngraph bench` and its measurement API: rnngraph's modes against cuDNN and a torch eager loop.
+
+time_ms() times one callable (CUDA events on the GPU), measure() times one (cell, implementation,
+sizes) forward and training step, machine_info() says where it ran. A training step is forward plus
+backward with input and weight gradients, against a fixed random grad_y. Example::
+
+    from rnngraph.bench import measure
+    r = measure("lstm", "graph", T=100, B=1, H=512)   # {"forward_ms": …, "train_ms": …, …}
+
+torch (bench_torch.py) and cupy are imported only when a measurement needs them.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from ..version import __version__
+from ..ir.cells import load_cell
+from ..errors import Interrupted, RnnGraphError
+
+IMPLS = ("naive", "staged", "graph", "cudnn", "torch_eager")
+MODES = IMPLS[:3]                                   # the rnngraph implementations
+DEFAULT_CELLS = ("lstm", "peephole_lstm", "min_gru", "mgu")
+QUICK = {"T": [8], "B": [2], "H": [16], "repeats": 3, "warmup": 1}
+_TF32 = {"on": False}
+
+
+# -- timing -----------------------------------------------------------------------------------
+def time_ms(fn, *, repeats: int = 20, warmup: int = 3, device: str = "cpu") -> list[float]:
+    """Milliseconds of each of `repeats` calls of fn, after `warmup` untimed calls. device 'gpu':
+    CUDA events around each call on the current stream (cupy's when a GPU is usable to cupy, else
+    torch's), synchronising after each; 'cpu': time.perf_counter."""
+    if device not in ("cpu", "gpu"):
+        raise RnnGraphError(f"device must be 'cpu' or 'gpu', got {device!r}")
+    for _ in range(warmup):
+        fn()
+    if device == "cpu":
+        out = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) * 1e3)
+        return out
+    return _time_cupy(fn, repeats) if gpu_problem() is None else _time_torch(fn, repeats)
+
+
+def _time_cupy(fn, repeats):
+    import cupy
+    cupy.cuda.Device().synchronize()
+    out = []
+    for _ in range(repeats):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(cupy.cuda.get_current_stream())
+        fn()
+        stop.record(cupy.cuda.get_current_stream())
+        stop.synchronize()
+        out.append(float(cupy.cuda.get_elapsed_time(start, stop)))
+    return out
+
+
+def _time_torch(fn, repeats):
+    import torch
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(repeats):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        out.append(float(start.elapsed_time(stop)))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_problem() -> str | None:
+    """cupy_backend.gpu_problem(), asked once per process."""
+    from ..run.backends import cupy_backend
+    return cupy_backend.gpu_problem()
+
+
+@functools.lru_cache(maxsize=None)
+def torch_problem() -> str | None:
+    """None when torch imports, else why not."""
+    try:
+        import torch  # noqa: F401
+    except Exception as e:
+        return f"torch is not importable ({type(e).__name__}: {e})"
+    return None
+
+
+def set_tf32(on: bool) -> None:
+    """TF32 for float32 matmuls: torch's allow_tf32 flags and CUPY_TF32 (which cupy reads when it is
+    imported, so call this first). rnngraph's own cuBLAS handle keeps full fp32 either way."""
+    _TF32["on"] = bool(on)
+    os.environ["CUPY_TF32"] = "1" if on else "0"
+    if torch_problem() is None:
+        _torch_tf32()
+
+
+def _torch_tf32():
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = _TF32["on"]
+    torch.backends.cudnn.allow_tf32 = _TF32["on"]
+
+
+# -- one measurement --------------------------------------------------------------------------
+def measure(cell, impl: str, *, T: int = 100, B: int = 1, H: int = 512, D: int | None = None, layers: int = 1,
+            dtype: str = "float32", repeats: int = 20, warmup: int = 3, what=("forward", "train"),
+            seed: int = 0) -> dict:
+    """Times one implementation of one cell: forward and/or a training step, median of `repeats`.
+
+    cell: a built-in name, 'module:function' or a cell function.
+    impl: one of IMPLS. Returns the configuration plus backend, forward_ms / train_ms (medians) and
+    forward_all / train_all (every repeat), or the configuration plus 'skipped': why, when the
+    implementation is not available here (no GPU, no torch, no cuDNN equivalent).
+    """
+    if impl not in IMPLS:
+        raise RnnGraphError(f"unknown implementation {impl!r}; choose from {', '.join(IMPLS)}")
+    D = D or H
+    first = load_cell(cell, D, H)
+    res = {"impl": impl, "cell": first.name, "T": T, "B": B, "H": H, "D": D, "layers": layers, "dtype": dtype}
+    why = unavailable(impl, first)
+    if why:
+        return {**res, "skipped": why}
+    if impl in MODES:
+        fns, backend, device, extra = _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed)
+    else:
+        from .references import torch_fns
+        _torch_tf32()
+        fns, backend, device, extra = torch_fns(cell, impl, T, B, H, D, layers, dtype, seed)
+    res.update(backend=backend, device=device, tf32=_TF32["on"], **extra)
+    for w in ("forward", "train"):
+        times = time_ms(fns[w], repeats=repeats, warmup=warmup, device=device) if w in what else []
+        res[f"{w}_ms"] = statistics.median(times) if times else None
+        res[f"{w}_all"] = times
+    return res
+
+
+def unavailable(impl: str, cell) -> str | None:
+    """Why `impl` cannot run `cell` here, or None."""
+    if impl == "graph" and gpu_problem():
+        return f"needs a usable GPU: {gpu_problem()}"
+    if impl in MODES:
+        return None
+    if torch_problem():
+        return torch_problem()
+    if impl == "cudnn":
+        import torch
+        if not _is_builtin(cell, ("lstm", "gru", "rnn_tanh", "rnn_relu")):
+            return "no cuDNN layer for this cell (cuDNN has lstm, gru, rnn_tanh, rnn_relu)"
+        if not torch.cuda.is_available():
+            return f"needs torch with CUDA (torch {torch.__version__} sees no GPU)"
+    return None
+
+
+def _is_builtin(cell, names) -> bool:
+    """Whether `cell` is the built-in cell of its name (the same graph), and one of `names`."""
+    if cell.name not in names:
+        return False
+    ref = load_cell(cell.name, cell.inputs[next(iter(cell.inputs))], cell.op(cell.outputs[0]).size)
+    edges = [{(u, v, d["slot"], d["delay"]) for u, v, d in c.graph.edges(data=True)} for c in (cell, ref)]
+    return dict(cell.graph.nodes(data="op")) == dict(ref.graph.nodes(data="op")) and edges[0] == edges[1]
+
+
+@functools.lru_cache(maxsize=None)
+def _backend(impl: str):
+    """One backend object per rnngraph mode and process: cupy when a GPU is usable, else numpy."""
+    if gpu_problem() is None:
+        from ..run.backends.cupy_backend import CupyBackend
+        return CupyBackend(capture=impl == "graph")
+    from ..run.backends.numpy_backend import NumpyBackend
+    return NumpyBackend()
+
+
+def _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed):
+    from ..nn.recurrent import Recurrent
+    be = _backend(impl)
+    layer = Recurrent(cell, D, H, num_layers=layers, backend=be, mode=impl, dtype=dtype, seed=seed)
+    rng = np.random.default_rng(seed)
+    x = be.asarray(rng.standard_normal((T, B, D)), dtype=dtype)
+    F = layer.cells[-1].op(layer.cells[-1].outputs[0]).size
+    gy = be.asarray(rng.standard_normal((T, B, F)), dtype=dtype)
+
+    def train():
+        layer(x)
+        layer.backward(gy)
+    return {"forward": lambda: layer(x), "train": train}, be.name, "gpu" if be.name == "cupy" else "cpu", {}
+
+
+# -- where it ran -----------------------------------------------------------------------------
+def machine_info() -> dict:
+    """Device name, driver and CUDA runtime, library versions, rnngraph commit, date, command line."""
+    from .doctor import cpu_name, cuda_info, git_commit, versions
+    info = {"rnngraph": __version__, **versions(), **cuda_info()}
+    if torch_problem() is None:
+        import torch
+        info.update(torch_cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version()
+                    if torch.cuda.is_available() else None, torch_allow_tf32={
+                        "matmul": torch.backends.cuda.matmul.allow_tf32, "cudnn": torch.backends.cudnn.allow_tf32})
+        if info.get("gpu") is None and torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    prog = "rnngraph" if Path(sys.argv[0]).name in ("__main__.py", "rnngraph") else sys.argv[0]
+    info.update(device=info.get("gpu") or cpu_name(), gpu_problem=gpu_problem(), commit=git_commit(),
+                date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                command=" ".join([prog, *sys.argv[1:]]),
+                tf32=_TF32["on"], cupy_tf32=os.environ.get("CUPY_TF32", "0"))
+    return info
+
+
+# -- the command ------------------------------------------------------------------------------
+def _list(kind):
+    """An argparse type: one value or a comma list, e.g. '128,256,512'."""
+    from argparse import ArgumentTypeError
+
+    def parse(text: str) -> list:
+        try:
+            values = [kind(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise ArgumentTypeError(f"expected a comma list of {kind.__name__}, got {text!r}") from None
+        if kind is int and any(v <= 0 for v in values):
+            raise ArgumentTypeError(f"sizes must be positive, got {text!r}")
+        return values
+    return parse
+
+
+def add_arguments(p) -> None:
+    """`rnngraph bench` options; list options are repeatable or comma lists."""
+    p.add_argument("--cell", action="extend", type=_list(str), metavar="CELL",
+                   help=f"built-in or module:function (default: {','.join(DEFAULT_CELLS)})")
+    p.add_argument("-T", action="extend", type=_list(int), metavar="N", help="frames (default: 100)")
+    p.add_argument("-B", action="extend", type=_list(int), metavar="N", help="streams, i.e. batch (default: 1)")
+    p.add_argument("-H", action="extend", type=_list(int), metavar="N", help="hidden sizes (default: 512)")
+    p.add_argument("-D", type=int, metavar="N", help="input features (default: H)")
+    p.add_argument("--layers", type=int, default=1, metavar="N", help="stacked layers (default: 1)")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--impls", type=_list(str), default=list(IMPLS), metavar="LIST",
+                   help=f"implementations to time (default: {','.join(IMPLS)})")
+    p.add_argument("--repeats", type=int, metavar="N", help="timed calls; the median is reported (default: 20)")
+    p.add_argument("--warmup", type=int, metavar="N", help="untimed calls first (default: 3)")
+    p.add_argument("--tf32", action="store_true", help="allow TF32 in torch and cupy matmuls (default: off)")
+    p.add_argument("--json", metavar="FILE", help="write every measurement and machine_info() to FILE (in a "
+                   "folder that exists: checked before measuring)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke test: T=8, B=2, H=16, 3 repeats")
+
+
+def run(args) -> int:
+    """Times every (cell, T, B, H) × implementation in one process; prints a table; 1 if any failed."""
+    set_tf32(args.tf32)                       # before anything imports cupy
+    q = QUICK if args.quick else {}
+    st = {"cells": args.cell or list(DEFAULT_CELLS), "T": args.T or q.get("T", [100]),
+          "B": args.B or q.get("B", [1]), "H": args.H or q.get("H", [512]), "D": args.D, "layers": args.layers,
+          "dtype": args.dtype, "impls": args.impls, "repeats": args.repeats or q.get("repeats", 20),
+          "warmup": args.warmup or q.get("warmup", 3), "tf32": args.tf32}
+    bad = [i for i in st["impls"] if i not in IMPLS]
+    if bad:
+        raise RnnGraphError(f"unknown implementation(s) {bad}; choose from {', '.join(IMPLS)}")
+    if args.json is not None:
+        writable_folder(Path(args.json).parent, "--json FILE", missing=0, raw=args.json)
+        if Path(args.json).is_dir():
+            raise RnnGraphError(f"--json {args.json} is a folder; give a file, e.g. {Path(args.json) / 'bench.json'}")
+    if any(":" in c for c in st["cells"]) and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    threads = _torch_threads(1 if args.quick else None)   # tiny ops: threads only contend (seen: 100x)
+    try:
+        info = machine_info()
+        print(_header(info) + ("\nquick: torch runs on 1 CPU thread" if args.quick else ""), flush=True)
+        configs = [(c, t, b, h) for c in st["cells"] for t in st["T"] for b in st["B"] for h in st["H"]]
+        with contextlib.closing(_progress(configs)) as bar:   # closed before a Ctrl-C's message is printed
+            results = [_measure_or_error(c, impl, st, t, b, h) for c, t, b, h in bar for impl in st["impls"]]
+    except KeyboardInterrupt:
+        raise Interrupted("no measurements were kept" + (f"; {args.json} was not written" if args.json else "")) \
+            from None
+    finally:
+        _torch_threads(threads)
+    print(format_table(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": info, "settings": st, "results": results},
+                                              indent=1, default=str) + "\n")
+        print(f"rnngraph: wrote {args.json}", file=sys.stderr)
+    return 1 if any("error" in r for r in results) else 0
+
+
+def writable_folder(folder, option: str, *, missing: int | None = 1, raw=None) -> Path:
+    """`folder` as a Path, once it is known that it can be written: it exists, or at most `missing` levels
+    of it do not (None: any) and the nearest folder that exists is writable. Creates nothing; raises a
+    one-line RnnGraphError naming `option` otherwise, so a bad path fails before any work is done."""
+    if raw is not None and not str(raw).strip():
+        raise RnnGraphError(f"{option} is empty; give a path")
+    folder = Path(folder)
+    chain = [folder, *folder.parents]
+    base = next(p for p in chain if p.exists() or p == chain[-1])
+    if missing is not None and chain.index(base) > missing:
+        raise RnnGraphError(f"cannot write to {folder}: {chain[missing]} does not exist; create it or pass "
+                            f"another {option}")
+    if not base.is_dir():
+        raise RnnGraphError(f"cannot write to {folder}: {base} is not a folder; pass another {option}")
+    try:
+        with tempfile.TemporaryFile(dir=base):
+            pass
+    except OSError as e:
+        raise RnnGraphError(f"cannot write to {folder}: {e.strerror or e} in {base}; pass another {option}") from None
+    return folder
+
+
+def _measure_or_error(cell, impl, st, T, B, H) -> dict:
+    """measure(), or the configuration plus 'error' when it raised (e.g. out of memory); a bad
+    cell or option (RnnGraphError) still ends the command."""
+    kw = {k: st[k] for k in ("D", "layers", "dtype", "repeats", "warmup")}
+    try:
+        return measure(cell, impl, T=T, B=B, H=H, **kw)
+    except RnnGraphError:
+        raise
+    except Exception as e:
+        return {"impl": impl, "cell": str(cell), "T": T, "B": B, "H": H, **kw, "D": st["D"] or H,
+                "error": f"{type(e).__name__}: {e}"}
+
+
+def _progress(configs):
+    """tqdm on stderr; a plain line per configuration where tqdm is not installed (the GPU machine)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return (print(f"bench {k + 1}/{len(configs)}: {c}", file=sys.stderr, flush=True) or c
+                for k, c in enumerate(configs))
+    return tqdm(configs, desc="bench", unit="config", file=sys.stderr, disable=None, leave=False)   # no bar when piped
+
+
+def _torch_threads(n):
+    """Sets torch's CPU threads to n (None: leave them); returns the previous count."""
+    if n is None or torch_problem():
+        return None
+    import torch
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    return old
+
+
+def _header(info: dict) -> str:
+    cuda = (f"CUDA runtime {info.get('cuda_runtime') or '-'}, driver {info.get('cuda_driver') or '-'}"
+            + (f", cuDNN {info['cudnn']}" if info.get("cudnn") else ""))
+    libs = "  ".join(f"{k} {info.get(k) or '-'}" for k in ("python", "numpy", "networkx", "cupy", "torch"))
+    tf32 = "on" if info["tf32"] else "off"
+    tt = " ".join(f"{k}={v}" for k, v in info.get("torch_allow_tf32", {}).items()) or "-"
+    lines = [f"rnngraph {info['rnngraph']} bench  {info['date']}  commit {info.get('commit') or 'unknown'}",
+             f"device: {info['device']}" + (f" ({info['gpu_memory_gib']} GiB)" if info.get("gpu_memory_gib") else ""),
+             f"{cuda}", libs, f"TF32 {tf32} (torch allow_tf32: {tt}; CUPY_TF32={info['cupy_tf32']}; "
+             "rnngraph's own cuBLAS sgemm calls: default math mode, no TF32)"]
+    if info.get("gpu_problem"):
+        lines.append(f"no GPU for rnngraph: {info['gpu_problem']}; naive and staged run on numpy")
+    return "\n".join(lines)
+
+
+def format_table(results: list) -> str:
+    """Per configuration, each implementation's forward and training-step median ms and its time over
+    cuDNN's and over the torch eager loop's (< 1: faster); speed-ups over naive; what failed or was skipped."""
+    head = ("cell", "T", "B", "H", "impl", "backend", "fwd ms", "train ms", "fwd/cudnn", "train/cudnn",
+            "fwd/eager", "train/eager")
+    rows, notes, skipped, groups = [], [], {}, {}
+    for r in results:
+        groups.setdefault((r["cell"], r["T"], r["B"], r["H"], r["D"], r["layers"], r["dtype"]), []).append(r)
+    for (cell, T, B, H, *_), rs in groups.items():
+        ran = {r["impl"]: r for r in rs if "forward_ms" in r}
+        for r in rs:
+            if "skipped" in r or "error" in r:
+                why = r.get("skipped") or f"failed: {r['error']}"
+                skipped.setdefault((r["impl"], why), {})[cell] = None
+                continue
+            cols = [r["backend"], _ms(r["forward_ms"]), _ms(r["train_ms"])]
+            cols += [_ratio(r, ran.get(ref), w) if ref != r["impl"] else ""
+                     for ref in ("cudnn", "torch_eager") for w in ("forward", "train")]
+            rows.append([cell, str(T), str(B), str(H), r["impl"], *cols])
+            if r.get("eager_loop") == "graph interpreter":
+                notes.append(f"{cell}: the torch eager loop interprets the cell graph (no hand-written step)")
+        for mode in ("staged", "graph"):
+            if "naive" in ran and mode in ran:
+                speed = ", ".join(f"{w} {_ratio(ran['naive'], ran[mode], w)}" for w in ("forward", "train"))
+                notes.append(f"{cell} B={B} H={H}: speed-up of {mode} over naive: {speed}")
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    lines = ["  ".join(str(x).rjust(w) if k > 4 else str(x).ljust(w) for k, (x, w) in enumerate(zip(row, widths)))
+             for row in [head, *rows]]
+    lines += notes + ["ratios: this implementation's time / the reference's (< 1 is faster)"]
+    lines += [f"skipped {impl} for {', '.join(cells)}: {why}" for (impl, why), cells in skipped.items()]
+    gpu = sorted({impl for impl, why in skipped if why.startswith("needs")})
+    if gpu:
+        lines.append(f"GPU rows were skipped ({', '.join(gpu)}): no usable GPU here")
+    return "\n".join(lines)
+
+
+def _ms(v):
+    return "-" if v is None else f"{v:.3f}"
+
+
+def _ratio(r, ref, w):
+    a, b = r.get(f"{w}_ms"), (ref or {}).get(f"{w}_ms")
+    return f"{a / b:.2f}x" if a and b else "-"

@@ -1,0 +1,141 @@
+"""The `rnngraph` command line: one table of subcommands, each an (add_arguments, run) pair.
+
+To add a subcommand, write its two functions (in any module) and add one entry to COMMANDS.
+Keep heavy imports (torch, cupy, matplotlib) inside `run`, so `rnngraph --help` stays fast.
+Every RnnGraphError (and MemoryError) ends the program with status 2 and one line on stderr, Ctrl-C with
+status 130 and one line saying what was kept (errors.Interrupted, or the command's `interrupted` text).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import Interrupted, RnnGraphError
+from ..ir.cells import CELLS
+from ..plan.schedule import build_schedule
+from ..version import __version__
+from .options import add_cell_arguments, cell_from_args
+
+
+@dataclass(frozen=True)
+class Command:
+    help: str                                               # one line, shown by `rnngraph --help`
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], "int | None"]       # exit status; None means 0
+    interrupted: str = "nothing was written"                # what a bare Ctrl-C leaves behind
+
+
+# -- cells ------------------------------------------------------------------------------------
+
+def _cells_arguments(p: argparse.ArgumentParser) -> None:
+    pass
+
+
+def _cells_run(args: argparse.Namespace) -> None:
+    width = max(map(len, CELLS))
+    for name, (_, description) in CELLS.items():
+        print(f"{name:<{width}}  {description}")
+
+
+# -- schedule ---------------------------------------------------------------------------------
+
+def _schedule_arguments(p: argparse.ArgumentParser) -> None:
+    add_cell_arguments(p)
+    p.add_argument("--json", action="store_true", help="print the schedule's summary as JSON")
+    p.add_argument("--draw", metavar="FILE.png", help="also draw the scheduled graph to an image file")
+
+
+def _schedule_run(args: argparse.Namespace) -> None:
+    if args.draw is not None:
+        from .drawing import check_image_path, draw_schedule   # matplotlib only when drawing
+        check_image_path(args.draw)
+    schedule = build_schedule(cell_from_args(args))
+    print(json.dumps(schedule.summary()) if args.json else schedule)
+    if args.draw is not None:
+        try:
+            draw_schedule(schedule, args.draw)
+        except OSError as e:
+            raise RnnGraphError(f"cannot write {args.draw}: {e.strerror or e}") from None
+        print(f"rnngraph: drew {args.draw}", file=sys.stderr)
+
+
+# -- figures (here: --help needs no matplotlib) --------------------------------------------------
+
+def _figures_arguments(p: argparse.ArgumentParser) -> None:
+    """`rnngraph figures [--results DIR] [--out DIR] [--runs DIR]`."""
+    from .experiments import REPO, RESULTS, SCRATCH
+    p.add_argument("--results", metavar="DIR",
+                   help=f"folder of NAME.json results (default: the committed {RESULTS}; "
+                        f"{RESULTS / 'quick'}: CPU samples)")
+    p.add_argument("--out", metavar="DIR", help=f"where figures go (default: {REPO / 'figures'} for the committed "
+                   f"results, {SCRATCH[False].parent / 'figures'} for any other --results)")
+    p.add_argument("--runs", metavar="DIR", default="runs",
+                   help="training runs (DIR/*/log.csv) for the training curves, if any (default: %(default)s)")
+
+
+def _figures_run(args: argparse.Namespace) -> None:
+    from .figures import run_figures     # matplotlib only when drawing
+    run_figures(args)
+
+
+def _lazy(module: str, help: str, add: str = "add_arguments", run: str = "run") -> Command:
+    """A subcommand whose module (a path below rnngraph) is imported only when it is used (keeps `rnngraph --help` fast)."""
+    def load():
+        return importlib.import_module(f"rnngraph.{module}")
+    return Command(help, lambda p: getattr(load(), add)(p), lambda a: getattr(load(), run)(a))
+
+
+COMMANDS: dict[str, Command] = {
+    "cells": Command("list the built-in cells", _cells_arguments, _cells_run),
+    "schedule": Command("print (or draw) a cell's schedule: hoisted, per-frame stages, merged kernels",
+                        _schedule_arguments, _schedule_run),
+    "bench": _lazy("lab.bench", "time rnngraph's modes against cuDNN and a torch eager loop, side by side"),
+    "doctor": _lazy("lab.doctor", "print versions, GPU and driver state, and self-check every available backend"),
+    "train": _lazy("lab.commands", "train a character-level language model on the bundled text (or --text FILE)",
+                   "train_arguments", "train_run"),
+    "sample": _lazy("lab.commands", "generate text from a checkpoint written by rnngraph train",
+                    "sample_arguments", "sample_run"),
+    "demo": _lazy("lab.demo", "build an LSTM, print its schedule, train it briefly, sample from it, draw its curve"),
+    "experiment": _lazy("lab.experiments", "run one evaluation experiment and write its JSON results "
+                                      "(--quick: a CPU sample)"),
+    "figures": Command("rebuild every evaluation figure from stored results (no GPU, nothing re-measured)",
+                       _figures_arguments, _figures_run),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rnngraph",
+        description="Recurrent cells as dataflow graphs, scheduled after Hwang & Sung (ICASSP 2015).")
+    parser.add_argument("--version", action="version", version=f"rnngraph {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, command in COMMANDS.items():
+        p = sub.add_parser(name, help=command.help, description=command.help)
+        command.add_arguments(p)
+        p.set_defaults(run=command.run, interrupted=command.interrupted)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs one subcommand; returns the exit status: 2 with one line for an RnnGraphError or MemoryError,
+    130 with one line for Ctrl-C."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args) or 0
+    except RnnGraphError as e:
+        return _say(f"error: {e}", 2)
+    except MemoryError as e:            # numpy's message names the size it tried to allocate
+        return _say(f"error: out of memory: {e or 'an allocation failed'}; try smaller sizes", 2)
+    except Interrupted as e:
+        return _say(f"interrupted; {e}", 130)
+    except KeyboardInterrupt:
+        return _say(f"interrupted; {args.interrupted}", 130)
+
+
+def _say(message: str, status: int) -> int:
+    print(f"rnngraph: {' '.join(message.splitlines())}", file=sys.stderr)
+    return status

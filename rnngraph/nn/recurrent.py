@@ -1,0 +1,322 @@
+"""PyTorch-shaped recurrent layers: Recurrent (any cell), LSTM, GRU and RNN, with explicit backward.
+
+Shapes follow PyTorch exactly: x is [T, B, D] ([B, T, D] with batch_first), y is [T, B, dirs·H]
+(or [B, T, dirs·H]) and every state (h0, c0, h_n, c_n) is [num_layers·num_directions, B, H]
+whatever batch_first is. Parameters use PyTorch's names, shapes and gate order.
+
+The layers build no autograd graph: ``backward`` differentiates the most recent call. Truncated
+BPTT over a stream is therefore the plain loop ``y, state = layer(x_chunk, state)``; the backward
+of a chunk covers that chunk only, and ``grad_state0`` is what would cross into the previous chunk.
+A state carries what the cell can still read across calls. For PyTorch's cells (every state read
+one frame back) that is its last frame, [L·dirs, B, S]. A cell that reads a state up to D ≥ 2
+frames back (``h.ago(D)``) carries its last D frames, oldest first: h_n is [D, L·dirs, B, S], so
+``layer(x[:4])`` then ``layer(x[4:], state)`` equals ``layer(x)``. Such a state's h0 may be given
+as [D, L·dirs, B, S] or as [L·dirs, B, S] (one value for every frame before the call), and its
+gradient grad_state0 comes back in the shape it was given ([D, ...] when it was None).
+"""
+from __future__ import annotations
+
+from ..arrays import float_dtype, make_rng
+from ..errors import RnnGraphError
+from ..ir.cells import load_cell
+from ..run.backends import get_backend
+from . import checks as chk
+from .checks import check_finite
+from .init import init_orthogonal, init_uniform
+from .layers import Parameterized
+from .stacking import Frames, Stack
+
+
+def detach(state):
+    """A copy of a state (array, tuple of arrays or None) for the next chunk of truncated BPTT.
+
+    The layers hold no autograd graph, so this only makes the cut explicit and guards the arrays
+    against later in-place updates: ``y, state = layer(x_k, detach(state))``.
+    """
+    if state is None:
+        return None
+    if isinstance(state, (tuple, list)):
+        return type(state)(detach(s) for s in state)
+    return state.copy()
+
+
+class Recurrent(Parameterized):
+    """A stack of recurrent layers running any cell, with PyTorch's layer conventions.
+
+    cell: a built-in name (see rnngraph.CELLS), 'module:function', a cell function
+    ``fn(input_size, hidden_size, bias=True) -> CellGraph``, a CellGraph (one layer, or layers
+    whose inputs have the cell's input size) or a list of CellGraphs, one per layer (as a checkpoint
+    stores them). Keyword options: ``backend`` 'numpy' | 'cupy' | 'auto'
+    or a backend object (``layer.backend_name`` says which was picked), ``dtype`` 'float32' (default, as torch) or
+    'float64', ``mode`` 'staged' | 'naive' | 'graph' (cupy only), ``seed`` for the layer's generator (initialisation and
+    dropout masks), ``init`` 'uniform' (torch's U(±1/√H)) | 'orthogonal' | a function of the layer.
+
+    Example::
+
+        layer = Recurrent("gru", 8, 16, num_layers=2, bidirectional=True, dtype="float64")
+        y, h_n = layer(x)                       # x [T, B, 8] -> y [T, B, 32], h_n [4, B, 16]
+        grad_x, grad_h0, grads = layer.backward(grad_y)
+    """
+
+    def __init__(self, cell, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, *,
+                 backend: str = "numpy", dtype="float32", mode: str = "staged", seed: int = 0,
+                 init="uniform"):
+        super().__init__()
+        chk.check_config(input_size, hidden_size, num_layers, dropout)
+        self.input_size, self.hidden_size, self.num_layers = int(input_size), int(hidden_size), int(num_layers)
+        self.bias, self.batch_first, self.dropout = bool(bias), bool(batch_first), float(dropout)
+        self.bidirectional, self.num_directions = bool(bidirectional), 2 if bidirectional else 1
+        self.backend = _make_backend(backend, mode)
+        self.backend_name = self.backend.name
+        self.dtype = float_dtype(dtype)
+        self.mode = mode
+        self.rng = make_rng(seed)
+        self.training = True
+        self.check_finite = False       # True: raise on NaN/inf in inputs, outputs and gradients
+        self.cells = self._load_cells(cell)
+        self.cell = self.cells[0]
+        self.state_names = tuple(self.cell.states)
+        self._stack = Stack(self.cells, self.backend, mode, self.num_directions)
+        self._layout = [[_param_layout(c, _suffix(l, d)) for d in range(self.num_directions)]
+                        for l, c in enumerate(self.cells)]
+        self._params = {name: self.backend.zeros(shape, self.dtype)
+                        for per_l in self._layout for per_d in per_l for name, shape, _ in per_d}
+        self._views = self._cell_params()   # stable objects: the executor uses parameters in place
+        self._last = None
+        chk.resolve_init(init, _INIT)(self)
+
+    def _load_cells(self, spec) -> list:
+        """One cell per layer, built for that layer's input size, or taken from a list (one per layer)."""
+        per_layer = isinstance(spec, (list, tuple))
+        if per_layer and len(spec) != self.num_layers:
+            raise RnnGraphError(f"a list of cells needs one cell per layer: got {len(spec)} for num_layers="
+                                f"{self.num_layers}; pass {self.num_layers} cells, or one cell for every layer")
+        cells, size = [], self.input_size
+        for l in range(self.num_layers):
+            cell = load_cell(spec[l] if per_layer else spec, size, self.hidden_size, self.bias)
+            chk.check_cell(cell, size, l)
+            if cells and _state_kinds(cell) != _state_kinds(cells[0]):
+                raise RnnGraphError(f"layer {l}'s cell '{cell.name}' has states {_state_kinds(cell)} but layer 0's "
+                                    f"has {_state_kinds(cells[0])}; every layer needs the same states "
+                                    "(name: features, frames carried)")
+            cells.append(cell)
+            size = cell.op(cell.outputs[0]).size * self.num_directions
+        return cells
+
+    # -- parameters: parameters(), state_dict() and load_state_dict() come from Parameterized ----
+    def _cell_params(self) -> list:
+        """[l][d]: cell param -> row-block view of its PyTorch-layout parameter (contiguous rows)."""
+        views = []
+        for per_l in self._layout:
+            views.append([])
+            for per_d in per_l:
+                v = {}
+                for name, _, parts in per_d:
+                    for p, start, stop in parts:
+                        v[p] = self._params[name][start:stop]
+                views[-1].append(v)
+        return views
+
+    def _torch_grads(self, grads) -> dict:
+        xp, out = self.backend.xp, {}
+        for per_l, g_l in zip(self._layout, grads):
+            for per_d, g in zip(per_l, g_l):
+                for name, _, parts in per_d:
+                    out[name] = xp.concatenate([g[p] for p, _, _ in parts])   # a copy: g is a workspace view
+        return out
+
+    # -- modes --------------------------------------------------------------------------------
+    def train(self, mode: bool = True):
+        """Training mode (dropout between layers active), as torch's Module.train()."""
+        self.training = bool(mode)
+        return self
+
+    def eval(self):
+        """Inference mode (no dropout), as torch's Module.eval()."""
+        return self.train(False)
+
+    # -- forward and backward -----------------------------------------------------------------
+    def __call__(self, x, state=None, lengths=None):
+        return self.forward(x, state, lengths)
+
+    def forward(self, x, state=None, lengths=None):
+        """x: [T, B, D] ([B, T, D] with batch_first); state: h0, or a tuple in cell.states order
+        (LSTM: (h0, c0)), each [L·dirs, B, S], or None for zeros; lengths: [B] ints, or None.
+        Returns (y, state_n) with y [T, B, dirs·F] (or [B, T, dirs·F]) and state_n shaped like state.
+        Returned arrays are fresh copies: keep them as long as you like."""
+        x = chk.check_array("x", x, self.backend, self.dtype)
+        chk.check_input(x, self.input_size, self.batch_first)
+        xt = x.transpose(1, 0, 2) if self.batch_first else x
+        T, B = xt.shape[:2]
+        init = self._unpack(state, "{}0", T, B, every_frame=True)
+        frames = Frames(self.backend.xp, T, B, chk.check_lengths(lengths, T, B))
+        if self.check_finite:
+            for name, a in [("x", x)] + [(f"{s}0", a) for s, a in init.items() if a is not None]:
+                check_finite(name, a)
+        dropout = self.dropout if self.training else 0.0
+        self._last = None               # the executors' workspaces are about to change
+        y, finals = self._stack.forward(self._views, xt, init, frames, dropout, self.rng)
+        spread = {s for s, a in init.items() if a is not None and a.ndim < len(self._stack.shape(s, B))}
+        self._last = (frames, y.shape, spread)
+        y = self._to_user(y)
+        if self.check_finite:
+            for n, a in [("output y", y)] + [(f"final state {s}_n", a) for s, a in finals.items()]:
+                check_finite(n, a)
+        return y, self._pack(finals)
+
+    def backward(self, grad_y, grad_state_n=None):
+        """Gradients of the most recent call. grad_y: like y (or None); grad_state_n: like state_n
+        (or None; entries may be None). Returns (grad_x like x, grad_state0 like state, grads: name ->
+        array keyed like parameters()); grads are also kept in ``layer.grads``."""
+        if self._last is None:
+            raise RnnGraphError("backward() called before the layer was called on an input")
+        frames, y_shape, spread = self._last
+        user_shape = (y_shape[1], y_shape[0], y_shape[2]) if self.batch_first else y_shape
+        if grad_y is None:
+            gy = self.backend.zeros(y_shape, self.dtype)
+        else:
+            gy = chk.check_array("grad_y", grad_y, self.backend, self.dtype)
+            chk.check_grad_shape("grad_y", gy.shape, user_shape, "the output y")
+            if self.check_finite:
+                check_finite("grad_y", gy)
+            gy = gy.transpose(1, 0, 2) if self.batch_first else gy
+        gfin = self._unpack(grad_state_n, "grad_{}_n", y_shape[0], y_shape[1])
+        gx, ginit, grads = self._stack.backward(gy, gfin, frames)
+        ginit = {s: g.sum(axis=0) if s in spread else g for s, g in ginit.items()}   # h0 given for every frame
+        gx, self.grads = self._to_user(gx), self._torch_grads(grads)
+        if self.check_finite:
+            for n, g in [("grad_x", gx)] + [(f"gradient of {n}", g) for n, g in self.grads.items()]:
+                check_finite(n, g)
+        return gx, self._pack(ginit), dict(self.grads)
+
+    # -- states -------------------------------------------------------------------------------
+    def _unpack(self, state, label: str, T: int, B: int, every_frame: bool = False) -> dict:
+        """User state (None, array, or tuple in cell.states order) -> state name -> array or None.
+        label: e.g. '{}0' names each part ('h0', 'c0') in error messages; every_frame: a state carried
+        as [D, L·dirs, B, S] may also come as [L·dirs, B, S], its value at every earlier frame."""
+        parts = chk.split_state(state, self.state_names, type(self).__name__, label)
+        out = {}
+        for s, a in zip(self.state_names, parts):
+            if a is not None:
+                name, shape = label.format(s), self._stack.shape(s, B)
+                a = chk.check_array(name, a, self.backend, self.dtype)
+                if len(shape) == 4 and (a.ndim != 3 or not every_frame):
+                    _check_history_shape(name, a.shape, shape, self.cell.name, every_frame)
+                else:
+                    chk.check_state_shape(name, a.shape, shape[-3:], T, self)
+            out[s] = a
+        return out
+
+    def _pack(self, states: dict):
+        vals = tuple(states[s] for s in self.state_names)
+        return vals[0] if len(vals) == 1 else vals
+
+    def _to_user(self, a):
+        return self.backend.xp.ascontiguousarray(a.transpose(1, 0, 2)) if self.batch_first else a
+
+    def __repr__(self):
+        opts = [f"cell={self.cell.name}"] if type(self) is Recurrent else []
+        opts += [str(self.input_size), str(self.hidden_size)]
+        for k, dflt in (("num_layers", 1), ("bias", True), ("batch_first", False), ("dropout", 0.0),
+                        ("bidirectional", False)):
+            if getattr(self, k) != dflt:
+                opts.append(f"{k}={getattr(self, k)}")
+        opts += [f"backend={self.backend_name}", f"dtype={self.dtype.name}", f"mode={self.mode}"]
+        return f"{type(self).__name__}({', '.join(opts)})"
+
+
+class LSTM(Recurrent):
+    """torch.nn.LSTM's signature and equations (gates i, f, g, o): ``y, (h_n, c_n) = lstm(x, (h0, c0))``."""
+
+    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+                 bidirectional=False, **options):
+        super().__init__("lstm", input_size, hidden_size, num_layers, bias, batch_first, dropout,
+                         bidirectional, **options)
+
+
+class GRU(Recurrent):
+    """torch.nn.GRU's signature and equations (gates r, z, n): ``y, h_n = gru(x, h0)``."""
+
+    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+                 bidirectional=False, **options):
+        super().__init__("gru", input_size, hidden_size, num_layers, bias, batch_first, dropout,
+                         bidirectional, **options)
+
+
+class RNN(Recurrent):
+    """torch.nn.RNN's signature (nonlinearity 'tanh' or 'relu'): ``y, h_n = rnn(x, h0)``."""
+
+    def __init__(self, input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True,
+                 batch_first=False, dropout=0.0, bidirectional=False, **options):
+        if nonlinearity not in ("tanh", "relu"):
+            raise RnnGraphError(f"unknown nonlinearity {nonlinearity!r} for RNN; choose 'tanh' or 'relu'")
+        self.nonlinearity = nonlinearity
+        super().__init__(f"rnn_{nonlinearity}", input_size, hidden_size, num_layers, bias, batch_first,
+                         dropout, bidirectional, **options)
+
+
+def _state_kinds(cell) -> dict:
+    return {s: (n, cell.depths[s]) for s, (_, n) in cell.states.items()}
+
+
+def _check_history_shape(name: str, got: tuple, expected: tuple, cell: str, every_frame: bool):
+    if tuple(got) != tuple(expected):
+        D, K, B, S = expected
+        alt = f", or [{K}, {B}, {S}] for one value at every earlier frame" if every_frame else ""
+        raise RnnGraphError(f"{name} must be [D, num_layers·num_directions, B, S] = {list(expected)}{alt}: cell "
+                            f"'{cell}' reads this state up to {D} frames back, so it carries its last {D} frames, "
+                            f"oldest first; got {list(got)}")
+
+
+def _make_backend(backend, mode: str):
+    """A backend object from a name (an object is used as is); mode 'graph' needs cupy with capture."""
+    if not isinstance(backend, str):
+        return backend
+    return get_backend(backend, capture=True) if mode == "graph" else get_backend(backend)
+
+
+# -- parameter layout and initialisation ------------------------------------------------------
+def _suffix(layer: int, direction: int) -> str:
+    return f"_l{layer}" + ("_reverse" if direction else "")
+
+
+def _param_layout(cell, suffix: str) -> list:
+    """[(name, shape, [(cell param, row start, row stop)])] for one (layer, direction): PyTorch's
+    stems from cell.layout first, then every other cell parameter under its own name."""
+    groups = list(cell.layout.items())
+    covered = {p for _, parts in groups for p in parts}
+    groups += [(p, (p,)) for p in cell.params if p not in covered]
+    out = []
+    for stem, parts in groups:
+        shapes = [tuple(cell.params[p]) for p in parts]
+        if len({s[1:] for s in shapes}) != 1:
+            raise RnnGraphError(f"layout entry '{stem}' of cell '{cell.name}' stacks parameters of "
+                                f"incompatible shapes {shapes}; stacked parameters must share trailing dims")
+        rows, off = [], 0
+        for p, s in zip(parts, shapes):
+            rows.append((p, off, off + s[0]))
+            off += s[0]
+        out.append((stem + suffix, (off,) + shapes[0][1:], rows))
+    return out
+
+
+def init_uniform_(layer):
+    """PyTorch's default: every parameter ~ U(-1/√H, 1/√H), H = hidden_size, drawn from layer.rng
+    in state-dict order."""
+    for p in layer._params.values():
+        p[...] = layer.backend.asarray(init_uniform(layer.rng, p.shape, layer.hidden_size, layer.dtype))
+
+
+def init_orthogonal_(layer, gain: float = 1.0):
+    """Each matrix block (one gate's W_ih or W_hh) a (semi-)orthogonal matrix times `gain`; every
+    vector parameter (biases, peepholes, diagonal weights) zero. Draws from layer.rng."""
+    blocks = [b for per_l in layer._views for per_d in per_l for b in per_d.values()]  # row views
+    for block in blocks:
+        if block.ndim == 1:
+            block[...] = 0
+        else:
+            block[...] = layer.backend.asarray(init_orthogonal(layer.rng, block.shape, gain, layer.dtype))
+
+
+_INIT = {"uniform": init_uniform_, "orthogonal": init_orthogonal_}

@@ -1,0 +1,134 @@
+"""How a recurrent layer runs: one Executor per (layer, direction), length-aware time reversal,
+padding masks and dropout between layers, forward and backward of the whole stack.
+
+Everything here is time-major: x [T, B, D], y [T, B, dirs·F], states [L·dirs, B, S], with slice
+k = l·dirs + d holding layer l, direction d (0 forward, 1 reverse), as PyTorch orders h_n. A state
+the cell reads D ≥ 2 frames back carries its last D frames: [D, L·dirs, B, S], oldest first.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..arrays import dropout_mask
+from ..run.executor import Executor
+
+
+class Frames:
+    """Which frames of a [T, B] batch are real (t < lengths[b]) and the per-sequence time reversal.
+
+    The reversal index is an involution: rev[t, b] = lengths[b]-1-t for real frames and t for padded
+    ones, so the same gather reverses a sequence and puts it back, and padded frames stay at the end.
+    """
+
+    def __init__(self, xp, T: int, B: int, lengths=None):
+        self.xp, self.T, self.B = xp, T, B
+        self.lengths = lengths          # host ints [B], or None when every sequence has T frames
+        self.lengths_dev = self.idx = self.valid = None
+        if lengths is not None:
+            t, n = np.arange(T)[:, None], lengths[None, :]
+            self.idx = xp.asarray(np.where(t < n, n - 1 - t, t))         # [T, B]
+            self.cols = xp.arange(B)[None, :]                              # [1, B]
+            self.valid = xp.asarray((t < n)[..., None])                    # [T, B, 1]
+            self.lengths_dev = xp.asarray(lengths)
+
+    def reverse(self, a):
+        """a [T, B, F] with each sequence's real frames in reverse order (a view when no lengths)."""
+        return a[::-1] if self.idx is None else a[self.idx, self.cols]
+
+    def mask(self, a):
+        """a [T, B, F] with padded frames set to zero (NaN-safe; `a` itself when no lengths)."""
+        return a if self.valid is None else self.xp.where(self.valid, a, 0)
+
+
+class Direction:
+    """One (layer, direction): a cell and its own Executor, so its workspace is never shared."""
+
+    def __init__(self, cell, backend, mode: str, reverse: bool):
+        self.cell, self.reverse = cell, reverse
+        self.ex = Executor(cell, backend, mode)
+        self.x_name, self.y_name = next(iter(cell.inputs)), cell.outputs[0]
+        self.in_size = cell.inputs[self.x_name]
+        self.out_size = cell.op(self.y_name).size
+
+    def forward(self, params: dict, x, init: dict, frames: Frames, out):
+        """x: [T, B, D] in time order; init: state -> [B, S] or None. Writes y [T, B, F] into `out`
+        and returns state -> final [B, S], views into the workspace: consume them before the next call."""
+        if self.reverse:
+            x = frames.reverse(x)
+        outs, finals = self.ex.forward(params, {self.x_name: x}, init, frames.lengths_dev)
+        y = outs[self.y_name]
+        out[...] = frames.reverse(y) if self.reverse else y
+        return finals
+
+    def backward(self, gy, gfinals: dict, frames: Frames):
+        """gy: [T, B, F] in time order. Returns (gx [T, B, D], state -> g0 [B, S], cell param -> grad);
+        all three are views into the workspace: consume them before the next call."""
+        if self.reverse:
+            gy = frames.reverse(gy)
+        gi, g0, gp = self.ex.backward({self.y_name: gy}, gfinals)
+        gx = gi[self.x_name]
+        return (frames.reverse(gx) if self.reverse else gx), g0, gp
+
+
+class Stack:
+    """num_layers × num_directions Directions, with dropout between layers (not after the last)."""
+
+    def __init__(self, cells: list, backend, mode: str, num_directions: int):
+        self.backend, self.nd = backend, num_directions
+        self.runs = [[Direction(c, backend, mode, d == 1) for d in range(num_directions)] for c in cells]
+        self.states = dict(cells[0].states)     # name -> (producer, features); the same in every layer
+        self.depths = cells[0].depths           # name -> frames carried (1: PyTorch's [L·dirs, B, S])
+        self.masks: list = []
+
+    def shape(self, s: str, B: int) -> tuple:
+        """The shape of state s: [L·dirs, B, S], or [D, L·dirs, B, S] when the cell reads D ≥ 2 frames back."""
+        D, K = self.depths[s], len(self.runs) * self.nd
+        return (K, B, self.states[s][1]) if D == 1 else (D, K, B, self.states[s][1])
+
+    def forward(self, params, x, init: dict, frames: Frames, dropout: float, rng):
+        """params[l][d]: cell param -> array; x: [T, B, D]; init: state -> [L·dirs, B, S] (every
+        earlier frame), [D, L·dirs, B, S] (the last D frames) or None. Returns (y [T, B, dirs·F],
+        state -> final, shaped self.shape(s, B))."""
+        xp, nd = self.backend.xp, self.nd
+        T, B = x.shape[:2]
+        finals = {s: xp.zeros(self.shape(s, B), x.dtype) for s in self.states}
+        self.masks = []
+        inp = frames.mask(x)            # padded input frames read as zeros, whatever the caller put there
+        for l, layer in enumerate(self.runs):
+            F = layer[0].out_size
+            out = xp.empty((T, B, nd * F), x.dtype)
+            for d, run in enumerate(layer):
+                k = l * nd + d
+                st0 = {s: None if a is None else a[..., k, :, :] for s, a in init.items()}
+                for s, f in run.forward(params[l][d], inp, st0, frames, out[..., d * F:(d + 1) * F]).items():
+                    finals[s][..., k, :, :] = f
+            out = frames.mask(out)
+            mask = None
+            if dropout > 0 and l < len(self.runs) - 1:
+                mask = dropout_mask(rng, out.shape, dropout, xp, x.dtype)   # keyed by the layer's own generator
+            self.masks.append(mask)
+            inp = out if mask is None else out * mask
+        return out, finals
+
+    def backward(self, gy, gfinals: dict, frames: Frames):
+        """gy: [T, B, dirs·F]; gfinals: state -> self.shape(s, B) or None. Returns (gx [T, B, D],
+        state -> g0 shaped self.shape(s, B), grads[l][d]: cell param -> gradient)."""
+        xp, nd = self.backend.xp, self.nd
+        T, B = gy.shape[:2]
+        g = frames.mask(gy)             # gradients arriving at padded frames are ignored
+        ginit = {s: xp.zeros(self.shape(s, B), gy.dtype) for s in self.states}
+        grads = [[None] * nd for _ in self.runs]
+        for l in reversed(range(len(self.runs))):
+            layer, F = self.runs[l], self.runs[l][0].out_size
+            gx = xp.zeros((T, B, layer[0].in_size), gy.dtype)
+            for d, run in enumerate(layer):
+                k = l * nd + d
+                gf = {s: None if a is None else a[..., k, :, :] for s, a in gfinals.items()}
+                gxd, g0, grads[l][d] = run.backward(g[..., d * F:(d + 1) * F], gf, frames)
+                gx += gxd
+                for s, v in g0.items():
+                    ginit[s][..., k, :, :] = v
+            if l > 0:
+                mask = self.masks[l - 1]
+                g = frames.mask(gx if mask is None else gx * mask)
+        return frames.mask(gx), ginit, grads

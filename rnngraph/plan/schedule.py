@@ -1,0 +1,250 @@
+"""The paper's analysis: recurrent core, hoisting, parallel stages and merges, as a plain Schedule.
+
+Sections (a dependence pass, as in partial evaluation):
+  pre  — ops that read no delayed value, directly or through others: run once over all T·B rows;
+  loop — the recurrent core (strongly connected components through delayed edges) and every op that
+         depends on a delayed value and feeds the core: run frame by frame;
+  post — ops that depend on a delayed value but feed nothing back: run once over all frames.
+Items (each a future kernel): a Gemm merges linear ops reading one operand (concatenated weights);
+a Fused group joins connected elementwise ops of one size. Loop stages are topological generations
+of the item DAG.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from ..ir.graph import CellGraph, fmt_read, same_frame, topo_order
+from ..ir.ops import ELEMENTWISE, OpKind
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """Linear ops reading one operand, run as one GEMM: out[:, blocks] = operand · [W_1; W_2; …]ᵀ."""
+    nodes: tuple        # linear ops; their outputs are column blocks of the merged output, in order
+    operand: str
+    delay: int
+    weights: tuple      # one matrix parameter per node, concatenated along rows
+    sizes: tuple        # output features per node
+
+
+@dataclass(frozen=True)
+class Fused:
+    """Connected elementwise ops of one feature size (or a lone concat), run as one kernel."""
+    nodes: tuple        # evaluation order
+
+
+@dataclass(frozen=True)
+class Schedule:
+    cell: CellGraph
+    pre: tuple          # items over all T·B rows, before the loop
+    loop: tuple         # stages (tuples of items), per frame
+    post: tuple         # items over all frames, after the loop
+    hoist_param_grads: bool  # parameter gradients of loop ops as one reduction over all frames
+
+    @property
+    def items(self):
+        return [*self.pre, *(it for st in self.loop for it in st), *self.post]
+
+    def section_of(self) -> dict:
+        out = {n: "pre" for it in self.pre for n in it.nodes}
+        out.update({n: "post" for it in self.post for n in it.nodes})
+        out.update({n: f"stage{k}" for k, st in enumerate(self.loop) for it in st for n in it.nodes})
+        return out
+
+    def loop_param_reductions(self) -> list:
+        """(item, parameters) gradients of per-frame ops reduced once over all frames: one GEMM
+        per merged GEMM (its weights together), one sum per vector parameter of a fused group."""
+        if not self.hoist_param_grads:
+            return []
+        out = []
+        for st in self.loop:
+            for it in st:
+                if isinstance(it, Gemm):
+                    out.append((it, it.weights))
+                else:
+                    ps = {u for n in it.nodes for u, _ in self.cell.reads(n) if self.cell.op(u).kind is OpKind.PARAM}
+                    out += [(it, (p,)) for p in sorted(ps)]
+        return out
+
+    def summary(self) -> dict:
+        cell = self.cell
+        loop_ops = [n for st in self.loop for it in st for n in it.nodes]
+        slots = sum(len(cell.reads(n)) for n in loop_ops)
+        n_items = sum(len(st) for st in self.loop)
+        gemms = [it for it in self.items if isinstance(it, Gemm)]
+        fused = [it for it in self.items if isinstance(it, Fused)]
+        where = self.section_of()
+        return {
+            "cell": cell.name,
+            "ops": sum(1 for n in cell.graph if cell.op(n).kind not in (OpKind.INPUT, OpKind.PARAM)),
+            "hoisted": [n for it in self.pre for n in it.nodes],
+            "post_loop": [n for it in self.post for n in it.nodes],
+            "per_frame_stages": [[n for it in st for n in it.nodes] for st in self.loop],
+            "merged_gemms": [{"section": _section(where[it.nodes[0]]), "operand": fmt_read(it.operand, it.delay),
+                              "ops": list(it.nodes), "weights": list(it.weights)} for it in gemms],
+            "fused_groups": [{"section": _section(where[it.nodes[0]]), "ops": list(it.nodes)} for it in fused],
+            "kernels_per_frame": {
+                "forward": {"before_merge": len(loop_ops), "after_merge": n_items},
+                "backward": {"before_merge": slots, "after_merge": n_items},
+            },
+            "param_grad_reductions": [
+                f"{'; '.join('d' + p for p in ps)} <- {'gemm' if isinstance(it, Gemm) else 'sum'} over T"
+                for it, ps in self.loop_param_reductions()],
+        }
+
+    def __str__(self) -> str:
+        cell, s = self.cell, self.summary()
+
+        def line(it):
+            if isinstance(it, Gemm):
+                return (f"gemm   {', '.join(it.nodes)} = {fmt_read(it.operand, it.delay)} · "
+                        f"[{'; '.join(it.weights)}]ᵀ   -> [{sum(it.sizes)}]")
+            ops = ", ".join(f"{n}={cell.op(n).kind.value}" for n in it.nodes)
+            return f"fused  {{{ops}}}   [{cell.op(it.nodes[-1]).size}]"
+
+        out = [f"schedule {cell.name}"]
+        out.append(f"  pre (hoisted, once over all T·B rows): {len(self.pre)} kernels")
+        out += [f"    {line(it)}" for it in self.pre]
+        out.append(f"  loop (per frame): {len(self.loop)} stages")
+        for k, st in enumerate(self.loop):
+            out += [f"    stage {k}: {line(it)}" for it in st]
+        out.append(f"  post (once over all frames): {len(self.post)} kernels")
+        out += [f"    {line(it)}" for it in self.post]
+        out.append("  backward: post reversed; loop stages in reverse time; then hoisted reductions:")
+        out += [f"    {r}" for r in s["param_grad_reductions"]]
+        out.append("    then pre reversed over all T·B rows (input gradients, pre parameter gradients)")
+        k = s["kernels_per_frame"]
+        out.append(f"  kernels per frame: forward {k['forward']['before_merge']} -> {k['forward']['after_merge']}, "
+                   f"backward {k['backward']['before_merge']} -> {k['backward']['after_merge']}")
+        return "\n".join(out)
+
+
+def _section(where: str) -> str:
+    return "loop" if where.startswith("stage") else where
+
+
+def sections(cell: CellGraph) -> tuple[set, set, set]:
+    """(pre, loop, post) node sets; parameters and inputs belong to none."""
+    g = cell.graph
+    delayed = {v for _, v, d in g.edges(data=True) if d["delay"] > 0}
+    dep = set(delayed).union(*(nx.descendants(g, v) for v in delayed)) if delayed else set()
+    core = {n for c in nx.strongly_connected_components(g) for n in c
+            if len(c) > 1 or g.has_edge(n, n)}
+    feeds_core = core.union(*(nx.ancestors(g, n) for n in core)) if core else set()
+    compute = {n for n in g if cell.op(n).kind not in (OpKind.INPUT, OpKind.PARAM)}
+    loop = dep & feeds_core & compute
+    return compute - dep, loop, (dep & compute) - loop
+
+
+def _merge(cell: CellGraph, nodes: list) -> list:
+    """Items for one section, in dependence order: merged GEMMs and fused elementwise groups."""
+    order = topo_order(cell.graph, nodes)
+    frame = same_frame(cell.graph).subgraph(nodes)
+    group = {}      # node -> group key
+    for v in order:
+        op = cell.op(v)
+        if op.kind is OpKind.LINEAR:
+            group[v] = ("gemm",) + cell.reads(v)[0]
+        elif op.kind in ELEMENTWISE:
+            preds = [group[u] for u in frame.predecessors(v) if group[u][0] == "fused"
+                     and cell.op(u).kind in ELEMENTWISE and cell.op(u).size == op.size]
+            group[v] = ("fused", v)
+            _try_join(frame, group, [group[v]] + preds) or _try_join(frame, group, [group[v]] + preds[:1])
+        else:
+            group[v] = ("solo", v)
+    # horizontal merge: independent fused groups of one size share a kernel where order allows
+    keys = list(dict.fromkeys(group.values()))
+    for a in keys:
+        for b in keys:
+            if a != b and a[0] == b[0] == "fused" and a in group.values() and b in group.values() \
+                    and cell.op(a[1]).size == cell.op(b[1]).size:
+                _try_join(frame, group, [a, b])
+    members = {}
+    for v in order:
+        members.setdefault(group[v], []).append(v)
+    items = []
+    for key in nx.lexicographical_topological_sort(_quotient(frame, group), key=list(members).index):
+        ns = tuple(members[key])
+        if key[0] == "gemm":
+            ws = tuple(cell.reads(n)[1][0] for n in ns)
+            items.append(Gemm(ns, key[1], key[2], ws, tuple(cell.op(n).size for n in ns)))
+        else:
+            items.append(Fused(ns))
+    return items
+
+
+def _try_join(frame, group, keys) -> bool:
+    """Relabels the groups `keys` as keys[0] if the item graph stays acyclic; says whether it did."""
+    keys = list(dict.fromkeys(keys))
+    if len(keys) < 2:
+        return False
+    trial = {n: (keys[0] if k in keys else k) for n, k in group.items()}
+    if not nx.is_directed_acyclic_graph(_quotient(frame, trial)):
+        return False
+    group.update(trial)
+    return True
+
+
+def _quotient(frame, group) -> nx.DiGraph:
+    q = nx.DiGraph()
+    q.add_nodes_from(dict.fromkeys(group.values()))
+    q.add_edges_from((group[u], group[v]) for u, v in frame.edges if u in group and v in group
+                     and group[u] != group[v])
+    return q
+
+
+def build_schedule(cell: CellGraph, optimize: bool = True) -> Schedule:
+    """The staged schedule (optimize=True), or the naive one: every op its own per-frame kernel."""
+    if not optimize:
+        loop = tuple((it,) for it in _singletons(cell, cell.frame_order()))
+        return Schedule(cell, (), loop, (), hoist_param_grads=False)
+    pre, loop, post = sections(cell)
+    items = _merge(cell, list(loop))
+    q = nx.DiGraph()
+    q.add_nodes_from(range(len(items)))
+    owner = {n: k for k, it in enumerate(items) for n in it.nodes}
+    q.add_edges_from((owner[u], owner[v]) for u, v in same_frame(cell.graph).edges
+                     if u in owner and v in owner and owner[u] != owner[v])
+    stages = tuple(tuple(items[k] for k in sorted(gen)) for gen in nx.topological_generations(q))
+    return Schedule(cell, tuple(_merge(cell, list(pre))), stages, tuple(_merge(cell, list(post))),
+                    hoist_param_grads=True)
+
+
+def _singletons(cell, nodes):
+    for n in nodes:
+        if cell.op(n).kind is OpKind.LINEAR:
+            (x, d), (w, _) = cell.reads(n)
+            yield Gemm((n,), x, d, (w,), (cell.op(n).size,))
+        elif cell.op(n).kind is not OpKind.INPUT:
+            yield Fused((n,))
+
+
+ARITHMETIC = {OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.SCALE, OpKind.ONE_MINUS, OpKind.SIGMOID,
+              OpKind.TANH, OpKind.RELU}   # ~1 FLOP per element; IDENTITY, SLICE, CONCAT only move data
+
+
+def schedule_flops(s: Schedule) -> dict:
+    """FLOPs per row (one stream, one frame) of the forward and backward passes, each split into
+    'hoisted' (pre, post and the parameter-gradient reductions) and 'per_frame' (the loop).
+
+    A linear op costs 2·in·out forward, and as much again for the operand's gradient (in its own
+    section) and for the weight's (a reduction over all frames: hoisted). An arithmetic op costs one
+    per element forward, and one per element per input slot backward; a vector parameter's slot is a
+    hoisted reduction."""
+    cell, where = s.cell, s.section_of()
+    out = {d: {"hoisted": 0, "per_frame": 0} for d in ("forward", "backward")}
+    for n, sec in where.items():
+        part, op = ("per_frame" if sec.startswith("stage") else "hoisted"), cell.op(n)
+        reads = cell.reads(n)
+        if op.kind is OpKind.LINEAR:
+            f = 2 * cell.op(reads[0][0]).size * op.size
+            out["forward"][part] += f
+            out["backward"][part] += f
+            out["backward"]["hoisted"] += f
+        elif op.kind in ARITHMETIC:
+            out["forward"][part] += op.size
+            for u, _ in reads:
+                out["backward"]["hoisted" if cell.op(u).kind is OpKind.PARAM else part] += op.size
+    return out

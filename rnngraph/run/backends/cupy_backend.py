@@ -1,0 +1,310 @@
+"""The GPU backend on CuPy: generated fused kernels, capturable GEMMs, CUDA-graph replay.
+
+cupy is imported lazily, so rnngraph works without it. Any CUDA build of cupy (cupy-cuda12x,
+cupy-cuda13x) works: only the generic `cupy` module is used.
+"""
+from __future__ import annotations
+
+import warnings
+from collections import OrderedDict
+
+from ...errors import RnnGraphError, RnnGraphWarning
+from ..kernels import (GEMV_FUSED_ROWS, GEMV_ROWS, PAIR_MAX_BYTES, fusable, fused_backward_kernel,
+                       fused_forward_kernel, gemv_fused_kernel, matmul_source, param_grad_kernel)
+from .base import ArrayBackend
+
+_KERNELS: dict = {}      # process-wide cache: generated source -> compiled kernel object
+_CTYPE = {"float32": "float", "float64": "double"}
+
+
+def gpu_problem() -> str | None:
+    """None when cupy and a GPU are usable, else one line saying what is wrong and how to fix it."""
+    try:
+        import cupy
+    except Exception as e:
+        return f"cupy is not importable ({type(e).__name__}: {e}); install it with pip install 'rnngraph[gpu]'"
+    try:
+        rt = cupy.cuda.runtime
+        driver, runtime = rt.driverGetVersion(), rt.runtimeGetVersion()
+    except Exception as e:
+        return f"no usable CUDA driver for cupy ({type(e).__name__}: {e}); install the NVIDIA driver"
+    if driver == 0:
+        return "no NVIDIA driver found (cupy is installed); install the NVIDIA driver, or use backend='numpy'"
+    if driver // 1000 < runtime // 1000:   # minor versions are compatible within one major version
+        return (f"cupy's CUDA runtime {_ver(runtime)} is newer than the driver supports (CUDA {_ver(driver)}); "
+                f"install the cupy build for CUDA {driver // 1000} (pip install cupy-cuda{driver // 1000}x) "
+                "or update the NVIDIA driver")
+    try:
+        if rt.getDeviceCount() < 1:
+            return "cupy sees no GPU; check CUDA_VISIBLE_DEVICES and the driver (nvidia-smi)"
+        cupy.zeros(1).sum().item()
+    except Exception as e:
+        return f"the GPU is not usable ({type(e).__name__}: {e}); check the driver with nvidia-smi"
+    return None
+
+
+def _ver(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
+class CupyBackend(ArrayBackend):
+    """cupy arrays. With capture=True, each forward and backward body (or, where that is not
+    capturable, each time loop) is recorded once as a CUDA graph and replayed.
+
+    matmul: 'cublas' runs every GEMM through cuBLAS's C API, which can be recorded, so whole bodies
+    are captured; 'own' uses our capturable GEMV (B ≤ 8) and tiled GEMM kernels in the per-frame loop
+    and CuPy's cuBLAS eagerly around it, so only the time loops are captured.
+    """
+    name = "cupy"
+
+    def __init__(self, capture: bool = False, matmul: str = "cublas", lanes: int = 1, max_graphs: int = 32):
+        import cupy
+        from .cublas import Cublas
+        if matmul not in ("cublas", "own"):
+            raise RnnGraphError(f"unknown matmul {matmul!r}; choose 'cublas' or 'own'")
+        self.xp = cupy
+        self.capture = capture
+        self.max_graphs = max_graphs
+        self._graphs: OrderedDict = OrderedDict()
+        self._own_matmul = False          # True while a loop may be captured with matmul='own'
+        self._transposed: dict = {}       # id(packed per-frame W) -> (W, its transpose [K, M])
+        self.blas = None
+        if matmul == "cublas":
+            try:
+                self.blas = Cublas(cupy)
+            except (OSError, RuntimeError, AttributeError) as e:
+                warnings.warn(f"cuBLAS C API unavailable ({e}); using rnngraph's own GEMM kernels",
+                              RnnGraphWarning, stacklevel=2)
+        self.matmul = "cublas" if self.blas else "own"
+        self.capture_scope = "all" if self.blas else "loops"
+        self.stream = cupy.cuda.Stream(non_blocking=True) if capture else None
+        self.lanes = [cupy.cuda.Stream(non_blocking=True) for _ in range(lanes if lanes > 1 else 0)]
+
+    def to_numpy(self, a):
+        return self.xp.asnumpy(a)
+
+    def synchronize(self):
+        self.xp.cuda.get_current_stream().synchronize()
+
+    def pack(self, out, parts, transpose: bool = False):
+        super().pack(out, parts)
+        if transpose:
+            wt = self._transposed.get(id(out))
+            if wt is None or wt[0] is not out:
+                self._transposed[id(out)] = (out, self.xp.empty(out.shape[::-1], out.dtype))
+            self._transposed[id(out)][1][...] = out.T
+
+    # -- matrix products ----------------------------------------------------------------------
+    def gemm(self, x, w, out):
+        if self._own_matmul:
+            self._matmul(x, w, out, accumulate=False)
+        elif self.blas and self.blas.usable(x, w, out):
+            self.blas.nt(x, w, out)
+        else:
+            self.xp.matmul(x, w.T, out=out)
+
+    def gemm_nn(self, g, w, out):
+        if self._own_matmul and id(w) in self._transposed:
+            self._matmul(g, self._transposed[id(w)][1], out, accumulate=True)
+        elif self.blas and self.blas.usable(g, w, out):
+            self.blas.nn(g, w, out)
+        else:
+            out += g @ w
+
+    def gemm_tn(self, g, x, out):
+        if self.blas and self.blas.usable(g, x, out):
+            self.blas.tn(g, x, out)
+        else:
+            out += g.T @ x
+
+    def param_grad(self, cell, n, slot, g, ins, y, out):
+        """out [F] += Σ_rows of node n's backward expression for its vector-parameter operand."""
+        kernel = self._raw(*param_grad_kernel(cell, n, slot, _CTYPE[str(out.dtype)]))
+        cp, N, F, R = self.xp, g.shape[0], out.shape[0], 64
+        kernel(((F + 127) // 128, (N + R - 1) // R), (128,),
+               (*self._row_args([g, *ins, y]), out, cp.int32(N), cp.int32(F), cp.int32(R)))
+
+    def _matmul(self, a, w, c, accumulate: bool):
+        """c [N, M] (+)= a [N, K] · w [M, K]ᵀ with our own kernels (capturable without cuBLAS)."""
+        N, K = a.shape
+        M = w.shape[0]
+        if a.strides[1] != a.itemsize or c.strides[1] != c.itemsize or not w.flags.c_contiguous:
+            raise RnnGraphError("internal: capturable matmul needs unit column strides")
+        kind = "gemv" if N <= GEMV_ROWS else "gemm"
+        k = self._matmul_kernel(kind, a.dtype)
+        args = (a, self.xp.int64(a.strides[0] // a.itemsize), w, c, self.xp.int64(c.strides[0] // c.itemsize),
+                self.xp.int32(N), self.xp.int32(M), self.xp.int32(K), self.xp.int32(accumulate))
+        if kind == "gemv":
+            k(((M * 32 + 255) // 256,), (256,), args)
+        else:
+            k(((M + 31) // 32, (N + 31) // 32), (256,), args)
+
+    def _matmul_kernel(self, kind, dtype):
+        ctype = _CTYPE[str(dtype)]
+        return self._raw(f"rg_{kind}_{ctype}", matmul_source(kind, ctype))
+
+    # -- fused elementwise groups --------------------------------------------------------------
+    def prepare_forward(self, cell, item, env):
+        """(kernel, grid, arguments) of a fused group at one frame, or None where ops lack a kernel rule."""
+        if not fusable(cell, item.nodes):
+            return None
+        spec = _spec(cell, item, "fwd")
+        return self._fused_launch(spec, _fused_arrays(spec, env))
+
+    def prepare_backward(self, cell, item, env, genv, targets):
+        if not fusable(cell, item.nodes):
+            return None
+        spec = _spec(cell, item, "bwd")
+        return self._fused_launch(spec, _fused_arrays(spec, env, genv, targets))
+
+    def prepare_pair(self, cell, gemm, fused, gemm_args, env):
+        """GEMV (rows ≤ 8) plus the fused group as one kernel, one block per feature, while rows × the
+        weights' bytes stay within PAIR_MAX_BYTES: beyond that (B = 1 at H ≥ 1024, B = 8 at H = 512 in
+        fp32) the H200 ran the GEMM and the fused kernel faster apart."""
+        x, w, out = gemm_args
+        dense = all(a.strides[-1] == a.itemsize for a in (x, w, out)) and w.flags.c_contiguous
+        if x.shape[0] > GEMV_FUSED_ROWS or x.shape[0] * w.nbytes > PAIR_MAX_BYTES or not dense or \
+                not fusable(cell, fused.nodes):
+            return None
+        spec = _spec(cell, fused, "fwd")
+        offsets = [sum(gemm.sizes[:j]) for j in range(len(gemm.nodes))]
+        kernel = self._raw(*gemv_fused_kernel(spec, list(gemm.nodes), offsets, _CTYPE[str(out.dtype)]))
+        return kernel, (out.shape[1] // len(gemm.nodes),), self._pair_args(x, w, out, spec, _fused_arrays(spec, env))
+
+    def _pair_args(self, a, w, c, spec, arrays):
+        """GEMV operand a [N, K], weights w [M, K] and output c, then the fused group's arguments."""
+        cp = self.xp
+        head = (a, cp.int64(a.strides[0] // a.itemsize), w, cp.int32(w.shape[1]), c,
+                cp.int64(c.strides[0] // c.itemsize))
+        return head + self._fused_args(spec, arrays)
+
+    def _fused_launch(self, spec, arrays):
+        out = arrays[len(spec.in_names)]
+        kernel = self._raw(*spec.source(_CTYPE[str(out.dtype)]))
+        return kernel, ((out.shape[0] * out.shape[1] + 127) // 128,), self._fused_args(spec, arrays)
+
+    def _fused_args(self, spec, arrays):
+        """Pointer and row-stride pairs of a fused kernel's arrays, then its rows and features."""
+        rows, F = arrays[len(spec.in_names)].shape
+        return tuple(self._row_args(arrays) + [self.xp.int64(rows), self.xp.int32(F)])
+
+    def _row_args(self, arrays) -> list:
+        """Pointer and row-stride pairs: rows [N, F] with unit column stride, or vectors [F] (stride 0)."""
+        args = []
+        for a in arrays:
+            if a.ndim == 2 and a.shape[1] > 1 and a.strides[1] != a.itemsize:
+                raise RnnGraphError("internal: kernel operands need unit column stride")
+            args += [a, self.xp.int64(0 if a.ndim == 1 else a.strides[0] // a.itemsize)]
+        return args
+
+    def _raw(self, name: str, src: str):
+        """The compiled kernel `name` of `src`, built once per process."""
+        if src not in _KERNELS:
+            _KERNELS[src] = self.xp.RawKernel(src, name)
+        return _KERNELS[src]
+
+    def fused_forward(self, cell, item, env, prepared=None):
+        if prepared is None:
+            return super().fused_forward(cell, item, env)
+        self.launch(prepared)
+
+    def launch(self, prepared):
+        kernel, grid, args = prepared
+        kernel(grid, (128,), args)
+
+    def run_stage(self, fns):
+        """With lanes > 1: the stage's items fork onto the lane streams and join back (events);
+        inside a capture this records parallel branches of the graph."""
+        if not self.lanes:
+            return super().run_stage(fns)
+        cp, main = self.xp, self.xp.cuda.get_current_stream()
+        fork = cp.cuda.Event(disable_timing=True)
+        fork.record(main)
+        joins = []
+        for k, fn in enumerate(fns):
+            lane = self.lanes[k % len(self.lanes)]
+            lane.wait_event(fork)
+            with lane:
+                fn()
+            joins.append(cp.cuda.Event(disable_timing=True))
+            joins[-1].record(lane)
+        for e in joins:
+            main.wait_event(e)
+
+    # -- CUDA graphs ---------------------------------------------------------------------------
+    def loop(self, key, fn):
+        """Eager unless capturing; then the first call runs eagerly (compiling kernels) and records fn,
+        and later calls replay it. A failed capture warns and stays eager for that key."""
+        if not self.capture:
+            return fn()
+        cp = self.xp
+        graph = self._graphs.get(key)
+        if graph is not None:
+            self._graphs.move_to_end(key)
+            if graph == "eager":
+                return self._own(fn)
+            ready = cp.cuda.Event()
+            ready.record(cp.cuda.get_current_stream())
+            self.stream.wait_event(ready)
+            graph.launch(self.stream)
+            done = cp.cuda.Event()
+            done.record(self.stream)
+            cp.cuda.get_current_stream().wait_event(done)
+            return None
+        self._own(fn)                      # warm-up: compiles kernels, computes this call's result
+        self._graphs[key] = self._record(fn)
+        while len(self._graphs) > self.max_graphs:
+            self._graphs.popitem(last=False)
+        return None
+
+    def _own(self, fn):
+        self._own_matmul = self.matmul == "own"
+        try:
+            fn()
+        finally:
+            self._own_matmul = False
+
+    def _record(self, fn):
+        cp, s = self.xp, self.stream
+        self.synchronize()
+        graph, error = None, None
+        with s:
+            s.begin_capture()
+            try:
+                self._own(fn)
+            except Exception as e:          # never leave the stream capturing
+                error = e
+            finally:
+                try:
+                    graph = s.end_capture()
+                except Exception as e:
+                    error = error or e
+        if error is not None or graph is None:
+            warnings.warn(f"CUDA graph capture failed ({type(error).__name__}: {error}); running this "
+                          "loop eagerly instead", RnnGraphWarning, stacklevel=4)
+            return "eager"
+        cp.cuda.get_current_stream().synchronize()
+        return graph
+
+
+_SPECS: dict = {}
+
+
+def _spec(cell, item, direction):
+    """The generated kernel spec of a fused group, built once per (cell, group, direction)."""
+    key = (id(cell), item, direction)
+    if key not in _SPECS:
+        _SPECS[key] = (cell, fused_forward_kernel(cell, item.nodes) if direction == "fwd"
+                       else fused_backward_kernel(cell, item.nodes, set(cell.params)))
+    return _SPECS[key][1]
+
+
+def _fused_arrays(spec, env, genv=None, targets=None) -> list:
+    """The arrays behind a fused kernel's arguments, in its order (slice reads as column views)."""
+    pick = {"ext": lambda k: _slice(env[k[:2]], k[2]), "val": env.__getitem__, "out": env.__getitem__,
+            "grad": lambda k: genv[k], "gext": lambda k: _slice(targets[k[:2]], k[2])}
+    return [pick[kind](key) for kind, key in spec.inputs + spec.outputs]
+
+
+def _slice(a, cols):
+    return a if cols is None else a[..., cols[0]:cols[1]]

@@ -1,0 +1,295 @@
+"""CUDA source generation: one kernel per fused group (forward and backward), built from the op
+table's kernel rules, plus capturable GEMV/GEMM and parameter-gradient reductions. Pure strings:
+this module runs without a GPU.
+
+A fused kernel runs one thread per element (row r, feature f) of the group's [N, F] values. Every
+argument is a pointer with a row stride (0 for a vector parameter [F], which broadcasts). Names:
+  x<k>  external operand values        v<k>  member values (inputs of the backward kernel)
+  y<k>  member values written (fwd)    gm<k> member gradients, read, then overwritten with the total
+  gx<k> gradients of external operands, accumulated (+=)
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from ..ir.ops import KERNEL, OpKind
+
+FUSED_SOURCE = r"""
+extern "C" __global__ void {name}({args}long long rows, int F) {{
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= rows * F) return;
+    long long r = e / F;
+    int f = (int)(e - r * F);
+{body}
+}}
+"""
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A generated fused kernel: argument names and the arrays that feed them, body and stores."""
+    inputs: tuple      # keys: ("val", node) member value, or ("ext", (u, d, cols)) external value
+    outputs: tuple     # keys: ("out", node) / ("grad", node) / ("gext", (u, d, cols))
+    in_names: tuple
+    out_names: tuple
+    body: tuple        # C statements over locals
+    stores: tuple      # (output name, local, "=" or "+=")
+
+    def source(self, ctype: str) -> tuple[str, str]:
+        """(kernel name, CUDA source) for element type ctype ('float' or 'double')."""
+        at = lambda nm: f"p_{nm}[r * s_{nm} + f]"
+        args = "".join(f"const {ctype}* __restrict__ p_{nm}, long long s_{nm}, " for nm in self.in_names)
+        args += "".join(f"{ctype}* p_{nm}, long long s_{nm}, " for nm in self.out_names)
+        lines = [f"{ctype} {nm} = {at(nm)};" for nm in self.in_names]
+        lines += [f"{ctype} {nm} = {at(nm)};" for nm in self.out_names if nm.startswith("gm")]
+        lines += [ln.replace("T ", f"{ctype} ") for ln in self.body]
+        lines += [f"{at(nm)} {op} {v};" for nm, v, op in self.stores]
+        text = FUSED_SOURCE.format(name="{name}", args=args, body="\n".join("    " + ln for ln in lines))
+        name = _named("fused", text)
+        return name, text.replace("{name}", name)
+
+
+def _externals(cell, nodes):
+    """Ordered external reads (u, delay, cols) of a group; cols is the (start, stop) of a slice read."""
+    members, out = set(nodes), []
+    for n in nodes:
+        op = cell.op(n)
+        for u, d in cell.reads(n):
+            if u in members and d == 0:
+                continue
+            key = (u, d, op.attrs if op.kind is OpKind.SLICE else None)
+            if key not in out:
+                out.append(key)
+    return out
+
+
+def _operands(cell, n, idx, ext):
+    """C names of node n's operands: member values v<k> or external values x<k>."""
+    op, names = cell.op(n), []
+    for u, d in cell.reads(n):
+        if u in idx and d == 0:
+            names.append(f"v{idx[u]}")
+        else:
+            names.append(f"x{ext.index((u, d, op.attrs if op.kind is OpKind.SLICE else None))}")
+    return names
+
+
+def _expr(template: str, cell, n, operands, **extra) -> str:
+    op = cell.op(n)
+    consts = {"c": repr(op.attrs[0])} if op.kind is OpKind.SCALE else {}
+    return template.format(*operands, **consts, **extra)
+
+
+def _named(kind: str, text: str) -> str:
+    return f"rg_{kind}_{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+
+
+def fusable(cell, nodes) -> bool:
+    """Whether a group becomes one generated kernel (every op has an expression rule)."""
+    return all(isinstance(KERNEL[cell.op(n).kind], tuple) for n in nodes)
+
+
+def fused_forward_kernel(cell, nodes) -> KernelSpec:
+    idx = {n: k for k, n in enumerate(nodes)}
+    ext = _externals(cell, nodes)
+    body = tuple(f"T v{idx[n]} = {_expr(KERNEL[cell.op(n).kind][0], cell, n, _operands(cell, n, idx, ext))};"
+                 for n in nodes)
+    return KernelSpec(tuple(("ext", e) for e in ext), tuple(("out", n) for n in nodes),
+                      tuple(f"x{k}" for k in range(len(ext))), tuple(f"y{k}" for k in range(len(nodes))),
+                      body, tuple((f"y{k}", f"v{k}", "=") for k in range(len(nodes))))
+
+
+def fused_backward_kernel(cell, nodes, param_names) -> KernelSpec:
+    """Reverse-mode kernel of a group; gradients of parameters are left to hoisted reductions."""
+    idx = {n: k for k, n in enumerate(nodes)}
+    ext = _externals(cell, nodes)
+    gext = [k for k, e in enumerate(ext) if e[0] not in param_names]
+    body = [f"T d{idx[n]} = gm{idx[n]};" for n in nodes]
+    body += [f"T a{k} = 0;" for k in gext]
+    for n in reversed(nodes):
+        op, ops = cell.op(n), _operands(cell, n, idx, ext)
+        for slot, ((u, d), name) in enumerate(zip(cell.reads(n), ops)):
+            if u in param_names:
+                continue
+            e = _expr(KERNEL[op.kind][1][slot], cell, n, ops, g=f"d{idx[n]}", y=f"v{idx[n]}")
+            body.append(f"{'d' if name[0] == 'v' else 'a'}{name[1:]} += {e};")
+    stores = [(f"gm{k}", f"d{k}", "=") for k in range(len(nodes))] + [(f"gx{k}", f"a{k}", "+=") for k in gext]
+    return KernelSpec(tuple([("ext", e) for e in ext] + [("val", n) for n in nodes]),
+                      tuple([("grad", n) for n in nodes] + [("gext", ext[k]) for k in gext]),
+                      tuple([f"x{k}" for k in range(len(ext))] + [f"v{k}" for k in range(len(nodes))]),
+                      tuple([f"gm{k}" for k in range(len(nodes))] + [f"gx{k}" for k in gext]),
+                      tuple(body), tuple(stores))
+
+
+# -------------------------------------------------------------------------------------------------
+# Capturable matrix products, both of the one form C[n, m] (+)= Σ_k A[n, k] · W[m, k]
+# A [N, K] with row stride lda; W [M, K] contiguous; C [N, M] with row stride ldc.
+
+GEMV_ROWS = 8   # at most this many rows go to the warp-per-output GEMV; more use the tiled GEMM
+
+GEMV_SOURCE = r"""
+extern "C" __global__ void rg_gemv_{T}(const {T}* __restrict__ A, long long lda,
+        const {T}* __restrict__ W, {T}* C, long long ldc, int N, int M, int K, int accumulate) {{
+    // one warp per output column m, all N (<= 8) rows at once; W's row m is read once, coalesced
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    if (warp >= M) return;
+    const {T}* w = W + (long long)warp * K;
+    {T} acc[8] = {{0, 0, 0, 0, 0, 0, 0, 0}};
+    for (int k = lane; k < K; k += 32) {{
+        {T} wk = w[k];
+        #pragma unroll
+        for (int n = 0; n < 8; ++n) if (n < N) acc[n] += A[n * lda + k] * wk;
+    }}
+    #pragma unroll
+    for (int n = 0; n < 8; ++n) {{
+        {T} v = acc[n];
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffff, v, off);
+        if (lane == 0 && n < N) {{
+            {T}* c = C + n * ldc + warp;
+            *c = accumulate ? *c + v : v;
+        }}
+    }}
+}}
+"""
+
+GEMM_SOURCE = r"""
+#define BM 32
+#define BN 32
+#define BK 32
+extern "C" __global__ void rg_gemm_{T}(const {T}* __restrict__ A, long long lda,
+        const {T}* __restrict__ W, {T}* C, long long ldc, int N, int M, int K, int accumulate) {{
+    // 32x32 output tile per block of 256 threads, 2x2 outputs per thread, K in steps of 32
+    __shared__ {T} As[BM][BK + 1];
+    __shared__ {T} Ws[BN][BK + 1];
+    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    int n0 = blockIdx.y * BM, m0 = blockIdx.x * BN;
+    {T} acc[2][2] = {{{{0, 0}}, {{0, 0}}}};
+    for (int k0 = 0; k0 < K; k0 += BK) {{
+        for (int e = threadIdx.x; e < BM * BK; e += 256) {{
+            int r = e / BK, c = e % BK;
+            As[r][c] = (n0 + r < N && k0 + c < K) ? A[(long long)(n0 + r) * lda + k0 + c] : ({T})0;
+            Ws[r][c] = (m0 + r < M && k0 + c < K) ? W[(long long)(m0 + r) * K + k0 + c] : ({T})0;
+        }}
+        __syncthreads();
+        #pragma unroll 8
+        for (int k = 0; k < BK; ++k) {{
+            {T} a0 = As[ty][k], a1 = As[ty + 16][k], w0 = Ws[tx][k], w1 = Ws[tx + 16][k];
+            acc[0][0] += a0 * w0; acc[0][1] += a0 * w1; acc[1][0] += a1 * w0; acc[1][1] += a1 * w1;
+        }}
+        __syncthreads();
+    }}
+    #pragma unroll
+    for (int a = 0; a < 2; ++a)
+        #pragma unroll
+        for (int b = 0; b < 2; ++b) {{
+            int n = n0 + ty + 16 * a, m = m0 + tx + 16 * b;
+            if (n < N && m < M) {{
+                {T}* c = C + (long long)n * ldc + m;
+                *c = accumulate ? *c + acc[a][b] : acc[a][b];
+            }}
+        }}
+}}
+"""
+
+
+def matmul_source(kind: str, ctype: str) -> str:
+    """CUDA source of the capturable 'gemv' or 'gemm' kernel for ctype 'float' or 'double'."""
+    return (GEMV_SOURCE if kind == "gemv" else GEMM_SOURCE).replace("{T}", ctype).replace(
+        "{{", "{").replace("}}", "}")
+
+
+PARAM_GRAD_SOURCE = r"""
+extern "C" __global__ void {name}({args}{T}* out, int N, int F, int R) {{
+    // gradient of a vector parameter: out[f] += sum over rows n of the op's backward expression
+    int f = blockIdx.x * blockDim.x + threadIdx.x;
+    if (f >= F) return;
+    int n0 = blockIdx.y * R, n1 = min(N, n0 + R);
+    {T} acc = 0;
+    for (int n = n0; n < n1; ++n) {{
+{loads}
+        acc += {expr};
+    }}
+    atomicAdd(out + f, acc);
+}}
+"""
+
+
+def param_grad_kernel(cell, n: str, slot: int, ctype: str) -> tuple[str, str]:
+    """(name, CUDA source) reducing the gradient of node n's parameter operand `slot` over all rows.
+    Arguments: g, each operand, y (each a pointer and a row stride; a vector parameter has stride 0)."""
+    op = cell.op(n)
+    names = ["G"] + [f"A{k}" for k in range(len(cell.reads(n)))] + ["Y"]
+    args = "".join(f"const {ctype}* p{v}, long long ld{v}, " for v in names)
+    loads = "\n".join(f"        {ctype} {v} = p{v}[n * ld{v} + f];" for v in names)
+    expr = _expr(KERNEL[op.kind][1][slot], cell, n, names[1:-1], g="G", y="Y")
+    text = PARAM_GRAD_SOURCE.format(name="{name}", args=args, T=ctype, loads=loads, expr=expr)
+    name = _named("pgrad", text)
+    return name, text.replace("{name}", name)
+
+
+GEMV_FUSED_ROWS = 8   # a per-frame GEMM with at most this many rows can run inside its fused kernel
+PAIR_MAX_BYTES = 8 << 20   # ... and does when rows × its weight bytes are at most this (measured on an H200)
+
+GEMV_FUSED_SOURCE = r"""
+extern "C" __global__ void {name}(const {T}* __restrict__ gA, long long glda, const {T}* __restrict__ gW,
+        int gK, {T}* gC, long long gldc, {args}long long rows, int F) {{
+    // one block of 128 threads per feature f: the GEMM outputs of f for every merged linear op and
+    // row (each thread a quarter-warp slice of K, then warp and block reductions), then threads
+    // r < rows run the fused group's body for element (r, f)
+    __shared__ {T} part[4][{m}][8];
+    int f = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    long long r = threadIdx.x < rows ? threadIdx.x : 0;
+{prefetch}
+{decl}
+    for (int k = threadIdx.x; k < gK; k += 128) {{
+{wload}
+        #pragma unroll
+        for (int b = 0; b < 8; ++b) if (b < rows) {{
+            {T} a = gA[b * glda + k];
+{fma}
+        }}
+    }}
+    #pragma unroll
+    for (int b = 0; b < 8; ++b) if (b < rows) {{
+        for (int o = 16; o > 0; o >>= 1) {{
+{shfl}
+        }}
+        if (lane == 0) {{
+{share}
+        }}
+    }}
+    __syncthreads();
+    if (threadIdx.x >= rows) return;
+{pick}
+{body}
+}}
+"""
+
+
+def gemv_fused_kernel(spec: KernelSpec, gemm_nodes, offsets, ctype: str):
+    """(name, source) of one frame's merged GEMM (rows ≤ 8) and the fused group that reads it, as one
+    kernel. gemm_nodes/offsets: the merged linear ops and their column offsets in the GEMM output."""
+    m = len(gemm_nodes)
+    from_gemm = {f"x{k}": gemm_nodes.index(key[1][0]) for k, key in enumerate(spec.inputs)
+                 if key[0] == "ext" and key[1][0] in gemm_nodes and key[1][1] == 0 and key[1][2] is None}
+    at = lambda nm: f"p_{nm}[r * s_{nm} + f]"
+    args = "".join(f"const {ctype}* __restrict__ p_{nm}, long long s_{nm}, " for nm in spec.in_names)
+    args += "".join(f"{ctype}* p_{nm}, long long s_{nm}, " for nm in spec.out_names)
+    # the group's other operands are loaded first, so their latency overlaps the GEMV's
+    prefetch = [f"    {ctype} {nm} = {at(nm)};" for nm in spec.in_names if nm not in from_gemm]
+    lines = [f"{ctype} {nm} = g{from_gemm[nm]};" for nm in spec.in_names if nm in from_gemm]
+    lines += [ln.replace("T ", f"{ctype} ") for ln in spec.body]
+    lines += [f"{at(nm)} {op} {v};" for nm, v, op in spec.stores]
+    text = GEMV_FUSED_SOURCE.format(
+        name="{name}", T=ctype, args=args, m=m, prefetch="\n".join(prefetch),
+        decl="\n".join(f"    {ctype} acc{j}[8] = {{0, 0, 0, 0, 0, 0, 0, 0}};" for j in range(m)),
+        wload="\n".join(f"        {ctype} w{j} = gW[(long long)({offsets[j]} + f) * gK + k];" for j in range(m)),
+        fma="\n".join(f"            acc{j}[b] += a * w{j};" for j in range(m)),
+        shfl="\n".join(f"            acc{j}[b] += __shfl_xor_sync(0xffffffff, acc{j}[b], o);" for j in range(m)),
+        share="\n".join(f"            part[warp][{j}][b] = acc{j}[b];" for j in range(m)),
+        pick="\n".join([f"    {ctype} g{j} = part[0][{j}][r] + part[1][{j}][r] + part[2][{j}][r] + part[3][{j}][r];"
+                        for j in range(m)] + [f"    gC[r * gldc + {offsets[j]} + f] = g{j};" for j in range(m)]),
+        body="\n".join("    " + ln for ln in lines))
+    name = _named("gemvfused", text)
+    return name, text.replace("{name}", name)

@@ -1,0 +1,110 @@
+"""The Workspace: static buffers for one (schedule, T, B, dtype), carved from flat arenas.
+
+Layout: every node's value lives in a buffer [P+T, B, F], P the cell's largest delay (1 for
+PyTorch's cells); frame t is row P+t and rows 0..P-1 hold the frames before the call (a state's
+initial history; zeros for nodes that are not states). A read with delay d at frame t is row
+P+t-d, so every delayed read, of one frame or of all T, is a plain view. Gradients mirror values.
+Nothing is allocated after construction, which is what lets the GPU backend record the loops into
+CUDA graphs.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+
+from ..errors import RnnGraphError
+from ..ir.ops import OpKind, accumulate
+from ..plan.schedule import Gemm, Schedule
+
+ALL = None  # the frame selector meaning "all T frames at once"
+SERIAL = itertools.count()
+
+
+class Workspace:
+    """Static buffers for one (schedule, T, B, dtype): values and gradients carved from two flat
+    arenas (one fill zeroes every gradient), packed weights, and memoised per-frame views."""
+
+    def __init__(self, sched: Schedule, backend, T: int, B: int, dtype):
+        cell = sched.cell
+        self.T, self.B, self.dtype, self.serial, self.version = T, B, dtype, next(SERIAL), 0
+        self.P = max(cell.depths.values(), default=1)       # history rows before frame 0
+        self.vals, self.grads, self.cat, self.wcat, self.memo = {}, {}, {}, {}, {}
+        self.shared_weights = {w for w, k in Counter(w for n in cell.graph if cell.op(n).kind is OpKind.LINEAR
+                                                     for w in [cell.reads(n)[1][0]]).items() if k > 1}
+        gemms = [it for it in sched.items if isinstance(it, Gemm)]
+        blocks = [((self.P + T, B, sum(it.sizes)), it) for it in gemms]
+        blocks += [((self.P + T, B, cell.op(n).size), n) for n in cell.graph
+                   if cell.op(n).kind is not OpKind.PARAM and n not in {m for it in gemms for m in it.nodes}]
+        wblocks = [((sum(it.sizes), cell.op(it.operand).size), it) for it in gemms]
+        pblocks = [(cell.params[p], p) for p in cell.params]
+        vals = _carve(backend, dtype, [s for s, _ in blocks + wblocks])
+        self.grad_arena, grads = _carve(backend, dtype, [s for s, _ in blocks + wblocks + pblocks], arena=True)
+        for (_, key), v, g in zip(blocks + wblocks + pblocks, vals + [None] * len(pblocks), grads):
+            if isinstance(key, Gemm) and v.ndim == 3:
+                self.cat[key] = (v, g)
+                off = 0
+                for n, f in zip(key.nodes, key.sizes):
+                    self.vals[n], self.grads[n] = v[..., off:off + f], g[..., off:off + f]
+                    off += f
+            elif isinstance(key, Gemm):
+                self.wcat[key] = (v, g)
+            else:
+                self.vals[key], self.grads[key] = v, g
+        for it, (_, g) in self.wcat.items():   # a weight read by one linear op: its grad is a row block
+            off = 0
+            for n, w, f in zip(it.nodes, it.weights, it.sizes):
+                if w not in self.shared_weights:
+                    self.grads[w] = g[off:off + f]
+                off += f
+
+    def bind_params(self, params: dict):
+        """Parameters are used in place; a new array object invalidates recorded loops and views."""
+        for n, a in params.items():
+            if self.vals.get(n) is not a:
+                if a.dtype != self.dtype:
+                    raise RnnGraphError(f"parameter '{n}' is {a.dtype} but the workspace is {self.dtype}; "
+                                        "cast parameters and inputs to one dtype")
+                self.vals[n] = a
+                self.version += 1
+                self.memo.clear()
+
+    # -- frame selection: arrays handed to the rules are rows [N, F] -------------------------------
+    def frames(self, buf, d: int = 0):
+        """buf [P+T, B, F] read with delay d at every frame: its rows P-d .. P-d+T-1, [T, B, F]."""
+        return buf[self.P - d:self.P - d + self.T]
+
+    def read_cat(self, buf, t):
+        """A merged GEMM's output buffer [P+T, B, ΣF] at frame t ([B, ΣF]) or all frames ([T·B, ΣF])."""
+        return buf[self.P + t] if t is not ALL else rows(self.frames(buf))
+
+    def read(self, n: str, d: int, t, grads: bool = False):
+        """Node n read with delay d at frame t ([B, F]) or at all frames (ALL, [T·B, F]); params as is."""
+        buf = (self.grads if grads else self.vals)[n]
+        if buf.ndim != 3:
+            return buf
+        return buf[self.P + t - d] if t is not ALL else rows(self.frames(buf, d))
+
+    def add(self, n: str, d: int, t, v, cols=slice(None)):
+        """Adds gradient v (rows of the read) into n's gradient at the rows a delay-d read came from."""
+        g = self.grads[n]
+        if g.ndim != 3:
+            accumulate(g, v)
+        elif t is not ALL:
+            g[self.P + t - d][:, cols] += v
+        else:
+            self.frames(g, d)[:, :, cols] += v.reshape(self.T, self.B, v.shape[-1])
+
+
+def _carve(backend, dtype, shapes, arena=False):
+    """Views of the given shapes cut from one flat zeroed buffer (returned first when arena=True)."""
+    sizes = [int(math.prod(s)) for s in shapes]
+    flat = backend.zeros((max(sum(sizes), 1),), dtype)
+    offs = list(itertools.accumulate([0] + sizes))
+    views = [flat[o:o + n].reshape(s) for o, n, s in zip(offs, sizes, shapes)]
+    return (flat, views) if arena else views
+
+
+def rows(a):
+    """[..., F] -> [N, F], a view for the buffers a workspace hands out."""
+    return a.reshape(-1, a.shape[-1])

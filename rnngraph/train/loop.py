@@ -1,0 +1,386 @@
+"""Training a character-level language model over S continuous streams with truncated BPTT: the loop,
+validation, logs, checkpoints and exact resume. `rnngraph train` (lab/commands.py) is a thin layer on `train`.
+
+Each step reads chunk k of every stream (inputs and targets [K, S]), runs the model from the state the
+previous chunk left, backpropagates through those K frames only, clips the global gradient norm and
+updates. Streams restart from zero states at each epoch. Step n always reads the same chunk, draws the
+same dropout masks and uses the same learning rate, so a resumed run repeats an uninterrupted one bit
+for bit on the CPU.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+import numpy as np
+
+from .charlm import MODEL_KEYS, CharLM, check_model_config, check_stored_cell
+from .checkpoint import (check_same, load_checkpoint, model_arrays, pack_optimizer, pack_states,
+                         save_checkpoint, unpack_optimizer, unpack_states)
+from .data import Vocab, make_streams, read_text, split, text_digest, validation_streams
+from ..errors import RnnGraphError
+from ..nn.layers import CrossEntropyLoss
+from ..nn.optim import SGD, Adam, CosineLR, StepLR, clip_grad_norm
+from .runs import check_folder, new_run_id, out_folder
+
+VAL_STREAMS = 64   # validation reads at least this many streams (fewer calls; forward only)
+LOG_COLUMNS = ("step", "epoch", "loss", "bpc", "val_bpc", "lr", "grad_norm", "frames_per_s", "elapsed_s")
+
+
+@dataclass
+class TrainConfig:
+    """Every option of a run; `rnngraph train --help` describes each."""
+    text: str | None = None          # a UTF-8 text file; None: the bundled corpus
+    cell: str = "lstm"
+    layers: int = 1
+    hidden: int = 256
+    dropout: float = 0.0
+    dtype: str = "float32"
+    streams: int = 32                # S, the batch
+    bptt: int = 32                   # K, frames per chunk
+    val_fraction: float = 0.05
+    optimizer: str = "adam"          # adam | sgd (with momentum)
+    lr: float = 1e-2
+    momentum: float = 0.9
+    clip: float = 5.0                # global gradient-norm limit; 0: none
+    schedule: str = "cosine"         # cosine (to lr/10) | step (halve each epoch) | constant
+    seed: int = 0
+    epochs: int = 2
+    max_steps: int | None = None     # stop early after this many steps in total
+    backend: str = "auto"
+    mode: str = "staged"
+    out: str = "runs/train"
+    checkpoint_every: int = 200
+    progress: bool | None = None     # tqdm bar; None: only on a terminal
+    progress_every: float = 10.0     # seconds between progress lines while the bar is off; 0: every step
+    run_id: str | None = None        # the run's identity, kept across resumes; None: a new id (runs.py)
+
+
+# Settings a resumed run must share with its checkpoint; the others (epochs, backend, out, ...) may change.
+FIXED = MODEL_KEYS + ("streams", "bptt", "val_fraction", "optimizer", "lr", "momentum", "clip", "schedule",
+                      "seed")
+
+
+@dataclass
+class Result:
+    """What a run returns: its log rows (one per step), final validation bpc, time and files."""
+    history: list
+    val_bpc: float
+    seconds: float
+    checkpoint: Path
+    log_csv: Path
+    log_json: Path
+    backend: str = ""
+    steps: int = 0
+    trained: int = 0                 # steps run by this call (0: the checkpoint was already at the stop)
+
+
+def check_train_config(cfg: TrainConfig) -> None:
+    """Clear errors for options no run can use."""
+    check_model_config(asdict(cfg))
+    for k in ("streams", "bptt", "epochs", "checkpoint_every"):
+        if int(getattr(cfg, k)) <= 0:
+            raise RnnGraphError(f"--{k.replace('_', '-')} must be a positive integer, got {getattr(cfg, k)}")
+    if cfg.max_steps is not None and cfg.max_steps <= 0:
+        raise RnnGraphError(f"--max-steps must be a positive integer, got {cfg.max_steps}")
+    if not cfg.progress_every >= 0:
+        raise RnnGraphError(f"--progress-every must be a number of seconds >= 0, got {cfg.progress_every}")
+    out_folder(cfg.out)
+    if cfg.optimizer not in ("adam", "sgd"):
+        raise RnnGraphError(f"--optimizer must be 'adam' or 'sgd', got {cfg.optimizer!r}")
+    if cfg.schedule not in ("cosine", "step", "constant"):
+        raise RnnGraphError(f"--schedule must be 'cosine', 'step' or 'constant', got {cfg.schedule!r}")
+    if not (cfg.lr > 0 and math.isfinite(cfg.lr)) or cfg.clip < 0 or cfg.momentum < 0:
+        raise RnnGraphError(f"need --lr > 0, --clip >= 0 and --momentum >= 0, got {cfg.lr}, {cfg.clip}, "
+                            f"{cfg.momentum}")
+
+
+def make_optimizer(cfg: TrainConfig, params: dict):
+    if cfg.optimizer == "adam":
+        return Adam(params, lr=cfg.lr)
+    return SGD(params, lr=cfg.lr, momentum=cfg.momentum)
+
+
+def make_schedule(cfg: TrainConfig, total_steps: int, steps_per_epoch: int):
+    """step -> learning rate."""
+    if cfg.schedule == "cosine" and total_steps > 1:
+        return CosineLR(cfg.lr, total_steps, min_lr=cfg.lr / 10)
+    if cfg.schedule == "step":
+        return StepLR(cfg.lr, steps_per_epoch, gamma=0.5)
+    return lambda step: cfg.lr
+
+
+class Trainer:
+    """One run: data, model, optimizer and the loop's position (step, stream states, log rows).
+
+    A resumed run runs the cell graph its checkpoint stores; with cell_given (the user named the cell
+    again, `--cell`) a module:function cell is imported and must build that same graph.
+
+    Example::
+
+        result = Trainer(TrainConfig(hidden=64, epochs=1)).run()
+        print(result.val_bpc)
+    """
+
+    def __init__(self, cfg: TrainConfig, resume=None, echo=print, overwrite: bool = False,
+                 cell_given: bool = False):
+        check_train_config(cfg)
+        ckpt = load_checkpoint(resume) if resume is not None else None
+        if ckpt is not None:
+            _check_resumable(ckpt)
+            check_same(ckpt.path, ckpt.config["train"], {k: getattr(cfg, k) for k in FIXED})
+        saved_id = ckpt.config["train"].get("run_id") if ckpt else None
+        cfg = replace(cfg, run_id=saved_id or cfg.run_id or new_run_id())
+        if not overwrite:
+            check_folder(cfg.out, cfg.run_id, ckpt)
+        self.cfg, self.echo = cfg, echo
+        text = read_text(cfg.text)
+        self.vocab = Vocab(ckpt.config["vocab"]) if ckpt else Vocab.from_text(text)
+        self.digest = text_digest(text)
+        if ckpt is not None and ckpt.config["text_sha256"] != self.digest:
+            raise RnnGraphError(f"the text {cfg.text or '(bundled)'} differs from the one checkpoint {ckpt.path} "
+                                "was trained on; pass the same --text to resume")
+        train_ids, val_ids = split(self.vocab.encode(text), cfg.val_fraction)
+        self.data = make_streams(train_ids, cfg.streams, cfg.bptt)
+        self.val = validation_streams(val_ids, max(cfg.streams, VAL_STREAMS), cfg.bptt)
+        self.model_config = {**{k: getattr(cfg, k) for k in MODEL_KEYS}, "vocab_size": len(self.vocab),
+                             "seed": cfg.seed}
+        if ckpt is not None:
+            check_stored_cell(ckpt.config["model"], ckpt.path, cell_given)
+        self.lm = CharLM(ckpt.config["model"] if ckpt else self.model_config, cfg.backend, cfg.mode)
+        self.text_file = None if cfg.text is None else str(Path(cfg.text).resolve())   # found from any cwd
+        self.opt = make_optimizer(cfg, self.lm.parameters())
+        self.ce = CrossEntropyLoss()
+        self.out = Path(cfg.out)
+        self.ckpt_path, self.csv_path, self.json_path = (self.out / "checkpoint.npz", self.out / "log.csv",
+                                                         self.out / "log.json")
+        self.schedule_steps = cfg.epochs * self.data.chunks
+        self.step, self.states, self.history, self.elapsed = 0, None, [], 0.0
+        self.saved_step = self.saved_path = None
+        if ckpt is not None:
+            self._restore(ckpt)
+        self.lr_at = make_schedule(cfg, self.schedule_steps, self.data.chunks)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def save(self) -> Path:
+        """Writes the checkpoint (atomically) and the JSON log; refuses non-finite weights."""
+        for name, p in self.lm.parameters().items():
+            if not bool(self.lm.xp.isfinite(p).all()):
+                raise RnnGraphError(f"parameter {name} is not finite after step {self.step}; "
+                                    f"{self._kept()} try a lower --lr or --clip")
+        opt_meta, opt_arrays = pack_optimizer(self.opt.state_dict())
+        st_meta, st_arrays = (None, {}) if self.states is None else pack_states(self.lm.states_to_host(self.states))
+        run = {**asdict(self.cfg), "text": self.text_file}
+        config = {"model": self.lm.config, "vocab": self.vocab.chars, "train": run,
+                  "text_sha256": self.digest, "step": self.step, "elapsed_s": self.elapsed,
+                  "schedule_steps": self.schedule_steps, "optimizer": opt_meta, "states": st_meta,
+                  "rng": self.lm.rng_states(), "history": self.history}
+        arrays = {f"model/{k}": v for k, v in self.lm.state_dict().items()}
+        save_checkpoint(self.ckpt_path, config, {**arrays, **opt_arrays, **st_arrays})
+        self.saved_step, self.saved_path = self.step, self.ckpt_path
+        self._write_json()
+        return self.ckpt_path
+
+    def _restore(self, ckpt) -> None:
+        c = ckpt.config
+        try:
+            self.lm.load_state_dict(model_arrays(ckpt.arrays))
+            self.opt.load_state_dict(unpack_optimizer(c["optimizer"], ckpt.arrays))
+            self.lm.set_rng_states(c["rng"])
+            if c["states"] is not None:
+                self.states = self.lm.states_from_host(unpack_states(c["states"], ckpt.arrays))
+        except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, RnnGraphError):
+                raise RnnGraphError(f"checkpoint {ckpt.path} does not match the requested model: {e}") from None
+            raise RnnGraphError(f"checkpoint {ckpt.path} is incomplete ({type(e).__name__}: {e}); "
+                                "resume from an earlier copy or start a new run") from None
+        self.step, self.elapsed, self.history = c["step"], c["elapsed_s"], list(c["history"])
+        self.schedule_steps, self.saved_step, self.saved_path = c["schedule_steps"], c["step"], ckpt.path
+
+    def _kept(self) -> str:
+        if self.saved_step is None:
+            return "no checkpoint was written yet;"
+        return f"the last good checkpoint {self.saved_path} (step {self.saved_step}) is intact;"
+
+    # -- one step -------------------------------------------------------------------------------
+    def train_step(self) -> dict:
+        """Runs step self.step + 1 (chunk self.step mod chunks); returns its log row."""
+        with np.errstate(all="ignore"):     # a non-finite loss or gradient norm is reported by step instead
+            return self._train_step()
+
+    def _train_step(self) -> dict:
+        chunks, t0 = self.data.chunks, time.perf_counter()
+        k = self.step % chunks
+        if k == 0:
+            self.states = None                                  # every epoch starts the streams afresh
+        x, y = self.data.chunk(k)                               # [K, S] each
+        logits, self.states = self.lm(x, self.states)           # [K, S, V]
+        loss = float(self.ce(logits, self.lm.xp.asarray(y)))
+        n = self.step + 1
+        if not math.isfinite(loss):
+            raise RnnGraphError(f"the training loss is {loss} at step {n} (epoch {self.step // chunks + 1}); "
+                                f"stopped before updating the weights; {self._kept()} try a lower --lr or --clip")
+        grads = self.lm.backward(self.ce.backward())
+        norm = float(clip_grad_norm(grads, self.cfg.clip) if self.cfg.clip > 0 else _norm(grads))
+        if not math.isfinite(norm):
+            raise RnnGraphError(f"the gradient norm is {norm} at step {n} (epoch {self.step // chunks + 1}); "
+                                f"stopped before updating the weights; {self._kept()} try a lower --lr or --clip")
+        self.opt.lr = self.lr_at(self.step)
+        self.opt.step(grads)
+        self.step = n
+        dt = time.perf_counter() - t0
+        self.elapsed += dt
+        return {"step": n, "epoch": self.step_epoch(n), "loss": loss, "bpc": loss / math.log(2),
+                "val_bpc": None, "lr": self.opt.lr, "grad_norm": norm,
+                "frames_per_s": self.data.bptt * self.data.streams / dt, "elapsed_s": self.elapsed}
+
+    def step_epoch(self, n: int) -> float:
+        """Epochs done after n steps (fractional)."""
+        return n / self.data.chunks
+
+    def validate(self) -> float:
+        t0 = time.perf_counter()
+        bpc = self.lm.evaluate(self.val)
+        self.elapsed += time.perf_counter() - t0
+        return bpc
+
+    # -- the loop -------------------------------------------------------------------------------
+    @property
+    def stop(self) -> int:   # the last epoch's end, or --max-steps if that comes first
+        end = self.cfg.epochs * self.data.chunks
+        return end if self.cfg.max_steps is None else min(self.cfg.max_steps, end)
+
+    def run(self) -> Result:
+        """Trains to the last epoch (or --max-steps), validating each epoch, checkpointing every N steps;
+        prints a progress line every cfg.progress_every seconds while the bar is off; trains nothing (and
+        writes nothing) when the run is already at its stop."""
+        cfg, chunks, stop, start = self.cfg, self.data.chunks, self.stop, self.step
+        if start >= stop:
+            return self._result(0)
+        self._start_logs()
+        self.echo(f"{self.lm.rnn!r}, {self.lm.count_parameters():,} parameters; {self.data.streams} streams "
+                  f"× {self.data.data.shape[1]:,} characters, bptt {self.data.bptt}, {chunks} steps per epoch")
+        from tqdm import tqdm
+        bar = tqdm(total=stop, initial=min(self.step, stop), unit="step",
+                   disable=None if cfg.progress is None else not cfg.progress,
+                   dynamic_ncols=True, leave=False)
+        rate, shown = None, time.monotonic()
+        try:
+            while self.step < stop:
+                row = self.train_step()
+                rate = row["frames_per_s"] if rate is None else 0.9 * rate + 0.1 * row["frames_per_s"]
+                if bar.disable and time.monotonic() - shown >= cfg.progress_every:
+                    self.echo(f"step {self.step:,}/{stop:,}: loss {row['loss']:.3f}, bpc {row['bpc']:.3f}, "
+                              f"{rate:,.0f} frames/s, {self.elapsed:.0f} s")
+                    shown = time.monotonic()
+                if self.step % chunks == 0 or self.step == stop:
+                    row["val_bpc"] = self.validate()
+                    (self.echo if bar.disable else bar.write)(self._epoch_line(row, rate))
+                self._log(row)
+                bar.set_postfix({"loss": f"{row['loss']:.3f}", "bpc": f"{row['bpc']:.3f}",
+                                 "frames/s": f"{rate:,.0f}"}, refresh=False)
+                bar.update(1)
+                if self.step % cfg.checkpoint_every == 0 or self.step == stop:
+                    self.save()
+        finally:
+            bar.close()
+            self._csv.close()
+        if self.saved_step != self.step:
+            self.save()
+        return self._result(self.step - start)
+
+    def _result(self, trained: int) -> Result:
+        vals = [r["val_bpc"] for r in self.history if r["val_bpc"] is not None]
+        return Result(self.history, vals[-1] if vals else float("nan"), self.elapsed, self.saved_path,
+                      self.csv_path, self.json_path, self.lm.backend.name, self.step, trained)
+
+    def _epoch_line(self, row: dict, rate: float) -> str:
+        return (f"epoch {self.step_epoch(self.step):.2f}: step {self.step}, train bpc {row['bpc']:.3f}, "
+                f"validation bpc {row['val_bpc']:.3f}, {rate:,.0f} frames/s, {self.elapsed:.0f} s")
+
+    # -- logs -----------------------------------------------------------------------------------
+    def _start_logs(self) -> None:
+        """Opens log.csv, rewritten from the history so far (a resumed run drops rows past its checkpoint)."""
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self._csv = open(self.csv_path, "w", newline="")
+        except OSError as e:
+            raise RnnGraphError(f"cannot write the training log {self.csv_path}: {e.strerror or e}") from None
+        self._writer = csv.DictWriter(self._csv, LOG_COLUMNS)
+        self._writer.writeheader()
+        for row in self.history:
+            self._writer.writerow(_csv_row(row))
+        self._csv.flush()
+
+    def _log(self, row: dict) -> None:
+        self.history.append(row)
+        self._writer.writerow(_csv_row(row))
+        self._csv.flush()
+
+    def _write_json(self) -> None:
+        body = {"config": asdict(self.cfg), "model": self.model_config, "backend": self.lm.backend.name,
+                "columns": list(LOG_COLUMNS), "rows": [[r[c] for c in LOG_COLUMNS] for r in self.history]}
+        tmp = self.json_path.with_name(self.json_path.name + ".tmp")
+        tmp.write_text(json.dumps(body))
+        tmp.replace(self.json_path)
+
+
+def train(cfg: TrainConfig, resume=None, echo=print, overwrite: bool = False) -> Result:
+    """Runs one training run (continuing checkpoint `resume` when given) and returns its Result.
+    Refuses to write into a cfg.out holding another run's checkpoint or logs unless overwrite is True.
+
+    Example::
+
+        result = train(TrainConfig(hidden=128, epochs=1, out="runs/small"))
+        print(f"validation bpc {result.val_bpc:.3f}")
+    """
+    return Trainer(cfg, resume, echo, overwrite).run()
+
+
+def config_for_resume(path, **overrides) -> TrainConfig:
+    """The checkpoint's TrainConfig with `overrides` (non-None values) applied; out defaults to its folder."""
+    ckpt = load_checkpoint(path)
+    _check_resumable(ckpt)
+    names = {f.name for f in fields(TrainConfig)}
+    saved = {k: v for k, v in ckpt.config["train"].items() if k in names}
+    saved["out"] = str(Path(path).parent)
+    saved.update({k: v for k, v in overrides.items() if v is not None})
+    return TrainConfig(**saved)
+
+
+def _check_resumable(ckpt) -> None:
+    missing = [k for k in ("model", "vocab", "train", "text_sha256", "step", "optimizer", "rng", "history")
+               if k not in ckpt.config]
+    if missing:
+        raise RnnGraphError(f"checkpoint {ckpt.path} is incomplete: its config lacks {', '.join(missing)}")
+
+
+def _norm(grads: dict) -> float:
+    return math.sqrt(sum(float((g * g).sum()) for g in grads.values()))
+
+
+def _csv_row(row: dict) -> dict:
+    return {k: ("" if row[k] is None else repr(row[k]) if isinstance(row[k], float) else row[k])
+            for k in LOG_COLUMNS}
+
+
+def read_log(path) -> dict:
+    """A run's log (log.csv or log.json, or the folder holding them) as column -> numpy array (NaN for
+    missing validation entries)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "log.csv"
+    try:
+        if path.suffix == ".json":
+            body = json.loads(path.read_text())
+            rows = [dict(zip(body["columns"], r)) for r in body["rows"]]
+        else:
+            with open(path, newline="") as f:
+                rows = list(csv.DictReader(f))
+    except (OSError, ValueError, KeyError) as e:
+        raise RnnGraphError(f"cannot read training log {path}: {e}") from None
+    return {c: np.array([np.nan if r.get(c) in (None, "") else float(r[c]) for r in rows]) for c in LOG_COLUMNS}

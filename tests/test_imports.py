@@ -1,0 +1,82 @@
+"""The house has floors: a module imports only from its own floor or those below, and no import circles."""
+import ast
+from pathlib import Path
+
+import networkx as nx
+
+PACKAGE = Path(__file__).resolve().parents[1] / "rnngraph"
+# Lowest first. A module's floor is its longest matching prefix; the facade rnngraph/__init__ sits on top.
+FLOORS = ("version", "errors", "arrays", "ir", "plan", "run", "run.kernels", "run.backends", "run.workspace", "run.executor",
+          "nn", "train", "lab")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict:
+    """rnngraph module name -> (its path, whether it is a package)."""
+    return {module_name(p): (p, p.name == "__init__.py") for p in PACKAGE.rglob("*.py")}
+
+
+def imports(name: str, path: Path, is_package: bool, known) -> set:
+    """Every rnngraph module that `name` imports, at module level or inside functions."""
+    package = name if is_package else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.split(".")[0] == "rnngraph"}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "rnngraph":
+                continue
+            subs = {f"{target}.{a.name}" for a in node.names} & set(known)   # `from . import checks`
+            out |= subs or {target}
+    return out - {name}
+
+
+def floor(name: str) -> int:
+    rest = name.split(".", 1)[1] if "." in name else ""
+    matches = [k for k, f in enumerate(FLOORS) if rest == f or rest.startswith(f + ".")]
+    return matches[-1] if matches else len(FLOORS)        # the facade (rnngraph, rnngraph.__main__)
+
+
+def import_graph() -> nx.DiGraph:
+    known = modules()
+    g = nx.DiGraph()
+    for name, (path, is_package) in known.items():
+        g.add_node(name)
+        g.add_edges_from((name, t) for t in imports(name, path, is_package, known))
+    return g
+
+
+def test_every_module_has_a_floor():
+    unplaced = [m for m in modules() if floor(m) == len(FLOORS) and m not in ("rnngraph", "rnngraph.__main__")]
+    assert not unplaced, f"modules outside every floor: {unplaced}; add their package to FLOORS"
+
+
+def test_no_module_imports_from_a_higher_floor():
+    upward = [f"{u} ({FLOORS[floor(u)]}) imports {v} ({FLOORS[floor(v)] if floor(v) < len(FLOORS) else 'the facade'})"
+              for u, v in import_graph().edges if floor(v) > floor(u)]
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_circles():
+    cycles = list(nx.simple_cycles(import_graph()))
+    assert not cycles, cycles
+
+
+def test_the_checker_sees_imports_of_every_form(tmp_path):
+    """The parser resolves relative, nested and `from . import module` imports (a test of the test)."""
+    known = {"rnngraph.nn.checks": None, "rnngraph.nn.layers": None, "rnngraph.ir.ops": None}
+    src = tmp_path / "x.py"
+    src.write_text("from . import checks as chk\nfrom ..ir.ops import OpKind\n"
+                   "def f():\n    from .layers import Dense\n    import rnngraph.lab.cli\n")
+    assert imports("rnngraph.nn.recurrent", src, False, known) == {
+        "rnngraph.nn.checks", "rnngraph.ir.ops", "rnngraph.nn.layers", "rnngraph.lab.cli"}
+    assert floor("rnngraph.run.backends.cupy_backend") < floor("rnngraph.run.executor") < floor("rnngraph.nn")
