@@ -1,7 +1,7 @@
 """rnngraph: write a recurrent cell as a dataflow graph; rnngraph schedules it and runs it fast.
 
 The package has one floor per pipeline stage, and a floor imports only those below it:
-errors/arrays → ir (ops, graph, cells) → plan (the schedule) → run (workspace, executor, backends)
+errors/arrays → ir (ops, graph, builder, cells) → plan (the schedule) → run (workspace, executor, backends)
 → nn (layers) → train (data, char-LM, loop, checkpoints) → lab (bench, experiments, figures, CLI).
 """
 import importlib
@@ -11,7 +11,8 @@ import sys
 
 from .errors import RnnGraphError, RnnGraphWarning
 from .ir.cells import CELLS, GATE_ORDER, load_cell
-from .ir.graph import Cell, CellGraph, Node
+from .ir.builder import Cell, Node
+from .ir.graph import CellGraph
 from .ir.ops import Op, OpKind
 from .plan.schedule import Schedule, build_schedule
 from .version import __version__

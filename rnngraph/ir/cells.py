@@ -13,7 +13,8 @@ import traceback
 from typing import Callable
 
 from ..errors import RnnGraphError
-from .graph import Cell, CellGraph
+from .builder import Cell
+from .graph import CellGraph
 
 GATE_ORDER = ("i", "f", "g", "o")   # PyTorch's LSTM gate order
 GRU_GATE_ORDER = ("r", "z", "n")    # PyTorch's GRU gate order

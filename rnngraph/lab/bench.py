@@ -4,10 +4,10 @@ time_ms() times one callable (CUDA events on the GPU), measure() times one (cell
 sizes) forward and training step, machine_info() says where it ran. A training step is forward plus
 backward with input and weight gradients, against a fixed random grad_y. Example::
 
-    from rnngraph.bench import measure
+    from rnngraph.lab.bench import measure
     r = measure("lstm", "graph", T=100, B=1, H=512)   # {"forward_ms": …, "train_ms": …, …}
 
-torch (bench_torch.py) and cupy are imported only when a measurement needs them.
+torch (lab/references.py) and cupy are imported only when a measurement needs them.
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,6 +26,7 @@ import numpy as np
 from ..version import __version__
 from ..ir.cells import load_cell
 from ..errors import Interrupted, RnnGraphError
+from .options import writable_folder
 
 IMPLS = ("naive", "staged", "graph", "cudnn", "torch_eager")
 MODES = IMPLS[:3]                                   # the rnngraph implementations
@@ -289,28 +289,6 @@ def run(args) -> int:
                                               indent=1, default=str) + "\n")
         print(f"rnngraph: wrote {args.json}", file=sys.stderr)
     return 1 if any("error" in r for r in results) else 0
-
-
-def writable_folder(folder, option: str, *, missing: int | None = 1, raw=None) -> Path:
-    """`folder` as a Path, once it is known that it can be written: it exists, or at most `missing` levels
-    of it do not (None: any) and the nearest folder that exists is writable. Creates nothing; raises a
-    one-line RnnGraphError naming `option` otherwise, so a bad path fails before any work is done."""
-    if raw is not None and not str(raw).strip():
-        raise RnnGraphError(f"{option} is empty; give a path")
-    folder = Path(folder)
-    chain = [folder, *folder.parents]
-    base = next(p for p in chain if p.exists() or p == chain[-1])
-    if missing is not None and chain.index(base) > missing:
-        raise RnnGraphError(f"cannot write to {folder}: {chain[missing]} does not exist; create it or pass "
-                            f"another {option}")
-    if not base.is_dir():
-        raise RnnGraphError(f"cannot write to {folder}: {base} is not a folder; pass another {option}")
-    try:
-        with tempfile.TemporaryFile(dir=base):
-            pass
-    except OSError as e:
-        raise RnnGraphError(f"cannot write to {folder}: {e.strerror or e} in {base}; pass another {option}") from None
-    return folder
 
 
 def _measure_or_error(cell, impl, st, T, B, H) -> dict:

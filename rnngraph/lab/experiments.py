@@ -15,10 +15,10 @@ import numpy as np
 
 from . import bench
 from ..ir.cells import CELLS, load_cell
-from .options import positive_int
+from .options import positive_int, writable_folder
 from ..errors import Interrupted, RnnGraphError
 from ..run.executor import Executor
-from ..ir.graph import Cell
+from ..ir.builder import Cell
 from ..plan.schedule import Gemm, Schedule, build_schedule, schedule_flops
 
 REPO = Path(__file__).resolve().parents[2]      # the checkout rnngraph runs from (site-packages if installed)
@@ -260,8 +260,8 @@ def run_experiment(name: str, *, quick: bool = False, out=None, repeats: int | N
     if exp.timed and not quick and not allow_cpu and bench.gpu_problem():
         raise RnnGraphError(f"no usable GPU ({bench.gpu_problem()}); the full {name} grid is a GPU measurement "
                             "(20+ minutes on numpy): use --quick for a CPU sample, or --allow-cpu to run it anyway")
-    folder = bench.writable_folder(SCRATCH[quick] if out is None else out, "--out DIR", raw=out,
-                                   missing=None if out is None else 1)
+    folder = writable_folder(SCRATCH[quick] if out is None else out, "--out DIR", raw=out,
+                             missing=None if out is None else 1)
     path, tmp = folder / f"{name}.json", folder / f".{name}.json.tmp"
     opts = {"quick": quick, "repeats": repeats or (3 if quick else 10), "warmup": 1 if quick else 2}
     grid, records = exp.grid(quick), []

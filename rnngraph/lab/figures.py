@@ -9,10 +9,10 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from . import style
-from .bench import writable_folder
+from .options import writable_folder
 from ..errors import Interrupted, RnnGraphError
 from .experiments import EXPERIMENTS, PARTS, REPO, RESULTS, SCRATCH, load_results
 
@@ -106,7 +106,7 @@ def _schedule_diagram(out: Path):
 
 
 def _training_curves(out: Path, runs, results):
-    """Training curves (rnngraph.train_figures): each stored run RESULTS/training*/log.csv in a figure of its
+    """Training curves (lab/curves.py): each stored run RESULTS/training*/log.csv in a figure of its
     own, and the local runs RUNS/*/log.csv together, if there are any. A log without rows is skipped."""
     from .curves import draw_training_curves, with_rows
     for log in with_rows(sorted(Path(results).glob("training*/log.csv"))):
@@ -145,20 +145,6 @@ def _footnote(doc) -> str:
     return "\n".join(filter(None, [" · ".join(where), _unmeasured(doc)]))
 
 
-def _note(ax, text: str):
-    """A figure with no data says why, in the middle of its axes."""
-    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True, transform=ax.transAxes, fontsize=7)
-    ax.set_xticks([])
-    ax.set_yticks([])
-
-
-def _log_axis(axis, fmt=lambda v: f"{v:g}"):
-    """A log axis labelled at 1, 2, 5, 10, …, with `fmt` (a number -> its tick label)."""
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v)))
-    axis.set_minor_formatter(NullFormatter())
-
-
 # -- the figures -------------------------------------------------------------------------------
 
 def fig_single_stream_speedup(doc) -> Figure:
@@ -190,7 +176,7 @@ def fig_single_stream_speedup(doc) -> Figure:
                 ax.set_title(NAMES.get(cell, cell), fontsize=8)
             if col == 0:
                 ax.set_ylabel(f"{WHAT[what]}\nspeed-up over naive")
-    _log_axis(axes[0][0].yaxis, lambda v: f"{v:g}×")
+    style.log_axis(axes[0][0].yaxis, lambda v: f"{v:g}×")
     axes[0][0].set_xticks(x, [str(H) for H in Hs])
     for ax in axes[-1]:
         ax.tick_params(axis="x", labelrotation=45 if len(Hs) > 3 else 0)
@@ -219,21 +205,13 @@ def fig_multi_stream_throughput(doc) -> Figure:
     ax.set_yscale("log")
     ax.set_xticks(Ss, [str(s) for s in Ss])
     ax.xaxis.set_minor_formatter(NullFormatter())
-    _log_axis(ax.yaxis, _si)
+    style.log_axis(ax.yaxis, style.si_label)
     ax.grid(which="major", lw=0.3, alpha=0.5)
     ax.set_xlabel("parallel training streams S (batch size)")
     ax.set_ylabel("training throughput (frames/s)")
     ax.set_title(f"{NAMES[r0['cell']]}, H = {r0['H']}, T = {r0['T']}: training steps", fontsize=8)
     fig.legend(*ax.get_legend_handles_labels(), loc="outside upper center", ncol=2)
     return fig
-
-
-def _si(v: float) -> str:
-    """10000 -> '10k', 1e6 -> '1M'."""
-    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if v >= div:
-            return f"{v / div:g}{unit}"
-    return f"{v:g}"
 
 
 def fig_stage_breakdown(doc) -> Figure:
@@ -244,7 +222,7 @@ def fig_stage_breakdown(doc) -> Figure:
     fig = Figure(figsize=(style.COLUMN, 1.0 + 0.22 * max(len(recs), 2)), layout="constrained")
     axes = fig.subplots(1, 2 if replay else 1, squeeze=False, sharey=True)[0]
     if not recs:
-        _note(axes[0], "no measurements: every configuration was skipped")
+        style.note(axes[0], "no measurements: every configuration was skipped")
         return fig
     y, clipped = np.arange(len(recs)), False
     panels = [("eager (staged)", PARTS if replay else PARTS[:3], "total_us_per_frame")]
@@ -293,9 +271,9 @@ def fig_sequence_length(doc) -> Figure:
         ax.set_yscale("log")
         Ts = [r["T"] for r in doc["records"]]
         ax.set_xticks([10 ** k for k in range(len(str(min(Ts))) - 1, len(str(max(Ts))))])
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _si(v)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: style.si_label(v)))
         ax.xaxis.set_minor_formatter(NullFormatter())
-        _log_axis(ax.yaxis)
+        style.log_axis(ax.yaxis)
         ax.grid(which="major", lw=0.3, alpha=0.5)
         ax.set_title(WHAT[what], fontsize=8)
     axes[0].set_ylabel("time per frame (µs)")
@@ -348,7 +326,7 @@ def fig_cuda_lanes(doc) -> Figure:
     if not impls:
         why = next(r.get("skipped") or r.get("failed") for r in doc["records"])
         for ax in axes[0]:
-            _note(ax, f"no measurements:\n{why}")
+            style.note(ax, f"no measurements:\n{why}")
         return fig
     series = list(dict.fromkeys((r["cell"], r["lanes"]) for r in _measured(doc)))
     Ls = sorted({r["layers"] for r in doc["records"]})

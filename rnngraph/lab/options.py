@@ -1,10 +1,14 @@
-"""Command-line options shared by several subcommands: positive integers, and a cell with its sizes."""
+"""Command-line options shared by several subcommands: positive integers, a cell with its sizes, and an
+output folder checked before any work is done."""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import tempfile
+from pathlib import Path
 
+from ..errors import RnnGraphError
 from ..ir.cells import load_cell
 from ..ir.graph import CellGraph
 
@@ -31,3 +35,25 @@ def cell_from_args(args: argparse.Namespace) -> CellGraph:
     if ":" in args.cell and os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     return load_cell(args.cell, args.input_size, args.hidden_size)
+
+
+def writable_folder(folder, option: str, *, missing: int | None = 1, raw=None) -> Path:
+    """`folder` as a Path, once it is known that it can be written: it exists, or at most `missing` levels
+    of it do not (None: any) and the nearest folder that exists is writable. Creates nothing; raises a
+    one-line RnnGraphError naming `option` otherwise, so a bad path fails before any work is done."""
+    if raw is not None and not str(raw).strip():
+        raise RnnGraphError(f"{option} is empty; give a path")
+    folder = Path(folder)
+    chain = [folder, *folder.parents]
+    base = next(p for p in chain if p.exists() or p == chain[-1])
+    if missing is not None and chain.index(base) > missing:
+        raise RnnGraphError(f"cannot write to {folder}: {chain[missing]} does not exist; create it or pass "
+                            f"another {option}")
+    if not base.is_dir():
+        raise RnnGraphError(f"cannot write to {folder}: {base} is not a folder; pass another {option}")
+    try:
+        with tempfile.TemporaryFile(dir=base):
+            pass
+    except OSError as e:
+        raise RnnGraphError(f"cannot write to {folder}: {e.strerror or e} in {base}; pass another {option}") from None
+    return folder

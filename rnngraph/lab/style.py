@@ -1,7 +1,9 @@
-"""One look for every rnngraph figure: the palette, fonts and rcParams, used through `context()`."""
+"""One look for every rnngraph figure: the palette, fonts and rcParams (used through `context()`), the
+log-axis tick labels, and the note an empty panel shows."""
 from __future__ import annotations
 
 import matplotlib
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 # Sections of a schedule; loop stages cycle through STAGES (warm colours: "runs every frame").
 SECTION = {
@@ -52,3 +54,25 @@ def stage_colour(k: int) -> str:
 def context():
     """rcParams for one figure: ``with style.context(): fig = Figure(); ...; fig.savefig(path)``."""
     return matplotlib.rc_context(RC)
+
+
+def note(ax, text: str):
+    """A figure with no data says why, in the middle of its axes."""
+    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True, transform=ax.transAxes, fontsize=7)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def log_axis(axis, fmt=lambda v: f"{v:g}"):
+    """A log axis labelled at 1, 2, 5, 10, …, with `fmt` (a number -> its tick label)."""
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v)))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def si_label(v: float) -> str:
+    """10000 -> '10k', 1e6 -> '1M'."""
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if v >= div:
+            return f"{v / div:g}{unit}"
+    return f"{v:g}"
