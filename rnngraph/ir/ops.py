@@ -1,12 +1,13 @@
-"""The op table: one enum of op kinds and one small rule table per pass (shape, forward, backward, kernel).
+"""The op table: one enum of op kinds and one rule table per fact about an op (shape, forward, backward, kernel, flops, symbol, torch).
 
 Arrays passed to the rules are 2-D rows ``[N, F]`` (N = B for one frame, T·B for all frames at once);
 a matrix parameter is ``[F_out, F_in]`` and a vector parameter ``[F]`` broadcasts over the rows.
-Adding an op means one enum entry plus one entry in each table below.
+Adding an op means one enum entry plus one entry in each table below; tests/test_ops.py fails on a gap.
 """
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 
 from ..errors import RnnGraphError
@@ -24,6 +25,7 @@ class OpKind(enum.Enum):
     SIGMOID = "sigmoid"
     TANH = "tanh"
     RELU = "relu"
+    SOFTPLUS = "softplus"    # log(1 + eˣ)
     IDENTITY = "identity"
     CONCAT = "concat"        # along features
     SLICE = "slice"          # x[:, start:stop], (start, stop) in attrs
@@ -39,9 +41,10 @@ class Op:
 
 SOURCES = {OpKind.INPUT, OpKind.PARAM}
 BINARY = {OpKind.ADD, OpKind.SUB, OpKind.MUL}
-UNARY = {OpKind.SCALE, OpKind.ONE_MINUS, OpKind.SIGMOID, OpKind.TANH, OpKind.RELU,
+UNARY = {OpKind.SCALE, OpKind.ONE_MINUS, OpKind.SIGMOID, OpKind.TANH, OpKind.RELU, OpKind.SOFTPLUS,
          OpKind.IDENTITY, OpKind.SLICE}
 ELEMENTWISE = BINARY | UNARY  # ops a fused kernel evaluates element by element
+MOVES = {OpKind.IDENTITY, OpKind.SLICE, OpKind.CONCAT}   # ops that only move data: no arithmetic
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,6 +97,14 @@ def _sigmoid(xp, out, a):
     xp.add(out, 0.5, out=out)
 
 
+def _softplus(xp, out, a):
+    xp.abs(a, out=out)               # log(1 + eᵃ) = log1p(e^−|a|) + max(a, 0): e^a overflows for large a,
+    xp.negative(out, out=out)        # and log(1 + tiny) loses tiny for very negative a; this form does neither
+    xp.exp(out, out=out)
+    xp.log1p(out, out=out)
+    out += xp.maximum(a, 0.0)
+
+
 def _concat(xp, out, *ins):
     off = 0
     for a in ins:
@@ -111,6 +122,7 @@ FORWARD = {
     OpKind.SIGMOID: lambda xp, out, a, attrs: _sigmoid(xp, out, a),
     OpKind.TANH: lambda xp, out, a, attrs: xp.tanh(a, out=out),
     OpKind.RELU: lambda xp, out, a, attrs: xp.maximum(a, 0.0, out=out),
+    OpKind.SOFTPLUS: lambda xp, out, a, attrs: _softplus(xp, out, a),
     OpKind.IDENTITY: lambda xp, out, a, attrs: xp.copyto(out, a),
     OpKind.SLICE: lambda xp, out, a, attrs: xp.copyto(out, a[:, attrs[0]:attrs[1]]),
     OpKind.CONCAT: lambda xp, out, *ins: _concat(xp, out, *ins[:-1]),
@@ -118,9 +130,12 @@ FORWARD = {
 
 
 # ---------------------------------------------------------------------------------------------
-# Backward rules (vector-Jacobian products): rule(xp, g [N, F], ins, y [N, F], attrs) returns
-# one contribution per input slot, as a function of that slot; `accumulate` adds it into the
-# slot's gradient buffer, summing over rows when the operand is a vector parameter.
+# Backward rules (vector-Jacobian products): VJP[kind][slot](xp, add, g [N, F], ins, y [N, F], attrs)
+# hands operand `slot`'s gradient contribution to the sink add(v, cols=ALL), which adds v into the
+# operand's gradient columns `cols` (summing over rows when the operand is a vector parameter).
+
+ALL = slice(None)
+
 
 def accumulate(acc, v):
     """acc += v, where a vector parameter's gradient acc [F] sums v [N, F] over its rows."""
@@ -129,54 +144,110 @@ def accumulate(acc, v):
     acc += v
 
 
+class _EachSlot:
+    """The backward entry of an op with any number of operands: entry[slot] is rule(slot, ...)."""
+
+    def __init__(self, rule):
+        self.rule = rule
+
+    def __getitem__(self, slot):
+        return functools.partial(self.rule, slot)
+
+
+def _concat_vjp(slot, xp, add, g, *ins_y_attrs):
+    """Gradient of one concat operand: its column range of g."""
+    ins = ins_y_attrs[:-2]
+    off = sum(a.shape[-1] for a in ins[:slot])
+    add(g[:, off:off + ins[slot].shape[-1]])
+
+
 VJP = {
-    OpKind.LINEAR: (lambda xp, g, x, w, y, attrs: g @ w,              # dx [N, F_in]
-                    lambda xp, g, x, w, y, attrs: g.T @ x),           # dW [F_out, F_in]
-    OpKind.ADD: (lambda xp, g, a, b, y, attrs: g,
-                 lambda xp, g, a, b, y, attrs: g),
-    OpKind.SUB: (lambda xp, g, a, b, y, attrs: g,
-                 lambda xp, g, a, b, y, attrs: -g),
-    OpKind.MUL: (lambda xp, g, a, b, y, attrs: g * b,
-                 lambda xp, g, a, b, y, attrs: g * a),
-    OpKind.SCALE: (lambda xp, g, a, y, attrs: g * attrs[0],),
-    OpKind.ONE_MINUS: (lambda xp, g, a, y, attrs: -g,),
-    OpKind.SIGMOID: (lambda xp, g, a, y, attrs: g * y * (1.0 - y),),
-    OpKind.TANH: (lambda xp, g, a, y, attrs: g * (1.0 - y * y),),
-    OpKind.RELU: (lambda xp, g, a, y, attrs: g * (y > 0),),
-    OpKind.IDENTITY: (lambda xp, g, a, y, attrs: g,),
-    OpKind.SLICE: (None,),  # handled by slice_vjp: it adds into a column range, not the whole input
+    OpKind.LINEAR: (lambda xp, add, g, x, w, y, attrs: add(g @ w),           # dx [N, F_in]
+                    lambda xp, add, g, x, w, y, attrs: add(g.T @ x)),        # dW [F_out, F_in]
+    OpKind.ADD: (lambda xp, add, g, a, b, y, attrs: add(g),
+                 lambda xp, add, g, a, b, y, attrs: add(g)),
+    OpKind.SUB: (lambda xp, add, g, a, b, y, attrs: add(g),
+                 lambda xp, add, g, a, b, y, attrs: add(-g)),
+    OpKind.MUL: (lambda xp, add, g, a, b, y, attrs: add(g * b),
+                 lambda xp, add, g, a, b, y, attrs: add(g * a)),
+    OpKind.SCALE: (lambda xp, add, g, a, y, attrs: add(g * attrs[0]),),
+    OpKind.ONE_MINUS: (lambda xp, add, g, a, y, attrs: add(-g),),
+    OpKind.SIGMOID: (lambda xp, add, g, a, y, attrs: add(g * y * (1.0 - y)),),
+    OpKind.TANH: (lambda xp, add, g, a, y, attrs: add(g * (1.0 - y * y)),),
+    OpKind.RELU: (lambda xp, add, g, a, y, attrs: add(g * (y > 0)),),
+    OpKind.SOFTPLUS: (lambda xp, add, g, a, y, attrs: add(g * (0.5 * xp.tanh(0.5 * a) + 0.5)),),  # g·σ(a)
+    OpKind.IDENTITY: (lambda xp, add, g, a, y, attrs: add(g),),
+    OpKind.SLICE: (lambda xp, add, g, a, y, attrs: add(g, slice(*attrs)),),  # into the sliced columns
+    OpKind.CONCAT: _EachSlot(_concat_vjp),
 }
 
 
-def slice_vjp(acc, g, attrs):
-    """Gradient of x[:, start:stop]: add g [N, stop-start] into acc[:, start:stop]."""
-    acc[:, attrs[0]:attrs[1]] += g
-
-
-def concat_vjp(g, sizes, slot):
-    """Gradient of one concat operand: its column range of g."""
-    off = sum(sizes[:slot])
-    return g[:, off:off + sizes[slot]]
-
-
 # ---------------------------------------------------------------------------------------------
-# Kernel rules: C expressions for generated elementwise kernels. {0}, {1}: operands; {y}: the
-# op's value; {g}: the gradient arriving at the op; {c}: the SCALE constant.
-# LINEAR runs as a GEMM and CONCAT as column copies; neither is an elementwise expression.
+# Kernel rules of the elementwise ops: (C expression of the value, C expression of each operand's
+# gradient contribution). {0}, {1}: operands; {y}: the op's value; {g}: the gradient arriving at the
+# op; {a0}, {a1}: its attrs (SCALE's constant). LINEAR runs as a GEMM and CONCAT as column copies.
 
 KERNEL = {
     OpKind.ADD: ("{0} + {1}", ("{g}", "{g}")),
     OpKind.SUB: ("{0} - {1}", ("{g}", "-{g}")),
     OpKind.MUL: ("{0} * {1}", ("{g} * {1}", "{g} * {0}")),
-    OpKind.SCALE: ("{0} * ({c})", ("{g} * ({c})",)),
+    OpKind.SCALE: ("{0} * ({a0})", ("{g} * ({a0})",)),
     OpKind.ONE_MINUS: ("1 - {0}", ("-{g}",)),
     OpKind.SIGMOID: ("1 / (1 + exp(-{0}))", ("{g} * {y} * (1 - {y})",)),
     OpKind.TANH: ("tanh({0})", ("{g} * (1 - {y} * {y})",)),
     OpKind.RELU: ("({0} > 0 ? {0} : 0)", ("({y} > 0 ? {g} : 0)",)),
+    OpKind.SOFTPLUS: ("log1p(exp(-fabs({0}))) + ({0} > 0 ? {0} : 0)", ("{g} / (1 + exp(-{0}))",)),
     OpKind.IDENTITY: ("{0}", ("{g}",)),
     OpKind.SLICE: ("{0}", ("{g}",)),  # the executor hands the kernel the sliced view
-    OpKind.LINEAR: "gemm",
-    OpKind.CONCAT: "copy",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOP rules: rule(F, operand sizes) -> (forward FLOPs, backward FLOPs per operand slot) per row.
+# An arithmetic op counts one per element (a transcendental too: operations, not cycles), forward
+# and per operand backward; a linear op 2·in·out forward, as much for each operand's gradient.
+
+def _per_element(F, ins):
+    return F, tuple(F for _ in ins)
+
+
+def _moves(F, ins):
+    return 0, tuple(0 for _ in ins)
+
+
+FLOPS = {
+    OpKind.LINEAR: lambda F, ins: (2 * ins[0] * F, (2 * ins[0] * F, 2 * ins[0] * F)),
+    **{k: _per_element for k in ELEMENTWISE - MOVES},
+    **{k: _moves for k in MOVES},
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Symbols in drawings of a cell (LINEAR, SCALE and SLICE labels also show their weight or attrs).
+
+SYMBOL = {OpKind.LINEAR: "·", OpKind.ADD: "+", OpKind.SUB: "−", OpKind.MUL: "⊙", OpKind.SCALE: "×",
+          OpKind.ONE_MINUS: "1 − x", OpKind.SIGMOID: "σ", OpKind.TANH: "tanh", OpKind.RELU: "relu",
+          OpKind.SOFTPLUS: "softplus", OpKind.IDENTITY: "id", OpKind.SLICE: "[:]", OpKind.CONCAT: "concat"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Torch rules, for the benchmark's reference loop: rule(torch, ins, attrs) -> tensor. The torch
+# module comes in as an argument (as `xp` does for the forward rules), so this module never imports it.
+
+TORCH = {
+    OpKind.LINEAR: lambda torch, x, w, attrs: torch.mm(x, w.t()),
+    OpKind.ADD: lambda torch, a, b, attrs: a + b,
+    OpKind.SUB: lambda torch, a, b, attrs: a - b,
+    OpKind.MUL: lambda torch, a, b, attrs: a * b,
+    OpKind.SCALE: lambda torch, a, attrs: a * attrs[0],
+    OpKind.ONE_MINUS: lambda torch, a, attrs: 1 - a,
+    OpKind.SIGMOID: lambda torch, a, attrs: torch.sigmoid(a),
+    OpKind.TANH: lambda torch, a, attrs: torch.tanh(a),
+    OpKind.RELU: lambda torch, a, attrs: torch.relu(a),
+    OpKind.SOFTPLUS: lambda torch, a, attrs: torch.nn.functional.softplus(a),
+    OpKind.IDENTITY: lambda torch, a, attrs: a,
+    OpKind.SLICE: lambda torch, a, attrs: a[:, attrs[0]:attrs[1]],
+    OpKind.CONCAT: lambda torch, *ins: torch.cat(ins[:-1], dim=1),
 }
 
 

@@ -17,15 +17,12 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch, Rectangle
 from . import style
 from ..errors import RnnGraphError
 from ..ir.graph import same_frame
-from ..ir.ops import OpKind
+from ..ir.ops import SYMBOL, OpKind
 from ..plan.schedule import Gemm, Schedule, fmt_read
 
 BOX_W, BOX_H = 0.78, 0.56   # node box, in column / row units
 ITEM_GAP = 1.4              # rows between the centres of stacked items' edge nodes
 HEADER = 0.95               # rows above the back-edge lanes for the section headers
-SYMBOL = {OpKind.ADD: "+", OpKind.SUB: "−", OpKind.MUL: "⊙", OpKind.ONE_MINUS: "1 − x",
-          OpKind.SIGMOID: "σ", OpKind.TANH: "tanh", OpKind.RELU: "relu", OpKind.IDENTITY: "id",
-          OpKind.CONCAT: "concat"}
 
 
 def draw_schedule(schedule: Schedule, path) -> None:
@@ -174,9 +171,9 @@ def _label(cell, n) -> str:
     elif op.kind is OpKind.SLICE:
         body = f"[{op.attrs[0]}:{op.attrs[1]}]"
     elif params:
-        body = f"{SYMBOL.get(op.kind, op.kind.value)} {params[0]}"
+        body = f"{SYMBOL[op.kind]} {params[0]}"
     else:
-        body = SYMBOL.get(op.kind, op.kind.value)
+        body = SYMBOL[op.kind]
     return f"{n}\n{body}"
 
 

@@ -4,7 +4,7 @@ Two eager loops run any cell the way a PyTorch user would, one frame at a time:
 - STEPS: hand-written step functions, one per cell, written as researchers write custom cells in
   PyTorch (the gate products merged per operand and x·W_ih computed inside the loop, as in PyTorch's
   own benchmarks/fastrnns/custom_lstms.py);
-- GraphLoop: interprets any CellGraph node by node with torch ops (TORCH_OPS), so user cells run too.
+- GraphLoop: interprets any CellGraph node by node with the op table's torch rules, so user cells run too.
 `eager_loop` uses a hand-written step only after it matched GraphLoop on the first frames, so the
 reference is always the same cell. torch is imported by the caller; this module needs it installed.
 """
@@ -16,7 +16,7 @@ import torch
 
 from ..ir.cells import GATE_ORDER, GRU_GATE_ORDER, load_cell
 from ..errors import RnnGraphWarning
-from ..ir.ops import OpKind
+from ..ir.ops import TORCH, OpKind
 
 CUDNN = {"lstm": ("LSTM", {}), "gru": ("GRU", {}), "rnn_tanh": ("RNN", {"nonlinearity": "tanh"}),
          "rnn_relu": ("RNN", {"nonlinearity": "relu"})}
@@ -167,24 +167,8 @@ class HandWritten:
         return torch.stack(ys), s
 
 
-TORCH_OPS = {
-    OpKind.LINEAR: lambda x, w, attrs: torch.mm(x, w.t()),
-    OpKind.ADD: lambda a, b, attrs: a + b,
-    OpKind.SUB: lambda a, b, attrs: a - b,
-    OpKind.MUL: lambda a, b, attrs: a * b,
-    OpKind.SCALE: lambda a, attrs: a * attrs[0],
-    OpKind.ONE_MINUS: lambda a, attrs: 1 - a,
-    OpKind.SIGMOID: lambda a, attrs: torch.sigmoid(a),
-    OpKind.TANH: lambda a, attrs: torch.tanh(a),
-    OpKind.RELU: lambda a, attrs: torch.relu(a),
-    OpKind.IDENTITY: lambda a, attrs: a,
-    OpKind.SLICE: lambda a, attrs: a[:, attrs[0]:attrs[1]],
-    OpKind.CONCAT: lambda *ins: torch.cat(ins[:-1], dim=1),
-}
-
-
 class GraphLoop:
-    """Any CellGraph, frame by frame and node by node, with the torch ops of TORCH_OPS."""
+    """Any CellGraph, frame by frame and node by node, with the op table's torch rules (TORCH)."""
     kind = "graph interpreter"
 
     def __init__(self, cell, P: dict):
@@ -220,8 +204,8 @@ class GraphLoop:
         for t in range(T):
             env = {self.x_name: x[t]}
             for n, op, reads in self.order:
-                env[n] = TORCH_OPS[op.kind](*[self._read(u, d, t, env, hist, before) for u, d in reads],
-                                            op.attrs)
+                env[n] = TORCH[op.kind](torch, *[self._read(u, d, t, env, hist, before) for u, d in reads],
+                                        op.attrs)
             hist.append(env)
         last = {s: [self._at(p, T - k, hist, before, x[0]) for k in range(cell.depths[s], 0, -1)]
                 for s, (p, _) in cell.states.items()}

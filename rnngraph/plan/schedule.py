@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from ..ir.graph import CellGraph, fmt_read, same_frame, topo_order
-from ..ir.ops import ELEMENTWISE, OpKind
+from ..ir.ops import ELEMENTWISE, FLOPS, OpKind
 
 
 @dataclass(frozen=True)
@@ -221,30 +221,18 @@ def _singletons(cell, nodes):
             yield Fused((n,))
 
 
-ARITHMETIC = {OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.SCALE, OpKind.ONE_MINUS, OpKind.SIGMOID,
-              OpKind.TANH, OpKind.RELU}   # ~1 FLOP per element; IDENTITY, SLICE, CONCAT only move data
-
-
 def schedule_flops(s: Schedule) -> dict:
     """FLOPs per row (one stream, one frame) of the forward and backward passes, each split into
     'hoisted' (pre, post and the parameter-gradient reductions) and 'per_frame' (the loop).
 
-    A linear op costs 2·in·out forward, and as much again for the operand's gradient (in its own
-    section) and for the weight's (a reduction over all frames: hoisted). An arithmetic op costs one
-    per element forward, and one per element per input slot backward; a vector parameter's slot is a
-    hoisted reduction."""
+    Costs come from the op table's FLOPS rules; a gradient goes to its operand's section, except a
+    parameter's (a matrix or vector parameter's slot is a reduction over all frames: hoisted)."""
     cell, where = s.cell, s.section_of()
     out = {d: {"hoisted": 0, "per_frame": 0} for d in ("forward", "backward")}
     for n, sec in where.items():
-        part, op = ("per_frame" if sec.startswith("stage") else "hoisted"), cell.op(n)
-        reads = cell.reads(n)
-        if op.kind is OpKind.LINEAR:
-            f = 2 * cell.op(reads[0][0]).size * op.size
-            out["forward"][part] += f
-            out["backward"][part] += f
-            out["backward"]["hoisted"] += f
-        elif op.kind in ARITHMETIC:
-            out["forward"][part] += op.size
-            for u, _ in reads:
-                out["backward"]["hoisted" if cell.op(u).kind is OpKind.PARAM else part] += op.size
+        part, op, reads = ("per_frame" if sec.startswith("stage") else "hoisted"), cell.op(n), cell.reads(n)
+        forward, backward = FLOPS[op.kind](op.size, [cell.op(u).size for u, _ in reads])
+        out["forward"][part] += forward
+        for (u, _), f in zip(reads, backward):
+            out["backward"]["hoisted" if cell.op(u).kind is OpKind.PARAM else part] += f
     return out

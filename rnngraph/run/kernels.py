@@ -77,8 +77,8 @@ def _operands(cell, n, idx, ext):
 
 def _expr(template: str, cell, n, operands, **extra) -> str:
     op = cell.op(n)
-    consts = {"c": repr(op.attrs[0])} if op.kind is OpKind.SCALE else {}
-    return template.format(*operands, **consts, **extra)
+    attrs = {f"a{k}": repr(v) for k, v in enumerate(op.attrs)}
+    return template.format(*operands, **attrs, **extra)
 
 
 def _named(kind: str, text: str) -> str:
@@ -87,7 +87,7 @@ def _named(kind: str, text: str) -> str:
 
 def fusable(cell, nodes) -> bool:
     """Whether a group becomes one generated kernel (every op has an expression rule)."""
-    return all(isinstance(KERNEL[cell.op(n).kind], tuple) for n in nodes)
+    return all(cell.op(n).kind in KERNEL for n in nodes)
 
 
 def fused_forward_kernel(cell, nodes) -> KernelSpec:

@@ -1,7 +1,9 @@
 """What every backend shares, written once against its array module `xp`."""
 from __future__ import annotations
 
-from ...ir.ops import FORWARD, VJP, OpKind, accumulate, concat_vjp
+import functools
+
+from ...ir.ops import ALL, FORWARD, VJP, OpKind, accumulate
 
 
 class ArrayBackend:
@@ -66,7 +68,7 @@ class ArrayBackend:
         """out [F] += node n's backward rule for its vector-parameter operand `slot`, summed over
         rows; g, y: [N, F]; ins: its operands (rows, or the parameter itself)."""
         op = cell.op(n)
-        accumulate(out, VJP[op.kind][slot](self.xp, g, *ins, y, op.attrs))
+        VJP[op.kind][slot](self.xp, lambda v, cols=ALL: accumulate(out[cols], v), g, *ins, y, op.attrs)
 
     def run_stage(self, fns):
         """Runs the independent items of one stage (callables); a backend may overlap them."""
@@ -94,17 +96,12 @@ def run_fused_forward(xp, cell, it, env):
 
 
 def run_fused_backward(xp, cell, it, env, genv, add, params: bool):
-    """A fused group's vector-Jacobian products, in reverse order, through the backward rule table."""
+    """A fused group's vector-Jacobian products, in reverse order, through the backward rule table;
+    each rule hands its operand's gradient to add(u, d, v, cols)."""
     for n in reversed(it.nodes):
-        op, g = cell.op(n), genv[n]
-        reads = cell.reads(n)
+        op, reads = cell.op(n), cell.reads(n)
+        ins = [env[r] for r in reads]
         for slot, (u, d) in enumerate(reads):
             if cell.op(u).kind is OpKind.PARAM and not params:
                 continue
-            if op.kind is OpKind.SLICE:
-                add(u, d, g, slice(*op.attrs))
-            elif op.kind is OpKind.CONCAT:
-                add(u, d, concat_vjp(g, [cell.op(v).size for v, _ in reads], slot))
-            else:
-                ins = [env[r] for r in reads]
-                add(u, d, VJP[op.kind][slot](xp, g, *ins, env[n], op.attrs))
+            VJP[op.kind][slot](xp, functools.partial(add, u, d), genv[n], *ins, env[n], op.attrs)
