@@ -1,4 +1,5 @@
-"""The op table: one enum of op kinds and one rule table per fact about an op (shape, forward, backward, kernel, flops, symbol, torch).
+"""The op table: one enum of op kinds and one rule table per fact about an op (shape, forward, backward,
+kernel, FLOPs, symbol, torch).
 
 Arrays passed to the rules are 2-D rows ``[N, F]`` (N = B for one frame, T·B for all frames at once);
 a matrix parameter is ``[F_out, F_in]`` and a vector parameter ``[F]`` broadcasts over the rows.
@@ -98,8 +99,8 @@ def _sigmoid(xp, out, a):
 
 
 def _softplus(xp, out, a):
-    xp.abs(a, out=out)               # log(1 + eᵃ) = log1p(e^−|a|) + max(a, 0): e^a overflows for large a,
-    xp.negative(out, out=out)        # and log(1 + tiny) loses tiny for very negative a; this form does neither
+    xp.abs(a, out=out)               # log(1 + eᵃ) = log1p(e^−|a|) + max(a, 0): eᵃ overflows for large a
+    xp.negative(out, out=out)        # and log(1 + tiny) loses tiny for very negative a; this does neither
     xp.exp(out, out=out)
     xp.log1p(out, out=out)
     out += xp.maximum(a, 0.0)
