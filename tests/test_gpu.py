@@ -3,6 +3,8 @@ import numpy as np
 import pytest
 
 import rnngraph as rg
+from rnngraph.plan.items import Pair
+from rnngraph.run.backends import get_backend
 from rnngraph.run.backends.numpy_backend import NumpyBackend
 from rnngraph.run.executor import Executor
 
@@ -60,11 +62,10 @@ CELLS = [*rg.CELLS, "user"]
 @pytest.mark.parametrize("name", CELLS)
 def test_cupy_matches_numpy_reference(name, mode, dtype):
     import cupy
-    from rnngraph.run.backends.cupy_backend import CupyBackend
     cell = user_cell(5, 8) if name == "user" else rg.load_cell(name, 5, 8)
     prob = _problem(cell)
     _, ref = _run(cell, NumpyBackend(), "naive", *prob, np, np.float64)
-    be = CupyBackend(capture=mode.startswith("graph"), matmul="own" if mode == "graph-own" else "cublas")
+    be = get_backend("cupy", mode.split("-")[0], matmul="own" if mode == "graph-own" else "cublas")
     ex, got = _run(cell, be, mode.split("-")[0], *prob, cupy, dtype)
     _assert_close(got, ref, TOL[dtype], f"{name}/{mode}/{dtype} first call")
     if mode.startswith("graph"):   # replay with new inputs must give new, correct results (no stale values)
@@ -75,7 +76,7 @@ def test_cupy_matches_numpy_reference(name, mode, dtype):
             got2 = _run_again(ex, prob2, cupy, dtype, own)
             _assert_close(got2, ref2, TOL[dtype], f"{name}/graph replay {seed}")
         assert len(be._graphs) == 4 and all(g != "eager" for g in be._graphs.values())
-        assert ex.whole_capture == (mode == "graph" and ex.capture_problem() is None)
+        assert ex.whole_capture == (mode == "graph" and ex.sched.capture_problem is None)
 
 
 def _run_again(ex, prob, xp, dtype, own: dict):
@@ -98,8 +99,7 @@ def _run_again(ex, prob, xp, dtype, own: dict):
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_captured_matmul_kernels_match_cublas(N, M, K, dtype, accumulate):
     import cupy
-    from rnngraph.run.backends.cupy_backend import CupyBackend
-    be = CupyBackend()
+    be = get_backend("cupy")
     rng = np.random.default_rng(N * M + K)
     big_a = cupy.asarray(rng.standard_normal((N, K + 5)).astype(dtype))
     a = big_a[:, 2:K + 2]                               # row stride != K, as a merged-buffer view has
@@ -107,7 +107,7 @@ def test_captured_matmul_kernels_match_cublas(N, M, K, dtype, accumulate):
     big_c = cupy.asarray(rng.standard_normal((N, M + 3)).astype(dtype))
     c = big_c[:, 1:M + 1]
     want = (c if accumulate else 0) + a @ w.T          # cuBLAS
-    be._matmul(a, w, c, accumulate)
+    be.launch((be.matmul_launch(a, w, c, accumulate),))
     err = float(cupy.linalg.norm(c - want) / cupy.linalg.norm(want))
     assert err <= TOL[dtype], f"matmul {N}x{M}x{K} {dtype}: {err:.2e}"
 
@@ -125,12 +125,11 @@ def two_path_cell(D, H):
 @pytest.mark.parametrize("mode", ["staged", "graph"])
 def test_lanes_match_reference(mode):
     import cupy
-    from rnngraph.run.backends.cupy_backend import CupyBackend
     cell = two_path_cell(5, 8)
     assert max(len(st) for st in rg.build_schedule(cell).loop) == 2
     prob = _problem(cell)
     _, ref = _run(cell, NumpyBackend(), "naive", *prob, np, np.float64)
-    be = CupyBackend(capture=mode == "graph", lanes=2)
+    be = get_backend("cupy", mode, lanes=2)
     ex, got = _run(cell, be, mode, *prob, cupy, "float64")
     _assert_close(got, ref, TOL["float64"], f"lanes/{mode}")
     got2 = _run_again(ex, prob, cupy, "float64", {})
@@ -141,43 +140,40 @@ def test_lanes_match_reference(mode):
 def test_gemm_fused_pair_matches_reference(B):
     """The per-frame GEMV runs inside the fused kernel for B ≤ 8; B = 9 takes the two-kernel path."""
     import cupy
-    from rnngraph.run.backends.cupy_backend import CupyBackend
     cell = rg.load_cell("lstm", 5, 8)
     prob = _problem(cell, B=B)
     _, ref = _run(cell, NumpyBackend(), "naive", *prob, np, np.float64)
-    for capture in (False, True):
-        ex, got = _run(cell, CupyBackend(capture=capture), "graph" if capture else "staged", *prob, cupy, "float64")
-        _assert_close(got, ref, TOL["float64"], f"pair B={B} capture={capture}")
-        paired = [v for k, v in ex.ws.memo.items() if k[0] == "p"]
+    for mode in ("staged", "graph"):
+        ex, got = _run(cell, get_backend("cupy", mode), mode, *prob, cupy, "float64")
+        _assert_close(got, ref, TOL["float64"], f"pair B={B} {mode}")
+        paired = [launch for (it, _), (_, launch) in ex.ws.memo.items() if isinstance(it, Pair)]
         assert paired and all((v is not None) == (B <= 8) for v in paired)
 
 
 def test_no_gemm_fused_pair_when_the_weights_are_large():
     """Rows × weight bytes over PAIR_MAX_BYTES (here B = 1, H = 1024: 32 MB in fp64) take two kernels."""
     import cupy
-    from rnngraph.run.backends.cupy_backend import CupyBackend
     cell = rg.load_cell("lstm", 5, 1024)
     prob = _problem(cell, T=3, B=1)
     _, ref = _run(cell, NumpyBackend(), "naive", *prob, np, np.float64)
-    ex, got = _run(cell, CupyBackend(capture=True), "graph", *prob, cupy, "float64")
+    ex, got = _run(cell, get_backend("cupy", "graph"), "graph", *prob, cupy, "float64")
     _assert_close(got, ref, TOL["float64"], "unpaired H=1024")
-    paired = [v for k, v in ex.ws.memo.items() if k[0] == "p"]
+    paired = [launch for (it, _), (_, launch) in ex.ws.memo.items() if isinstance(it, Pair)]
     assert paired and all(v is None for v in paired)
 
 
 def test_failed_capture_warns_falls_back_and_leaves_no_broken_stream():
     import cupy
-    from rnngraph.run.backends.cupy_backend import CupyBackend
     cell = rg.load_cell("gru", 5, 8)
     prob = _problem(cell)
     _, ref = _run(cell, NumpyBackend(), "naive", *prob, np, np.float64)
-    be = CupyBackend(capture=True)
+    be = get_backend("cupy", "graph")
     real = be.gemm
 
-    def gemm(x, w, out):   # CuPy's own matmul (cuBLAS) is refused inside a capture
+    def gemm(a, b, out, **how):   # CuPy's own matmul (cuBLAS) is refused inside a capture
         if cupy.cuda.runtime.streamIsCapturing(cupy.cuda.get_current_stream().ptr):
-            return cupy.matmul(x, w.T, out=out)
-        return real(x, w, out)
+            return cupy.matmul(a.T if how.get("ta") else a, b.T if how.get("tb") else b)
+        return real(a, b, out, **how)
 
     be.gemm = gemm
     with pytest.warns(rg.RnnGraphWarning, match="capture failed"):

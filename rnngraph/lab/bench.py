@@ -176,11 +176,8 @@ def _is_builtin(cell, names) -> bool:
 @functools.lru_cache(maxsize=None)
 def _backend(impl: str):
     """One backend object per rnngraph mode and process: cupy when a GPU is usable, else numpy."""
-    if gpu_problem() is None:
-        from ..run.backends.cupy_backend import CupyBackend
-        return CupyBackend(capture=impl == "graph")
-    from ..run.backends.numpy_backend import NumpyBackend
-    return NumpyBackend()
+    from ..run.backends import get_backend
+    return get_backend("cupy" if gpu_problem() is None else "numpy", impl)
 
 
 def _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed):

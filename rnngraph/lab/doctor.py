@@ -109,11 +109,8 @@ def git_commit() -> str | None:
 
 # -- self-check -------------------------------------------------------------------------------
 def _backend(name: str, mode: str):
-    if name == "numpy":
-        from ..run.backends.numpy_backend import NumpyBackend
-        return NumpyBackend()
-    from ..run.backends.cupy_backend import CupyBackend
-    return CupyBackend(capture=mode == "graph")
+    from ..run.backends import get_backend
+    return get_backend(name, mode)
 
 
 def _run(backend: str, mode: str, dtype: str, state: dict | None = None) -> tuple:

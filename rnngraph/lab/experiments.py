@@ -111,7 +111,7 @@ def _lanes(cfg: dict, opts: dict) -> dict:
                                f"({'--quick runs on the CPU' if opts['quick'] else gpu_problem()})"}
         be = get_backend("numpy")
     else:
-        be = get_backend("cupy", capture=cfg["impl"] == "graph", lanes=cfg["lanes"])
+        be = get_backend("cupy", cfg["impl"], lanes=cfg["lanes"])
     H, T, B, L = cfg["H"], cfg["T"], cfg["B"], cfg["layers"]
     wave = cfg["cell"] == "wavefront_lstm"
     layer = Recurrent(wavefront_lstm(L) if wave else "lstm", H, H, num_layers=1 if wave else L, backend=be,
@@ -162,8 +162,7 @@ def _breakdown(cfg: dict, opts: dict) -> dict:
     eager = get_backend("numpy" if opts["quick"] else "auto")
     replay = None
     if eager.name == "cupy":
-        from ..run.backends.cupy_backend import CupyBackend
-        replay = CupyBackend(capture=True)
+        replay = get_backend("cupy", "graph")
     cell, T = load_cell(cfg["cell"], cfg["H"], cfg["H"]), cfg["T"]
     variants = schedule_variants(build_schedule(cell))
     times = {}

@@ -19,7 +19,7 @@ from __future__ import annotations
 from ..arrays import float_dtype, make_rng
 from ..errors import RnnGraphError
 from ..ir.cells import load_cell
-from ..run.backends import get_backend
+from ..run.backends import check_mode, get_backend
 from . import checks as chk
 from .checks import check_finite
 from .init import init_orthogonal, init_uniform
@@ -48,8 +48,8 @@ class Recurrent(Parameterized):
     whose inputs have the cell's input size) or a list of CellGraphs, one per layer (as a checkpoint
     stores them). Keyword options: ``backend`` 'numpy' | 'cupy' | 'auto'
     or a backend object (``layer.backend_name`` says which was picked), ``dtype`` 'float32' (default, as torch) or
-    'float64', ``mode`` 'staged' | 'naive' | 'graph' (cupy only), ``seed`` for the layer's generator (initialisation and
-    dropout masks), ``init`` 'uniform' (torch's U(±1/√H)) | 'orthogonal' | a function of the layer.
+    'float64', ``mode`` 'staged' | 'naive' | 'graph' (cupy only), ``loop`` the loop strategy ('auto' | 'stages'),
+    ``seed`` for the layer's generator (initialisation and dropout masks), ``init`` 'uniform' (torch's U(±1/√H)) | 'orthogonal' | a function of the layer.
 
     Example::
 
@@ -60,8 +60,8 @@ class Recurrent(Parameterized):
 
     def __init__(self, cell, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, *,
-                 backend: str = "numpy", dtype="float32", mode: str = "staged", seed: int = 0,
-                 init="uniform"):
+                 backend: str = "numpy", dtype="float32", mode: str = "staged", loop: str = "auto",
+                 seed: int = 0, init="uniform"):
         super().__init__()
         chk.check_config(input_size, hidden_size, num_layers, dropout)
         self.input_size, self.hidden_size, self.num_layers = int(input_size), int(hidden_size), int(num_layers)
@@ -70,14 +70,14 @@ class Recurrent(Parameterized):
         self.backend = _make_backend(backend, mode)
         self.backend_name = self.backend.name
         self.dtype = float_dtype(dtype)
-        self.mode = mode
+        self.mode, self.loop = mode, loop
         self.rng = make_rng(seed)
         self.training = True
         self.check_finite = False       # True: raise on NaN/inf in inputs, outputs and gradients
         self.cells = self._load_cells(cell)
         self.cell = self.cells[0]
         self.state_names = tuple(self.cell.states)
-        self._stack = Stack(self.cells, self.backend, mode, self.num_directions)
+        self._stack = Stack(self.cells, self.backend, mode, self.num_directions, loop)
         self._layout = [[_param_layout(c, _suffix(l, d)) for d in range(self.num_directions)]
                         for l, c in enumerate(self.cells)]
         self._params = {name: self.backend.zeros(shape, self.dtype)
@@ -270,10 +270,11 @@ def _check_history_shape(name: str, got: tuple, expected: tuple, cell: str, ever
 
 
 def _make_backend(backend, mode: str):
-    """A backend object from a name (an object is used as is); mode 'graph' needs cupy with capture."""
+    """A backend object for `mode` from a name, or an object checked against it."""
     if not isinstance(backend, str):
+        check_mode(mode, backend)
         return backend
-    return get_backend(backend, capture=True) if mode == "graph" else get_backend(backend)
+    return get_backend(backend, mode)
 
 
 # -- parameter layout and initialisation ------------------------------------------------------

@@ -11,41 +11,43 @@ of the item DAG.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import networkx as nx
 
 from ..ir.graph import CellGraph, fmt_read, same_frame, topo_order
 from ..ir.ops import ELEMENTWISE, FLOPS, OpKind
-
-
-@dataclass(frozen=True)
-class Gemm:
-    """Linear ops reading one operand, run as one GEMM: out[:, blocks] = operand · [W_1; W_2; …]ᵀ."""
-    nodes: tuple        # linear ops; their outputs are column blocks of the merged output, in order
-    operand: str
-    delay: int
-    weights: tuple      # one matrix parameter per node, concatenated along rows
-    sizes: tuple        # output features per node
-
-
-@dataclass(frozen=True)
-class Fused:
-    """Connected elementwise ops of one feature size (or a lone concat), run as one kernel."""
-    nodes: tuple        # evaluation order
+from .backward import backward_sections, capture_problem
+from .items import Fused, Gemm, Pair, Section, describe
+from .loops import LOOPS, resolve_loop
 
 
 @dataclass(frozen=True)
 class Schedule:
+    """The plan of one cell: forward sections, the loop strategy, and the backward plan derived from them."""
     cell: CellGraph
     pre: tuple          # items over all T·B rows, before the loop
     loop: tuple         # stages (tuples of items), per frame
     post: tuple         # items over all frames, after the loop
-    hoist_param_grads: bool  # parameter gradients of loop ops as one reduction over all frames
+    hoist_param_grads: bool     # parameter gradients of loop ops as one reduction over all frames
+    loop_strategy: str = "stages"
+    forward: tuple = field(init=False, compare=False)    # Sections: pre, loop (one loop item), post
+    backward: tuple = field(init=False, compare=False)   # Sections: post, loop, reduce, pre, shared
+
+    def __post_init__(self):
+        fwd_loop, bwd_loop = LOOPS[resolve_loop(self.loop_strategy)](self)
+        object.__setattr__(self, "forward", (Section("pre", self.pre), Section("loop", (fwd_loop,), per_frame=True),
+                                             Section("post", self.post)))
+        object.__setattr__(self, "backward", backward_sections(self, bwd_loop))
 
     @property
     def items(self):
         return [*self.pre, *(it for st in self.loop for it in st), *self.post]
+
+    @property
+    def capture_problem(self) -> str | None:
+        """Why a whole backward body cannot be recorded as one CUDA graph, or None."""
+        return capture_problem(self)
 
     def section_of(self) -> dict:
         out = {n: "pre" for it in self.pre for n in it.nodes}
@@ -53,19 +55,17 @@ class Schedule:
         out.update({n: f"stage{k}" for k, st in enumerate(self.loop) for it in st for n in it.nodes})
         return out
 
-    def loop_param_reductions(self) -> list:
-        """(item, parameters) gradients of per-frame ops reduced once over all frames: one GEMM
-        per merged GEMM (its weights together), one sum per vector parameter of a fused group."""
-        if not self.hoist_param_grads:
-            return []
+    def plan_lines(self, sections) -> list:
+        """[(section name, [lines])]: each item of a plan's sections, a loop's stages item by item."""
         out = []
-        for st in self.loop:
-            for it in st:
-                if isinstance(it, Gemm):
-                    out.append((it, it.weights))
-                else:
-                    ps = {u for n in it.nodes for u, _ in self.cell.reads(n) if self.cell.op(u).kind is OpKind.PARAM}
-                    out += [(it, (p,)) for p in sorted(ps)]
+        for sec in sections:
+            lines = []
+            for it in sec.items:
+                stages = getattr(it, "stages", None)
+                lines += [describe(it, self.cell)] if stages is None else \
+                    [f"{_stage_label(k, st)}: {describe(x, self.cell)}"
+                     for k, st in zip(_stage_numbers(self, it), stages) for x in st.items]
+            out.append((sec.name, lines))
         return out
 
     def summary(self) -> dict:
@@ -76,6 +76,8 @@ class Schedule:
         gemms = [it for it in self.items if isinstance(it, Gemm)]
         fused = [it for it in self.items if isinstance(it, Fused)]
         where = self.section_of()
+        order = {it: k for k, it in enumerate(it for st in self.loop for it in st)}
+        reduce = next(sec for sec in self.backward if sec.name == "reduce").items
         return {
             "cell": cell.name,
             "ops": sum(1 for n in cell.graph if cell.op(n).kind not in (OpKind.INPUT, OpKind.PARAM)),
@@ -89,36 +91,52 @@ class Schedule:
                 "forward": {"before_merge": len(loop_ops), "after_merge": n_items},
                 "backward": {"before_merge": slots, "after_merge": n_items},
             },
-            "param_grad_reductions": [
-                f"{'; '.join('d' + p for p in ps)} <- {'gemm' if isinstance(it, Gemm) else 'sum'} over T"
-                for it, ps in self.loop_param_reductions()],
+            "param_grad_reductions": [describe(r, cell) for r in sorted(
+                (r for r in reduce if r.item in order), key=lambda r: (order[r.item], getattr(r, "param", "")))],
+            "loop_strategy": self.loop_strategy,
+            "forward_loop": dict(self.plan_lines(self.forward))["loop"],
+            "backward": [{"section": name, "items": lines} for name, lines in self.plan_lines(self.backward)],
         }
 
     def __str__(self) -> str:
         cell, s = self.cell, self.summary()
-
-        def line(it):
-            if isinstance(it, Gemm):
-                return (f"gemm   {', '.join(it.nodes)} = {fmt_read(it.operand, it.delay)} · "
-                        f"[{'; '.join(it.weights)}]ᵀ   -> [{sum(it.sizes)}]")
-            ops = ", ".join(f"{n}={cell.op(n).kind.value}" for n in it.nodes)
-            return f"fused  {{{ops}}}   [{cell.op(it.nodes[-1]).size}]"
-
         out = [f"schedule {cell.name}"]
         out.append(f"  pre (hoisted, once over all T·B rows): {len(self.pre)} kernels")
-        out += [f"    {line(it)}" for it in self.pre]
-        out.append(f"  loop (per frame): {len(self.loop)} stages")
+        out += [f"    {describe(it, cell)}" for it in self.pre]
+        out.append(f"  loop (per frame, strategy {self.loop_strategy}): {len(self.loop)} stages")
         for k, st in enumerate(self.loop):
-            out += [f"    stage {k}: {line(it)}" for it in st]
+            out += [f"    stage {k}: {describe(it, cell)}" for it in st]
+        out += [f"    runs {line}" for line in s["forward_loop"] if ": pair" in line]
         out.append(f"  post (once over all frames): {len(self.post)} kernels")
-        out += [f"    {line(it)}" for it in self.post]
-        out.append("  backward: post reversed; loop stages in reverse time; then hoisted reductions:")
-        out += [f"    {r}" for r in s["param_grad_reductions"]]
-        out.append("    then pre reversed over all T·B rows (input gradients, pre parameter gradients)")
+        out += [f"    {describe(it, cell)}" for it in self.post]
+        out.append("  backward:")
+        for name, lines in self.plan_lines(self.backward):
+            out.append(f"    {BACKWARD_TITLES[name]}: {len(lines)} {'stage items' if name == 'loop' else 'kernels'}")
+            out += [f"      {line}" for line in lines]
         k = s["kernels_per_frame"]
         out.append(f"  kernels per frame: forward {k['forward']['before_merge']} -> {k['forward']['after_merge']}, "
                    f"backward {k['backward']['before_merge']} -> {k['backward']['after_merge']}")
         return "\n".join(out)
+
+
+BACKWARD_TITLES = {"post": "post reversed, over all frames", "loop": "loop in reverse time, stages reversed",
+                   "reduce": "parameter gradients of loop and post, reduced once over all frames",
+                   "pre": "pre reversed, over all T·B rows", "shared": "weights shared by several ops"}
+
+
+def _stage_label(k: int, stage) -> str:
+    if any(isinstance(x, Pair) for x in stage.items):
+        return f"stages {k}+{k + 1}"
+    return f"stage {k}{' (overlap)' if stage.overlap else ''}"
+
+
+def _stage_numbers(sched, loop_item) -> list:
+    """The forward stage index each of a loop item's stages starts at (a pair spans two)."""
+    nums, k = [], 0
+    for st in loop_item.stages:
+        nums.append(k)
+        k += 2 if any(isinstance(x, Pair) for x in st.items) else 1
+    return [len(sched.loop) - 1 - n for n in nums] if loop_item.reverse else nums
 
 
 def _section(where: str) -> str:
@@ -195,13 +213,15 @@ def _quotient(frame, group) -> nx.DiGraph:
     return q
 
 
-def build_schedule(cell: CellGraph, optimize: bool = True) -> Schedule:
-    """The staged schedule (optimize=True), or the naive one: every op its own per-frame kernel."""
+def build_schedule(cell: CellGraph, optimize: bool = True, loop: str = "auto") -> Schedule:
+    """The staged schedule (optimize=True), or the naive one: every op its own per-frame kernel; loop
+    names the loop strategy ('auto': the best one available)."""
+    strategy = resolve_loop(loop)
     if not optimize:
-        loop = tuple((it,) for it in _singletons(cell, cell.frame_order()))
-        return Schedule(cell, (), loop, (), hoist_param_grads=False)
-    pre, loop, post = sections(cell)
-    items = _merge(cell, list(loop))
+        stages = tuple((it,) for it in _singletons(cell, cell.frame_order()))
+        return Schedule(cell, (), stages, (), hoist_param_grads=False, loop_strategy=strategy)
+    pre, core, post = sections(cell)
+    items = _merge(cell, list(core))
     q = nx.DiGraph()
     q.add_nodes_from(range(len(items)))
     owner = {n: k for k, it in enumerate(items) for n in it.nodes}
@@ -209,7 +229,7 @@ def build_schedule(cell: CellGraph, optimize: bool = True) -> Schedule:
                      if u in owner and v in owner and owner[u] != owner[v])
     stages = tuple(tuple(items[k] for k in sorted(gen)) for gen in nx.topological_generations(q))
     return Schedule(cell, tuple(_merge(cell, list(pre))), stages, tuple(_merge(cell, list(post))),
-                    hoist_param_grads=True)
+                    hoist_param_grads=True, loop_strategy=strategy)
 
 
 def _singletons(cell, nodes):

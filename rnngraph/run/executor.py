@@ -1,26 +1,30 @@
-"""Runs a Schedule forward and backward through time on a backend, over a preallocated Workspace.
+"""Interprets a Schedule's forward and backward plans on a backend, over a preallocated Workspace.
 
-`naive` and `staged` differ only in the schedule they run; `graph` runs the staged schedule with
-its forward and backward bodies (or, where those need temporaries, its time loops) recorded once
-as CUDA graphs and replayed.
+Every plan item runs through one table, HANDLERS, keyed by its kind; a loop strategy is a loop item
+kind there too. Each handler asks the backend to compile the item on its views once (memoised in the
+workspace) and launches that, or runs the reference interpreter (run/backends/base.py) where the
+backend compiled nothing. `naive` and `staged` differ only in the schedule they run; `graph` runs the
+staged one on a backend that records (get_backend(..., mode="graph")).
 """
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import replace
 
 from ..arrays import array_module
 from ..errors import RnnGraphError
 from ..ir.ops import OpKind
-from ..plan.schedule import Gemm, Schedule, build_schedule
+from ..plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, SharedWeight, StagesLoop, WeightGrad
+from ..plan.schedule import Schedule, build_schedule
+from .backends import check_mode
+from .backends.base import run_fused_backward, run_fused_forward, run_param_grad
 from .workspace import ALL, SERIAL, Workspace
-
-MODES = ("naive", "staged", "graph")
 
 
 class Executor:
     """Forward and BPTT of one cell on one backend in one mode: 'naive' (node by node, frame by
-    frame), 'staged' (the schedule) or 'graph' (the schedule, recorded once as CUDA graphs and
-    replayed). Example::
+    frame), 'staged' (the schedule) or 'graph' (the schedule on a backend that records CUDA graphs);
+    loop names the loop strategy ('auto' or 'stages'). Example::
 
         ex = Executor(rnngraph.load_cell("lstm", 8, 16), get_backend("numpy"))
         outputs, finals = ex.forward(params, {"x": x}, {})          # x [T, B, 8]
@@ -29,33 +33,21 @@ class Executor:
 
     max_workspaces = 4
 
-    def __init__(self, cell, backend, mode: str = "staged", schedule: Schedule | None = None):
-        if mode not in MODES:
-            raise RnnGraphError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
-        if (mode == "graph") != bool(getattr(backend, "capture", False)):
-            raise RnnGraphError("mode 'graph' runs on the cupy backend created with capture=True, and "
-                                "only there; use 'staged' for eager execution")
+    def __init__(self, cell, backend, mode: str = "staged", schedule: Schedule | None = None, loop: str = "auto"):
+        check_mode(mode, backend)
         self.cell, self.backend, self.mode = cell, backend, mode
-        self.sched = schedule or build_schedule(cell, optimize=(mode != "naive"))   # a variant, for experiments
+        if schedule is None:
+            schedule = build_schedule(cell, optimize=(mode != "naive"), loop=loop)
+        elif loop != "auto":
+            schedule = replace(schedule, loop_strategy=loop)
+        self.sched = schedule      # a variant may be given, for experiments
+        kinds = {type(it) for sec in schedule.forward + schedule.backward for it in sec.items}
+        if kinds - HANDLERS.keys():
+            raise RnnGraphError(f"loop strategy {schedule.loop_strategy!r} has no runner in this executor")
         self._ws: OrderedDict = OrderedDict()
-        self._pairs = self._gemm_fused_pairs()
-        self._loop_items = {it for st in self.sched.loop for it in st}
+        self._loop_gemms = {it for st in schedule.loop for it in st if isinstance(it, Gemm)}
         self.ws: Workspace | None = None
         self.serial = next(SERIAL)
-
-    def _gemm_fused_pairs(self) -> set:
-        """Loop stages k whose lone GEMM feeds the lone fused group of stage k+1 element by element
-        (every linear op of the GEMM has the group's size and is read unshifted, unsliced)."""
-        out, loop = set(), self.sched.loop
-        for k in range(len(loop) - 1):
-            (g, *rest), (f, *more) = loop[k], loop[k + 1]
-            if rest or more or not isinstance(g, Gemm) or isinstance(f, Gemm):
-                continue
-            size = self.cell.op(f.nodes[0]).size
-            reads = [(u, d, self.cell.op(n).kind) for n in f.nodes for u, d in self.cell.reads(n) if u in g.nodes]
-            if set(g.sizes) == {size} and reads and all(d == 0 and kind is not OpKind.SLICE for _, d, kind in reads):
-                out.add(k)
-        return out
 
     def workspace(self, T: int, B: int, dtype) -> Workspace:
         key = (T, B, str(dtype))
@@ -66,7 +58,12 @@ class Executor:
         self._ws.move_to_end(key)
         return self._ws[key]
 
-    # -- forward ------------------------------------------------------------------------------
+    @property
+    def whole_capture(self) -> bool:
+        """Whether the backend records whole forward/backward bodies (else only the time loops)."""
+        return self.backend.records == "all" and self.sched.capture_problem is None
+
+    # -- forward and backward -----------------------------------------------------------------
     def forward(self, params: dict, inputs: dict, init: dict, lengths=None):
         """params: name -> array; inputs: name -> [T, B, F]; init: state -> [B, F] (every earlier
         frame holds it), [D, B, F] (the D frames before this call, oldest first; D = cell.depths[s])
@@ -74,12 +71,12 @@ class Executor:
         [B, F] where D is 1 and [D, B, F] otherwise), views into the workspace that the next call
         overwrites; finals end at each sequence's own last frame when lengths [B] is given.
         Parameters are used in place, not copied."""
-        cell, be = self.cell, self.backend
+        cell, xp = self.cell, self.backend.xp
         x0 = inputs[next(iter(cell.inputs))]
         ws = self.ws = self.workspace(x0.shape[0], x0.shape[1], x0.dtype)
         ws.bind_params({n: params[n] for n in cell.params})
         for n, x in inputs.items():
-            be.copy(ws.frames(ws.vals[n]), x)
+            ws.frames(ws.vals[n])[...] = xp.asarray(x)
         for s, (p, _) in cell.states.items():
             h, a = ws.vals[p][:ws.P], init.get(s)
             h[...] = 0 if a is None else a[0] if a.ndim == 3 else a     # frames older than D: the oldest
@@ -91,103 +88,6 @@ class Executor:
         finals = {s: ws.vals[p][self._last_rows(cell.depths[s])] for s, (p, _) in cell.states.items()}
         return outputs, finals
 
-    def _run_body(self, kind: str, ws, body):
-        """Runs body(ws, run_loop) through the backend: the whole body recorded once and replayed, or,
-        where it cannot be, only its time loop (run_loop); eager backends just run it."""
-        key, be = (kind, self.serial, ws.serial, ws.version), self.backend
-        if self.whole_capture:
-            be.loop(key, lambda: body(ws, _call))
-        else:
-            body(ws, lambda fn: be.loop(key, fn))
-
-    def _forward_body(self, ws, run_loop):
-        """Everything after the inputs are staged: packing, pre, the time loop, post."""
-        for it, (w, _) in ws.wcat.items():
-            self.backend.pack(w, [ws.vals[p] for p in it.weights], transpose=it in self._loop_items)
-        for it in self.sched.pre:
-            self._forward_item(it, ws, ALL)
-        run_loop(lambda: self._forward_loop(ws))
-        for it in self.sched.post:
-            self._forward_item(it, ws, ALL)
-
-    @property
-    def whole_capture(self) -> bool:
-        """Whether the backend records whole forward/backward bodies (else only the time loops)."""
-        return self.backend.capture_scope == "all" and self.capture_problem() is None
-
-    def capture_problem(self) -> str | None:
-        """Why a whole body cannot be recorded (a post-loop op whose gradient needs temporaries), or None."""
-        for it in self.sched.post:
-            reads = [(it.operand, it.delay)] if isinstance(it, Gemm) else \
-                [r for n in it.nodes for r in self.cell.reads(n) if self.cell.op(r[0]).kind is not OpKind.PARAM]
-            reads = set(reads)
-            if len({u for u, _ in reads}) < len(reads):
-                return f"post-loop op {it.nodes[0]} reads a value at several delays"
-        return None
-
-    def _last_rows(self, D: int):
-        """The index of a state's last D frames in its [P+T, B, F] buffer: [B, F] rows for D = 1,
-        [D, B, F] otherwise; each sequence's own last frames when lengths are given."""
-        ws, end = self.ws, self.ws.P + self.ws.T     # one past the last frame's row
-        if self.lengths is None:
-            return end - 1 if D == 1 else slice(end - D, end)
-        xp = array_module(self.lengths)
-        last = self.lengths + ws.P - 1                                    # [B]
-        rows_ = last if D == 1 else last[None, :] + xp.arange(1 - D, 1)[:, None]   # [D, B]
-        return rows_, xp.arange(ws.B)
-
-    def _forward_loop(self, ws):
-        stages = self.sched.loop
-        for t in range(ws.T):
-            k = 0
-            while k < len(stages):
-                if k in self._pairs and self._forward_pair(stages[k][0], stages[k + 1][0], ws, t):
-                    k += 2
-                    continue
-                if len(stages[k]) == 1:
-                    self._forward_item(stages[k][0], ws, t)
-                else:
-                    self.backend.run_stage([lambda it=it: self._forward_item(it, ws, t) for it in stages[k]])
-                k += 1
-
-    def _forward_pair(self, gemm, fused, ws, t) -> bool:
-        """Runs a merged GEMM and the fused group after it as one kernel where the backend can."""
-        key = ("p", gemm, t)
-        if key not in ws.memo:
-            gemm_args = self._forward_args(gemm, ws, t)
-            ws.memo[key] = self.backend.prepare_pair(self.cell, gemm, fused, gemm_args, self._env(fused, ws, t))
-        if ws.memo[key] is None:
-            return False
-        self.backend.launch(ws.memo[key])
-        return True
-
-    def _forward_item(self, it, ws, t):
-        key = ("f", it, t)
-        if key not in ws.memo:
-            ws.memo[key] = self._forward_args(it, ws, t)
-        args = ws.memo[key]
-        if isinstance(it, Gemm):
-            self.backend.gemm(*args)
-        else:
-            self.backend.fused_forward(self.cell, it, *args)
-
-    def _forward_args(self, it, ws, t):
-        """The views one item reads and writes at frame t (memoised: the buffers are static)."""
-        if isinstance(it, Gemm):
-            out = ws.cat[it][0]
-            return ws.read(it.operand, it.delay, t), ws.wcat[it][0], ws.read_cat(out, t)
-        env = self._env(it, ws, t)
-        return env, self.backend.prepare_forward(self.cell, it, env)
-
-    def _env(self, it, ws, t):
-        env = {}
-        for n in it.nodes:
-            env[n] = ws.read(n, 0, t)
-            for u, d in self.cell.reads(n):
-                env.setdefault((u, d), ws.read(u, d, t))
-        return env
-
-    # -- backward -----------------------------------------------------------------------------
     def backward(self, grad_outputs: dict, grad_finals: dict | None = None):
         """grad_outputs: name -> [T, B, F] (or None); grad_finals: state -> [B, F] (the last frame),
         [D, B, F] (shaped like finals) or None. Returns (grad_inputs: name -> [T, B, F], grad_init:
@@ -203,103 +103,157 @@ class Executor:
         for s, g in (grad_finals or {}).items():
             if g is not None:       # [B, F]: the last frame's; [D, B, F]: each of the last D frames'
                 ws.grads[cell.states[s][0]][self._last_rows(cell.depths[s] if g.ndim == 3 else 1)] += g
-        self._run_body("bwd", ws, self._backward_body)
+        self._run_body("bwd", ws, lambda ws, run_loop: self._run_sections(self.sched.backward, ws, run_loop))
         init = {s: ws.grads[p][ws.P - 1] if cell.depths[s] == 1 else ws.grads[p][ws.P - cell.depths[s]:ws.P]
                 for s, (p, _) in cell.states.items()}
         return {n: ws.frames(ws.grads[n]) for n in cell.inputs}, init, {n: ws.grads[n] for n in cell.params}
 
-    def _backward_body(self, ws, run_loop):
-        """Everything after the output gradients are staged: post, the reverse loop, hoisted
-        parameter reductions, pre (input and pre-parameter gradients)."""
-        hoist = self.sched.hoist_param_grads
-        for it in reversed(self.sched.post):
-            self._backward_item(it, ws, ALL, not hoist)
-        run_loop(lambda: self._backward_loop(ws))
-        for it in [it for st in self.sched.loop for it in st] + list(self.sched.post):
-            self._param_grads(it, ws)
-        for it in reversed(self.sched.pre):
-            self._backward_item(it, ws, ALL, not hoist)
-        for it in self.sched.pre:
-            self._param_grads(it, ws)
-        for it, (_, gw) in ws.wcat.items():   # weights shared by several linear ops
-            off = 0
-            for w, f in zip(it.weights, it.sizes):
-                if w in ws.shared_weights:
-                    ws.grads[w] += gw[off:off + f]
-                off += f
-
-    def _backward_loop(self, ws):
-        params = not self.sched.hoist_param_grads
-        for t in reversed(range(ws.T)):
-            for stage in reversed(self.sched.loop):
-                if len(stage) == 1 or not self._disjoint_grads(stage):
-                    for it in reversed(stage):
-                        self._backward_item(it, ws, t, params)
-                else:
-                    self.backend.run_stage([lambda it=it: self._backward_item(it, ws, t, params)
-                                            for it in reversed(stage)])
-
-    def _disjoint_grads(self, stage) -> bool:
-        """Whether the items of a stage add their gradients into different nodes (may overlap)."""
-        seen = set()
-        for it in stage:
-            reads = {it.operand} if isinstance(it, Gemm) else {u for n in it.nodes for u, _ in self.cell.reads(n)}
-            if reads & seen:
-                return False
-            seen |= reads
-        return True
-
-    def _backward_item(self, it, ws, t, params: bool):
-        be, key = self.backend, ("b", it, t)
-        if key not in ws.memo:
-            ws.memo[key] = self._backward_args(it, ws, t)
-        args = ws.memo[key]
-        if isinstance(it, Gemm):
-            g, w, x, gx = args
-            be.gemm_nn(g, w, gx)
-            if params:
-                be.gemm_tn(g, x, ws.wcat[it][1])
-            return
-        env, genv, prep = args
-        if params or prep is None:
-            be.fused_backward(self.cell, it, env, genv,
-                              lambda u, d, v, cols=slice(None): ws.add(u, d, t, v, cols), params)
+    def _run_body(self, kind: str, ws, body):
+        """Runs body(ws, run_loop) through the backend: the whole body recorded once and replayed, or,
+        where it cannot be, only its time loop (run_loop); eager backends just run it."""
+        key, be = (kind, self.serial, ws.serial, ws.version), self.backend
+        if self.whole_capture:
+            be.record(key, lambda: body(ws, _call))
         else:
-            be.launch(prep)
+            body(ws, lambda fn: be.record(key, fn))
 
-    def _backward_args(self, it, ws, t):
-        if isinstance(it, Gemm):
-            return (ws.read_cat(ws.cat[it][1], t), ws.wcat[it][0], ws.read(it.operand, it.delay, t),
-                    ws.read(it.operand, it.delay, t, grads=True))
-        env, genv = self._env(it, ws, t), {n: ws.read(n, 0, t, grads=True) for n in it.nodes}
-        targets = self._targets(it, ws, t)
-        return env, genv, None if targets is None else self.backend.prepare_backward(self.cell, it, env, genv,
-                                                                                     targets)
+    def _forward_body(self, ws, run_loop):
+        """Everything after the inputs are staged: packing the merged weights, then the forward plan."""
+        for it, (w, _) in ws.wcat.items():
+            self.backend.pack(w, [ws.vals[p] for p in it.weights], transpose=it in self._loop_gemms)
+        self._run_sections(self.sched.forward, ws, run_loop)
 
-    def _targets(self, it, ws, t):
-        """(u, d) -> the gradient view each non-parameter read of a fused group adds into, or None
-        where one kernel over all frames would add into one node at two delays (overlapping views)."""
-        targets = {(u, d): ws.read(u, d, t, grads=True)
-                   for n in it.nodes for u, d in self.cell.reads(n) if self.cell.op(u).kind is not OpKind.PARAM}
-        if t is ALL and len({u for u, _ in targets}) < len(targets):
-            return None
-        return targets
+    def _run_sections(self, sections, ws, run_loop):
+        for sec in sections:
+            if sec.per_frame:
+                run_loop(lambda sec=sec: self._run(sec.items, ws, ALL))
+            else:
+                self._run(sec.items, ws, ALL)
 
-    def _param_grads(self, it, ws):
-        """An item's parameter gradients, reduced once over all frames (one GEMM or one sum each)."""
-        if not self.sched.hoist_param_grads:
-            return
-        if isinstance(it, Gemm):
-            g = ws.read_cat(ws.cat[it][1], ALL)
-            self.backend.gemm_tn(g, ws.read(it.operand, it.delay, ALL), ws.wcat[it][1])
-            return
+    def _run(self, items, ws, t):
+        for it in items:
+            HANDLERS[type(it)](self, it, ws, t)
+
+    def _last_rows(self, D: int):
+        """The index of a state's last D frames in its [P+T, B, F] buffer: [B, F] rows for D = 1,
+        [D, B, F] otherwise; each sequence's own last frames when lengths are given."""
+        ws, end = self.ws, self.ws.P + self.ws.T     # one past the last frame's row
+        if self.lengths is None:
+            return end - 1 if D == 1 else slice(end - D, end)
+        xp = array_module(self.lengths)
+        last = self.lengths + ws.P - 1                                    # [B]
+        rows_ = last if D == 1 else last[None, :] + xp.arange(1 - D, 1)[:, None]   # [D, B]
+        return rows_, xp.arange(ws.B)
+
+    # -- one handler per plan item kind ----------------------------------------------------------
+    def _prepared(self, it, ws, t, views, compile: bool = True):
+        """(views, launchable or None) of an item at frame t (or ALL), built once: the buffers are static."""
+        key = (it, t)
+        if key not in ws.memo:
+            v = views()
+            ws.memo[key] = (v, self.backend.compile(self.cell, it, v, t is not ALL) if compile else None)
+        return ws.memo[key]
+
+    def _stages(self, loop, ws, _):
+        """Loop strategy 'stages': every frame (in reverse time for the backward), stage by stage."""
+        for t in (reversed(range(ws.T)) if loop.reverse else range(ws.T)):
+            for st in loop.stages:
+                if st.overlap:
+                    self.backend.overlap([lambda it=it: HANDLERS[type(it)](self, it, ws, t) for it in st.items])
+                else:
+                    self._run(st.items, ws, t)
+
+    def _gemm(self, it, ws, t):
+        (x, w, out), launch = self._prepared(it, ws, t, lambda: self._gemm_views(it, ws, t))
+        if launch:
+            self.backend.launch(launch)
+        else:
+            self.backend.gemm(x, w, out, tb=True)
+
+    def _fused(self, it, ws, t):
+        env, launch = self._prepared(it, ws, t, lambda: self._env(it, ws, t))
+        if launch:
+            self.backend.launch(launch)
+        else:
+            run_fused_forward(self.backend.xp, self.cell, it, env)
+
+    def _pair(self, it, ws, t):
+        """A per-frame GEMM and the fused group after it as one kernel, or the two apart."""
+        _, launch = self._prepared(it, ws, t, lambda: (self._gemm_views(it.gemm, ws, t), self._env(it.fused, ws, t)))
+        if launch:
+            self.backend.launch(launch)
+        else:
+            self._gemm(it.gemm, ws, t)
+            self._fused(it.fused, ws, t)
+
+    def _gemm_views(self, it, ws, t):
+        """x [B, K] (or [T·B, K]), the packed weights w [ΣF, K] and the merged output's rows [B, ΣF]."""
+        return ws.read(it.operand, it.delay, t), ws.wcat[it][0], ws.read_cat(ws.cat[it][0], t)
+
+    def _env(self, it, ws, t):
+        env = {}
         for n in it.nodes:
-            reads = self.cell.reads(n)
-            for slot, (u, d) in enumerate(reads):
-                if self.cell.op(u).kind is OpKind.PARAM:
-                    self.backend.param_grad(self.cell, n, slot, ws.read(n, 0, ALL, grads=True),
-                                            [ws.read(v, e, ALL) for v, e in reads], ws.read(n, 0, ALL),
-                                            ws.grads[u])
+            env[n] = ws.read(n, 0, t)
+            for u, d in self.cell.reads(n):
+                env.setdefault((u, d), ws.read(u, d, t))
+        return env
+
+    def _gemm_grad(self, step, ws, t):
+        """d operand += g · W; with params also dW += gᵀ · operand at the same frames."""
+        it, be = step.item, self.backend
+        (g, w, x, gx, gw), launch = self._prepared(step, ws, t, lambda: (
+            ws.read_cat(ws.cat[it][1], t), ws.wcat[it][0], ws.read(it.operand, it.delay, t),
+            ws.read(it.operand, it.delay, t, grads=True), ws.wcat[it][1]))
+        if launch:
+            be.launch(launch)
+        else:
+            be.gemm(g, w, gx, accumulate=True)
+        if step.params:
+            be.gemm(g, x, gw, ta=True, accumulate=True)
+
+    def _fused_grad(self, step, ws, t):
+        it = step.item
+        kernel = step.one_kernel and not step.params
+        (env, genv, targets), launch = self._prepared(step, ws, t, lambda: (
+            self._env(it, ws, t), {n: ws.read(n, 0, t, grads=True) for n in it.nodes},
+            {(u, d): ws.read(u, d, t, grads=True) for n in it.nodes for u, d in self.cell.reads(n)
+             if self.cell.op(u).kind is not OpKind.PARAM}), kernel)
+        if launch:
+            self.backend.launch(launch)
+        else:
+            run_fused_backward(self.backend.xp, self.cell, it, env, genv,
+                               lambda u, d, v, cols=slice(None): ws.add(u, d, t, v, cols), step.params)
+
+    def _weight_grad(self, step, ws, t):
+        """dW_cat += Σ_frames gᵀ · operand: one GEMM over all T·B rows."""
+        it = step.item
+        self.backend.gemm(ws.read_cat(ws.cat[it][1], ALL), ws.read(it.operand, it.delay, ALL), ws.wcat[it][1],
+                          ta=True, accumulate=True)
+
+    def _param_sum(self, step, ws, t):
+        cell = self.cell
+
+        def views():
+            terms = []
+            for n, slot in step.terms:
+                reads = cell.reads(n)
+                terms.append((n, slot, ws.read(n, 0, ALL, grads=True), [ws.read(v, e, ALL) for v, e in reads],
+                              ws.read(n, 0, ALL)))
+            return terms, ws.grads[step.param]
+        (terms, out), launch = self._prepared(step, ws, ALL, views)
+        if launch:
+            self.backend.launch(launch)
+            return
+        for n, slot, g, ins, y in terms:
+            run_param_grad(self.backend.xp, cell, n, slot, g, ins, y, out)
+
+    def _shared(self, step, ws, t):
+        ws.grads[step.weight] += ws.wcat[step.item][1][step.start:step.stop]
+
+
+HANDLERS = {Gemm: Executor._gemm, Fused: Executor._fused, Pair: Executor._pair, StagesLoop: Executor._stages,
+            GemmGrad: Executor._gemm_grad, FusedGrad: Executor._fused_grad, WeightGrad: Executor._weight_grad,
+            ParamSum: Executor._param_sum, SharedWeight: Executor._shared}
 
 
 def _call(fn):

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import Counter
 
 from ..errors import RnnGraphError
 from ..ir.ops import OpKind, accumulate
-from ..plan.schedule import Gemm, Schedule
+from ..plan.backward import shared_weights
+from ..plan.items import Gemm
+from ..plan.schedule import Schedule
 
 ALL = None  # the frame selector meaning "all T frames at once"
 SERIAL = itertools.count()
@@ -30,8 +31,7 @@ class Workspace:
         self.T, self.B, self.dtype, self.serial, self.version = T, B, dtype, next(SERIAL), 0
         self.P = max(cell.depths.values(), default=1)       # history rows before frame 0
         self.vals, self.grads, self.cat, self.wcat, self.memo = {}, {}, {}, {}, {}
-        self.shared_weights = {w for w, k in Counter(w for n in cell.graph if cell.op(n).kind is OpKind.LINEAR
-                                                     for w in [cell.reads(n)[1][0]]).items() if k > 1}
+        self.shared_weights = shared_weights(cell)
         gemms = [it for it in sched.items if isinstance(it, Gemm)]
         blocks = [((self.P + T, B, sum(it.sizes)), it) for it in gemms]
         blocks += [((self.P + T, B, cell.op(n).size), n) for n in cell.graph

@@ -7,19 +7,25 @@ from ...ir.ops import ALL, FORWARD, VJP, OpKind, accumulate
 
 
 class ArrayBackend:
-    """The backend interface with array-module-generic implementations; backends override the hot paths."""
+    """The backend contract, generic over the array module `xp`: a GEMM with accumulate, compiling a
+    plan item into something launchable (or not: the executor then runs the reference below),
+    recording/replaying, overlapping independent items and synchronising. Backends override what they
+    run faster; capture is an option chosen once, by get_backend."""
     name = "base"
     xp = None
+    records = None      # what the backend records as CUDA graphs: None, "all" (whole bodies) or "loops"
 
+    # -- array conveniences (layers, workspaces) ----------------------------------------------------
     def zeros(self, shape, dtype):
         return self.xp.zeros(shape, dtype=dtype)
 
     def asarray(self, a, dtype=None):
         return self.xp.asarray(a, dtype=dtype)
 
-    def copy(self, dst, src):
-        dst[...] = self.xp.asarray(src)
+    def to_numpy(self, a):
+        return a
 
+    # -- what the executor calls ---------------------------------------------------------------------
     def pack(self, out, parts, transpose: bool = False):
         """out [ΣF, K] = the matrices parts[k] [F_k, K] stacked along rows (plain copies: capturable).
         transpose: the backend may also keep outᵀ for per-frame kernels that read W by columns."""
@@ -28,64 +34,43 @@ class ArrayBackend:
             out[off:off + p.shape[0]] = p
             off += p.shape[0]
 
-    def gemm(self, x, w, out):
-        """out [N, M] = x [N, K] · w [M, K]ᵀ."""
-        self.xp.matmul(x, w.T, out=out)
+    def gemm(self, a, b, out, *, ta: bool = False, tb: bool = False, accumulate: bool = False):
+        """out (+)= op(a) · op(b), op transposing a (ta) or b (tb): out [N, M] = x [N, K] · w [M, K]ᵀ
+        forward, out [N, K] += g [N, M] · w [M, K] and out [M, K] += g [N, M]ᵀ · x [N, K] backward."""
+        a, b = (a.T if ta else a), (b.T if tb else b)
+        if accumulate:
+            out += a @ b
+        else:
+            self.xp.matmul(a, b, out=out)
 
-    def gemm_nn(self, g, w, out):
-        """out [N, K] += g [N, M] · w [M, K]."""
-        out += g @ w
-
-    def gemm_tn(self, g, x, out):
-        """out [M, K] += g [N, M]ᵀ · x [N, K]."""
-        out += g.T @ x
-
-    def prepare_forward(self, cell, item, env):
-        """Whatever a backend wants to build once per (fused group, frame) and reuse; None here."""
+    def compile(self, cell, item, views, per_frame: bool):
+        """A launchable running plan item `item` on `views` (the arrays the executor hands it) as
+        kernels, or None (here: always), meaning the executor runs the reference functions below."""
         return None
 
-    def prepare_backward(self, cell, item, env, genv, targets):
-        """Likewise for the backward; targets: (u, d) -> the gradient view a read's gradient adds into."""
-        return None
+    def launch(self, launchable):
+        """Runs what compile returned: (kernel, grid, block, arguments) launches, in order."""
+        for kernel, grid, block, args in launchable:
+            kernel(grid, block, args)
 
-    def prepare_pair(self, cell, gemm, fused, gemm_args, env):
-        """One kernel for a frame's merged GEMM and the fused group reading it, or None (here: never)."""
-        return None
-
-    def fused_forward(self, cell, item, env, prepared=None):
-        run_fused_forward(self.xp, cell, item, env)
-
-    def fused_backward(self, cell, item, env, genv, add, params):
-        """Gradients of a fused group: into genv (its own nodes) and, through add(u, d, v, cols),
-        into what it reads (parameters too when params=True)."""
-        run_fused_backward(self.xp, cell, item, env, genv, add, params)
-
-    def launch(self, prepared):
-        """Runs a kernel prepared by one of the prepare_* methods."""
-        raise NotImplementedError("this backend prepares no kernels")
-
-    def param_grad(self, cell, n, slot, g, ins, y, out):
-        """out [F] += node n's backward rule for its vector-parameter operand `slot`, summed over
-        rows; g, y: [N, F]; ins: its operands (rows, or the parameter itself)."""
-        op = cell.op(n)
-        VJP[op.kind][slot](self.xp, lambda v, cols=ALL: accumulate(out[cols], v), g, *ins, y, op.attrs)
-
-    def run_stage(self, fns):
-        """Runs the independent items of one stage (callables); a backend may overlap them."""
+    def overlap(self, fns):
+        """Runs independent callables (the items of one stage); a backend may overlap them."""
         for fn in fns:
             fn()
 
-    capture_scope = None   # what a capturing backend records: "all" (whole bodies) or "loops"
-
-    def loop(self, key, fn):
-        """Runs fn (a time loop or a whole body); a capturing backend records it once and replays it."""
+    def record(self, key, fn):
+        """Runs fn (a time loop or a whole body); a backend that records does so once per key and replays."""
         fn()
 
     def synchronize(self):
         pass
 
-    def to_numpy(self, a):
-        return a
+
+def run_param_grad(xp, cell, n, slot, g, ins, y, out):
+    """out [F] += node n's backward rule for its vector-parameter operand `slot`, summed over rows;
+    g, y: [N, F]; ins: its operands (rows, or the parameter itself)."""
+    op = cell.op(n)
+    VJP[op.kind][slot](xp, lambda v, cols=ALL: accumulate(out[cols], v), g, *ins, y, op.attrs)
 
 
 def run_fused_forward(xp, cell, it, env):

@@ -11,6 +11,7 @@ from collections import OrderedDict
 from ...errors import RnnGraphError, RnnGraphWarning
 from ..kernels import (GEMV_FUSED_ROWS, GEMV_ROWS, PAIR_MAX_BYTES, fusable, fused_backward_kernel,
                        fused_forward_kernel, gemv_fused_kernel, matmul_source, param_grad_kernel)
+from ...plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum
 from .base import ArrayBackend
 
 _KERNELS: dict = {}      # process-wide cache: generated source -> compiled kernel object
@@ -52,8 +53,8 @@ class CupyBackend(ArrayBackend):
     capturable, each time loop) is recorded once as a CUDA graph and replayed.
 
     matmul: 'cublas' runs every GEMM through cuBLAS's C API, which can be recorded, so whole bodies
-    are captured; 'own' uses our capturable GEMV (B ≤ 8) and tiled GEMM kernels in the per-frame loop
-    and CuPy's cuBLAS eagerly around it, so only the time loops are captured.
+    are captured; 'own' (with capture) compiles the per-frame GEMMs into our capturable GEMV (B ≤ 8)
+    and tiled GEMM kernels and runs CuPy's cuBLAS eagerly around the loop, so only time loops are captured.
     """
     name = "cupy"
 
@@ -66,7 +67,6 @@ class CupyBackend(ArrayBackend):
         self.capture = capture
         self.max_graphs = max_graphs
         self._graphs: OrderedDict = OrderedDict()
-        self._own_matmul = False          # True while a loop may be captured with matmul='own'
         self._transposed: dict = {}       # id(packed per-frame W) -> (W, its transpose [K, M])
         self.blas = None
         if matmul == "cublas":
@@ -76,7 +76,8 @@ class CupyBackend(ArrayBackend):
                 warnings.warn(f"cuBLAS C API unavailable ({e}); using rnngraph's own GEMM kernels",
                               RnnGraphWarning, stacklevel=2)
         self.matmul = "cublas" if self.blas else "own"
-        self.capture_scope = "all" if self.blas else "loops"
+        self.records = ("all" if self.blas else "loops") if capture else None
+        self.own_loop_gemms = capture and self.matmul == "own"    # per-frame GEMMs as our own kernels
         self.stream = cupy.cuda.Stream(non_blocking=True) if capture else None
         self.lanes = [cupy.cuda.Stream(non_blocking=True) for _ in range(lanes if lanes > 1 else 0)]
 
@@ -95,37 +96,38 @@ class CupyBackend(ArrayBackend):
             self._transposed[id(out)][1][...] = out.T
 
     # -- matrix products ----------------------------------------------------------------------
-    def gemm(self, x, w, out):
-        if self._own_matmul:
-            self._matmul(x, w, out, accumulate=False)
-        elif self.blas and self.blas.usable(x, w, out):
-            self.blas.nt(x, w, out)
+    def gemm(self, a, b, out, *, ta: bool = False, tb: bool = False, accumulate: bool = False):
+        form = _BLAS_FORMS.get((ta, tb, accumulate))
+        if self.blas and form and self.blas.usable(a, b, out):
+            form(self.blas, a, b, out)
         else:
-            self.xp.matmul(x, w.T, out=out)
+            super().gemm(a, b, out, ta=ta, tb=tb, accumulate=accumulate)
 
-    def gemm_nn(self, g, w, out):
-        if self._own_matmul and id(w) in self._transposed:
-            self._matmul(g, self._transposed[id(w)][1], out, accumulate=True)
-        elif self.blas and self.blas.usable(g, w, out):
-            self.blas.nn(g, w, out)
-        else:
-            out += g @ w
+    def _compile_gemm(self, cell, item, views, per_frame):
+        """A per-frame GEMM as our own capturable kernel (x [B, K] · W [M, K]ᵀ), when they run the loop."""
+        x, w, out = views
+        return (self.matmul_launch(x, w, out, accumulate=False),) if per_frame and self.own_loop_gemms else None
 
-    def gemm_tn(self, g, x, out):
-        if self.blas and self.blas.usable(g, x, out):
-            self.blas.tn(g, x, out)
-        else:
-            out += g.T @ x
+    def _compile_gemm_grad(self, cell, item, views, per_frame):
+        """d operand [B, K] += g [B, M] · W [M, K] as our own kernel, through the transpose pack keeps."""
+        g, w, _, gx, _ = views
+        if not (per_frame and self.own_loop_gemms and id(w) in self._transposed):
+            return None
+        return (self.matmul_launch(g, self._transposed[id(w)][1], gx, accumulate=True),)
 
-    def param_grad(self, cell, n, slot, g, ins, y, out):
-        """out [F] += Σ_rows of node n's backward expression for its vector-parameter operand."""
+    def _compile_param_sum(self, cell, item, views, per_frame):
+        """out [F] += Σ_rows of each reading node's backward expression for the vector parameter."""
+        terms, out = views
+        return tuple(self._param_grad_launch(cell, n, slot, g, ins, y, out) for n, slot, g, ins, y in terms)
+
+    def _param_grad_launch(self, cell, n, slot, g, ins, y, out):
         kernel = self._raw(*param_grad_kernel(cell, n, slot, _CTYPE[str(out.dtype)]))
         cp, N, F, R = self.xp, g.shape[0], out.shape[0], 64
-        kernel(((F + 127) // 128, (N + R - 1) // R), (128,),
-               (*self._row_args([g, *ins, y]), out, cp.int32(N), cp.int32(F), cp.int32(R)))
+        return (kernel, ((F + 127) // 128, (N + R - 1) // R), (128,),
+                (*self._row_args([g, *ins, y]), out, cp.int32(N), cp.int32(F), cp.int32(R)))
 
-    def _matmul(self, a, w, c, accumulate: bool):
-        """c [N, M] (+)= a [N, K] · w [M, K]ᵀ with our own kernels (capturable without cuBLAS)."""
+    def matmul_launch(self, a, w, c, accumulate: bool):
+        """c [N, M] (+)= a [N, K] · w [M, K]ᵀ with our own kernels (capturable without cuBLAS): one launch."""
         N, K = a.shape
         M = w.shape[0]
         if a.strides[1] != a.itemsize or c.strides[1] != c.itemsize or not w.flags.c_contiguous:
@@ -134,34 +136,34 @@ class CupyBackend(ArrayBackend):
         k = self._matmul_kernel(kind, a.dtype)
         args = (a, self.xp.int64(a.strides[0] // a.itemsize), w, c, self.xp.int64(c.strides[0] // c.itemsize),
                 self.xp.int32(N), self.xp.int32(M), self.xp.int32(K), self.xp.int32(accumulate))
-        if kind == "gemv":
-            k(((M * 32 + 255) // 256,), (256,), args)
-        else:
-            k(((M + 31) // 32, (N + 31) // 32), (256,), args)
+        grid = ((M * 32 + 255) // 256,) if kind == "gemv" else ((M + 31) // 32, (N + 31) // 32)
+        return k, grid, (256,), args
 
     def _matmul_kernel(self, kind, dtype):
         ctype = _CTYPE[str(dtype)]
         return self._raw(f"rg_{kind}_{ctype}", matmul_source(kind, ctype))
 
     # -- fused elementwise groups --------------------------------------------------------------
-    def prepare_forward(self, cell, item, env):
-        """(kernel, grid, arguments) of a fused group at one frame, or None where ops lack a kernel rule."""
+    def _compile_fused(self, cell, item, env, per_frame):
+        """A fused group's generated kernel at one frame (or all), or None where ops lack a kernel rule."""
         if not fusable(cell, item.nodes):
             return None
         spec = _spec(cell, item, "fwd")
-        return self._fused_launch(spec, _fused_arrays(spec, env))
+        return (self._fused_launch(spec, _fused_arrays(spec, env)),)
 
-    def prepare_backward(self, cell, item, env, genv, targets):
-        if not fusable(cell, item.nodes):
+    def _compile_fused_grad(self, cell, item, views, per_frame):
+        env, genv, targets = views
+        if not fusable(cell, item.item.nodes):
             return None
-        spec = _spec(cell, item, "bwd")
-        return self._fused_launch(spec, _fused_arrays(spec, env, genv, targets))
+        spec = _spec(cell, item.item, "bwd")
+        return (self._fused_launch(spec, _fused_arrays(spec, env, genv, targets)),)
 
-    def prepare_pair(self, cell, gemm, fused, gemm_args, env):
+    def _compile_pair(self, cell, item, views, per_frame):
         """GEMV (rows ≤ 8) plus the fused group as one kernel, one block per feature, while rows × the
         weights' bytes stay within PAIR_MAX_BYTES: beyond that (B = 1 at H ≥ 1024, B = 8 at H = 512 in
         fp32) the H200 ran the GEMM and the fused kernel faster apart."""
-        x, w, out = gemm_args
+        (x, w, out), env = views
+        gemm, fused = item.gemm, item.fused
         dense = all(a.strides[-1] == a.itemsize for a in (x, w, out)) and w.flags.c_contiguous
         if x.shape[0] > GEMV_FUSED_ROWS or x.shape[0] * w.nbytes > PAIR_MAX_BYTES or not dense or \
                 not fusable(cell, fused.nodes):
@@ -169,7 +171,8 @@ class CupyBackend(ArrayBackend):
         spec = _spec(cell, fused, "fwd")
         offsets = [sum(gemm.sizes[:j]) for j in range(len(gemm.nodes))]
         kernel = self._raw(*gemv_fused_kernel(spec, list(gemm.nodes), offsets, _CTYPE[str(out.dtype)]))
-        return kernel, (out.shape[1] // len(gemm.nodes),), self._pair_args(x, w, out, spec, _fused_arrays(spec, env))
+        return ((kernel, (out.shape[1] // len(gemm.nodes),), (128,),
+                 self._pair_args(x, w, out, spec, _fused_arrays(spec, env))),)
 
     def _pair_args(self, a, w, c, spec, arrays):
         """GEMV operand a [N, K], weights w [M, K] and output c, then the fused group's arguments."""
@@ -181,7 +184,7 @@ class CupyBackend(ArrayBackend):
     def _fused_launch(self, spec, arrays):
         out = arrays[len(spec.in_names)]
         kernel = self._raw(*spec.source(_CTYPE[str(out.dtype)]))
-        return kernel, ((out.shape[0] * out.shape[1] + 127) // 128,), self._fused_args(spec, arrays)
+        return kernel, ((out.shape[0] * out.shape[1] + 127) // 128,), (128,), self._fused_args(spec, arrays)
 
     def _fused_args(self, spec, arrays):
         """Pointer and row-stride pairs of a fused kernel's arrays, then its rows and features."""
@@ -203,20 +206,18 @@ class CupyBackend(ArrayBackend):
             _KERNELS[src] = self.xp.RawKernel(src, name)
         return _KERNELS[src]
 
-    def fused_forward(self, cell, item, env, prepared=None):
-        if prepared is None:
-            return super().fused_forward(cell, item, env)
-        self.launch(prepared)
+    COMPILE = {Gemm: _compile_gemm, GemmGrad: _compile_gemm_grad, Fused: _compile_fused,
+               FusedGrad: _compile_fused_grad, Pair: _compile_pair, ParamSum: _compile_param_sum}
 
-    def launch(self, prepared):
-        kernel, grid, args = prepared
-        kernel(grid, (128,), args)
+    def compile(self, cell, item, views, per_frame: bool):
+        make = self.COMPILE.get(type(item))
+        return None if make is None else make(self, cell, item, views, per_frame)
 
-    def run_stage(self, fns):
+    def overlap(self, fns):
         """With lanes > 1: the stage's items fork onto the lane streams and join back (events);
         inside a capture this records parallel branches of the graph."""
         if not self.lanes:
-            return super().run_stage(fns)
+            return super().overlap(fns)
         cp, main = self.xp, self.xp.cuda.get_current_stream()
         fork = cp.cuda.Event(disable_timing=True)
         fork.record(main)
@@ -232,7 +233,7 @@ class CupyBackend(ArrayBackend):
             main.wait_event(e)
 
     # -- CUDA graphs ---------------------------------------------------------------------------
-    def loop(self, key, fn):
+    def record(self, key, fn):
         """Eager unless capturing; then the first call runs eagerly (compiling kernels) and records fn,
         and later calls replay it. A failed capture warns and stays eager for that key."""
         if not self.capture:
@@ -242,7 +243,7 @@ class CupyBackend(ArrayBackend):
         if graph is not None:
             self._graphs.move_to_end(key)
             if graph == "eager":
-                return self._own(fn)
+                return fn()
             ready = cp.cuda.Event()
             ready.record(cp.cuda.get_current_stream())
             self.stream.wait_event(ready)
@@ -251,18 +252,11 @@ class CupyBackend(ArrayBackend):
             done.record(self.stream)
             cp.cuda.get_current_stream().wait_event(done)
             return None
-        self._own(fn)                      # warm-up: compiles kernels, computes this call's result
+        fn()                               # warm-up: compiles kernels, computes this call's result
         self._graphs[key] = self._record(fn)
         while len(self._graphs) > self.max_graphs:
             self._graphs.popitem(last=False)
         return None
-
-    def _own(self, fn):
-        self._own_matmul = self.matmul == "own"
-        try:
-            fn()
-        finally:
-            self._own_matmul = False
 
     def _record(self, fn):
         cp, s = self.xp, self.stream
@@ -271,7 +265,7 @@ class CupyBackend(ArrayBackend):
         with s:
             s.begin_capture()
             try:
-                self._own(fn)
+                fn()
             except Exception as e:          # never leave the stream capturing
                 error = e
             finally:
@@ -285,6 +279,11 @@ class CupyBackend(ArrayBackend):
             return "eager"
         cp.cuda.get_current_stream().synchronize()
         return graph
+
+
+_BLAS_FORMS = {(False, True, False): lambda blas, x, w, out: blas.nt(x, w, out),     # forward
+               (False, False, True): lambda blas, g, w, out: blas.nn(g, w, out),     # d operand
+               (True, False, True): lambda blas, g, x, out: blas.tn(g, x, out)}      # d weights
 
 
 _SPECS: dict = {}

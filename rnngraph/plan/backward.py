@@ -1,0 +1,70 @@
+"""The backward plan: post reversed, the loop in reverse time, hoisted parameter-gradient reductions, pre
+reversed and the shared-weight accumulation, decided once from a schedule's forward sections."""
+from __future__ import annotations
+
+from collections import Counter
+
+from ..ir.ops import OpKind
+from .items import Fused, FusedGrad, Gemm, GemmGrad, ParamSum, Section, SharedWeight, WeightGrad
+
+
+def grad_item(cell, it, params: bool, all_frames: bool):
+    """The backward item of a forward item; over all frames, a fused group that reads one node at two
+    delays adds into overlapping views of its gradient, so it runs op by op instead of as one kernel."""
+    if isinstance(it, Gemm):
+        return GemmGrad(it, params)
+    return FusedGrad(it, params, not (all_frames and _reads_at_two_delays(cell, it)))
+
+
+def _reads_at_two_delays(cell, it: Fused) -> bool:
+    reads = {r for n in it.nodes for r in cell.reads(n) if cell.op(r[0]).kind is not OpKind.PARAM}
+    return len({u for u, _ in reads}) < len(reads)
+
+
+def reductions(cell, items) -> list:
+    """Parameter gradients of `items` reduced once over all frames: one GEMM per merged GEMM (its
+    weights together), one sum per vector parameter of a fused group (in the order its reads are first evaluated)."""
+    out = []
+    for it in items:
+        if isinstance(it, Gemm):
+            out.append(WeightGrad(it))
+            continue
+        terms: dict = {}
+        for n in it.nodes:
+            for slot, (u, _) in enumerate(cell.reads(n)):
+                if cell.op(u).kind is OpKind.PARAM:
+                    terms.setdefault(u, []).append((n, slot))
+        out += [ParamSum(it, p, tuple(ts)) for p, ts in terms.items()]
+    return out
+
+
+def shared_weights(cell) -> set:
+    """Weights read by several linear ops: each op's block of the merged gradient is added into one."""
+    reads = Counter(cell.reads(n)[1][0] for n in cell.graph if cell.op(n).kind is OpKind.LINEAR)
+    return {w for w, k in reads.items() if k > 1}
+
+
+def backward_sections(sched, loop_item) -> tuple:
+    """The backward plan's sections in run order; loop_item is the loop strategy's backward item."""
+    cell, hoist = sched.cell, sched.hoist_param_grads
+    loop_items = [it for st in sched.loop for it in st]
+    shared = shared_weights(cell)
+    gemms = [it for it in sched.items if isinstance(it, Gemm)]
+    accumulate = [SharedWeight(it, w, sum(it.sizes[:k]), sum(it.sizes[:k + 1]))
+                  for it in gemms for k, w in enumerate(it.weights) if w in shared]
+    return (Section("post", tuple(grad_item(cell, it, not hoist, True) for it in reversed(sched.post))),
+            Section("loop", (loop_item,), per_frame=True),
+            Section("reduce", tuple(reductions(cell, loop_items + list(sched.post)) if hoist else ())),
+            Section("pre", tuple([grad_item(cell, it, not hoist, True) for it in reversed(sched.pre)] +
+                                 (reductions(cell, sched.pre) if hoist else []))),
+            Section("shared", tuple(accumulate)))
+
+
+def capture_problem(sched) -> str | None:
+    """Why a whole backward body cannot be recorded (an item over all frames runs op by op, with
+    temporaries), or None."""
+    for sec in sched.backward:
+        for it in sec.items:
+            if isinstance(it, FusedGrad) and not it.one_kernel:
+                return f"post-loop op {it.item.nodes[0]} reads a value at several delays"
+    return None

@@ -1,0 +1,146 @@
+"""Plan items, each one future kernel (or a loop of them): what the planner emits and the executor interprets."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir.graph import fmt_read
+
+
+# -- forward ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Gemm:
+    """Linear ops reading one operand, run as one GEMM: out[:, blocks] = operand · [W_1; W_2; …]ᵀ."""
+    nodes: tuple        # linear ops; their outputs are column blocks of the merged output, in order
+    operand: str
+    delay: int
+    weights: tuple      # one matrix parameter per node, concatenated along rows
+    sizes: tuple        # output features per node
+
+
+@dataclass(frozen=True)
+class Fused:
+    """Connected elementwise ops of one feature size (or a lone concat), run as one kernel."""
+    nodes: tuple        # evaluation order
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A per-frame GEMM feeding a fused group element by element: one kernel (GEMV inside the fused
+    group) where the backend can, else the GEMM and then the group."""
+    gemm: Gemm
+    fused: Fused
+
+
+# -- backward --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GemmGrad:
+    """d operand += d out · W (and, with params, dW += d outᵀ · operand at the same frames)."""
+    item: Gemm
+    params: bool = False
+
+
+@dataclass(frozen=True)
+class FusedGrad:
+    """A fused group's vector-Jacobian products, into its own nodes and what it reads (and, with
+    params, its parameters); one_kernel is False where one kernel would add into overlapping views."""
+    item: Fused
+    params: bool = False
+    one_kernel: bool = True
+
+
+@dataclass(frozen=True)
+class WeightGrad:
+    """dW_cat += Σ over all frames d outᵀ · operand: one GEMM for a merged GEMM's weights together."""
+    item: Gemm
+
+
+@dataclass(frozen=True)
+class ParamSum:
+    """d param += Σ over all rows of the backward rule of each (node, slot) of `item` reading it."""
+    item: Fused
+    param: str
+    terms: tuple        # (node, slot) pairs, in evaluation order
+
+
+@dataclass(frozen=True)
+class SharedWeight:
+    """d weight += rows [start, stop) of a merged GEMM's weight gradient (a weight read by several ops)."""
+    item: Gemm
+    weight: str
+    start: int
+    stop: int
+
+
+# -- loops and sections ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Stage:
+    """Items run in order at one frame; overlap: they are independent and a backend may run them at once."""
+    items: tuple
+    overlap: bool
+
+
+@dataclass(frozen=True)
+class StagesLoop:
+    """Loop strategy 'stages': frame by frame (in reverse time when reverse), stage by stage."""
+    stages: tuple       # Stage, in run order
+    reverse: bool
+    strategy = "stages"
+
+
+@dataclass(frozen=True)
+class Section:
+    """A named run of items; a per-frame section holds one loop item (its strategy's)."""
+    name: str
+    items: tuple
+    per_frame: bool = False
+
+
+def describe(it, cell) -> str:
+    """One line for a plan item, as `rnngraph schedule` prints it."""
+    return TEXT[type(it)](it, cell)
+
+
+def _gemm(it, cell):
+    return (f"gemm   {', '.join(it.nodes)} = {fmt_read(it.operand, it.delay)} · "
+            f"[{'; '.join(it.weights)}]ᵀ   -> [{sum(it.sizes)}]")
+
+
+def _fused(it, cell):
+    ops = ", ".join(f"{n}={cell.op(n).kind.value}" for n in it.nodes)
+    return f"fused  {{{ops}}}   [{cell.op(it.nodes[-1]).size}]"
+
+
+def _pair(it, cell):
+    return f"pair   {', '.join(it.gemm.nodes)} -> {{{', '.join(it.fused.nodes)}}}   (one kernel where the backend can)"
+
+
+def _gemm_grad(it, cell):
+    g = it.item
+    own = f"; d[{'; '.join(g.weights)}] per frame" if it.params else ""
+    return f"dgemm  d{fmt_read(g.operand, g.delay)} += d[{', '.join(g.nodes)}] · [{'; '.join(g.weights)}]{own}"
+
+
+def _fused_grad(it, cell):
+    how = "" if it.one_kernel else "   (op by op: reads a node at two delays)"
+    own = " with parameters" if it.params else ""
+    return f"dfused {{{', '.join(reversed(it.item.nodes))}}}{own}{how}"
+
+
+def _weight_grad(it, cell):
+    return f"{'; '.join('d' + w for w in it.item.weights)} <- gemm over T"
+
+
+def _param_sum(it, cell):
+    return f"d{it.param} <- sum over T"
+
+
+def _shared(it, cell):
+    return f"d{it.weight} += rows {it.start}:{it.stop} of d[{'; '.join(it.item.weights)}]"
+
+
+def _loop(it, cell):
+    return f"{it.strategy}: {len(it.stages)} stages{' in reverse time' if it.reverse else ''}"
+
+
+TEXT = {Gemm: _gemm, Fused: _fused, Pair: _pair, GemmGrad: _gemm_grad, FusedGrad: _fused_grad,
+        WeightGrad: _weight_grad, ParamSum: _param_sum, SharedWeight: _shared, StagesLoop: _loop}

@@ -1,0 +1,163 @@
+"""The plan as data: the backward plan and the loop strategy, exact for LSTM and MGU, printed and in JSON,
+and the executor's one dispatch table covering every item kind the planner emits."""
+import json
+
+import numpy as np
+import pytest
+
+import rnngraph.nn as rnn
+from rnngraph import CELLS, Cell, RnnGraphError, build_schedule, load_cell
+from rnngraph.plan.items import FusedGrad, GemmGrad, ParamSum, SharedWeight, StagesLoop, WeightGrad
+from rnngraph.run.backends import get_backend
+from rnngraph.run.executor import HANDLERS, Executor
+
+LSTM_FUSED = "add4, add8, add12, add16, add17, i, add18, f, add19, g, add20, o, mul21, mul22, c, tanh24, h"
+EXPECTED = {
+    "lstm": {
+        "forward_loop": [f"stages 0+1: pair   linear3, linear7, linear11, linear15 -> {{{LSTM_FUSED}}}   "
+                         "(one kernel where the backend can)"],
+        "backward": [
+            ("post", []),
+            ("loop", [f"stage 1: dfused {{{', '.join(reversed(LSTM_FUSED.split(', ')))}}}",
+                      "stage 0: dgemm  dh@t-1 += d[linear3, linear7, linear11, linear15] · [W_hi; W_hf; W_hg; W_ho]"]),
+            ("reduce", ["dW_hi; dW_hf; dW_hg; dW_ho <- gemm over T", "db_hi <- sum over T", "db_hf <- sum over T",
+                        "db_hg <- sum over T", "db_ho <- sum over T"]),
+            ("pre", ["dfused {add14, add10, add6, add2}",
+                     "dgemm  dx += d[linear1, linear5, linear9, linear13] · [W_ii; W_if; W_ig; W_io]",
+                     "dW_ii; dW_if; dW_ig; dW_io <- gemm over T", "db_ii <- sum over T", "db_if <- sum over T",
+                     "db_ig <- sum over T", "db_io <- sum over T"]),
+            ("shared", [])]},
+    "mgu": {
+        "forward_loop": ["stages 0+1: pair   linear3 -> {add4, f, mul7, one_minus10, mul11}   "
+                         "(one kernel where the backend can)",
+                         "stages 2+3: pair   linear8 -> {add9, n, mul12, h}   (one kernel where the backend can)"],
+        "backward": [
+            ("post", []),
+            ("loop", ["stage 3: dfused {h, mul12, n, add9}", "stage 2: dgemm  dmul7 += d[linear8] · [U_n]",
+                      "stage 1: dfused {mul11, one_minus10, mul7, f, add4}",
+                      "stage 0: dgemm  dh@t-1 += d[linear3] · [U_f]"]),
+            ("reduce", ["dU_f <- gemm over T", "dU_n <- gemm over T"]),
+            ("pre", ["dfused {add6, add2}", "dgemm  dx += d[linear1, linear5] · [W_f; W_n]",
+                     "dW_f; dW_n <- gemm over T", "db_f <- sum over T", "db_n <- sum over T"]),
+            ("shared", [])]},
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_backward_plan_exact_in_json(name):
+    s = json.loads(json.dumps(build_schedule(load_cell(name, 8, 16)).summary()))
+    assert s["loop_strategy"] == "stages"
+    assert s["forward_loop"] == EXPECTED[name]["forward_loop"]
+    assert [(sec["section"], sec["items"]) for sec in s["backward"]] == EXPECTED[name]["backward"]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_backward_plan_printed_in_order(name):
+    lines = str(build_schedule(load_cell(name, 8, 16))).splitlines()
+    assert f"  loop (per frame, strategy stages): {4 if name == 'mgu' else 2} stages" in lines
+    assert [f"    runs {line}" for line in EXPECTED[name]["forward_loop"]] == [ln for ln in lines if "runs " in ln]
+    start = lines.index("  backward:")
+    printed = [ln.strip() for ln in lines[start + 1:-1] if ln.startswith("      ")]
+    assert printed == [item for _, items in EXPECTED[name]["backward"] for item in items]
+    titles = [ln.strip().split(":")[0] for ln in lines[start + 1:-1] if not ln.startswith("      ")]
+    assert titles == ["post reversed, over all frames", "loop in reverse time, stages reversed",
+                      "parameter gradients of loop and post, reduced once over all frames",
+                      "pre reversed, over all T·B rows", "weights shared by several ops"]
+
+
+def test_backward_items_carry_the_decisions():
+    lstm = build_schedule(load_cell("lstm", 8, 16))
+    post, loop, reduce, pre, shared = lstm.backward
+    (bwd_loop,) = loop.items
+    assert isinstance(bwd_loop, StagesLoop) and bwd_loop.reverse and loop.per_frame
+    assert [type(it) for st in bwd_loop.stages for it in st.items] == [FusedGrad, GemmGrad]
+    assert not any(it.params for st in bwd_loop.stages for it in st.items)      # reduced once, after the loop
+    assert [type(r) for r in reduce.items] == [WeightGrad] + [ParamSum] * 4
+    assert reduce.items[1].terms == (("add4", 1),)                               # b_hi read by add4, slot 1
+    assert lstm.capture_problem is None and post.items == () == shared.items
+
+
+def test_post_item_reading_a_node_at_two_delays_runs_op_by_op():
+    sru = build_schedule(load_cell("sru", 8, 16))
+    (post,) = sru.backward[0].items
+    assert isinstance(post, FusedGrad) and not post.one_kernel
+    assert sru.capture_problem == "post-loop op mul8 reads a value at several delays"
+    assert [r.param for r in sru.backward[2].items] == ["v_f", "v_r"]          # loop's, then post's
+    assert sru.summary()["param_grad_reductions"] == ["dv_f <- sum over T"]      # the loop's only
+
+
+def test_naive_plan_takes_parameter_gradients_frame_by_frame():
+    s = build_schedule(load_cell("lstm", 8, 16), optimize=False)
+    (loop,) = s.backward[1].items
+    steps = [it for st in loop.stages for it in st.items]
+    assert all(it.params for it in steps) and not s.backward[2].items
+    assert [len(st.items) for st in loop.stages] == [1] * 29
+
+
+def test_shared_weights_are_accumulated_last():
+    c = Cell("tied")
+    x, h = c.input("x", 3), c.state("h", 4)
+    c.output(c.bind(h, c.tanh(c.linear(x, "W", 4) + c.linear(h, "U", 4) + c.linear(c.tanh(h), "U", 4)), name="h"))
+    s = build_schedule(c.build())
+    assert s.backward[-1].items == tuple(SharedWeight(it, "U", 0, 4) for st in s.loop for it in st
+                                         if getattr(it, "weights", None) == ("U",))
+
+
+def every_plan():
+    for name in CELLS:
+        for optimize in (True, False):
+            yield build_schedule(load_cell(name, 4, 6), optimize)
+
+
+def kinds(items):
+    for it in items:
+        yield type(it)
+        for st in getattr(it, "stages", ()):
+            yield from kinds(st.items)
+
+
+def test_dispatch_table_covers_every_item_kind_the_planner_emits():
+    emitted = {k for s in every_plan() for sec in s.forward + s.backward for k in kinds(sec.items)}
+    assert emitted <= set(HANDLERS) and len(emitted) >= 8
+
+
+# -- the loop strategy -------------------------------------------------------------------------------
+def test_loop_strategy_is_a_field_chosen_by_auto():
+    cell = load_cell("gru", 4, 6)
+    assert build_schedule(cell).loop_strategy == "stages" == build_schedule(cell, loop="stages").loop_strategy
+    assert build_schedule(cell).summary() == build_schedule(cell, loop="stages").summary()
+    assert build_schedule(cell, optimize=False).summary()["loop_strategy"] == "stages"
+
+
+@pytest.mark.parametrize("make", [lambda: build_schedule(load_cell("gru", 4, 6), loop="scan"),
+                                  lambda: Executor(load_cell("gru", 4, 6), get_backend("numpy"), loop="scan"),
+                                  lambda: rnn.GRU(4, 6, loop="scan")])
+def test_unknown_loop_strategy_is_one_clear_error(make):
+    with pytest.raises(RnnGraphError, match=r"^unknown loop strategy 'scan'; choose one of auto, stages$"):
+        make()
+
+
+def test_an_executor_without_a_runner_for_the_plan_says_so(monkeypatch):
+    monkeypatch.delitem(HANDLERS, StagesLoop)
+    with pytest.raises(RnnGraphError, match="loop strategy 'stages' has no runner"):
+        Executor(load_cell("gru", 4, 6), get_backend("numpy"))
+
+
+def test_loop_override_runs_the_same_numbers():
+    x = np.random.default_rng(0).standard_normal((5, 2, 4))
+    auto = rnn.LSTM(4, 6, num_layers=2, dtype="float64")
+    stages = rnn.LSTM(4, 6, num_layers=2, dtype="float64", loop="stages")
+    (ya, _), (yb, _) = auto(x), stages(x)
+    np.testing.assert_array_equal(ya, yb)
+    assert stages.loop == "stages" and stages._stack.runs[0][0].ex.sched.loop_strategy == "stages"
+
+
+# -- one factory sets capture ------------------------------------------------------------------------
+def test_graph_mode_needs_a_recording_backend_in_one_place():
+    with pytest.raises(RnnGraphError, match="mode 'graph' runs on the cupy backend"):
+        get_backend("numpy", "graph")
+    with pytest.raises(RnnGraphError, match="mode 'graph' runs on the cupy backend"):
+        Executor(load_cell("gru", 4, 6), get_backend("numpy"), "graph")
+    with pytest.raises(RnnGraphError, match="mode 'graph' runs on the cupy backend"):
+        rnn.GRU(4, 6, backend=get_backend("numpy"), mode="graph")
+    assert get_backend("numpy").records is None
