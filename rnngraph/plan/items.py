@@ -138,9 +138,5 @@ def _shared(it, cell):
     return f"d{it.weight} += rows {it.start}:{it.stop} of d[{'; '.join(it.item.weights)}]"
 
 
-def _loop(it, cell):
-    return f"{it.strategy}: {len(it.stages)} stages{' in reverse time' if it.reverse else ''}"
-
-
 TEXT = {Gemm: _gemm, Fused: _fused, Pair: _pair, GemmGrad: _gemm_grad, FusedGrad: _fused_grad,
-        WeightGrad: _weight_grad, ParamSum: _param_sum, SharedWeight: _shared, StagesLoop: _loop}
+        WeightGrad: _weight_grad, ParamSum: _param_sum, SharedWeight: _shared}
