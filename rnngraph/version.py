@@ -1,2 +1,2 @@
-"""The package version (setup.cfg reads it from rnngraph.__version__)."""
+"""The package version: setup.cfg reads it here, and rnngraph.__version__ re-exports it."""
 __version__ = "0.1.0"
