@@ -129,11 +129,20 @@ def test_loop_strategy_is_a_field_chosen_by_auto():
     assert build_schedule(cell, optimize=False).summary()["loop_strategy"] == "stages"
 
 
-@pytest.mark.parametrize("make", [lambda: build_schedule(load_cell("gru", 4, 6), loop="scan"),
-                                  lambda: Executor(load_cell("gru", 4, 6), get_backend("numpy"), loop="scan"),
-                                  lambda: rnn.GRU(4, 6, loop="scan")])
-def test_unknown_loop_strategy_is_one_clear_error(make):
-    with pytest.raises(RnnGraphError, match=r"^unknown loop strategy 'scan'; choose one of auto, stages$"):
+LOOP_ERRORS = [("gru", "bogus", r"^unknown loop strategy 'bogus'; choose one of auto, scan, elementwise, stages$"),
+               ("gru", "scan", r"^cell 'gru' does not admit loop strategy 'scan': state h is general \(its "
+                               r"recurrence has cross-feature ops \(linear3, linear7, linear11\)\); it admits stages$"),
+               ("min_gru", "scan", r"^cell 'min_gru' admits loop strategy 'scan', but rnngraph does not implement "
+                                   r"it yet \(it runs stages\); use loop='auto'$")]
+
+
+@pytest.mark.parametrize("cell, loop, message", LOOP_ERRORS, ids=[f"{c}-{l}" for c, l, _ in LOOP_ERRORS])
+@pytest.mark.parametrize("where", ["build_schedule", "Executor", "Recurrent"])
+def test_a_loop_strategy_that_cannot_run_is_one_clear_error(cell, loop, message, where):
+    make = {"build_schedule": lambda: build_schedule(load_cell(cell, 4, 6), loop=loop),
+            "Executor": lambda: Executor(load_cell(cell, 4, 6), get_backend("numpy"), loop=loop),
+            "Recurrent": lambda: rnn.Recurrent(cell, 4, 6, loop=loop)}[where]
+    with pytest.raises(RnnGraphError, match=message):
         make()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from ..errors import RnnGraphError
 from ..ir.ops import OpKind
 from .backward import grad_item
+from .classify import ADMITS, admitted
 from .items import Fused, Gemm, Pair, Stage, StagesLoop
 
 
@@ -58,10 +59,19 @@ def stages_loop(sched) -> tuple:
 LOOPS = {"stages": stages_loop}     # strategy -> planner of its (forward, backward) loop items
 
 
-def resolve_loop(name: str) -> str:
-    """The strategy a schedule runs: 'auto' picks 'stages' (today's only one); else `name`, if known."""
+def resolve_loop(name: str, classes: dict, cell: str) -> str:
+    """The strategy a schedule runs: 'auto' picks the best one the cell admits and rnngraph implements
+    (today 'stages'); a named one must be both, else one clear error saying which it is not."""
+    admits = admitted(classes)
     if name == "auto":
-        return "stages"
+        return next(s for s in admits if s in LOOPS)
+    if name not in ADMITS:
+        raise RnnGraphError(f"unknown loop strategy {name!r}; choose one of {', '.join(['auto', *ADMITS])}")
+    if name not in admits:
+        why = "; ".join(f"state {s} is {c.kind} ({c.why})" for s, c in classes.items() if c.kind not in ADMITS[name])
+        raise RnnGraphError(f"cell '{cell}' does not admit loop strategy {name!r}: {why}; it admits "
+                            f"{', '.join(admits)}")
     if name not in LOOPS:
-        raise RnnGraphError(f"unknown loop strategy {name!r}; choose one of {', '.join(['auto', *LOOPS])}")
+        raise RnnGraphError(f"cell '{cell}' admits loop strategy {name!r}, but rnngraph does not implement it yet "
+                            f"(it runs {', '.join(LOOPS)}); use loop='auto'")
     return name

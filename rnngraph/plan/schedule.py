@@ -18,6 +18,7 @@ import networkx as nx
 from ..ir.graph import CellGraph, fmt_read, same_frame, topo_order
 from ..ir.ops import ELEMENTWISE, FLOPS, OpKind
 from .backward import backward_sections, capture_problem
+from .classify import admitted, classify
 from .items import Fused, Gemm, Pair, Section, describe
 from .loops import LOOPS, resolve_loop
 
@@ -31,11 +32,12 @@ class Schedule:
     post: tuple         # items over all frames, after the loop
     hoist_param_grads: bool     # parameter gradients of loop ops as one reduction over all frames
     loop_strategy: str = "stages"
+    state_classes: dict = field(default_factory=dict, compare=False)   # state -> classify.StateClass
     forward: tuple = field(init=False, compare=False)    # Sections: pre, loop (one loop item), post
     backward: tuple = field(init=False, compare=False)   # Sections: post, loop, reduce, pre, shared
 
     def __post_init__(self):
-        fwd_loop, bwd_loop = LOOPS[resolve_loop(self.loop_strategy)](self)
+        fwd_loop, bwd_loop = LOOPS[resolve_loop(self.loop_strategy, self.state_classes, self.cell.name)](self)
         object.__setattr__(self, "forward", (Section("pre", self.pre), Section("loop", (fwd_loop,), per_frame=True),
                                              Section("post", self.post)))
         object.__setattr__(self, "backward", backward_sections(self, bwd_loop))
@@ -43,6 +45,11 @@ class Schedule:
     @property
     def items(self):
         return [*self.pre, *(it for st in self.loop for it in st), *self.post]
+
+    @property
+    def loop_strategies(self) -> tuple:
+        """The loop strategies every state's class admits, best first (the plan runs loop_strategy)."""
+        return admitted(self.state_classes)
 
     @property
     def capture_problem(self) -> str | None:
@@ -94,6 +101,8 @@ class Schedule:
             "param_grad_reductions": [describe(r, cell) for r in sorted(
                 (r for r in reduce if r.item in order), key=lambda r: (order[r.item], getattr(r, "param", "")))],
             "loop_strategy": self.loop_strategy,
+            "loop_strategies": list(self.loop_strategies),
+            "state_classes": {st: {"class": c.kind, "why": c.why} for st, c in self.state_classes.items()},
             "forward_loop": dict(self.plan_lines(self.forward))["loop"],
             "backward": [{"section": name, "items": lines} for name, lines in self.plan_lines(self.backward)],
         }
@@ -104,6 +113,8 @@ class Schedule:
         out.append(f"  pre (hoisted, once over all T·B rows): {len(self.pre)} kernels")
         out += [f"    {describe(it, cell)}" for it in self.pre]
         out.append(f"  loop (per frame, strategy {self.loop_strategy}): {len(self.loop)} stages")
+        out += [f"    state {st}: {c.kind} ({c.why})" for st, c in self.state_classes.items()]
+        out.append(f"    strategies this loop admits, best first: {', '.join(self.loop_strategies)}")
         for k, st in enumerate(self.loop):
             out += [f"    stage {k}: {describe(it, cell)}" for it in st]
         out += [f"    runs {line}" for line in s["forward_loop"] if ": pair" in line]
@@ -216,11 +227,12 @@ def _quotient(frame, group) -> nx.DiGraph:
 def build_schedule(cell: CellGraph, optimize: bool = True, loop: str = "auto") -> Schedule:
     """The staged schedule (optimize=True), or the naive one: every op its own per-frame kernel; loop
     names the loop strategy ('auto': the best one available)."""
-    strategy = resolve_loop(loop)
+    pre, core, post = sections(cell)
+    classes = classify(cell, pre)
+    strategy = resolve_loop(loop, classes, cell.name)
     if not optimize:
         stages = tuple((it,) for it in _singletons(cell, cell.frame_order()))
-        return Schedule(cell, (), stages, (), hoist_param_grads=False, loop_strategy=strategy)
-    pre, core, post = sections(cell)
+        return Schedule(cell, (), stages, (), hoist_param_grads=False, loop_strategy=strategy, state_classes=classes)
     items = _merge(cell, list(core))
     q = nx.DiGraph()
     q.add_nodes_from(range(len(items)))
@@ -229,7 +241,7 @@ def build_schedule(cell: CellGraph, optimize: bool = True, loop: str = "auto") -
                      if u in owner and v in owner and owner[u] != owner[v])
     stages = tuple(tuple(items[k] for k in sorted(gen)) for gen in nx.topological_generations(q))
     return Schedule(cell, tuple(_merge(cell, list(pre))), stages, tuple(_merge(cell, list(post))),
-                    hoist_param_grads=True, loop_strategy=strategy)
+                    hoist_param_grads=True, loop_strategy=strategy, state_classes=classes)
 
 
 def _singletons(cell, nodes):

@@ -1,0 +1,92 @@
+"""The planner's class of each recurrent state, read off the graph (issue 12's analysis; only 'stages' runs yet)."""
+import json
+
+import pytest
+
+from rnngraph import CELLS, Cell, build_schedule, load_cell
+from rnngraph.lab.cli import main
+
+# cell: ({state: class}, admitted strategies best first)
+EXPECTED = {
+    "lstm": ({"h": "general", "c": "general"}, ("stages",)),
+    "gru": ({"h": "general"}, ("stages",)),
+    "rnn_tanh": ({"h": "general"}, ("stages",)),
+    "rnn_relu": ({"h": "general"}, ("stages",)),
+    "peephole_lstm": ({"h": "general", "c": "general"}, ("stages",)),
+    "cifg_lstm": ({"h": "general", "c": "general"}, ("stages",)),
+    "min_gru": ({"h": "linear_diagonal"}, ("scan", "elementwise", "stages")),
+    "mgu": ({"h": "general"}, ("stages",)),
+    "indrnn": ({"h": "elementwise"}, ("elementwise", "stages")),
+    "sru": ({"c": "elementwise"}, ("elementwise", "stages")),
+}
+
+
+def classes(cell) -> dict:
+    return {s: c.kind for s, c in build_schedule(cell).state_classes.items()}
+
+
+def test_every_builtin_has_expected_classes():
+    assert set(EXPECTED) == set(CELLS)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_builtin_classes(name):
+    sched = build_schedule(load_cell(name, 5, 8))
+    assert classes(sched.cell) == EXPECTED[name][0]
+    assert sched.loop_strategies == EXPECTED[name][1]
+    assert sched.loop_strategy == "stages"          # the only strategy rnngraph runs yet
+
+
+def one_state(update, delay=1):
+    """A cell whose state h is update(c, h read `delay` frames back, a, b) with a, b from x only."""
+    c = Cell("form")
+    x, h = c.input("x", 3), c.state("h", 4)
+    a = c.sigmoid(c.linear(x, "W_a", 4), name="a")
+    b = c.tanh(c.linear(x, "W_b", 4), name="b")
+    c.output(c.bind(h, update(c, h.ago(delay), a, b), name="h"))
+    return c.build()
+
+
+LINEAR_FORMS = {
+    "a*h + b": lambda c, h, a, b: a * h + b,
+    "h*a + b": lambda c, h, a, b: h * a + b,
+    "b + a*h": lambda c, h, a, b: b + a * h,
+    "b + h*a": lambda c, h, a, b: b + h * a,
+    "(1-a)*h + a*b": lambda c, h, a, b: (1 - a) * h + a * b,
+    "parameter decay": lambda c, h, a, b: c.diag(h, "w") + b,
+}
+
+
+@pytest.mark.parametrize("form", LINEAR_FORMS)
+@pytest.mark.parametrize("delay", [1, 2])
+def test_linear_diagonal_forms_are_recognised_on_the_graph(form, delay):
+    cell = one_state(LINEAR_FORMS[form], delay)
+    c = build_schedule(cell).state_classes["h"]
+    assert (c.kind, c.delay) == ("linear_diagonal", delay)
+    assert cell.op(c.a).kind.value in ("sigmoid", "one_minus", "param") and c.b in cell.graph
+
+
+NOT_LINEAR = {   # each looks close, but a or b depends on the state, or the update is not a ⊙ s + b
+    "a from the state": (lambda c, h, a, b: c.sigmoid(c.diag(h, "u")) * h + b, "elementwise"),
+    "b from the state": (lambda c, h, a, b: a * h + c.tanh(h), "elementwise"),
+    "h*h + b": (lambda c, h, a, b: h * h + b, "elementwise"),
+    "squashed": (lambda c, h, a, b: c.tanh(a * h + b), "elementwise"),
+    "a through W·h": (lambda c, h, a, b: c.sigmoid(c.linear(h, "U", 4)) * h + b, "general"),
+}
+
+
+@pytest.mark.parametrize("form", NOT_LINEAR)
+def test_cells_that_look_linear_but_are_not(form):
+    update, kind = NOT_LINEAR[form]
+    assert classes(one_state(update)) == {"h": kind}
+
+
+def test_schedule_prints_and_dumps_the_classes(capsys):
+    assert main(["schedule", "min_gru", "--input-size", "4", "--hidden-size", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "    state h: linear_diagonal (h = one_minus" in out
+    assert "    strategies this loop admits, best first: scan, elementwise, stages" in out
+    assert main(["schedule", "sru", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["loop_strategies"] == ["elementwise", "stages"] and d["loop_strategy"] == "stages"
+    assert d["state_classes"]["c"]["class"] == "elementwise"
