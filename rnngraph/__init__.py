@@ -41,7 +41,8 @@ class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.import_module(f"{__name__}.{MOVED[spec.name.rpartition('.')[2]]}")
 
     def exec_module(self, module):
-        pass
+        """The import system has just given the real module the alias's spec: give it its own back."""
+        module.__spec__ = importlib.util.spec_from_file_location(module.__name__, module.__file__)
 
 
 sys.meta_path.append(_MovedFinder())

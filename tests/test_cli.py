@@ -147,3 +147,19 @@ def test_import_rnngraph_exposes_its_subpackages_without_heavy_imports():
     assert r.stdout == "LSTM Adam MSELoss Dense\n"
     with pytest.raises(AttributeError, match="module 'rnngraph' has no attribute 'nope'"):
         package.nope
+
+
+def test_a_user_cell_module_is_found_in_the_working_folder_without_staying_on_sys_path(tmp_path, monkeypatch):
+    (tmp_path / "cwdcells.py").write_text("from rnngraph.ir.cells import gru as cell\n")
+    monkeypatch.chdir(tmp_path)
+    before = list(sys.path)
+    assert package.load_cell("cwdcells:cell", 3, 4).name == "gru"
+    assert sys.path == before
+
+
+def test_the_old_module_paths_leave_the_real_modules_intact():
+    code = ("import importlib, rnngraph.optim, rnngraph.nn.optim as real\n"
+            "assert rnngraph.optim is real and real.__spec__.name == 'rnngraph.nn.optim'\n"
+            "importlib.reload(real)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

@@ -63,7 +63,16 @@ def softplus_cell(D, H):
     return c.build()
 
 
-USER = {"user": user_cell, "softplus": softplus_cell}
+def post_delay2_cell(D, H):
+    """Post-loop work over all frames reading h two frames back: a fused group and a GEMM on shifted views."""
+    c = rg.Cell("post_delay2")
+    x, h = c.input("x", D), c.state("h", H)
+    c.bind(h, c.tanh(c.linear(x, "W", H, bias="b") + c.linear(h, "U", H)), name="h")
+    c.output(c.sigmoid(h.ago(2)) * 0.5 + c.linear(h.ago(2), "P", H), name="y")
+    return c.build()
+
+
+USER = {"user": user_cell, "softplus": softplus_cell, "post_delay2": post_delay2_cell}
 CELLS = [*rg.CELLS, *USER]
 
 
@@ -182,7 +191,12 @@ def test_failed_capture_warns_falls_back_and_leaves_no_broken_stream():
 
     def gemm(a, b, out, **how):   # CuPy's own matmul (cuBLAS) is refused inside a capture
         if cupy.cuda.runtime.streamIsCapturing(cupy.cuda.get_current_stream().ptr):
-            return cupy.matmul(a.T if how.get("ta") else a, b.T if how.get("tb") else b)
+            product = cupy.matmul(a.T if how.get("ta") else a, b.T if how.get("tb") else b)
+            if how.get("accumulate"):
+                out += product
+            else:
+                out[...] = product
+            return None
         return real(a, b, out, **how)
 
     be.gemm = gemm

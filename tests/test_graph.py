@@ -205,3 +205,14 @@ def test_handles_stay_valid_after_bind_renames_their_node():
     c.output(y, name="y")
     cell = c.build()
     assert cell.reads("y")[0] == ("m", 0) and "m_new" not in cell.graph
+
+
+def test_a_state_bound_to_a_parameter_or_an_input_never_overwrites_it():
+    c = Cell("p")
+    x, h = c.input("x", 4), c.state("h", 4)
+    with pytest.raises(RnnGraphError, match="state 'h' is bound to parameter 'b', which would make it a constant"):
+        c.bind(h, c.param("b", (4,)))
+    bound = c.bind(h, x)                       # an input: the state gets its own copy (an identity op)
+    c.output(c.tanh(bound + h), name="y")
+    cell = c.build()
+    assert cell.states["h"][0] != "x" and cell.op(cell.states["h"][0]).kind.value == "identity"

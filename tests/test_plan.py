@@ -163,10 +163,12 @@ def test_loop_override_runs_the_same_numbers():
 
 # -- one factory sets capture ------------------------------------------------------------------------
 def test_graph_mode_needs_a_recording_backend_in_one_place():
-    with pytest.raises(RnnGraphError, match="mode 'graph' runs on the cupy backend"):
+    with pytest.raises(RnnGraphError, match=r"mode 'graph' runs on a cupy backend made for it, get_backend\('cupy', 'graph'\)"):
         get_backend("numpy", "graph")
-    with pytest.raises(RnnGraphError, match="mode 'graph' runs on the cupy backend"):
+    with pytest.raises(RnnGraphError, match=r"mode 'graph' runs on a cupy backend made for it, get_backend\('cupy', 'graph'\)"):
         Executor(load_cell("gru", 4, 6), get_backend("numpy"), "graph")
-    with pytest.raises(RnnGraphError, match="mode 'graph' runs on the cupy backend"):
+    with pytest.raises(RnnGraphError, match=r"mode 'graph' runs on a cupy backend made for it, get_backend\('cupy', 'graph'\)"):
         rnn.GRU(4, 6, backend=get_backend("numpy"), mode="graph")
     assert get_backend("numpy").records is None
+    with pytest.raises(RnnGraphError, match=r"get_backend takes the mode, not capture=: get_backend\('cupy', 'graph'\)"):
+        get_backend("cupy", capture=True)

@@ -195,7 +195,11 @@ class Cell:
         if value.size != self._states[label]:
             raise RnnGraphError(f"shape mismatch binding state '{label}' [{self._states[label]}] to "
                                 f"'{value.label}' [{value.size}]")
-        if value.name in self._bound.values() or value.name.startswith(_PLACEHOLDER):
+        kind = self._g.nodes[value.name]["op"].kind
+        if kind is OpKind.PARAM:
+            raise RnnGraphError(f"state '{label}' is bound to parameter '{value.label}', which would make it a "
+                                "constant; bind it to a value computed each frame")
+        if value.name in self._bound.values() or value.name.startswith(_PLACEHOLDER) or kind is OpKind.INPUT:
             value = self.identity(value, name=name)
         elif name and name != value.name:
             self._rename(value.name, name)

@@ -83,8 +83,9 @@ def _rebuild(d: dict) -> CellGraph:
                    delay=_count(e["delay"], "an edge's delay"))
     states = {s["name"]: (s["producer"], _count(s["size"], f"size of state '{s['name']}'", 1)) for s in d["states"]}
     for s, (p, n) in states.items():
-        if p not in g or g.nodes[p]["op"].size != n:
-            raise _malformed(name, f"state '{s}' [{n}] names producer '{p}', which is not a node of that size")
+        if p not in g or g.nodes[p]["op"].size != n or g.nodes[p]["op"].kind in (OpKind.PARAM, OpKind.INPUT):
+            raise _malformed(name, f"state '{s}' [{n}] names producer '{p}', which is not a computed node of that "
+                                   "size")
     for v in g:
         _check_node(name, g, v, {p for p, _ in states.values()})
     found = {n: op.size for n, op in g.nodes(data="op") if op.kind is OpKind.INPUT}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import sys
 import sysconfig
 import traceback
 from typing import Callable
@@ -193,6 +194,17 @@ def load_cell(spec, input_size: int, hidden_size: int, bias: bool = True) -> Cel
     return cell
 
 
+def _import_from_cwd(mod: str):
+    """Imports `mod` with the working directory first on sys.path for that import only (as `python -m`
+    would find it there), so a user's cell module is found without leaving the folder on the path."""
+    cwd = os.getcwd()
+    sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(mod)
+    finally:
+        sys.path.remove(cwd)        # the first occurrence: the one inserted above
+
+
 def _cell_function(spec) -> tuple[Callable, str]:
     """The cell function `spec` names, and how to name it in an error."""
     if callable(spec):
@@ -204,7 +216,7 @@ def _cell_function(spec) -> tuple[Callable, str]:
                             "or pass 'module:function'")
     mod, _, attr = spec.partition(":")
     try:
-        module = importlib.import_module(mod)
+        module = _import_from_cwd(mod)
     except Exception as e:  # show the user's own import error, not our frames
         name = mod[:-3].replace("/", ".")
         hint = f"; name the module, not its file: '{name}:{attr}'" if mod.endswith(".py") else ""

@@ -266,8 +266,6 @@ def run(args) -> int:
         writable_folder(Path(args.json).parent, "--json FILE", missing=0, raw=args.json)
         if Path(args.json).is_dir():
             raise RnnGraphError(f"--json {args.json} is a folder; give a file, e.g. {Path(args.json) / 'bench.json'}")
-    if any(":" in c for c in st["cells"]) and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     threads = _torch_threads(1 if args.quick else None)   # tiny ops: threads only contend (seen: 100x)
     try:
         info = machine_info()

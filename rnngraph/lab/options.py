@@ -3,8 +3,6 @@ output folder checked before any work is done."""
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -31,9 +29,7 @@ def add_cell_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cell_from_args(args: argparse.Namespace) -> CellGraph:
-    """The cell named on the command line; `module:function` is importable from the working directory."""
-    if ":" in args.cell and os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    """The cell named on the command line; `module:function` is found in the working directory too."""
     return load_cell(args.cell, args.input_size, args.hidden_size)
 
 

@@ -110,12 +110,13 @@ class Executor:
 
     def _run_body(self, kind: str, ws, body):
         """Runs body(ws, run_loop) through the backend: the whole body recorded once and replayed, or,
-        where it cannot be, only its time loop (run_loop); eager backends just run it."""
+        where it cannot be, only its per-frame sections (run_loop(name, fn), each its own recording);
+        eager backends just run it."""
         key, be = (kind, self.serial, ws.serial, ws.version), self.backend
         if self.whole_capture:
             be.record(key, lambda: body(ws, _call))
         else:
-            body(ws, lambda fn: be.record(key, fn))
+            body(ws, lambda name, fn: be.record(key + (name,), fn))
 
     def _forward_body(self, ws, run_loop):
         """Everything after the inputs are staged: packing the merged weights, then the forward plan."""
@@ -126,7 +127,7 @@ class Executor:
     def _run_sections(self, sections, ws, run_loop):
         for sec in sections:
             if sec.per_frame:
-                run_loop(lambda sec=sec: self._run(sec.items, ws, ALL))
+                run_loop(sec.name, lambda sec=sec: self._run(sec.items, ws, ALL))
             else:
                 self._run(sec.items, ws, ALL)
 
@@ -256,5 +257,5 @@ HANDLERS = {Gemm: Executor._gemm, Fused: Executor._fused, Pair: Executor._pair, 
             ParamSum: Executor._param_sum, SharedWeight: Executor._shared}
 
 
-def _call(fn):
+def _call(name, fn):
     fn()

@@ -6,7 +6,6 @@ into a stack of recurrent layers (any cell), dropout, then Dense to logits over 
 from __future__ import annotations
 
 import math
-import os
 import sys
 
 import numpy as np
@@ -54,12 +53,6 @@ class Dropout:
         pass
 
 
-def import_path_for(cell: str) -> None:
-    """Makes 'module:function' cells importable from the working directory, as `rnngraph schedule` does."""
-    if ":" in cell and os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-
-
 def check_stored_cell(model: dict, path, given: bool = False) -> None:
     """Checks the cell of checkpoint `path` (its model config `model`) against the code its name builds today.
 
@@ -84,7 +77,6 @@ def check_stored_cell(model: dict, path, given: bool = False) -> None:
     if user and not given:
         _note(f"running the graph of {spec} stored in checkpoint {path} (its module is not imported)")
         return
-    import_path_for(spec)
     diff = _first_change(spec, stored, model["hidden"])
     if diff and user:
         raise RnnGraphError(f"cell {spec} differs from the one checkpoint {path} was trained with: {diff}; drop "
@@ -127,7 +119,6 @@ class CharLM:
             spec = [cell_from_dict(g) for g in config["graphs"]]
         else:
             spec = config["cell"]
-            import_path_for(spec)
         self.rnn = Recurrent(spec, V, H, num_layers=config["layers"],
                              dropout=config["dropout"] if config["layers"] > 1 else 0.0,
                              backend=backend, dtype=config["dtype"], mode=mode, seed=config["seed"])

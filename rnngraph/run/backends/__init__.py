@@ -4,8 +4,8 @@ from __future__ import annotations
 from ...errors import RnnGraphError
 
 MODES = ("naive", "staged", "graph")    # graph: the staged schedule, recorded once as CUDA graphs and replayed
-GRAPH_ONLY = ("mode 'graph' runs on the cupy backend created with capture=True, and only there; "
-              "use 'staged' for eager execution")
+GRAPH_ONLY = ("mode 'graph' runs on a cupy backend made for it, get_backend('cupy', 'graph'), and only "
+              "there; use 'staged' for eager execution")
 
 
 def get_backend(name: str = "numpy", mode: str = "staged", **options):
@@ -13,6 +13,9 @@ def get_backend(name: str = "numpy", mode: str = "staged", **options):
     'graph' means a cupy backend that records CUDA graphs (capture=True); this is the one place that
     rule lives. Options go to the cupy backend: matmul ('cublas' | 'own'), lanes (CUDA streams)."""
     check_mode(mode)
+    if "capture" in options:
+        raise RnnGraphError("get_backend takes the mode, not capture=: get_backend('cupy', 'graph') records "
+                            "CUDA graphs")
     if name not in ("numpy", "cupy", "auto"):
         raise RnnGraphError(f"unknown backend {name!r}; choose 'numpy', 'cupy' or 'auto'")
     if name != "numpy":
