@@ -1,10 +1,12 @@
 """The planner's class of each recurrent state, read off the graph (issue 12's analysis; only 'stages' runs yet)."""
 import json
 
+import numpy as np
 import pytest
 
 from rnngraph import CELLS, Cell, build_schedule, load_cell
 from rnngraph.lab.cli import main
+from rnngraph.nn import Recurrent
 
 # cell: ({state: class}, admitted strategies best first)
 EXPECTED = {
@@ -16,6 +18,8 @@ EXPECTED = {
     "cifg_lstm": ({"h": "general", "c": "general"}, ("stages",)),
     "min_gru": ({"h": "linear_diagonal"}, ("scan", "elementwise", "stages")),
     "mgu": ({"h": "general"}, ("stages",)),
+    "min_lstm": ({"h": "linear_diagonal"}, ("scan", "elementwise", "stages")),
+    "qrnn": ({"c": "linear_diagonal"}, ("scan", "elementwise", "stages")),
     "indrnn": ({"h": "elementwise"}, ("elementwise", "stages")),
     "sru": ({"c": "elementwise"}, ("elementwise", "stages")),
 }
@@ -90,3 +94,32 @@ def test_schedule_prints_and_dumps_the_classes(capsys):
     d = json.loads(capsys.readouterr().out)
     assert d["loop_strategies"] == ["elementwise", "stages"] and d["loop_strategy"] == "stages"
     assert d["state_classes"]["c"]["class"] == "elementwise"
+
+
+def sigmoid(v):
+    return 1 / (1 + np.exp(-v))
+
+
+def test_min_lstm_and_qrnn_compute_their_papers_equations():
+    """Against the equations written directly (minLSTM's f' = f / (f + i) as a division)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6, 2, 3)) * 3
+    for name in ("min_lstm", "qrnn"):
+        layer = Recurrent(name, 3, 4, dtype="float64", init="orthogonal", seed=1)
+        for p in layer.parameters().values():
+            p[...] = rng.standard_normal(p.shape)
+        y, _ = layer(x)
+        P = layer.parameters()
+        W, b = P["weight_ih_l0"].reshape(3, 4, 3), P["bias_ih_l0"].reshape(3, 4)
+        u = np.einsum("tbd,khd->ktbh", x, W) + b[:, None, None, :]        # [3 gates, T, B, H]
+        s, want = np.zeros((2, 4)), []
+        for t in range(6):
+            if name == "min_lstm":
+                f, i = sigmoid(u[0, t]), sigmoid(u[1, t])
+                s = f / (f + i) * s + i / (f + i) * u[2, t]
+                want.append(s)
+            else:
+                z, f, o = np.tanh(u[0, t]), sigmoid(u[1, t]), sigmoid(u[2, t])
+                s = f * s + (1 - f) * z
+                want.append(o * s)
+        assert np.allclose(y, np.array(want), rtol=1e-12, atol=1e-13), name

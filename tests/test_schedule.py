@@ -21,6 +21,8 @@ EXPECTED = {
     "peephole_lstm": ([("gemm", 4), ("fused", 4)], [[("gemm", 4)], [("fused", 23)]], [], (27, 2), (49, 2)),
     "cifg_lstm": ([("gemm", 3), ("fused", 3)], [[("gemm", 3)], [("fused", 15)]], [], (18, 2), (31, 2)),
     "min_gru": ([("gemm", 2), ("fused", 5)], [[("fused", 2)]], [], (2, 1), (4, 1)),
+    "min_lstm": ([("gemm", 3), ("fused", 11)], [[("fused", 2)]], [], (2, 1), (4, 1)),
+    "qrnn": ([("gemm", 3), ("fused", 8)], [[("fused", 2)]], [("fused", 1)], (2, 1), (4, 1)),
     "mgu": ([("gemm", 2), ("fused", 2)], [[("gemm", 1)], [("fused", 5)], [("gemm", 1)], [("fused", 4)]], [],
             (11, 4), (19, 4)),
     "indrnn": ([("gemm", 1), ("fused", 1)], [[("fused", 3)]], [], (3, 1), (5, 1)),

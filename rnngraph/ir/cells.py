@@ -118,6 +118,44 @@ def min_gru(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
     return c.build().with_layout(lay)
 
 
+def _x_gates(c: Cell, x, H: int, names, bias: bool) -> dict:
+    """Per name k: W_k·x (+ b_k), the gate inputs of cells whose gates read x only."""
+    return {k: c.linear(x, f"W_{k}", H, bias=f"b_{k}" if bias else None) for k in names}
+
+
+def _x_layout(names, bias: bool) -> dict:
+    lay = {"weight_ih": tuple(f"W_{k}" for k in names)}
+    if bias:
+        lay["bias_ih"] = tuple(f"b_{k}" for k in names)
+    return lay
+
+
+def min_lstm(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
+    """minLSTM with normalised gates: f' = f / (f + i) = σ(log f − log i), i' = 1 − f'.
+
+    With f = σ(u) and i = σ(v), log σ(u) = −softplus(−u), so f' = σ(softplus(−v) − softplus(−u)):
+    the same number as the division, without a division op and without overflow for large |u|, |v|."""
+    c, H = Cell("min_lstm"), hidden_size
+    x, h = c.input("x", input_size), c.state("h", H)
+    a = _x_gates(c, x, H, ("f", "i", "h"), bias)
+    log_f_minus_log_i = c.apply("softplus", -a["i"]) - c.apply("softplus", -a["f"])
+    f = c.sigmoid(log_f_minus_log_i, name="f")
+    c.output(c.bind(h, f * h + (1 - f) * a["h"], name="h"))
+    return c.build().with_layout(_x_layout(("f", "i", "h"), bias))
+
+
+def qrnn(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
+    """QRNN with fo-pooling and window 1: z = tanh(W_z·x), f = σ(W_f·x), o = σ(W_o·x),
+    c = f ⊙ c + (1 − f) ⊙ z, h = o ⊙ c (Bradbury et al. 2016)."""
+    c, H = Cell("qrnn"), hidden_size
+    x, cs = c.input("x", input_size), c.state("c", H)
+    a = _x_gates(c, x, H, ("z", "f", "o"), bias)
+    z, f, o = c.tanh(a["z"], name="z"), c.sigmoid(a["f"], name="f"), c.sigmoid(a["o"], name="o")
+    c_new = c.bind(cs, f * cs + (1 - f) * z, name="c")
+    c.output(o * c_new, name="h")
+    return c.build().with_layout(_x_layout(("z", "f", "o"), bias))
+
+
 def mgu(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
     c, H = Cell("mgu"), hidden_size
     x, h = c.input("x", input_size), c.state("h", H)
@@ -154,6 +192,8 @@ CELLS: dict[str, tuple[Callable, str]] = {
     "peephole_lstm": (peephole_lstm, "LSTM with peephole connections c -> i, f, o (Graves 2013)"),
     "cifg_lstm": (cifg_lstm, "Coupled input-forget gate LSTM, f = 1 - i"),
     "min_gru": (min_gru, "minGRU (Feng et al. 2024): gates from x only, h = (1-z)·h + z·h~"),
+    "min_lstm": (min_lstm, "minLSTM (Feng et al. 2024): normalised gates from x only, h = f'·h + (1-f')·h~"),
+    "qrnn": (qrnn, "QRNN fo-pooling, window 1 (Bradbury et al. 2016): c = f·c + (1-f)·z, h = o·c"),
     "mgu": (mgu, "Minimal gated unit (Zhou et al. 2016): one gate f resets h inside n and updates it"),
     "indrnn": (indrnn, "IndRNN (Li et al. 2018): h = relu(W·x + b + u ⊙ h)"),
     "sru": (sru, "SRU (Lei et al. 2018): light recurrence c with diagonal v ⊙ c, highway output"),

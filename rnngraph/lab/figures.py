@@ -18,7 +18,7 @@ from .experiments import EXPERIMENTS, PARTS, REPO, RESULTS, SCRATCH, load_result
 
 NAMES = {"lstm": "LSTM", "peephole_lstm": "peephole LSTM", "gru": "GRU", "min_gru": "minGRU",
          "mgu": "MGU", "cifg_lstm": "CIFG LSTM", "rnn_tanh": "RNN tanh", "rnn_relu": "RNN ReLU",
-         "indrnn": "IndRNN", "sru": "SRU", "wavefront_lstm": "wavefront LSTM"}
+         "indrnn": "IndRNN", "sru": "SRU", "min_lstm": "minLSTM", "qrnn": "QRNN", "wavefront_lstm": "wavefront LSTM"}
 WHAT = {"forward": "forward", "train": "training step"}
 PART_LABEL = {"hoisted": "hoisted (pre/post)", "per_frame_gemm": "per-frame GEMM",
               "fused_elementwise": "fused elementwise", "launch_overhead": "launch/host overhead"}
