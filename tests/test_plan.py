@@ -132,8 +132,8 @@ def test_loop_strategy_is_a_field_chosen_by_auto():
 LOOP_ERRORS = [("gru", "bogus", r"^unknown loop strategy 'bogus'; choose one of auto, scan, elementwise, stages$"),
                ("gru", "scan", r"^cell 'gru' does not admit loop strategy 'scan': state h is general \(its "
                                r"recurrence has cross-feature ops \(linear3, linear7, linear11\)\); it admits stages$"),
-               ("min_gru", "scan", r"^cell 'min_gru' admits loop strategy 'scan', but rnngraph does not implement "
-                                   r"it yet \(it runs stages\); use loop='auto'$")]
+               ("indrnn", "scan", r"^cell 'indrnn' does not admit loop strategy 'scan': state h is elementwise \(its "
+                                  r"recurrence is elementwise: each feature on its own\); it admits elementwise, stages$")]
 
 
 @pytest.mark.parametrize("cell, loop, message", LOOP_ERRORS, ids=[f"{c}-{l}" for c, l, _ in LOOP_ERRORS])

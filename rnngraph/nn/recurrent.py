@@ -48,7 +48,7 @@ class Recurrent(Parameterized):
     whose inputs have the cell's input size) or a list of CellGraphs, one per layer (as a checkpoint
     stores them). Keyword options: ``backend`` 'numpy' | 'cupy' | 'auto'
     or a backend object (``layer.backend_name`` says which was picked), ``dtype`` 'float32' (default, as torch) or
-    'float64', ``mode`` 'staged' | 'naive' | 'graph' (cupy only), ``loop`` the loop strategy ('auto' | 'stages'),
+    'float64', ``mode`` 'staged' | 'naive' | 'graph' (cupy only), ``loop`` the loop strategy ('auto' | 'stages' | 'elementwise' | 'scan', the last two on numpy; ``layer.loop_strategy`` says what runs),
     ``seed`` for the layer's generator (initialisation and dropout masks), ``init`` 'uniform' (torch's U(±1/√H)) | 'orthogonal' | a function of the layer.
 
     Example::
@@ -78,6 +78,7 @@ class Recurrent(Parameterized):
         self.cell = self.cells[0]
         self.state_names = tuple(self.cell.states)
         self._stack = Stack(self.cells, self.backend, mode, self.num_directions, loop)
+        self.loop_strategy = self._stack.runs[0][0].ex.sched.loop_strategy
         self._layout = [[_param_layout(c, _suffix(l, d)) for d in range(self.num_directions)]
                         for l, c in enumerate(self.cells)]
         self._params = {name: self.backend.zeros(shape, self.dtype)

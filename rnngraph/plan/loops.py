@@ -1,7 +1,7 @@
 """Loop strategies: how the recurrent core runs over time, each a planner of its forward and backward loop items.
 
-A new strategy (an elementwise time loop, a parallel scan, a persistent kernel) is one entry in LOOPS
-with its own loop item kind, plus a runner in the executor and backend entries; 'auto' picks one.
+A new strategy (a persistent kernel) is one entry in LOOPS with its own loop item kind, plus a runner
+in the executor and the backends that run it (their `loops`); 'auto' picks one.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from ..errors import RnnGraphError
 from ..ir.ops import OpKind
 from .backward import grad_item
 from .classify import ADMITS, admitted
-from .items import Fused, Gemm, Pair, Stage, StagesLoop
+from .items import ElementwiseLoop, Fused, Gemm, Pair, ScanLoop, Stage, StagesLoop
 
 
 def gemm_fused_pairs(sched) -> set:
@@ -56,22 +56,44 @@ def stages_loop(sched) -> tuple:
     return StagesLoop(tuple(forward), False), StagesLoop(tuple(backward), True)
 
 
-LOOPS = {"stages": stages_loop}     # strategy -> planner of its (forward, backward) loop items
+def _staged_only(sched, name: str):
+    if not sched.hoist_param_grads:
+        raise RnnGraphError(f"loop strategy {name!r} runs the staged schedule (its a and b hoisted); mode 'naive' "
+                            "runs loop='stages'")
+
+
+def elementwise_loop(sched) -> tuple:
+    """(forward, backward) loop items of strategy 'elementwise': the stages' items, each direction one loop item."""
+    _staged_only(sched, "elementwise")
+    forward, backward = stages_loop(sched)
+    return ElementwiseLoop(forward.stages, False), ElementwiseLoop(backward.stages, True)
+
+
+def scan_loop(sched) -> tuple:
+    """(forward, backward) loop items of strategy 'scan': one chain (p, m, a, b, d) per state, where
+    p = m + b and m = a ⊙ p@t-d (the loop holds exactly these two nodes per state)."""
+    _staged_only(sched, "scan")
+    chains = []
+    for s, c in sched.state_classes.items():
+        p = sched.cell.states[s][0]
+        m = next(u for u, _ in sched.cell.reads(p) if u != c.b)
+        chains.append((p, m, c.a, c.b, c.delay))
+    return ScanLoop(tuple(chains), False), ScanLoop(tuple(chains), True)
+
+
+LOOPS = {"stages": stages_loop, "elementwise": elementwise_loop, "scan": scan_loop}   # planners, by strategy
 
 
 def resolve_loop(name: str, classes: dict, cell: str) -> str:
-    """The strategy a schedule runs: 'auto' picks the best one the cell admits and rnngraph implements
-    (today 'stages'); a named one must be both, else one clear error saying which it is not."""
+    """The strategy a schedule runs: 'auto' runs 'stages' (until the GPU backend runs the others, auto
+    keeps every result as it was); a named one must be one the cell admits, else one clear error."""
     admits = admitted(classes)
     if name == "auto":
-        return next(s for s in admits if s in LOOPS)
+        return "stages"
     if name not in ADMITS:
         raise RnnGraphError(f"unknown loop strategy {name!r}; choose one of {', '.join(['auto', *ADMITS])}")
     if name not in admits:
         why = "; ".join(f"state {s} is {c.kind} ({c.why})" for s, c in classes.items() if c.kind not in ADMITS[name])
         raise RnnGraphError(f"cell '{cell}' does not admit loop strategy {name!r}: {why}; it admits "
                             f"{', '.join(admits)}")
-    if name not in LOOPS:
-        raise RnnGraphError(f"cell '{cell}' admits loop strategy {name!r}, but rnngraph does not implement it yet "
-                            f"(it runs {', '.join(LOOPS)}); use loop='auto'")
     return name

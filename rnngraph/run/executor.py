@@ -14,17 +14,19 @@ from dataclasses import replace
 from ..arrays import array_module
 from ..errors import RnnGraphError
 from ..ir.ops import OpKind
-from ..plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, SharedWeight, StagesLoop, WeightGrad
+from ..plan.classify import ADMITS
+from ..plan.items import (ElementwiseLoop, Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, ScanLoop, SharedWeight,
+                          StagesLoop, WeightGrad)
 from ..plan.schedule import Schedule, build_schedule
 from .backends import check_mode
-from .backends.base import run_fused_backward, run_fused_forward, run_param_grad
+from .backends.base import run_fused_backward, run_fused_forward, run_param_grad, scan_backward, scan_forward
 from .workspace import ALL, SERIAL, Workspace
 
 
 class Executor:
     """Forward and BPTT of one cell on one backend in one mode: 'naive' (node by node, frame by
     frame), 'staged' (the schedule) or 'graph' (the schedule on a backend that records CUDA graphs);
-    loop names the loop strategy ('auto' or 'stages'). Example::
+    loop names the loop strategy ('auto', 'stages', 'elementwise' or 'scan'; the backend must run it). Example::
 
         ex = Executor(rnngraph.load_cell("lstm", 8, 16), get_backend("numpy"))
         outputs, finals = ex.forward(params, {"x": x}, {})          # x [T, B, 8]
@@ -41,6 +43,9 @@ class Executor:
         elif loop != "auto":
             schedule = replace(schedule, loop_strategy=loop)
         self.sched = schedule      # a variant may be given, for experiments
+        if schedule.loop_strategy not in backend.loops:
+            raise RnnGraphError(f"backend '{backend.name}' does not run loop strategy {schedule.loop_strategy!r}; "
+                                f"it runs {', '.join(s for s in ADMITS if s in backend.loops)}")
         kinds = {type(it) for sec in schedule.forward + schedule.backward for it in sec.items}
         if kinds - HANDLERS.keys():
             raise RnnGraphError(f"loop strategy {schedule.loop_strategy!r} has no runner in this executor")
@@ -157,12 +162,42 @@ class Executor:
 
     def _stages(self, loop, ws, _):
         """Loop strategy 'stages': every frame (in reverse time for the backward), stage by stage."""
+        self._walk(loop, ws, overlap=True)
+
+    def _elementwise(self, loop, ws, _):
+        """Loop strategy 'elementwise' where the backend compiles no kernel walking time per feature:
+        the stages' items frame by frame, in order (on numpy, bit for bit what 'stages' computes)."""
+        self._walk(loop, ws, overlap=False)
+
+    def _walk(self, loop, ws, overlap: bool):
         for t in (reversed(range(ws.T)) if loop.reverse else range(ws.T)):
             for st in loop.stages:
-                if st.overlap:
+                if overlap and st.overlap:
                     self.backend.overlap([lambda it=it: HANDLERS[type(it)](self, it, ws, t) for it in st.items])
                 else:
                     self._run(st.items, ws, t)
+
+    def _scan(self, loop, ws, _):
+        """Loop strategy 'scan': per state p = a ⊙ p@t-d + b, the forward scan over all frames, or the
+        reverse scan writing the gradients of p (history rows included), of its product m, and of a
+        and b where they are not parameters (the reduce section sums those)."""
+        def views():
+            out = []
+            for p, m, a, b, d in loop.chains:
+                ab = [ws.vals[n] if ws.vals[n].ndim == 1 else ws.frames(ws.vals[n]) for n in (a, b)]
+                g = [None if ws.grads[n].ndim == 1 else ws.frames(ws.grads[n]) for n in (a, b)]
+                out.append((*ab, ws.vals[p][ws.P - d:], ws.frames(ws.vals[m]), ws.grads[p][ws.P - d:],
+                            ws.frames(ws.grads[m]), *g))
+            return out
+        chains, launch = self._prepared(loop, ws, ALL, views)
+        if launch:
+            self.backend.launch(launch)
+            return
+        for a, b, s, m, gs, gm, ga, gb in chains:     # [T, B, F] or [F]; s, gs: [d+T, B, F]
+            if loop.reverse:
+                scan_backward(self.backend.xp, a, s, gs, gm, ga, gb)
+            else:
+                scan_forward(self.backend.xp, a, b, s, m)
 
     def _gemm(self, it, ws, t):
         (x, w, out), launch = self._prepared(it, ws, t, lambda: self._gemm_views(it, ws, t))
@@ -253,6 +288,7 @@ class Executor:
 
 
 HANDLERS = {Gemm: Executor._gemm, Fused: Executor._fused, Pair: Executor._pair, StagesLoop: Executor._stages,
+            ElementwiseLoop: Executor._elementwise, ScanLoop: Executor._scan,
             GemmGrad: Executor._gemm_grad, FusedGrad: Executor._fused_grad, WeightGrad: Executor._weight_grad,
             ParamSum: Executor._param_sum, SharedWeight: Executor._shared}
 

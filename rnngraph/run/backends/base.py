@@ -14,6 +14,7 @@ class ArrayBackend:
     name = "base"
     xp = None
     records = None      # what the backend records as CUDA graphs: None, "all" (whole bodies) or "loops"
+    loops = frozenset({"stages"})   # the loop strategies it runs
 
     # -- array conveniences (layers, workspaces) ----------------------------------------------------
     def zeros(self, shape, dtype):
@@ -90,3 +91,59 @@ def run_fused_backward(xp, cell, it, env, genv, add, params: bool):
             if cell.op(u).kind is OpKind.PARAM and not params:
                 continue
             VJP[op.kind][slot](xp, functools.partial(add, u, d), genv[n], *ins, env[n], op.attrs)
+
+
+def scan_forward(xp, a, b, s, m):
+    """s [d+T, B, F]: its first d rows the frames before the call, its last T rows written with
+    s_t = a_t ⊙ s_{t-d} + b_t by d interleaved log-depth scans; m [T, B, F] = a_t ⊙ s_{t-d} is written
+    too; a, b: [T, B, F], or a vector [F]."""
+    T, d = m.shape[0], s.shape[0] - m.shape[0]
+    A, C = _chains(xp, a, m, d, 1), _chains(xp, b, m, d, 0)
+    C[0] += A[0] * s[:d]                    # the history enters as each chain's first b
+    _scan(A, C)
+    s[d:] = C.reshape(-1, *m.shape[1:])[:T]
+    xp.multiply(a, s[:T], out=m)
+
+
+def scan_backward(xp, a, s, gs, gm, ga, gb):
+    """The gradients of scan_forward: gs [d+T, B, F] holds ∂L/∂s from every other reader; its last T
+    rows become the totals g_t = gs_t + a_{t+d} ⊙ (gm_{t+d} + g_{t+d}) (a reverse scan) and its first d
+    rows, the history's, get theirs added; gm [T, B, F] (∂L/∂m) += g; ga, gb ([T, B, F], or None for
+    a parameter, which the reduce section sums from gm and gs) += gm ⊙ s_{t-d} and g; s as scan_forward's."""
+    T, d = gm.shape[0], gs.shape[0] - gm.shape[0]
+    A = xp.broadcast_to(a, gm.shape)
+    k = max(T - d, 0)
+    c, nxt = gs[d:].copy(), xp.zeros(gm.shape, gm.dtype)      # [T, B, F]: g_t = c_t + nxt_t ⊙ g_{t+d}
+    c[:k] += A[d:] * gm[d:]
+    nxt[:k] = A[d:]
+    N, C = _chains(xp, nxt, gm, d, 0), _chains(xp, c, gm, d, 0)
+    _scan(N[::-1], C[::-1])
+    gs[d:] = C.reshape(-1, *gm.shape[1:])[:T]
+    gm += gs[d:]
+    j = min(d, T)
+    gs[:j] += A[:j] * gm[:j]
+    if ga is not None:
+        ga += gm * s[:T]
+    if gb is not None:
+        gb += gs[d:]
+
+
+def _chains(xp, x, like, d: int, fill):
+    """x ([T, B, F] or [F]) as d interleaved chains [n, d, B, F], n = ⌈T/d⌉, frame t at [t // d, t % d];
+    a fresh array, the frames past T filled with `fill` (1 or 0: the combine's identity)."""
+    T, rest = like.shape[0], like.shape[1:]
+    n = -(-T // d)
+    out = xp.full((n * d, *rest), fill, dtype=like.dtype)
+    out[:T] = x
+    return out.reshape(n, d, *rest)
+
+
+def _scan(A, C):
+    """In place, along axis 0: (A_i, C_i) := (A_0, C_0) ∘ … ∘ (A_i, C_i) with (a1, c1) ∘ (a2, c2) =
+    (a1·a2, a2·c1 + c2), by Hillis–Steele doubling: ⌈log2 n⌉ vectorised steps of O(n) work each."""
+    n, k = len(A), 1
+    while k < n:
+        C[k:] = A[k:] * C[:-k] + C[k:]      # the right side is evaluated before anything is stored
+        if 2 * k < n:
+            A[k:] = A[k:] * A[:-k]
+        k *= 2

@@ -57,6 +57,7 @@ class CupyBackend(ArrayBackend):
     and tiled GEMM kernels and runs CuPy's cuBLAS eagerly around the loop, so only time loops are captured.
     """
     name = "cupy"
+    loops = frozenset({"stages"})   # scan and elementwise run on numpy only, yet
 
     def __init__(self, capture: bool = False, matmul: str = "cublas", lanes: int = 1, max_graphs: int = 32):
         import cupy

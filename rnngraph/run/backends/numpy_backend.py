@@ -7,3 +7,4 @@ from .base import ArrayBackend
 class NumpyBackend(ArrayBackend):
     name = "numpy"
     xp = numpy
+    loops = frozenset({"stages", "elementwise", "scan"})
