@@ -117,7 +117,7 @@ class Schedule:
         out.append(f"    strategies this loop admits, best first: {', '.join(self.loop_strategies)}")
         for k, st in enumerate(self.loop):
             out += [f"    stage {k}: {describe(it, cell)}" for it in st]
-        out += [f"    runs {line}" for line in s["forward_loop"] if ": pair" in line]
+        out += [f"    runs {line}" for line in s["forward_loop"] if ": pair" in line or not line.startswith("stage")]
         out.append(f"  post (once over all frames): {len(self.post)} kernels")
         out += [f"    {describe(it, cell)}" for it in self.post]
         out.append("  backward:")
