@@ -122,7 +122,8 @@ class Schedule:
         out += [f"    {describe(it, cell)}" for it in self.post]
         out.append("  backward:")
         for name, lines in self.plan_lines(self.backward):
-            out.append(f"    {BACKWARD_TITLES[name]}: {len(lines)} {'stage items' if name == 'loop' else 'kernels'}")
+            title = LOOP_TITLES[self.loop_strategy] if name == "loop" else BACKWARD_TITLES[name]
+            out.append(f"    {title}: {len(lines)} {'stage items' if name == 'loop' else 'kernels'}")
             out += [f"      {line}" for line in lines]
         k = s["kernels_per_frame"]
         out.append(f"  kernels per frame: forward {k['forward']['before_merge']} -> {k['forward']['after_merge']}, "
@@ -130,7 +131,9 @@ class Schedule:
         return "\n".join(out)
 
 
-BACKWARD_TITLES = {"post": "post reversed, over all frames", "loop": "loop in reverse time, stages reversed",
+LOOP_TITLES = {"stages": "loop in reverse time, stages reversed", "elementwise": "loop in reverse time, each "
+               "feature on its own (stages listed)", "scan": "loop as one reverse scan over all frames"}
+BACKWARD_TITLES = {"post": "post reversed, over all frames",
                    "reduce": "parameter gradients of loop and post, reduced once over all frames",
                    "pre": "pre reversed, over all T·B rows", "shared": "weights shared by several ops"}
 
