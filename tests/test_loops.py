@@ -2,11 +2,10 @@
 import numpy as np
 import pytest
 
-from rnngraph.plan.schedule import LOOP_TITLES
-
 from numerics import close, directional
 from rnngraph import RnnGraphError, build_schedule, load_cell
 from rnngraph.lab.cli import main
+from rnngraph.plan.schedule import LOOP_TITLES
 from rnngraph.nn.recurrent import Recurrent
 from rnngraph.run.backends import get_backend
 from rnngraph.run.backends.base import scan_forward
