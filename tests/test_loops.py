@@ -147,3 +147,19 @@ def test_schedule_prints_each_strategy(capsys):
     same = str(elementwise).replace("strategy elementwise)", "strategy stages)").replace(
         LOOP_TITLES["elementwise"], LOOP_TITLES["stages"])
     assert same == str(sru)     # the same items, one loop
+
+
+def test_bench_and_train_take_a_loop_strategy(tmp_path, small_text, capsys):
+    from rnngraph.lab import bench
+    r = bench.measure("min_gru", "staged", T=6, B=2, H=4, repeats=1, warmup=0, loop="scan")
+    assert r["loop_strategy"] == "scan" and r["train_ms"] > 0
+    assert bench.measure("min_gru", "staged", T=6, B=2, H=4, repeats=1, warmup=0)["loop_strategy"] == "stages"
+    with pytest.raises(RnnGraphError, match="cell 'lstm' does not admit loop strategy 'scan'"):
+        bench.measure("lstm", "staged", T=6, B=2, H=4, repeats=1, warmup=0, loop="scan")
+    argv = ["train", "--text", str(small_text), "--cell", "min_gru", "--hidden", "8", "--streams", "2", "--bptt", "4",
+            "--max-steps", "2", "--backend", "numpy", "--no-progress"]
+    runs = {}
+    for loop in ("stages", "scan"):
+        assert main([*argv, "--loop", loop, "--out", str(tmp_path / loop)]) == 0
+        runs[loop] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("done:")]
+    assert runs["scan"][0].split("validation bpc ")[1][:5] == runs["stages"][0].split("validation bpc ")[1][:5]

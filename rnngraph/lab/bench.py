@@ -26,7 +26,7 @@ import numpy as np
 from ..version import __version__
 from ..ir.cells import load_cell
 from ..errors import Interrupted, RnnGraphError
-from .options import writable_folder
+from .options import LOOP_CHOICES, writable_folder
 
 IMPLS = ("naive", "staged", "graph", "cudnn", "torch_eager")
 MODES = IMPLS[:3]                                   # the rnngraph implementations
@@ -117,12 +117,13 @@ def _torch_tf32():
 # -- one measurement --------------------------------------------------------------------------
 def measure(cell, impl: str, *, T: int = 100, B: int = 1, H: int = 512, D: int | None = None, layers: int = 1,
             dtype: str = "float32", repeats: int = 20, warmup: int = 3, what=("forward", "train"),
-            seed: int = 0) -> dict:
+            seed: int = 0, loop: str = "auto") -> dict:
     """Times one implementation of one cell: forward and/or a training step, median of `repeats`.
 
     cell: a built-in name, 'module:function' or a cell function.
-    impl: one of IMPLS. Returns the configuration plus backend, forward_ms / train_ms (medians) and
-    forward_all / train_all (every repeat), or the configuration plus 'skipped': why, when the
+    impl: one of IMPLS; loop: the loop strategy of rnngraph's implementations (the one that ran is
+    recorded as loop_strategy). Returns the configuration plus backend, forward_ms / train_ms (medians)
+    and forward_all / train_all (every repeat), or the configuration plus 'skipped': why, when the
     implementation is not available here (no GPU, no torch, no cuDNN equivalent).
     """
     if impl not in IMPLS:
@@ -134,7 +135,7 @@ def measure(cell, impl: str, *, T: int = 100, B: int = 1, H: int = 512, D: int |
     if why:
         return {**res, "skipped": why}
     if impl in MODES:
-        fns, backend, device, extra = _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed)
+        fns, backend, device, extra = _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed, loop)
     else:
         from .references import torch_fns
         _torch_tf32()
@@ -180,10 +181,10 @@ def _backend(impl: str):
     return get_backend("cupy" if gpu_problem() is None else "numpy", impl)
 
 
-def _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed):
+def _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed, loop="auto"):
     from ..nn.recurrent import Recurrent
     be = _backend(impl)
-    layer = Recurrent(cell, D, H, num_layers=layers, backend=be, mode=impl, dtype=dtype, seed=seed)
+    layer = Recurrent(cell, D, H, num_layers=layers, backend=be, mode=impl, dtype=dtype, seed=seed, loop=loop)
     rng = np.random.default_rng(seed)
     x = be.asarray(rng.standard_normal((T, B, D)), dtype=dtype)
     F = layer.cells[-1].op(layer.cells[-1].outputs[0]).size
@@ -192,7 +193,8 @@ def _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed):
     def train():
         layer(x)
         layer.backward(gy)
-    return {"forward": lambda: layer(x), "train": train}, be.name, "gpu" if be.name == "cupy" else "cpu", {}
+    where = "gpu" if be.name == "cupy" else "cpu"
+    return {"forward": lambda: layer(x), "train": train}, be.name, where, {"loop_strategy": layer.loop_strategy}
 
 
 # -- where it ran -----------------------------------------------------------------------------
@@ -241,6 +243,9 @@ def add_arguments(p) -> None:
     p.add_argument("-D", type=int, metavar="N", help="input features (default: H)")
     p.add_argument("--layers", type=int, default=1, metavar="N", help="stacked layers (default: 1)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--loop", choices=LOOP_CHOICES, default="auto",
+                   help="loop strategy of rnngraph's modes (default: %(default)s, which runs stages; scan and "
+                        "elementwise run on numpy where the cell admits them)")
     p.add_argument("--impls", type=_list(str), default=list(IMPLS), metavar="LIST",
                    help=f"implementations to time (default: {','.join(IMPLS)})")
     p.add_argument("--repeats", type=int, metavar="N", help="timed calls; the median is reported (default: 20)")
@@ -258,7 +263,7 @@ def run(args) -> int:
     st = {"cells": args.cell or list(DEFAULT_CELLS), "T": args.T or q.get("T", [100]),
           "B": args.B or q.get("B", [1]), "H": args.H or q.get("H", [512]), "D": args.D, "layers": args.layers,
           "dtype": args.dtype, "impls": args.impls, "repeats": args.repeats or q.get("repeats", 20),
-          "warmup": args.warmup or q.get("warmup", 3), "tf32": args.tf32}
+          "warmup": args.warmup or q.get("warmup", 3), "tf32": args.tf32, "loop": args.loop}
     bad = [i for i in st["impls"] if i not in IMPLS]
     if bad:
         raise RnnGraphError(f"unknown implementation(s) {bad}; choose from {', '.join(IMPLS)}")
@@ -289,7 +294,7 @@ def run(args) -> int:
 def _measure_or_error(cell, impl, st, T, B, H) -> dict:
     """measure(), or the configuration plus 'error' when it raised (e.g. out of memory); a bad
     cell or option (RnnGraphError) still ends the command."""
-    kw = {k: st[k] for k in ("D", "layers", "dtype", "repeats", "warmup")}
+    kw = {k: st[k] for k in ("D", "layers", "dtype", "repeats", "warmup", "loop")}
     try:
         return measure(cell, impl, T=T, B=B, H=H, **kw)
     except RnnGraphError:

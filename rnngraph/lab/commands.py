@@ -5,7 +5,7 @@ import argparse
 from dataclasses import fields
 from functools import partial
 
-from .options import positive_int
+from .options import LOOP_CHOICES, positive_int
 from ..errors import Interrupted
 from ..train import sample
 from ..train.loop import TrainConfig, Trainer, config_for_resume
@@ -43,6 +43,9 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"auto takes the GPU when cupy finds one (default: {D.backend})")
     r.add_argument("--mode", choices=("naive", "staged", "graph"),
                    help=f"executor mode; graph (CUDA-graph replay) needs cupy (default: {D.mode})")
+    r.add_argument("--loop", choices=LOOP_CHOICES,
+                   help=f"loop strategy (default: {D.loop}, which runs stages; scan and elementwise run on numpy where "
+                        "the cell admits them)")
     r.add_argument("--out", metavar="DIR", help=f"where checkpoint.npz, log.csv and log.json go (default: {D.out}; "
                    "with --resume, the checkpoint's folder)")
     r.add_argument("--checkpoint-every", type=positive_int, metavar="N",

@@ -9,6 +9,9 @@ from pathlib import Path
 from ..errors import RnnGraphError
 from ..ir.cells import load_cell
 from ..ir.graph import CellGraph
+from ..plan.classify import ADMITS
+
+LOOP_CHOICES = ("auto", *ADMITS)     # --loop of train and bench: auto, then each strategy best first
 
 
 def positive_int(text: str) -> int:

@@ -46,10 +46,12 @@ class Recurrent(Parameterized):
     cell: a built-in name (see rnngraph.CELLS), 'module:function', a cell function
     ``fn(input_size, hidden_size, bias=True) -> CellGraph``, a CellGraph (one layer, or layers
     whose inputs have the cell's input size) or a list of CellGraphs, one per layer (as a checkpoint
-    stores them). Keyword options: ``backend`` 'numpy' | 'cupy' | 'auto'
-    or a backend object (``layer.backend_name`` says which was picked), ``dtype`` 'float32' (default, as torch) or
-    'float64', ``mode`` 'staged' | 'naive' | 'graph' (cupy only), ``loop`` the loop strategy ('auto' | 'stages' | 'elementwise' | 'scan', the last two on numpy; ``layer.loop_strategy`` says what runs),
-    ``seed`` for the layer's generator (initialisation and dropout masks), ``init`` 'uniform' (torch's U(±1/√H)) | 'orthogonal' | a function of the layer.
+    stores them). Keyword options: ``backend`` 'numpy' | 'cupy' | 'auto' or a backend object
+    (``layer.backend_name`` says which was picked), ``dtype`` 'float32' (default, as torch) or 'float64',
+    ``mode`` 'staged' | 'naive' | 'graph' (cupy only), ``loop`` the loop strategy ('auto' | 'stages' |
+    'elementwise' | 'scan', the last two on numpy; ``layer.loop_strategy`` says what runs), ``seed`` for
+    the layer's generator (initialisation and dropout masks), ``init`` 'uniform' (torch's U(±1/√H)) |
+    'orthogonal' | a function of the layer.
 
     Example::
 

@@ -112,7 +112,7 @@ class CharLM:
         logits, states = lm(ids)               # ids: [T, B] ints -> logits: [T, B, 80]
     """
 
-    def __init__(self, config: dict, backend: str = "numpy", mode: str = "staged"):
+    def __init__(self, config: dict, backend: str = "numpy", mode: str = "staged", loop: str = "auto"):
         self.config = dict(config)
         V, H = config["vocab_size"], config["hidden"]
         if "graphs" in config:
@@ -121,7 +121,7 @@ class CharLM:
             spec = config["cell"]
         self.rnn = Recurrent(spec, V, H, num_layers=config["layers"],
                              dropout=config["dropout"] if config["layers"] > 1 else 0.0,
-                             backend=backend, dtype=config["dtype"], mode=mode, seed=config["seed"])
+                             backend=backend, dtype=config["dtype"], mode=mode, seed=config["seed"], loop=loop)
         self.config["graphs"] = [cell_to_dict(c) for c in self.rnn.cells]
         self.backend = self.rnn.backend
         self.xp = self.backend.xp

@@ -53,6 +53,7 @@ class TrainConfig:
     max_steps: int | None = None     # stop early after this many steps in total
     backend: str = "auto"
     mode: str = "staged"
+    loop: str = "auto"               # loop strategy: auto | stages | elementwise | scan
     out: str = "runs/train"
     checkpoint_every: int = 200
     progress: bool | None = None     # tqdm bar; None: only on a terminal
@@ -151,7 +152,7 @@ class Trainer:
                              "seed": cfg.seed}
         if ckpt is not None:
             check_stored_cell(ckpt.config["model"], ckpt.path, cell_given)
-        self.lm = CharLM(ckpt.config["model"] if ckpt else self.model_config, cfg.backend, cfg.mode)
+        self.lm = CharLM(ckpt.config["model"] if ckpt else self.model_config, cfg.backend, cfg.mode, cfg.loop)
         self.text_file = None if cfg.text is None else str(Path(cfg.text).resolve())   # found from any cwd
         self.opt = make_optimizer(cfg, self.lm.parameters())
         self.ce = CrossEntropyLoss()
