@@ -28,8 +28,9 @@ from ..ir.cells import load_cell
 from ..errors import Interrupted, RnnGraphError
 from .options import LOOP_CHOICES, writable_folder
 
-IMPLS = ("naive", "staged", "graph", "cudnn", "torch_eager")
+IMPLS = ("naive", "staged", "graph", "cudnn", "torch_eager", "jax_scan")
 MODES = IMPLS[:3]                                   # the rnngraph implementations
+DEFAULT_IMPLS = IMPLS[:5]                           # jax_scan (linear-diagonal cells only) when asked for
 DEFAULT_CELLS = ("lstm", "peephole_lstm", "min_gru", "mgu")
 QUICK = {"T": [8], "B": [2], "H": [16], "repeats": 3, "warmup": 1}
 _TF32 = {"on": False}
@@ -136,6 +137,11 @@ def measure(cell, impl: str, *, T: int = 100, B: int = 1, H: int = 512, D: int |
         return {**res, "skipped": why}
     if impl in MODES:
         fns, backend, device, extra = _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed, loop)
+    elif impl == "jax_scan":
+        if layers != 1:
+            return {**res, "skipped": "the JAX peer runs one layer"}
+        from .jax_refs import jax_fns
+        fns, backend, device, extra = jax_fns(first.name, T, B, H, D, dtype, seed, _TF32["on"])
     else:
         from .references import torch_fns
         _torch_tf32()
@@ -154,6 +160,11 @@ def unavailable(impl: str, cell) -> str | None:
         return f"needs a usable GPU: {gpu_problem()}"
     if impl in MODES:
         return None
+    if impl == "jax_scan":
+        from .jax_refs import CELLS, jax_problem
+        if not _is_builtin(cell, tuple(CELLS)):
+            return f"the JAX peer has these cells only: {', '.join(CELLS)}"
+        return jax_problem()
     if torch_problem():
         return torch_problem()
     if impl == "cudnn":
@@ -246,8 +257,8 @@ def add_arguments(p) -> None:
     p.add_argument("--loop", choices=LOOP_CHOICES, default="auto",
                    help="loop strategy of rnngraph's modes (default: %(default)s, which runs stages; scan and "
                         "elementwise run on numpy where the cell admits them)")
-    p.add_argument("--impls", type=_list(str), default=list(IMPLS), metavar="LIST",
-                   help=f"implementations to time (default: {','.join(IMPLS)})")
+    p.add_argument("--impls", type=_list(str), default=list(DEFAULT_IMPLS), metavar="LIST",
+                   help=f"implementations to time, of {','.join(IMPLS)} (default: {','.join(DEFAULT_IMPLS)})")
     p.add_argument("--repeats", type=int, metavar="N", help="timed calls; the median is reported (default: 20)")
     p.add_argument("--warmup", type=int, metavar="N", help="untimed calls first (default: 3)")
     p.add_argument("--tf32", action="store_true", help="allow TF32 in torch and cupy matmuls (default: off)")
