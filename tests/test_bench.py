@@ -219,14 +219,16 @@ def test_eager_loop_uses_the_graph_when_a_cell_only_shares_a_builtin_name():
 @pytest.mark.parametrize("name", ["min_gru", "min_lstm", "qrnn"])
 def test_the_jax_peer_computes_the_same_cell(name):
     """The JAX program bench times is the same cell: same weights (rnngraph's layout), same outputs."""
-    pytest.importorskip("jax")
+    jax = pytest.importorskip("jax")
     import jax.numpy as jnp
     from rnngraph.lab.jax_refs import jax_forward
     layer = rg.nn.Recurrent(name, 5, 6, seed=3)                     # float32, torch's U(±1/√H) init
     x = np.random.default_rng(4).standard_normal((9, 2, 5)).astype(np.float32)
     want, _ = layer(x)
     P = layer.parameters()
-    got = jax_forward(name, 6)({"W": jnp.asarray(P["weight_ih_l0"]), "b": jnp.asarray(P["bias_ih_l0"])}, jnp.asarray(x))
+    with jax.default_matmul_precision("highest"):          # no TF32 on a GPU: fp32 against fp32
+        got = jax_forward(name, 6)({"W": jnp.asarray(P["weight_ih_l0"]), "b": jnp.asarray(P["bias_ih_l0"])},
+                                   jnp.asarray(x))
     scale = float(np.abs(want).max())
     assert float(np.abs(np.asarray(got) - want).max()) <= 1e-5 * scale      # float32 on both sides: reduction order
     r = bench.measure(name, "jax_scan", T=8, B=2, H=4, repeats=1, warmup=0)
