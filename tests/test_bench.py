@@ -31,7 +31,7 @@ def test_quick_bench_writes_every_measurement_and_says_gpu_rows_were_skipped(tmp
     assert "TF32 off" in out
     rows = data["results"]
     assert {r["cell"] for r in rows} == {"lstm", "peephole_lstm", "min_gru", "mgu"}
-    assert {r["impl"] for r in rows} == set(bench.IMPLS)
+    assert {r["impl"] for r in rows} == set(bench.DEFAULT_IMPLS)
     for r in rows:
         if "skipped" not in r:
             assert RESULT_KEYS <= set(r) and r["T"] == 8 and r["B"] == 2 and r["H"] == 16
