@@ -23,12 +23,13 @@ ADMITS = {"scan": {"linear_diagonal"}, "elementwise": {"linear_diagonal", "eleme
 
 @dataclass(frozen=True)
 class StateClass:
-    """One state's class; for linear_diagonal also the nodes whose per-frame values are a_t and b_t, and d."""
+    """One state's class; for linear_diagonal also d and the nodes of p = m + b, m = a ⊙ p@t-d."""
     kind: str
     why: str                    # one line, as `rnngraph schedule` prints it
     a: str | None = None
     b: str | None = None
     delay: int = 0
+    m: str | None = None        # the product a ⊙ p@t-d
 
 
 def classify(cell: CellGraph, pre: set) -> dict:
@@ -63,7 +64,7 @@ def _linear_diagonal(cell, p: str, cycle: set, free: set) -> StateClass | None:
         for (a, da), (s, d) in _both_orders(cell.reads(m)):
             if s == p and d >= 1 and a in free and da == 0:
                 return StateClass("linear_diagonal", f"{p} = {a} ⊙ {p}@t-{d} + {b}, with {a} and {b} state-free",
-                                  a, b, d)
+                                  a, b, d, m)
     return None
 
 

@@ -73,12 +73,8 @@ def scan_loop(sched) -> tuple:
     """(forward, backward) loop items of strategy 'scan': one chain (p, m, a, b, d) per state, where
     p = m + b and m = a ⊙ p@t-d (the loop holds exactly these two nodes per state)."""
     _staged_only(sched, "scan")
-    chains = []
-    for s, c in sched.state_classes.items():
-        p = sched.cell.states[s][0]
-        m = next(u for u, _ in sched.cell.reads(p) if u != c.b)
-        chains.append((p, m, c.a, c.b, c.delay))
-    return ScanLoop(tuple(chains), False), ScanLoop(tuple(chains), True)
+    chains = tuple((sched.cell.states[s][0], c.m, c.a, c.b, c.delay) for s, c in sched.state_classes.items())
+    return ScanLoop(chains, False), ScanLoop(chains, True)
 
 
 LOOPS = {"stages": stages_loop, "elementwise": elementwise_loop, "scan": scan_loop}   # planners, by strategy

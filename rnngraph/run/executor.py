@@ -224,7 +224,7 @@ class Executor:
 
     def _gemm_views(self, it, ws, t):
         """x [B, K] (or [T·B, K]), the packed weights w [ΣF, K] and the merged output's rows [B, ΣF]."""
-        return ws.read(it.operand, it.delay, t), ws.wcat[it][0], ws.read_cat(ws.cat[it][0], t)
+        return ws.read(it.operand, it.delay, t), ws.wcat[it][0], ws.at(ws.cat[it][0], t)
 
     def _env(self, it, ws, t):
         env = {}
@@ -238,7 +238,7 @@ class Executor:
         """d operand += g · W; with params also dW += gᵀ · operand at the same frames."""
         it, be = step.item, self.backend
         (g, w, x, gx, gw), launch = self._prepared(step, ws, t, lambda: (
-            ws.read_cat(ws.cat[it][1], t), ws.wcat[it][0], ws.read(it.operand, it.delay, t),
+            ws.at(ws.cat[it][1], t), ws.wcat[it][0], ws.read(it.operand, it.delay, t),
             ws.read(it.operand, it.delay, t, grads=True), ws.wcat[it][1]))
         if launch:
             be.launch(launch)
@@ -263,7 +263,7 @@ class Executor:
     def _weight_grad(self, step, ws, t):
         """dW_cat += Σ_frames gᵀ · operand: one GEMM over all T·B rows."""
         it = step.item
-        self.backend.gemm(ws.read_cat(ws.cat[it][1], ALL), ws.read(it.operand, it.delay, ALL), ws.wcat[it][1],
+        self.backend.gemm(ws.at(ws.cat[it][1], ALL), ws.read(it.operand, it.delay, ALL), ws.wcat[it][1],
                           ta=True, accumulate=True)
 
     def _param_sum(self, step, ws, t):

@@ -74,16 +74,15 @@ class Workspace:
         """buf [P+T, B, F] read with delay d at every frame: its rows P-d .. P-d+T-1, [T, B, F]."""
         return buf[self.P - d:self.P - d + self.T]
 
-    def read_cat(self, buf, t):
-        """A merged GEMM's output buffer [P+T, B, ΣF] at frame t ([B, ΣF]) or all frames ([T·B, ΣF])."""
-        return buf[self.P + t] if t is not ALL else rows(self.frames(buf))
+    def at(self, buf, t, d: int = 0):
+        """buf [P+T, B, F] (a node's, or a merged GEMM's output) read with delay d at frame t ([B, F]) or
+        at all frames (ALL, [T·B, F])."""
+        return buf[self.P + t - d] if t is not ALL else rows(self.frames(buf, d))
 
     def read(self, n: str, d: int, t, grads: bool = False):
         """Node n read with delay d at frame t ([B, F]) or at all frames (ALL, [T·B, F]); params as is."""
         buf = (self.grads if grads else self.vals)[n]
-        if buf.ndim != 3:
-            return buf
-        return buf[self.P + t - d] if t is not ALL else rows(self.frames(buf, d))
+        return buf if buf.ndim != 3 else self.at(buf, t, d)
 
     def add(self, n: str, d: int, t, v, cols=slice(None)):
         """Adds gradient v (rows of the read) into n's gradient at the rows a delay-d read came from."""
