@@ -6,7 +6,7 @@ import networkx as nx
 
 PACKAGE = Path(__file__).resolve().parents[1] / "rnngraph"
 # Lowest first. A module's floor is its longest matching prefix; the facade rnngraph/__init__ sits on top.
-FLOORS = ("version", "errors", "arrays", "ir", "plan", "run", "run.kernels", "run.backends", "run.workspace", "run.executor",
+FLOORS = ("version", "errors", "arrays", "ir", "plan", "run", "run.kernels", "run.loop_kernels", "run.backends", "run.workspace", "run.executor",
           "nn", "train", "lab")
 
 

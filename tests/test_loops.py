@@ -120,7 +120,8 @@ def test_a_backend_that_does_not_run_a_strategy_says_so(loop):
         Executor(load_cell("min_gru", 4, 6), StagesOnly(), loop=loop)
     with pytest.raises(RnnGraphError, match=message):
         Recurrent("min_gru", 4, 6, backend=StagesOnly(), loop=loop)
-    assert CupyBackend.loops == {"stages"} and NumpyBackend.loops == {"stages", "elementwise", "scan"}
+    assert CupyBackend.loops == NumpyBackend.loops == {"stages", "elementwise", "scan"}
+    assert Executor(load_cell("min_gru", 4, 6), StagesOnly()).sched.loop_strategy == "stages"     # auto
 
 
 def test_naive_mode_runs_stages_only():
@@ -128,16 +129,23 @@ def test_naive_mode_runs_stages_only():
         Executor(load_cell("min_gru", 4, 6), get_backend("numpy"), "naive", loop="scan")
 
 
-@pytest.mark.parametrize("cell", ["min_gru", "indrnn", "sru"])
-def test_auto_still_runs_stages(cell):
-    assert Recurrent(cell, 4, 6).loop_strategy == "stages" == build_schedule(load_cell(cell, 4, 6)).loop_strategy
+AUTO = {"min_gru": "scan", "min_lstm": "scan", "qrnn": "scan", "indrnn": "elementwise", "sru": "elementwise",
+        "lstm": "stages", "gru": "stages"}
+
+
+@pytest.mark.parametrize("cell", AUTO)
+def test_auto_runs_the_best_strategy_admitted(cell):
+    assert Recurrent(cell, 4, 6).loop_strategy == AUTO[cell] == build_schedule(load_cell(cell, 4, 6)).loop_strategy
+    assert Recurrent(cell, 4, 6, mode="naive").loop_strategy == "stages"
 
 
 def test_schedule_prints_each_strategy(capsys):
-    assert main(["schedule", "min_gru", "--input-size", "4", "--hidden-size", "8"]) == 0
+    assert main(["schedule", "min_gru", "--input-size", "4", "--hidden-size", "8", "--loop", "stages"]) == 0
     out = capsys.readouterr().out
     assert "strategy stages" in out and "runs" not in out and "dscan" not in out
-    scan = str(build_schedule(load_cell("min_gru", 4, 8), loop="scan"))
+    assert main(["schedule", "min_gru", "--input-size", "4", "--hidden-size", "8"]) == 0
+    scan = capsys.readouterr().out.rstrip("\n")
+    assert scan == str(build_schedule(load_cell("min_gru", 4, 8), loop="scan"))
     assert "  loop (per frame, strategy scan): 1 stages" in scan
     assert "    runs scan   h = one_minus5 ⊙ h@t-1 + mul7 (mul6 too), over all frames" in scan
     assert "      dscan  dh += one_minus5@t+1 ⊙ dh@t+1, reverse scan; done_minus5, dmul7, dh@t-1" in scan
@@ -153,7 +161,9 @@ def test_bench_and_train_take_a_loop_strategy(tmp_path, small_text, capsys):
     from rnngraph.lab import bench
     r = bench.measure("min_gru", "staged", T=6, B=2, H=4, repeats=1, warmup=0, loop="scan")
     assert r["loop_strategy"] == "scan" and r["train_ms"] > 0
-    assert bench.measure("min_gru", "staged", T=6, B=2, H=4, repeats=1, warmup=0)["loop_strategy"] == "stages"
+    assert bench.measure("min_gru", "staged", T=6, B=2, H=4, repeats=1, warmup=0, loop="stages")["loop_strategy"] \
+        == "stages"
+    assert bench.measure("min_gru", "staged", T=6, B=2, H=4, repeats=1, warmup=0)["loop_strategy"] == "scan"
     with pytest.raises(RnnGraphError, match="cell 'lstm' does not admit loop strategy 'scan'"):
         bench.measure("lstm", "staged", T=6, B=2, H=4, repeats=1, warmup=0, loop="scan")
     argv = ["train", "--text", str(small_text), "--cell", "min_gru", "--hidden", "8", "--streams", "2", "--bptt", "4",

@@ -26,6 +26,7 @@ import numpy as np
 from ..version import __version__
 from ..ir.cells import load_cell
 from ..errors import Interrupted, RnnGraphError
+from ..plan.schedule import build_schedule
 from .options import LOOP_CHOICES, writable_folder
 
 IMPLS = ("naive", "staged", "graph", "cudnn", "torch_eager", "jax_scan")
@@ -254,9 +255,9 @@ def add_arguments(p) -> None:
     p.add_argument("-D", type=int, metavar="N", help="input features (default: H)")
     p.add_argument("--layers", type=int, default=1, metavar="N", help="stacked layers (default: 1)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    p.add_argument("--loop", choices=LOOP_CHOICES, default="auto",
-                   help="loop strategy of rnngraph's modes (default: %(default)s, which runs stages; scan and "
-                        "elementwise run on numpy where the cell admits them)")
+    p.add_argument("--loop", action="extend", type=_list(str), metavar="LIST",
+                   help=f"loop strategies of rnngraph's modes, each timed, of {','.join(LOOP_CHOICES)} (default: auto, "
+                        "the best one the cell admits); with several, a cell skips those it does not admit")
     p.add_argument("--impls", type=_list(str), default=list(DEFAULT_IMPLS), metavar="LIST",
                    help=f"implementations to time, of {','.join(IMPLS)} (default: {','.join(DEFAULT_IMPLS)})")
     p.add_argument("--repeats", type=int, metavar="N", help="timed calls; the median is reported (default: 20)")
@@ -274,10 +275,14 @@ def run(args) -> int:
     st = {"cells": args.cell or list(DEFAULT_CELLS), "T": args.T or q.get("T", [100]),
           "B": args.B or q.get("B", [1]), "H": args.H or q.get("H", [512]), "D": args.D, "layers": args.layers,
           "dtype": args.dtype, "impls": args.impls, "repeats": args.repeats or q.get("repeats", 20),
-          "warmup": args.warmup or q.get("warmup", 3), "tf32": args.tf32, "loop": args.loop}
+          "warmup": args.warmup or q.get("warmup", 3), "tf32": args.tf32, "loops": args.loop or ["auto"]}
     bad = [i for i in st["impls"] if i not in IMPLS]
     if bad:
         raise RnnGraphError(f"unknown implementation(s) {bad}; choose from {', '.join(IMPLS)}")
+    bad = [v for v in st["loops"] if v not in LOOP_CHOICES]
+    if bad:
+        raise RnnGraphError(f"unknown loop strateg{'ies' if len(bad) > 1 else 'y'} {bad}; choose from "
+                            f"{', '.join(LOOP_CHOICES)}")
     if args.json is not None:
         writable_folder(Path(args.json).parent, "--json FILE", missing=0, raw=args.json)
         if Path(args.json).is_dir():
@@ -288,7 +293,8 @@ def run(args) -> int:
         print(_header(info) + ("\nquick: torch runs on 1 CPU thread" if args.quick else ""), flush=True)
         configs = [(c, t, b, h) for c in st["cells"] for t in st["T"] for b in st["B"] for h in st["H"]]
         with contextlib.closing(_progress(configs)) as bar:   # closed before a Ctrl-C's message is printed
-            results = [_measure_or_error(c, impl, st, t, b, h) for c, t, b, h in bar for impl in st["impls"]]
+            results = [_measure_or_error(c, impl, st, t, b, h, loop) for c, t, b, h in bar for impl in st["impls"]
+                       for loop in (st["loops"] if impl in MODES[1:] else ["auto"])]    # naive: stages only
     except KeyboardInterrupt:
         raise Interrupted("no measurements were kept" + (f"; {args.json} was not written" if args.json else "")) \
             from None
@@ -302,10 +308,17 @@ def run(args) -> int:
     return 1 if any("error" in r for r in results) else 0
 
 
-def _measure_or_error(cell, impl, st, T, B, H) -> dict:
+def _measure_or_error(cell, impl, st, T, B, H, loop) -> dict:
     """measure(), or the configuration plus 'error' when it raised (e.g. out of memory); a bad
-    cell or option (RnnGraphError) still ends the command."""
-    kw = {k: st[k] for k in ("D", "layers", "dtype", "repeats", "warmup", "loop")}
+    cell or option (RnnGraphError) still ends the command, except a loop strategy the cell does not
+    admit among several asked for: that is a skipped row."""
+    kw = {k: st[k] for k in ("D", "layers", "dtype", "repeats", "warmup")} | {"loop": loop}
+    if len(st["loops"]) > 1 and loop != "auto":
+        graph = load_cell(cell, st["D"] or H, H)
+        admits = build_schedule(graph).loop_strategies
+        if loop not in admits:
+            return {"impl": impl, "cell": graph.name, "T": T, "B": B, "H": H, **kw, "D": st["D"] or H,
+                    "skipped": f"loop {loop}: the cell admits {', '.join(admits)}"}
     try:
         return measure(cell, impl, T=T, B=B, H=H, **kw)
     except RnnGraphError:
@@ -359,7 +372,7 @@ def format_table(results: list) -> str:
     for r in results:
         groups.setdefault((r["cell"], r["T"], r["B"], r["H"], r["D"], r["layers"], r["dtype"]), []).append(r)
     for (cell, T, B, H, *_), rs in groups.items():
-        ran = {r["impl"]: r for r in rs if "forward_ms" in r}
+        ran = {_label(r): r for r in rs if "forward_ms" in r}
         for r in rs:
             if "skipped" in r or "error" in r:
                 why = r.get("skipped") or f"failed: {r['error']}"
@@ -368,11 +381,11 @@ def format_table(results: list) -> str:
             cols = [r["backend"], _ms(r["forward_ms"]), _ms(r["train_ms"])]
             cols += [_ratio(r, ran.get(ref), w) if ref != r["impl"] else ""
                      for ref in ("cudnn", "torch_eager") for w in ("forward", "train")]
-            rows.append([cell, str(T), str(B), str(H), r["impl"], *cols])
+            rows.append([cell, str(T), str(B), str(H), _label(r), *cols])
             if r.get("eager_loop") == "graph interpreter":
                 notes.append(f"{cell}: the torch eager loop interprets the cell graph (no hand-written step)")
-        for mode in ("staged", "graph"):
-            if "naive" in ran and mode in ran:
+        for mode in (k for k in ran if k.split(":")[0] in ("staged", "graph")):
+            if "naive" in ran:
                 speed = ", ".join(f"{w} {_ratio(ran['naive'], ran[mode], w)}" for w in ("forward", "train"))
                 notes.append(f"{cell} B={B} H={H}: speed-up of {mode} over naive: {speed}")
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
@@ -384,6 +397,12 @@ def format_table(results: list) -> str:
     if gpu:
         lines.append(f"GPU rows were skipped ({', '.join(gpu)}): no usable GPU here")
     return "\n".join(lines)
+
+
+def _label(r) -> str:
+    """An implementation's name, with the loop strategy where rnngraph ran one other than stages."""
+    loop = r.get("loop_strategy", "stages")
+    return r["impl"] if loop == "stages" else f"{r['impl']}:{loop}"
 
 
 def _ms(v):

@@ -18,7 +18,7 @@ from ..errors import Interrupted, RnnGraphError
 from ..ir.cells import CELLS
 from ..plan.schedule import build_schedule
 from ..version import __version__
-from .options import add_cell_arguments, cell_from_args
+from .options import LOOP_CHOICES, add_cell_arguments, cell_from_args
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,8 @@ def _cells_run(args: argparse.Namespace) -> None:
 
 def _schedule_arguments(p: argparse.ArgumentParser) -> None:
     add_cell_arguments(p)
+    p.add_argument("--loop", choices=LOOP_CHOICES, default="auto",
+                   help="loop strategy (default: %(default)s, the best one the cell admits)")
     p.add_argument("--json", action="store_true", help="print the schedule's summary as JSON")
     p.add_argument("--draw", metavar="FILE.png", help="also draw the scheduled graph to an image file")
 
@@ -53,7 +55,7 @@ def _schedule_run(args: argparse.Namespace) -> None:
     if args.draw is not None:
         from .drawing import check_image_path, draw_schedule   # matplotlib only when drawing
         check_image_path(args.draw)
-    schedule = build_schedule(cell_from_args(args))
+    schedule = build_schedule(cell_from_args(args), loop=args.loop)
     print(json.dumps(schedule.summary()) if args.json else schedule)
     if args.draw is not None:
         try:

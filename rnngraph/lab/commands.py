@@ -44,8 +44,7 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--mode", choices=("naive", "staged", "graph"),
                    help=f"executor mode; graph (CUDA-graph replay) needs cupy (default: {D.mode})")
     r.add_argument("--loop", choices=LOOP_CHOICES,
-                   help=f"loop strategy (default: {D.loop}, which runs stages; scan and elementwise run on numpy where "
-                        "the cell admits them)")
+                   help=f"loop strategy (default: {D.loop}, the best one the cell admits)")
     r.add_argument("--out", metavar="DIR", help=f"where checkpoint.npz, log.csv and log.json go (default: {D.out}; "
                    "with --resume, the checkpoint's folder)")
     r.add_argument("--checkpoint-every", type=positive_int, metavar="N",

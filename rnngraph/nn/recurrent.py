@@ -49,7 +49,7 @@ class Recurrent(Parameterized):
     stores them). Keyword options: ``backend`` 'numpy' | 'cupy' | 'auto' or a backend object
     (``layer.backend_name`` says which was picked), ``dtype`` 'float32' (default, as torch) or 'float64',
     ``mode`` 'staged' | 'naive' | 'graph' (cupy only), ``loop`` the loop strategy ('auto' | 'stages' |
-    'elementwise' | 'scan', the last two on numpy; ``layer.loop_strategy`` says what runs), ``seed`` for
+    'elementwise' | 'scan'; ``layer.loop_strategy`` says what runs), ``seed`` for
     the layer's generator (initialisation and dropout masks), ``init`` 'uniform' (torch's U(±1/√H)) |
     'orthogonal' | a function of the layer.
 

@@ -80,12 +80,12 @@ def scan_loop(sched) -> tuple:
 LOOPS = {"stages": stages_loop, "elementwise": elementwise_loop, "scan": scan_loop}   # planners, by strategy
 
 
-def resolve_loop(name: str, classes: dict, cell: str) -> str:
-    """The strategy a schedule runs: 'auto' runs 'stages' (until the GPU backend runs the others, auto
-    keeps every result as it was); a named one must be one the cell admits, else one clear error."""
+def resolve_loop(name: str, classes: dict, cell: str, runs=tuple(ADMITS), staged: bool = True) -> str:
+    """The strategy a schedule runs: 'auto' picks the best one the cell admits among those the backend
+    `runs` ('stages' for the naive schedule); a named one must be one the cell admits, else one clear error."""
     admits = admitted(classes)
     if name == "auto":
-        return "stages"
+        return next((s for s in admits if s in runs), "stages") if staged else "stages"
     if name not in ADMITS:
         raise RnnGraphError(f"unknown loop strategy {name!r}; choose one of {', '.join(['auto', *ADMITS])}")
     if name not in admits:

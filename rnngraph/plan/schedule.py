@@ -227,12 +227,13 @@ def _quotient(frame, group) -> nx.DiGraph:
     return q
 
 
-def build_schedule(cell: CellGraph, optimize: bool = True, loop: str = "auto") -> Schedule:
+def build_schedule(cell: CellGraph, optimize: bool = True, loop: str = "auto", runs=None) -> Schedule:
     """The staged schedule (optimize=True), or the naive one: every op its own per-frame kernel; loop
-    names the loop strategy ('auto': the best one available)."""
+    names the loop strategy ('auto': the best one the cell admits among `runs`, the strategies the
+    backend runs; all of them when None)."""
     pre, core, post = sections(cell)
     classes = classify(cell, pre)
-    strategy = resolve_loop(loop, classes, cell.name)
+    strategy = resolve_loop(loop, classes, cell.name, runs or LOOPS, optimize)
     if not optimize:
         stages = tuple((it,) for it in _singletons(cell, cell.frame_order()))
         return Schedule(cell, (), stages, (), hoist_param_grads=False, loop_strategy=strategy, state_classes=classes)

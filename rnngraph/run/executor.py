@@ -39,7 +39,7 @@ class Executor:
         check_mode(mode, backend)
         self.cell, self.backend, self.mode = cell, backend, mode
         if schedule is None:
-            schedule = build_schedule(cell, optimize=(mode != "naive"), loop=loop)
+            schedule = build_schedule(cell, optimize=(mode != "naive"), loop=loop, runs=backend.loops)
         elif loop != "auto":
             schedule = replace(schedule, loop_strategy=loop)
         self.sched = schedule      # a variant may be given, for experiments
@@ -165,9 +165,13 @@ class Executor:
         self._walk(loop, ws, overlap=True)
 
     def _elementwise(self, loop, ws, _):
-        """Loop strategy 'elementwise' where the backend compiles no kernel walking time per feature:
-        the stages' items frame by frame, in order (on numpy, bit for bit what 'stages' computes)."""
-        self._walk(loop, ws, overlap=False)
+        """Loop strategy 'elementwise': one kernel walking time per feature where the backend compiles
+        it, else the stages' items frame by frame, in order (on numpy, bit for bit what 'stages' computes)."""
+        _, launch = self._prepared(loop, ws, ALL, lambda: (ws.vals, ws.grads, ws.P, ws.T, ws.B))
+        if launch:
+            self.backend.launch(launch)
+        else:
+            self._walk(loop, ws, overlap=False)
 
     def _walk(self, loop, ws, overlap: bool):
         for t in (reversed(range(ws.T)) if loop.reverse else range(ws.T)):

@@ -46,7 +46,7 @@ class KernelSpec:
         lines += [ln.replace("T ", f"{ctype} ") for ln in self.body]
         lines += [f"{at(nm)} {op} {v};" for nm, v, op in self.stores]
         text = FUSED_SOURCE.format(name="{name}", args=args, body="\n".join("    " + ln for ln in lines))
-        name = _named("fused", text)
+        name = kernel_name("fused", text)
         return name, text.replace("{name}", name)
 
 
@@ -75,13 +75,13 @@ def _operands(cell, n, idx, ext):
     return names
 
 
-def _expr(template: str, cell, n, operands, **extra) -> str:
+def op_expr(template: str, cell, n, operands, **extra) -> str:
     op = cell.op(n)
     attrs = {f"a{k}": repr(v) for k, v in enumerate(op.attrs)}
     return template.format(*operands, **attrs, **extra)
 
 
-def _named(kind: str, text: str) -> str:
+def kernel_name(kind: str, text: str) -> str:
     return f"rg_{kind}_{hashlib.sha1(text.encode()).hexdigest()[:12]}"
 
 
@@ -93,7 +93,7 @@ def fusable(cell, nodes) -> bool:
 def fused_forward_kernel(cell, nodes) -> KernelSpec:
     idx = {n: k for k, n in enumerate(nodes)}
     ext = _externals(cell, nodes)
-    body = tuple(f"T v{idx[n]} = {_expr(KERNEL[cell.op(n).kind][0], cell, n, _operands(cell, n, idx, ext))};"
+    body = tuple(f"T v{idx[n]} = {op_expr(KERNEL[cell.op(n).kind][0], cell, n, _operands(cell, n, idx, ext))};"
                  for n in nodes)
     return KernelSpec(tuple(("ext", e) for e in ext), tuple(("out", n) for n in nodes),
                       tuple(f"x{k}" for k in range(len(ext))), tuple(f"y{k}" for k in range(len(nodes))),
@@ -112,7 +112,7 @@ def fused_backward_kernel(cell, nodes, param_names) -> KernelSpec:
         for slot, ((u, d), name) in enumerate(zip(cell.reads(n), ops)):
             if u in param_names:
                 continue
-            e = _expr(KERNEL[op.kind][1][slot], cell, n, ops, g=f"d{idx[n]}", y=f"v{idx[n]}")
+            e = op_expr(KERNEL[op.kind][1][slot], cell, n, ops, g=f"d{idx[n]}", y=f"v{idx[n]}")
             body.append(f"{'d' if name[0] == 'v' else 'a'}{name[1:]} += {e};")
     stores = [(f"gm{k}", f"d{k}", "=") for k in range(len(nodes))] + [(f"gx{k}", f"a{k}", "+=") for k in gext]
     return KernelSpec(tuple([("ext", e) for e in ext] + [("val", n) for n in nodes]),
@@ -222,9 +222,9 @@ def param_grad_kernel(cell, n: str, slot: int, ctype: str) -> tuple[str, str]:
     names = ["G"] + [f"A{k}" for k in range(len(cell.reads(n)))] + ["Y"]
     args = "".join(f"const {ctype}* p{v}, long long ld{v}, " for v in names)
     loads = "\n".join(f"        {ctype} {v} = p{v}[n * ld{v} + f];" for v in names)
-    expr = _expr(KERNEL[op.kind][1][slot], cell, n, names[1:-1], g="G", y="Y")
+    expr = op_expr(KERNEL[op.kind][1][slot], cell, n, names[1:-1], g="G", y="Y")
     text = PARAM_GRAD_SOURCE.format(name="{name}", args=args, T=ctype, loads=loads, expr=expr)
-    name = _named("pgrad", text)
+    name = kernel_name("pgrad", text)
     return name, text.replace("{name}", name)
 
 
@@ -291,5 +291,5 @@ def gemv_fused_kernel(spec: KernelSpec, gemm_nodes, offsets, ctype: str):
         pick="\n".join([f"    {ctype} g{j} = part[0][{j}][r] + part[1][{j}][r] + part[2][{j}][r] + part[3][{j}][r];"
                         for j in range(m)] + [f"    gC[r * gldc + {offsets[j]} + f] = g{j};" for j in range(m)]),
         body="\n".join("    " + ln for ln in lines))
-    name = _named("gemvfused", text)
+    name = kernel_name("gemvfused", text)
     return name, text.replace("{name}", name)

@@ -11,10 +11,11 @@ from collections import OrderedDict
 from ...errors import RnnGraphError, RnnGraphWarning
 from ..kernels import (GEMV_FUSED_ROWS, GEMV_ROWS, PAIR_MAX_BYTES, fusable, fused_backward_kernel,
                        fused_forward_kernel, gemv_fused_kernel, matmul_source, param_grad_kernel)
-from ...plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum
+from ..loop_kernels import elementwise_kernel, elementwise_nodes, scan_chunks, scan_source
+from ...plan.items import ElementwiseLoop, Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, ScanLoop
 from .base import ArrayBackend
 
-_KERNELS: dict = {}      # process-wide cache: generated source -> compiled kernel object
+_KERNELS: dict = {}      # process-wide cache: (kernel name, generated source) -> compiled kernel object
 _CTYPE = {"float32": "float", "float64": "double"}
 
 
@@ -57,7 +58,7 @@ class CupyBackend(ArrayBackend):
     and tiled GEMM kernels and runs CuPy's cuBLAS eagerly around the loop, so only time loops are captured.
     """
     name = "cupy"
-    loops = frozenset({"stages"})   # scan and elementwise run on numpy only, yet
+    loops = frozenset({"stages", "elementwise", "scan"})
 
     def __init__(self, capture: bool = False, matmul: str = "cublas", lanes: int = 1, max_graphs: int = 32):
         import cupy
@@ -201,14 +202,63 @@ class CupyBackend(ArrayBackend):
             args += [a, self.xp.int64(0 if a.ndim == 1 else a.strides[0] // a.itemsize)]
         return args
 
+    # -- loop strategies that run time inside kernels ------------------------------------------------
+    def _compile_scan(self, cell, loop, chains, per_frame):
+        """Per state, the three chunked-scan kernels (loop_kernels.py) over all frames, forward or reverse;
+        the chunks' composites live in two buffers made here. chains: the executor's views per state."""
+        cp, out = self.xp, []
+        for a, b, s, m, gs, gm, ga, gb in chains:     # [T, B, F] or a vector [F]; s, gs: [d+T, B, F]
+            (T, B, F), d = m.shape, s.shape[0] - m.shape[0]
+            src, names = scan_source("bwd" if loop.reverse else "fwd", _CTYPE[str(m.dtype)])
+            NC, L = scan_chunks(T, d, B * F)
+            PA, PC = (cp.empty((NC * d, B * F), m.dtype) for _ in range(2))
+            if loop.reverse:
+                head = self._frame_args([a, s, gs, gm, gm if ga is None else ga, gm if gb is None else gb], B)
+                head += [cp.int32(ga is not None), cp.int32(gb is not None)]
+            else:
+                head = self._frame_args([a, b, s, m], B)
+            dims, grid = [cp.int32(T), cp.int32(B), cp.int32(F), cp.int32(d)], (B * F + 127) // 128
+            k = {ph: self._raw(nm, src) for ph, nm in names.items()}
+            out += [(k["part"], (grid, NC * d), (128,), (*head, *dims, cp.int32(L), PA, PC))] * (NC > 1)
+            out += [(k["carry"], (grid, d), (128,), (*head, *dims, cp.int32(NC), PA, PC)),
+                    (k["out"], (grid, NC * d), (128,), (*head, *dims, cp.int32(L), PC))]
+        return tuple(out)
+
+    def _compile_elementwise(self, cell, loop, views, per_frame):
+        """The whole loop as one kernel walking time per (b, f), or None where it cannot (a GEMM in the loop)."""
+        vals, grads, P, T, B = views
+        nodes = elementwise_nodes(loop)
+        made = nodes and elementwise_kernel(cell, nodes, "bwd" if loop.reverse else "fwd",
+                                            _CTYPE[str(vals[nodes[0]].dtype)])
+        if not made:
+            return None
+        name, src, keys = made
+        cp, F = self.xp, cell.op(nodes[0]).size
+        args = self._frame_args([(vals if kind == "val" else grads)[n] for kind, n in keys], B)
+        return ((self._raw(name, src), ((B * F + 127) // 128,), (128,),
+                 (*args, cp.int32(T), cp.int32(B), cp.int32(F), cp.int32(P))),)
+
+    def _frame_args(self, arrays, B: int) -> list:
+        """Pointer and stride pairs of arrays addressed by frame: [N, B, F] views whose element (t, b, f)
+        is at (t·B + b)·ld + f, or vectors [F] (ld = 0)."""
+        args = []
+        for a in arrays:
+            ld = 0 if a.ndim == 1 else a.strides[0] // (B * a.itemsize)
+            if a.ndim != 1 and (a.strides[-1] != a.itemsize or a.strides[0] != B * ld * a.itemsize
+                                or (B > 1 and a.strides[1] != ld * a.itemsize)):
+                raise RnnGraphError("internal: loop kernel operands need frame-major rows with unit column stride")
+            args += [a, self.xp.int64(ld)]
+        return args
+
     def _raw(self, name: str, src: str):
         """The compiled kernel `name` of `src`, built once per process."""
-        if src not in _KERNELS:
-            _KERNELS[src] = self.xp.RawKernel(src, name)
-        return _KERNELS[src]
+        if (name, src) not in _KERNELS:
+            _KERNELS[name, src] = self.xp.RawKernel(src, name)
+        return _KERNELS[name, src]
 
     COMPILE = {Gemm: _compile_gemm, GemmGrad: _compile_gemm_grad, Fused: _compile_fused,
-               FusedGrad: _compile_fused_grad, Pair: _compile_pair, ParamSum: _compile_param_sum}
+               FusedGrad: _compile_fused_grad, Pair: _compile_pair, ParamSum: _compile_param_sum,
+               ScanLoop: _compile_scan, ElementwiseLoop: _compile_elementwise}
 
     def compile(self, cell, item, views, per_frame: bool):
         make = self.COMPILE.get(type(item))

@@ -1,0 +1,78 @@
+"""The loop strategies 'scan' and 'elementwise' on the GPU (their kernels) against the numpy float64
+reference running 'stages': built-in cells, ragged batches, chunked calls, delays 1-3, long T."""
+import numpy as np
+import pytest
+
+from rnngraph.nn.recurrent import Recurrent
+from test_classify import LINEAR_FORMS, one_state
+
+pytestmark = pytest.mark.gpu
+TOL = {"float64": 1e-10, "float32": 1e-4}   # relative, by dtype
+BUILTINS = [("min_gru", "scan"), ("min_gru", "elementwise"), ("min_lstm", "scan"), ("qrnn", "scan"),
+            ("qrnn", "elementwise"), ("indrnn", "elementwise"), ("sru", "elementwise")]
+
+
+def pair(cell, loop, size, hidden, dtype, mode, **options):
+    """(numpy float64 'stages' layer, cupy `loop` layer) with the same parameters."""
+    import cupy
+    ref = Recurrent(cell, size, hidden, dtype="float64", loop="stages", seed=1, **options)
+    gpu = Recurrent(cell, size, hidden, backend="cupy", dtype=dtype, mode=mode, loop=loop, **options)
+    gpu.load_state_dict({k: cupy.asarray(v.astype(dtype)) for k, v in ref.state_dict().items()})
+    assert (ref.loop_strategy, gpu.loop_strategy) == ("stages", loop)
+    return ref, gpu
+
+
+def calls(layer, xs, lengths, xp, dtype):
+    """Every array of a run over the chunks xs with the state carried across calls, as float64 numpy:
+    outputs, finals, gradients of inputs, initial state and parameters under fixed random gradients."""
+    rng = np.random.default_rng(7)
+    conv = lambda a: xp.asarray(a.astype(dtype))
+    back = lambda a: np.asarray(a.get() if hasattr(a, "get") else a, dtype=np.float64)
+    y, fin = layer(conv(xs[0]))
+    state, out = rng.standard_normal(fin.shape), []
+    for x in xs:
+        y, fin = layer(conv(x), conv(state), None if lengths is None else conv(lengths).astype("int64"))
+        gx, g0, grads = layer.backward(conv(rng.standard_normal(y.shape)), conv(rng.standard_normal(fin.shape)))
+        out += [back(a) for a in (y, fin, gx, g0, *(grads[n] for n in sorted(grads)))]
+        state = back(fin)
+    return out
+
+
+def agree(ref, gpu, xs, lengths, dtype, what):
+    import cupy
+    for k, (a, b) in enumerate(zip(calls(gpu, xs, lengths, cupy, dtype), calls(ref, xs, lengths, np, "float64"),
+                                   strict=True)):
+        err = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300)
+        assert err <= TOL[dtype], f"{what}: array {k} relative error {err:.2e} > {TOL[dtype]:.0e}"
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("mode", ["staged", "graph"])
+@pytest.mark.parametrize("cell, loop", BUILTINS, ids=[f"{c}-{l}" for c, l in BUILTINS])
+def test_builtins_match_the_reference(cell, loop, mode, dtype):
+    ref, gpu = pair(cell, loop, 5, 8, dtype, mode, num_layers=2, bidirectional=True)
+    x = np.random.default_rng(3).standard_normal((19, 3, 5))
+    agree(ref, gpu, [x], np.array([19, 11, 1]), dtype, f"{cell}/{loop}/{mode} ragged")
+    agree(ref, gpu, [x[:7], x[7:14], x[14:]], None, dtype, f"{cell}/{loop}/{mode} chunked")   # graph: replays
+
+
+FORMS = [(form, d, loop) for form in LINEAR_FORMS for d in (1, 2, 3) for loop in ("scan", "elementwise")]
+
+
+@pytest.mark.parametrize("form, delay, loop", FORMS, ids=[f"{f}-d{d}-{l}" for f, d, l in FORMS])
+def test_linear_forms_and_delays(form, delay, loop):
+    ref, gpu = pair(one_state(LINEAR_FORMS[form], delay), loop, 3, 4, "float64", "graph")
+    x = np.random.default_rng(4).standard_normal((17, 3, 3))
+    agree(ref, gpu, [x], np.array([17, 9, 2]), "float64", f"{form} d={delay} {loop}")
+    agree(ref, gpu, [x[:2], x[2:3], x[3:]], None, "float64", f"{form} d={delay} {loop} chunked")
+
+
+@pytest.mark.parametrize("T, B, H, delay", [(4096, 1, 64, 1), (1000, 2, 16, 3), (333, 64, 96, 2)])
+@pytest.mark.parametrize("loop", ["scan", "elementwise"])
+def test_long_sequences_in_float32(T, B, H, delay, loop):
+    """Many chunks per chain (B = 1), interleaved chains, one chunk per chain (B = 64): float32 against
+    float64 over the whole run, forward and gradients."""
+    cell = "min_gru" if delay == 1 else one_state(LINEAR_FORMS["(1-a)*h + a*b"], delay, D=8, H=H)
+    ref, gpu = pair(cell, loop, 8, H, "float32", "graph")
+    x = np.random.default_rng(5).standard_normal((T, B, 8))
+    agree(ref, gpu, [x], None, "float32", f"T={T} B={B} d={delay} {loop}")
