@@ -7,6 +7,7 @@ back). A delayed read before frame 0 reads the state's initial value (h0, c0).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -43,9 +44,10 @@ class CellGraph:
     def producers(self) -> dict:
         return {p: s for s, (p, _) in self.states.items()}
 
-    @property
+    @functools.cached_property
     def depths(self) -> dict:
-        """state -> how many past frames the cell reads (its largest delay, at least 1)."""
+        """state -> how many past frames the cell reads (its largest delay, at least 1); computed once
+        (the executor asks on every call)."""
         return {s: max([d for _, _, d in self.graph.out_edges(p, data="delay")] + [1])
                 for s, (p, _) in self.states.items()}
 

@@ -120,12 +120,14 @@ class Stack:
         grads = [[None] * nd for _ in self.runs]
         for l in reversed(range(len(self.runs))):
             layer, F = self.runs[l], self.runs[l][0].out_size
-            gx = xp.zeros((T, B, layer[0].in_size), gy.dtype)
             for d, run in enumerate(layer):
                 k = l * nd + d
                 gf = {s: None if a is None else a[..., k, :, :] for s, a in gfinals.items()}
                 gxd, g0, grads[l][d] = run.backward(g[..., d * F:(d + 1) * F], gf, frames)
-                gx += gxd
+                if d == 0:
+                    gx = gxd.copy()         # a workspace view, which the next call overwrites
+                else:
+                    gx += gxd
                 for s, v in g0.items():
                     ginit[s][..., k, :, :] = v
             if l > 0:

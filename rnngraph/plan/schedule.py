@@ -11,6 +11,7 @@ of the item DAG.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -51,7 +52,7 @@ class Schedule:
         """The loop strategies every state's class admits, best first (the plan runs loop_strategy)."""
         return admitted(self.state_classes)
 
-    @property
+    @functools.cached_property
     def capture_problem(self) -> str | None:
         """Why a whole backward body cannot be recorded as one CUDA graph, or None."""
         return capture_problem(self)

@@ -47,17 +47,39 @@ extern "C" __global__ void rg_scan_{DIR}_part_{TY}({ARGS}int T, int B, int F, in
 
 extern "C" __global__ void rg_scan_{DIR}_carry_{TY}({ARGS}int T, int B, int F, int d, int NC,
         const {TY}* __restrict__ PA, {TY}* PC) {
-    // PC[k, j] becomes chunk k's carry-in: the chain's value just before (forward: after) the chunk
-    COLUMN
-    int j = blockIdx.y;
-    {TY} y = {INIT};
-    #pragma unroll 4
-    for (int q = 0; q < NC; ++q) {
-        int k = {REV} ? NC - 1 - q : q;
-        long long o = (k * (long long)d + j) * B * F + col;
-        {TY} A = PA[o], C = PC[o];
-        PC[o] = y;
-        y = A * y + C;
+    // PC[k, j] becomes chunk k's carry-in: the chain's value just before (backward: after) the chunk.
+    // A block of 32 columns (threadIdx.x) × 32 segments of the chunks (threadIdx.y): each segment
+    // composes its chunks, one thread per column combines the 32 segments in shared memory, then each
+    // segment re-walks its chunks from its own carry-in.
+    __shared__ {TY} SA[32][33], SC[32][33];
+    long long col = (long long)blockIdx.x * 32 + threadIdx.x;
+    bool live = col < (long long)B * F;
+    int b = live ? (int)(col / F) : 0, f = live ? (int)(col - (long long)b * F) : 0;
+    int j = blockIdx.y, y = threadIdx.y, per = (NC + 31) / 32;
+    {TY} A = 1, C = 0;
+    for (int q = y * per; live && q < min(NC, (y + 1) * per); ++q) {
+        long long o = (({REV} ? NC - 1 - q : q) * (long long)d + j) * B * F + col;
+        C = PA[o] * C + PC[o];
+        A = PA[o] * A;
+    }
+    SA[y][threadIdx.x] = A;
+    SC[y][threadIdx.x] = C;
+    __syncthreads();
+    if (y == 0 && live) {
+        {TY} v = {INIT};
+        for (int k = 0; k < 32; ++k) {
+            {TY} a = SA[k][threadIdx.x], c = SC[k][threadIdx.x];
+            SC[k][threadIdx.x] = v;
+            v = a * v + c;
+        }
+    }
+    __syncthreads();
+    {TY} v = SC[y][threadIdx.x];
+    for (int q = y * per; live && q < min(NC, (y + 1) * per); ++q) {
+        long long o = (({REV} ? NC - 1 - q : q) * (long long)d + j) * B * F + col;
+        {TY} a = PA[o], c = PC[o];
+        PC[o] = v;
+        v = a * v + c;
     }
 }
 
@@ -96,8 +118,8 @@ SCAN_BACKWARD = dict(
          "if (has_ga) ga[IDX(lga, t)] += H * s[IDX(ls, t)]; if (has_gb) gb[IDX(lgb, t)] += G; "
          "if (t < d) gs[IDX(lgs, t)] += a[IDX(la, t)] * H; y = H;")
 
-SCAN_THREADS = 1 << 15      # chunks per chain are chosen so that about this many threads walk frames
-SCAN_MAX_CHUNKS = 64        # ... but at most this many (the carry kernel walks them one by one)
+SCAN_THREADS = 1 << 18      # chunks per chain are chosen so that about this many threads walk frames
+SCAN_MIN_FRAMES = 8         # ... each at least this many frames (its loads in flight together)
 
 
 def scan_source(direction: str, ctype: str) -> tuple[str, dict]:
@@ -113,7 +135,7 @@ def scan_source(direction: str, ctype: str) -> tuple[str, dict]:
 def scan_chunks(T: int, d: int, columns: int) -> tuple[int, int]:
     """(chunks per chain NC, frames per chunk L) for chains of ⌈T/d⌉ frames over `columns` columns."""
     n = -(-T // d)
-    want = max(1, min(SCAN_MAX_CHUNKS, n, -(-SCAN_THREADS // (columns * d))))
+    want = max(1, min(-(-n // SCAN_MIN_FRAMES), -(-SCAN_THREADS // (columns * d))))
     L = -(-n // want)
     return -(-n // L), L
 

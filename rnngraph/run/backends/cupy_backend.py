@@ -220,7 +220,7 @@ class CupyBackend(ArrayBackend):
             dims, grid = [cp.int32(T), cp.int32(B), cp.int32(F), cp.int32(d)], (B * F + 127) // 128
             k = {ph: self._raw(nm, src) for ph, nm in names.items()}
             out += [(k["part"], (grid, NC * d), (128,), (*head, *dims, cp.int32(L), PA, PC))] * (NC > 1)
-            out += [(k["carry"], (grid, d), (128,), (*head, *dims, cp.int32(NC), PA, PC)),
+            out += [(k["carry"], ((B * F + 31) // 32, d), (32, 32), (*head, *dims, cp.int32(NC), PA, PC)),
                     (k["out"], (grid, NC * d), (128,), (*head, *dims, cp.int32(L), PC))]
         return tuple(out)
 
