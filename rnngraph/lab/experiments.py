@@ -34,7 +34,7 @@ PAPER_CELLS = ("lstm", "peephole_lstm", "gru", "min_gru", "mgu")
 
 def _measure(cfg: dict, opts: dict) -> dict:
     """bench.measure for one configuration: medians forward_ms / train_ms, or {'skipped': reason}."""
-    kw = {k: cfg[k] for k in ("impl", "T", "B", "H", "layers") if k in cfg}
+    kw = {k: cfg[k] for k in ("impl", "T", "B", "H", "layers", "loop") if k in cfg}
     return bench.measure(cfg["cell"], what=tuple(cfg.get("what", ("forward", "train"))),
                          repeats=cfg.get("repeats", opts["repeats"]), warmup=cfg.get("warmup", opts["warmup"]),
                          **kw)
@@ -62,6 +62,19 @@ def _length_grid(quick: bool) -> list:
                 continue
             few = dict(repeats=3, warmup=1) if T >= 3000 else {}
             out.append(dict(cell="lstm", H=H, B=1, T=T, impl=i, **few))
+    return out
+
+
+def _scan_grid(quick: bool) -> list:
+    """minGRU at one stream: each loop strategy in graph mode (staged in a --quick CPU run) and the JAX
+    associative scan, T = 100 … 16,384. Long runs get fewer repeats."""
+    Ts, H, mode = ((10, 30, 100, 300), 16, "staged") if quick else ((100, 300, 1000, 4096, 16384), 512, "graph")
+    out = []
+    for T in Ts:
+        few = dict(repeats=3, warmup=1) if T >= 4096 else {}
+        out += [dict(cell="min_gru", H=H, B=1, T=T, impl=mode, loop=loop, **few)
+                for loop in ("stages", "elementwise", "scan")]
+        out.append(dict(cell="min_gru", H=H, B=1, T=T, impl="jax_scan", **few))
     return out
 
 
@@ -238,6 +251,10 @@ EXPERIMENTS = {
     "sequence_length": Experiment(
         "cost per frame for T = 10 … 10,000, LSTM H = 512, one stream", _length_grid, _measure,
         ("forward_ms", "train_ms")),
+    "scan": Experiment(
+        "cost per frame for T = 100 … 16,384 of minGRU's loop run frame by frame (stages), by one kernel "
+        "per direction walking time (elementwise) and by a parallel scan, with JAX's associative scan",
+        _scan_grid, _measure, ("forward_ms", "train_ms")),
     "schedule_stats": Experiment(
         "per cell: ops, stages per frame, kernels per frame before and after merging, share of FLOPs "
         "hoisted out of the loop (D = H = 512; pure analysis)", _stats_grid, _stats,

@@ -257,16 +257,18 @@ def fig_stage_breakdown(doc) -> Figure:
 
 
 def fig_sequence_length(doc) -> Figure:
-    """Lines: cost per frame against T, log-log, forward and training step side by side."""
+    """Lines: cost per frame against T, log-log, forward and training step side by side; a series per
+    implementation, and per loop strategy where the records name one (the scan experiment)."""
     fig = Figure(figsize=(style.COLUMN, 2.5), layout="constrained")
     axes = fig.subplots(1, 2, sharey=True)
     r0 = doc["records"][0]
     for ax, what in zip(axes, ("forward", "train")):
-        for impl in dict.fromkeys(r["impl"] for r in doc["records"]):
-            rs = sorted(_measured(doc, impl=impl), key=lambda r: r["T"])
+        for impl, loop in dict.fromkeys((r["impl"], r.get("loop")) for r in doc["records"]):
+            rs = sorted(_measured(doc, impl=impl, **({"loop": loop} if loop else {})), key=lambda r: r["T"])
             if rs:
                 ax.plot([r["T"] for r in rs], [1e3 * r[f"{what}_ms"] / r["T"] for r in rs], marker="o", ms=3,
-                        lw=1.2, color=style.IMPL[impl], label=style.IMPL_LABEL[impl])
+                        lw=1.2, color=style.LOOP[loop] if loop else style.IMPL[impl],
+                        label=style.IMPL_LABEL[impl] + (f", loop {loop}" if loop else ""))
         ax.set_xscale("log")
         ax.set_yscale("log")
         Ts = [r["T"] for r in doc["records"]]
@@ -356,7 +358,7 @@ def fig_cuda_lanes(doc) -> Figure:
 
 
 DRAW = {"single_stream_speedup": fig_single_stream_speedup, "multi_stream_throughput": fig_multi_stream_throughput,
-        "stage_breakdown": fig_stage_breakdown, "sequence_length": fig_sequence_length,
+        "stage_breakdown": fig_stage_breakdown, "sequence_length": fig_sequence_length, "scan": fig_sequence_length,
         "schedule_stats": fig_schedule_stats, "cuda_lanes": fig_cuda_lanes}
 
 
