@@ -5,6 +5,7 @@ import pytest
 
 from rnngraph.nn.recurrent import Recurrent
 from test_classify import LINEAR_FORMS, one_state
+from test_loops import MIXED, mixed_cell, run_executor
 
 pytestmark = pytest.mark.gpu
 TOL = {"float64": 1e-10, "float32": 1e-4}   # relative, by dtype
@@ -76,3 +77,32 @@ def test_long_sequences_in_float32(T, B, H, delay, loop):
     ref, gpu = pair(cell, loop, 8, H, "float32", "graph")
     x = np.random.default_rng(5).standard_normal((T, B, 8))
     agree(ref, gpu, [x], None, "float32", f"T={T} B={B} d={delay} {loop}")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("mode", ["staged", "graph"])
+@pytest.mark.parametrize("kind", MIXED)
+def test_a_scanned_state_beside_other_states(kind, mode, dtype):
+    """The scan kernels, then the rest of the loop (frame by frame, or the elementwise kernel) reading the
+    scanned state; a graph is replayed with new inputs."""
+    import cupy
+    from rnngraph.run.backends import get_backend
+    from rnngraph.run.backends.numpy_backend import NumpyBackend
+    from rnngraph.run.executor import Executor
+    cell = mixed_cell(kind)
+    ref, ex = Executor(cell, NumpyBackend(), loop="stages"), Executor(cell, get_backend("cupy", mode), mode, loop="scan")
+    own = {}
+    for seed in (0, 1):
+        rng = np.random.default_rng(seed)
+        params = {n: rng.uniform(-0.6, 0.6, shape) for n, shape in cell.params.items()}
+        x, gy = rng.standard_normal((23, 3, 3)), rng.standard_normal((23, 3, 4))
+        init, gf = ({s: rng.standard_normal((3, 4)) for s in ("c", "h")} for _ in range(2))
+        want = run_executor(ref, params, x, init, gy, gf)
+        for n, v in params.items():       # the same parameter arrays, updated in place
+            own.setdefault(n, cupy.empty(v.shape, dtype))[...] = cupy.asarray(v.astype(dtype))
+        conv = lambda d: {k: cupy.asarray(v.astype(dtype)) for k, v in d.items()}
+        got = run_executor(ex, own, cupy.asarray(x.astype(dtype)), conv(init), cupy.asarray(gy.astype(dtype)), conv(gf))
+        for k, (a, b) in enumerate(zip(got, want, strict=True)):
+            a = cupy.asnumpy(a).astype(np.float64)
+            err = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300)
+            assert err <= TOL[dtype], f"{kind}/{mode}/{dtype} call {seed}: array {k} relative error {err:.2e}"

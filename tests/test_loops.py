@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from numerics import close, directional
-from rnngraph import RnnGraphError, build_schedule, load_cell
+from rnngraph import Cell, RnnGraphError, build_schedule, load_cell
+from rnngraph.plan.items import ElementwiseLoop, ScanLoop, StagesLoop
 from rnngraph.lab.cli import main
 from rnngraph.plan.schedule import LOOP_TITLES
 from rnngraph.nn.recurrent import Recurrent
@@ -151,7 +152,7 @@ def test_schedule_prints_each_strategy(capsys):
     assert "      dscan  dh += one_minus5@t+1 ⊙ dh@t+1, reverse scan; done_minus5, dmul7, dh@t-1" in scan
     sru, elementwise = (build_schedule(load_cell("sru", 4, 8), loop=loop) for loop in ("stages", "elementwise"))
     assert "strategy elementwise" in str(elementwise)
-    assert "    loop as one reverse scan over all frames: 1 stage items" in scan
+    assert f"    {LOOP_TITLES['scan']}: 1 stage items" in scan
     same = str(elementwise).replace("strategy elementwise)", "strategy stages)").replace(
         LOOP_TITLES["elementwise"], LOOP_TITLES["stages"])
     assert same == str(sru)     # the same items, one loop
@@ -173,3 +174,57 @@ def test_bench_and_train_take_a_loop_strategy(tmp_path, small_text, capsys):
         assert main([*argv, "--loop", loop, "--out", str(tmp_path / loop)]) == 0
         runs[loop] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("done:")]
     assert runs["scan"][0].split("validation bpc ")[1][:5] == runs["stages"][0].split("validation bpc ")[1][:5]
+
+
+def mixed_cell(kind: str):
+    """Two states: c = f ⊙ c@t-1 + (1-f) ⊙ g (linear-diagonal, scanned) and h, which reads c and itself
+    through W·h (general: the rest runs frame by frame) or u ⊙ h (elementwise: the rest walks features)."""
+    c = Cell(f"mixed_{kind}")
+    x, cs, h = c.input("x", 3), c.state("c", 4), c.state("h", 4)
+    f, g = c.sigmoid(c.linear(x, "W_f", 4, bias="b_f")), c.tanh(c.linear(x, "W_g", 4))
+    cn = c.bind(cs, f * cs + (1 - f) * g, name="c")
+    rec = c.linear(h, "U", 4) if kind == "general" else c.diag(h, "u")
+    c.output(c.bind(h, c.tanh(rec + cn + c.linear(x, "W_h", 4)), name="h"))
+    return c.build()
+
+
+MIXED = {"general": (("scan", "stages"), StagesLoop), "elementwise": (("scan", "elementwise", "stages"), ElementwiseLoop)}
+
+
+def run_executor(ex, params, x, init, gy, gf, lengths=None):
+    outs, fins = ex.forward(params, {"x": x}, init, lengths)
+    got = [outs["h"].copy(), *(fins[s].copy() for s in sorted(fins))]
+    gx, g0, gp = ex.backward({"h": gy}, gf)
+    return got + [gx["x"].copy(), *(g0[s].copy() for s in sorted(g0)), *(gp[n].copy() for n in sorted(gp))]
+
+
+@pytest.mark.parametrize("kind", MIXED)
+def test_a_scanned_state_beside_other_states(kind):
+    """The linear-diagonal state is scanned, the rest of the loop runs after it, reading it; values and
+    every gradient equal 'stages' to 1e-12, ragged too, and the scan's gradients match finite differences."""
+    cell, rng = mixed_cell(kind), np.random.default_rng(6)
+    admits, rest = MIXED[kind]
+    sched = build_schedule(cell, loop="scan")
+    assert sched.loop_strategies == admits and build_schedule(cell).loop_strategy == "scan"
+    assert [type(it) for it in sched.forward[1].items] == [ScanLoop, rest]
+    assert [type(it) for it in sched.backward[1].items] == [rest, ScanLoop]
+    text = str(sched)
+    assert "    runs scan   c = sigmoid3 ⊙ c@t-1 + mul8" in text and "    runs stage" in text     # then the rest
+    params = {n: rng.uniform(-0.6, 0.6, shape) for n, shape in cell.params.items()}
+    x, init = rng.standard_normal((11, 3, 3)), {s: rng.standard_normal((3, 4)) for s in ("c", "h")}
+    gy, gf = rng.standard_normal((11, 3, 4)), {s: rng.standard_normal((3, 4)) for s in ("c", "h")}
+    ref, ex = (Executor(cell, get_backend("numpy"), loop=loop) for loop in ("stages", "scan"))
+    for lengths in (None, np.array([11, 6, 1])):
+        for a, b in zip(run_executor(ex, params, x, init, gy, gf, lengths),
+                        run_executor(ref, params, x, init, gy, gf, lengths), strict=True):
+            close(a, b, rtol=1e-12)
+
+    def loss(params, x):
+        outs, fins = ex.forward(params, {"x": x}, init)
+        return float((outs["h"] * gy).sum() + sum((fins[s] * gf[s]).sum() for s in gf))
+    loss(params, x)
+    gx, _, gp = (dict(g) for g in ex.backward({"h": gy}, gf))
+    gx, gp = gx["x"].copy(), {n: g.copy() for n, g in gp.items()}
+    directional(lambda v: loss(params, v), x, gx, rng)
+    for n in params:
+        directional(lambda v: loss({**params, n: v}, x), params[n], gp[n], rng)

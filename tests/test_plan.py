@@ -130,9 +130,11 @@ def test_loop_strategy_is_a_field_chosen_by_auto():
 
 
 LOOP_ERRORS = [("gru", "bogus", r"^unknown loop strategy 'bogus'; choose one of auto, scan, elementwise, stages$"),
-               ("gru", "scan", r"^cell 'gru' does not admit loop strategy 'scan': state h is general \(its "
+               ("gru", "scan", r"^cell 'gru' does not admit loop strategy 'scan': it needs a linear_diagonal state; "
+                               r"state h is general \(its "
                                r"recurrence has cross-feature ops \(linear3, linear7, linear11\)\); it admits stages$"),
-               ("indrnn", "scan", r"^cell 'indrnn' does not admit loop strategy 'scan': state h is elementwise \(its "
+               ("indrnn", "scan", r"^cell 'indrnn' does not admit loop strategy 'scan': it needs a linear_diagonal "
+                                  r"state; state h is elementwise \(its "
                                   r"recurrence is elementwise: each feature on its own\); it admits elementwise, stages$")]
 
 

@@ -44,8 +44,8 @@ def shared_weights(cell) -> set:
     return {w for w, k in reads.items() if k > 1}
 
 
-def backward_sections(sched, loop_item) -> tuple:
-    """The backward plan's sections in run order; loop_item is the loop strategy's backward item."""
+def backward_sections(sched, loop) -> tuple:
+    """The backward plan's sections in run order; loop holds the loop strategy's backward items, in run order."""
     cell, hoist = sched.cell, sched.hoist_param_grads
     loop_items = [it for st in sched.loop for it in st]
     shared = shared_weights(cell)
@@ -53,7 +53,7 @@ def backward_sections(sched, loop_item) -> tuple:
     accumulate = [SharedWeight(it, w, sum(it.sizes[:k]), sum(it.sizes[:k + 1]))
                   for it in gemms for k, w in enumerate(it.weights) if w in shared]
     return (Section("post", tuple(grad_item(cell, it, not hoist, True) for it in reversed(sched.post))),
-            Section("loop", (loop_item,), per_frame=True),
+            Section("loop", loop, per_frame=True),
             Section("reduce", tuple(reductions(cell, loop_items + list(sched.post)) if hoist else ())),
             Section("pre", tuple([grad_item(cell, it, not hoist, True) for it in reversed(sched.pre)] +
                                  (reductions(cell, sched.pre) if hoist else []))),

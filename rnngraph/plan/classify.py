@@ -1,7 +1,8 @@
 """How each recurrent state depends on itself, read off the graph: the class that says how its loop may run.
 
 - linear_diagonal: s_t = a_t ⊙ s_{t-d} + b_t with a_t and b_t free of every state (hoisted, inputs or
-  parameters), in any operand order the builder produces; a parallel scan over time can run it.
+  parameters), in any operand order the builder produces; a parallel scan over time can run it, before
+  the rest of the loop (other states may read it).
 - elementwise: no cross-feature op (linear, concat, slice) on the state's recurrence, so each feature
   is its own recurrence and one thread can walk time for it.
 - general: everything else (the LSTM's W_hh·h): frame by frame, stage by stage.
@@ -16,9 +17,13 @@ from ..ir.graph import CellGraph
 from ..ir.ops import OpKind
 
 CROSS_FEATURE = {OpKind.LINEAR, OpKind.CONCAT, OpKind.SLICE}
-# A loop strategy and the classes every state must have for the strategy to run the whole loop, best first.
-ADMITS = {"scan": {"linear_diagonal"}, "elementwise": {"linear_diagonal", "elementwise"},
-          "stages": {"linear_diagonal", "elementwise", "general"}}
+# A loop strategy and what the classes of a cell's states must be for it, best first: 'scan' scans every
+# linear-diagonal state and runs the rest of the loop after it (frame by frame); 'elementwise' walks
+# the whole loop per feature.
+ADMITS = {"scan": ("a linear_diagonal state", lambda kinds: "linear_diagonal" in kinds),
+          "elementwise": ("every state linear_diagonal or elementwise",
+                          lambda kinds: kinds <= {"linear_diagonal", "elementwise"}),
+          "stages": ("nothing", lambda kinds: True)}
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,6 @@ def _both_orders(reads: list) -> list:
 
 
 def admitted(classes: dict) -> tuple:
-    """The loop strategies whose requirements every state meets, best first (stages always)."""
+    """The loop strategies whose requirement the states' classes meet, best first (stages always)."""
     kinds = {c.kind for c in classes.values()}
-    return tuple(name for name, allowed in ADMITS.items() if kinds <= allowed)
+    return tuple(name for name, (_, ok) in ADMITS.items() if ok(kinds))

@@ -12,10 +12,10 @@ from .classify import ADMITS, admitted
 from .items import ElementwiseLoop, Fused, Gemm, Pair, ScanLoop, Stage, StagesLoop
 
 
-def gemm_fused_pairs(sched) -> set:
+def gemm_fused_pairs(cell, loop) -> set:
     """Loop stages k whose lone GEMM feeds the lone fused group of stage k+1 element by element
     (every linear op of the GEMM has the group's size and is read unshifted, unsliced)."""
-    cell, loop, out = sched.cell, sched.loop, set()
+    out = set()
     for k in range(len(loop) - 1):
         (g, *rest), (f, *more) = loop[k], loop[k + 1]
         if rest or more or not isinstance(g, Gemm) or not isinstance(f, Fused):
@@ -38,10 +38,13 @@ def _disjoint_grads(cell, stage) -> bool:
     return True
 
 
-def stages_loop(sched) -> tuple:
-    """(forward, backward) loop items of strategy 'stages': paired stages run as one Pair; backward
-    stages run in reverse, their items reversed, overlapping only where their gradients are disjoint."""
-    cell, loop, pairs = sched.cell, sched.loop, gemm_fused_pairs(sched)
+def stages_loop(sched, loop=None) -> tuple:
+    """(forward, backward) loop items of strategy 'stages' over the loop's stages (or `loop`): paired
+    stages run as one Pair; backward stages run in reverse, their items reversed, overlapping only where
+    their gradients are disjoint."""
+    cell = sched.cell
+    loop = sched.loop if loop is None else loop
+    pairs = gemm_fused_pairs(cell, loop)
     forward, k = [], 0
     while k < len(loop):
         if k in pairs:
@@ -53,7 +56,7 @@ def stages_loop(sched) -> tuple:
     params = not sched.hoist_param_grads
     backward = [Stage(tuple(grad_item(cell, it, params, False) for it in reversed(st)),
                       len(st) > 1 and _disjoint_grads(cell, st)) for st in reversed(loop)]
-    return StagesLoop(tuple(forward), False), StagesLoop(tuple(backward), True)
+    return (StagesLoop(tuple(forward), False),), (StagesLoop(tuple(backward), True),)
 
 
 def _staged_only(sched, name: str):
@@ -62,19 +65,38 @@ def _staged_only(sched, name: str):
                             "runs loop='stages'")
 
 
-def elementwise_loop(sched) -> tuple:
+def elementwise_loop(sched, loop=None) -> tuple:
     """(forward, backward) loop items of strategy 'elementwise': the stages' items, each direction one loop item."""
     _staged_only(sched, "elementwise")
-    forward, backward = stages_loop(sched)
-    return ElementwiseLoop(forward.stages, False), ElementwiseLoop(backward.stages, True)
+    (forward,), (backward,) = stages_loop(sched, loop)
+    return (ElementwiseLoop(forward.stages, False),), (ElementwiseLoop(backward.stages, True),)
 
 
 def scan_loop(sched) -> tuple:
-    """(forward, backward) loop items of strategy 'scan': one chain (p, m, a, b, d) per state, where
-    p = m + b and m = a ⊙ p@t-d (the loop holds exactly these two nodes per state)."""
+    """(forward, backward) loop items of strategy 'scan': one chain (p, m, a, b, d) per linear-diagonal
+    state, where p = m + b and m = a ⊙ p@t-d, scanned over all frames; the rest of the loop (the other
+    states, which may read the scanned ones) runs after it, per feature where every other state is
+    elementwise, else frame by frame; its backward runs before the reverse scan."""
     _staged_only(sched, "scan")
-    chains = tuple((sched.cell.states[s][0], c.m, c.a, c.b, c.delay) for s, c in sched.state_classes.items())
-    return ScanLoop(chains, False), ScanLoop(chains, True)
+    scanned = {s: c for s, c in sched.state_classes.items() if c.kind == "linear_diagonal"}
+    chains = tuple((sched.cell.states[s][0], c.m, c.a, c.b, c.delay) for s, c in scanned.items())
+    done = {n for p, m, *_ in chains for n in (p, m)}
+    rest = tuple(st for st in (tuple(x for x in map(lambda it: _without(it, done), stage) if x)
+                               for stage in sched.loop) if st)
+    forward, backward = (ScanLoop(chains, False),), (ScanLoop(chains, True),)
+    if not rest:
+        return forward, backward
+    others = {c.kind for s, c in sched.state_classes.items() if s not in scanned}
+    f, b = (elementwise_loop if others <= {"elementwise"} else stages_loop)(sched, rest)
+    return forward + f, b + backward
+
+
+def _without(it, nodes: set):
+    """A loop item without the given nodes (a fused group loses them; None when nothing is left)."""
+    if not isinstance(it, Fused):
+        return it
+    keep = tuple(n for n in it.nodes if n not in nodes)
+    return Fused(keep) if keep else None
 
 
 LOOPS = {"stages": stages_loop, "elementwise": elementwise_loop, "scan": scan_loop}   # planners, by strategy
@@ -89,7 +111,8 @@ def resolve_loop(name: str, classes: dict, cell: str, runs=tuple(ADMITS), staged
     if name not in ADMITS:
         raise RnnGraphError(f"unknown loop strategy {name!r}; choose one of {', '.join(['auto', *ADMITS])}")
     if name not in admits:
-        why = "; ".join(f"state {s} is {c.kind} ({c.why})" for s, c in classes.items() if c.kind not in ADMITS[name])
-        raise RnnGraphError(f"cell '{cell}' does not admit loop strategy {name!r}: {why}; it admits "
-                            f"{', '.join(admits)}")
+        need, _ = ADMITS[name]
+        states = "; ".join(f"state {s} is {c.kind} ({c.why})" for s, c in classes.items())
+        raise RnnGraphError(f"cell '{cell}' does not admit loop strategy {name!r}: it needs {need}; {states}; "
+                            f"it admits {', '.join(admits)}")
     return name

@@ -39,7 +39,7 @@ class Schedule:
 
     def __post_init__(self):
         fwd_loop, bwd_loop = LOOPS[resolve_loop(self.loop_strategy, self.state_classes, self.cell.name)](self)
-        object.__setattr__(self, "forward", (Section("pre", self.pre), Section("loop", (fwd_loop,), per_frame=True),
+        object.__setattr__(self, "forward", (Section("pre", self.pre), Section("loop", fwd_loop, per_frame=True),
                                              Section("post", self.post)))
         object.__setattr__(self, "backward", backward_sections(self, bwd_loop))
 
@@ -118,7 +118,8 @@ class Schedule:
         out.append(f"    strategies this loop admits, best first: {', '.join(self.loop_strategies)}")
         for k, st in enumerate(self.loop):
             out += [f"    stage {k}: {describe(it, cell)}" for it in st]
-        out += [f"    runs {line}" for line in s["forward_loop"] if ": pair" in line or not line.startswith("stage")]
+        out += [f"    runs {line}" for line in s["forward_loop"]       # what differs from the stages listed
+                if self.loop_strategy == "scan" or ": pair" in line or not line.startswith("stage")]
         out.append(f"  post (once over all frames): {len(self.post)} kernels")
         out += [f"    {describe(it, cell)}" for it in self.post]
         out.append("  backward:")
@@ -133,7 +134,7 @@ class Schedule:
 
 
 LOOP_TITLES = {"stages": "loop in reverse time, stages reversed", "elementwise": "loop in reverse time, each "
-               "feature on its own (stages listed)", "scan": "loop as one reverse scan over all frames"}
+               "feature on its own (stages listed)", "scan": "loop: the rest in reverse time (if any), then one reverse scan over all frames"}
 BACKWARD_TITLES = {"post": "post reversed, over all frames",
                    "reduce": "parameter gradients of loop and post, reduced once over all frames",
                    "pre": "pre reversed, over all T·B rows", "shared": "weights shared by several ops"}
@@ -151,7 +152,7 @@ def _stage_numbers(sched, loop_item) -> list:
     for st in loop_item.stages:
         nums.append(k)
         k += 2 if any(isinstance(x, Pair) for x in st.items) else 1
-    return [len(sched.loop) - 1 - n for n in nums] if loop_item.reverse else nums
+    return [k - 1 - n for n in nums] if loop_item.reverse else nums
 
 
 def _section(where: str) -> str:
