@@ -77,11 +77,11 @@ def test_backward_items_carry_the_decisions():
     assert lstm.capture_problem is None and post.items == () == shared.items
 
 
-def test_post_item_reading_a_node_at_two_delays_runs_op_by_op():
+def test_post_item_reading_a_node_at_two_delays_adds_atomically():
     sru = build_schedule(load_cell("sru", 8, 16))
     (post,) = sru.backward[0].items
-    assert isinstance(post, FusedGrad) and not post.one_kernel
-    assert sru.capture_problem == "post-loop op mul8 reads a value at several delays"
+    assert isinstance(post, FusedGrad) and post.one_kernel and post.atomic      # c at t and t-1
+    assert sru.capture_problem is None and "(atomic adds: reads a node at several delays)" in str(sru)
     assert [r.param for r in sru.backward[2].items] == ["v_f", "v_r"]          # loop's, then post's
     assert sru.summary()["param_grad_reductions"] == ["dv_f <- sum over T"]      # the loop's only
 

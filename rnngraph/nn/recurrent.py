@@ -122,11 +122,14 @@ class Recurrent(Parameterized):
         return views
 
     def _torch_grads(self, grads) -> dict:
-        xp, out = self.backend.xp, {}
+        """PyTorch-layout gradients, fresh arrays (g is a workspace view), each cell parameter's block copied in."""
+        be, out = self.backend, {}
         for per_l, g_l in zip(self._layout, grads):
             for per_d, g in zip(per_l, g_l):
-                for name, _, parts in per_d:
-                    out[name] = xp.concatenate([g[p] for p, _, _ in parts])   # a copy: g is a workspace view
+                for name, shape, parts in per_d:
+                    out[name] = be.xp.empty(shape, self.dtype)
+                    for p, start, stop in parts:
+                        be.copy(out[name][start:stop], g[p])
         return out
 
     # -- modes --------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ class Direction:
             x = frames.reverse(x)
         outs, finals = self.ex.forward(params, {self.x_name: x}, init, frames.lengths_dev)
         y = outs[self.y_name]
-        out[...] = frames.reverse(y) if self.reverse else y
+        self.ex.backend.copy(out, frames.reverse(y) if self.reverse else y)
         return finals
 
     def backward(self, gy, gfinals: dict, frames: Frames):
@@ -91,7 +91,7 @@ class Stack:
         state -> final, shaped self.shape(s, B))."""
         xp, nd = self.backend.xp, self.nd
         T, B = x.shape[:2]
-        finals = {s: xp.zeros(self.shape(s, B), x.dtype) for s in self.states}
+        finals = {s: xp.empty(self.shape(s, B), x.dtype) for s in self.states}     # every slice k is written
         self.masks = []
         inp = frames.mask(x)            # padded input frames read as zeros, whatever the caller put there
         for l, layer in enumerate(self.runs):
@@ -101,7 +101,7 @@ class Stack:
                 k = l * nd + d
                 st0 = {s: None if a is None else a[..., k, :, :] for s, a in init.items()}
                 for s, f in run.forward(params[l][d], inp, st0, frames, out[..., d * F:(d + 1) * F]).items():
-                    finals[s][..., k, :, :] = f
+                    self.backend.copy(finals[s][..., k, :, :], f)
             out = frames.mask(out)
             mask = None
             if dropout > 0 and l < len(self.runs) - 1:
@@ -116,7 +116,7 @@ class Stack:
         xp, nd = self.backend.xp, self.nd
         T, B = gy.shape[:2]
         g = frames.mask(gy)             # gradients arriving at padded frames are ignored
-        ginit = {s: xp.zeros(self.shape(s, B), gy.dtype) for s in self.states}
+        ginit = {s: xp.empty(self.shape(s, B), gy.dtype) for s in self.states}     # every slice k is written
         grads = [[None] * nd for _ in self.runs]
         for l in reversed(range(len(self.runs))):
             layer, F = self.runs[l], self.runs[l][0].out_size
@@ -129,7 +129,7 @@ class Stack:
                 else:
                     gx += gxd
                 for s, v in g0.items():
-                    ginit[s][..., k, :, :] = v
+                    self.backend.copy(ginit[s][..., k, :, :], v)
             if l > 0:
                 mask = self.masks[l - 1]
                 g = frames.mask(gx if mask is None else gx * mask)

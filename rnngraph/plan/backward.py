@@ -9,16 +9,20 @@ from .items import Fused, FusedGrad, Gemm, GemmGrad, ParamSum, Section, SharedWe
 
 
 def grad_item(cell, it, params: bool, all_frames: bool):
-    """The backward item of a forward item; over all frames, a fused group that reads one node at two
-    delays adds into overlapping views of its gradient, so it runs op by op instead of as one kernel."""
+    """The backward item of a forward item. Over all frames, a fused group's kernel has one thread per
+    (frame, row, feature): where it reads a node outside the group at several delays, threads of two
+    frames add into one row of that node's gradient (atomic adds); where a member reads another member
+    at a delay, one frame's gradient needs another's first, so the group runs op by op instead."""
     if isinstance(it, Gemm):
         return GemmGrad(it, params)
-    return FusedGrad(it, params, not (all_frames and _reads_at_two_delays(cell, it)))
-
-
-def _reads_at_two_delays(cell, it: Fused) -> bool:
+    if not all_frames:
+        return FusedGrad(it, params)
+    members = set(it.nodes)
     reads = {r for n in it.nodes for r in cell.reads(n) if cell.op(r[0]).kind is not OpKind.PARAM}
-    return len({u for u, _ in reads}) < len(reads)
+    if any(u in members and d for u, d in reads):
+        return FusedGrad(it, params, one_kernel=False)
+    outside = [u for u, _ in reads if u not in members]
+    return FusedGrad(it, params, atomic=len(set(outside)) < len(outside))
 
 
 def reductions(cell, items) -> list:
@@ -66,5 +70,5 @@ def capture_problem(sched) -> str | None:
     for sec in sched.backward:
         for it in sec.items:
             if isinstance(it, FusedGrad) and not it.one_kernel:
-                return f"post-loop op {it.item.nodes[0]} reads a value at several delays"
+                return f"op {it.item.nodes[0]} of {sec.name} reads a member of its fused group at a delay"
     return None

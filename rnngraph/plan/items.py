@@ -42,10 +42,12 @@ class GemmGrad:
 @dataclass(frozen=True)
 class FusedGrad:
     """A fused group's vector-Jacobian products, into its own nodes and what it reads (and, with
-    params, its parameters); one_kernel is False where one kernel would add into overlapping views."""
+    params, its parameters); over all frames, one_kernel is False where one frame's gradient needs
+    another's (op by op instead), atomic where two frames add into one row (plan/backward.py)."""
     item: Fused
     params: bool = False
     one_kernel: bool = True
+    atomic: bool = False
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,8 @@ def _gemm_grad(it, cell):
 
 
 def _fused_grad(it, cell):
-    how = "" if it.one_kernel else "   (op by op: reads a node at two delays)"
+    how = ("   (atomic adds: reads a node at several delays)" if it.atomic else "" if it.one_kernel
+           else "   (op by op: reads a member at a delay)")
     own = " with parameters" if it.params else ""
     return f"dfused {{{', '.join(reversed(it.item.nodes))}}}{own}{how}"
 

@@ -80,13 +80,20 @@ class Executor:
         x0 = inputs[next(iter(cell.inputs))]
         ws = self.ws = self.workspace(x0.shape[0], x0.shape[1], x0.dtype)
         ws.bind_params({n: params[n] for n in cell.params})
+        be = self.backend
         for n, x in inputs.items():
-            ws.frames(ws.vals[n])[...] = xp.asarray(x)
+            be.copy(ws.frames(ws.vals[n]), xp.asarray(x))
         for s, (p, _) in cell.states.items():
             h, a = ws.vals[p][:ws.P], init.get(s)
-            h[...] = 0 if a is None else a[0] if a.ndim == 3 else a     # frames older than D: the oldest
-            if a is not None and a.ndim == 3:
-                h[ws.P - len(a):] = a
+            if a is None:
+                h.fill(0)
+            elif a.ndim == 3:                   # the last D frames, oldest first; frames older than D: the oldest
+                h[:ws.P - len(a)] = a[0]
+                be.copy(h[ws.P - len(a):], a)
+            elif ws.P == 1:
+                be.copy(h[0], a)
+            else:
+                h[...] = a                      # every earlier frame holds it
         self.lengths = lengths
         self._run_body("fwd", ws, self._forward_body)
         outputs = {o: ws.frames(ws.vals[o]) for o in cell.outputs}
@@ -101,10 +108,10 @@ class Executor:
         cell, ws = self.cell, self.ws
         if ws is None:
             raise RnnGraphError("backward() called before forward()")
-        ws.grad_arena[...] = 0
+        ws.grad_arena.fill(0)
         for o, g in (grad_outputs or {}).items():
-            if g is not None:
-                ws.frames(ws.grads[o])[...] += g
+            if g is not None:           # the arena is zero: a copy is the sum
+                self.backend.copy(ws.frames(ws.grads[o]), g)
         for s, g in (grad_finals or {}).items():
             if g is not None:       # [B, F]: the last frame's; [D, B, F]: each of the last D frames'
                 ws.grads[cell.states[s][0]][self._last_rows(cell.depths[s] if g.ndim == 3 else 1)] += g

@@ -6,7 +6,7 @@ A fused kernel runs one thread per element (row r, feature f) of the group's [N,
 argument is a pointer with a row stride (0 for a vector parameter [F], which broadcasts). Names:
   x<k>  external operand values        v<k>  member values (inputs of the backward kernel)
   y<k>  member values written (fwd)    gm<k> member gradients, read, then overwritten with the total
-  gx<k> gradients of external operands, accumulated (+=)
+  gx<k> gradients of external operands, accumulated (+=, or atomicAdd where frames meet)
 """
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ class KernelSpec:
         lines = [f"{ctype} {nm} = {at(nm)};" for nm in self.in_names]
         lines += [f"{ctype} {nm} = {at(nm)};" for nm in self.out_names if nm.startswith("gm")]
         lines += [ln.replace("T ", f"{ctype} ") for ln in self.body]
-        lines += [f"{at(nm)} {op} {v};" for nm, v, op in self.stores]
+        lines += [f"atomicAdd(&{at(nm)}, {v});" if op == "atomic" else f"{at(nm)} {op} {v};"
+                  for nm, v, op in self.stores]
         text = FUSED_SOURCE.format(name="{name}", args=args, body="\n".join("    " + ln for ln in lines))
         name = kernel_name("fused", text)
         return name, text.replace("{name}", name)
@@ -100,8 +101,9 @@ def fused_forward_kernel(cell, nodes) -> KernelSpec:
                       body, tuple((f"y{k}", f"v{k}", "=") for k in range(len(nodes))))
 
 
-def fused_backward_kernel(cell, nodes, param_names) -> KernelSpec:
-    """Reverse-mode kernel of a group; gradients of parameters are left to hoisted reductions."""
+def fused_backward_kernel(cell, nodes, param_names, atomic: bool = False) -> KernelSpec:
+    """Reverse-mode kernel of a group; gradients of parameters are left to hoisted reductions. atomic:
+    gradients of a node read at several delays are added atomically (threads of two frames meet)."""
     idx = {n: k for k, n in enumerate(nodes)}
     ext = _externals(cell, nodes)
     gext = [k for k, e in enumerate(ext) if e[0] not in param_names]
@@ -114,7 +116,9 @@ def fused_backward_kernel(cell, nodes, param_names) -> KernelSpec:
                 continue
             e = op_expr(KERNEL[op.kind][1][slot], cell, n, ops, g=f"d{idx[n]}", y=f"v{idx[n]}")
             body.append(f"{'d' if name[0] == 'v' else 'a'}{name[1:]} += {e};")
-    stores = [(f"gm{k}", f"d{k}", "=") for k in range(len(nodes))] + [(f"gx{k}", f"a{k}", "+=") for k in gext]
+    several = {u for u, _, _ in ext if sum(e[0] == u for e in ext) > 1} if atomic else set()
+    stores = [(f"gm{k}", f"d{k}", "=") for k in range(len(nodes))]
+    stores += [(f"gx{k}", f"a{k}", "atomic" if ext[k][0] in several else "+=") for k in gext]
     return KernelSpec(tuple([("ext", e) for e in ext] + [("val", n) for n in nodes]),
                       tuple([("grad", n) for n in nodes] + [("gext", ext[k]) for k in gext]),
                       tuple([f"x{k}" for k in range(len(ext))] + [f"v{k}" for k in range(len(nodes))]),

@@ -26,6 +26,10 @@ class ArrayBackend:
     def to_numpy(self, a):
         return a
 
+    def copy(self, dst, src):
+        """dst[...] = src (dst a view of a workspace or result buffer); a backend may do it faster."""
+        dst[...] = src
+
     # -- what the executor calls ---------------------------------------------------------------------
     def pack(self, out, parts, transpose: bool = False):
         """out [ΣF, K] = the matrices parts[k] [F_k, K] stacked along rows (plain copies: capturable).

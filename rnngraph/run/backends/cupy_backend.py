@@ -86,6 +86,14 @@ class CupyBackend(ArrayBackend):
     def to_numpy(self, a):
         return self.xp.asnumpy(a)
 
+    def copy(self, dst, src):
+        """One asynchronous memcpy where both are contiguous (a few µs of host time, against ~15 for a
+        copy kernel launched through indexing), else an elementwise copy."""
+        if dst.flags.c_contiguous and src.flags.c_contiguous and dst.shape == src.shape and dst.dtype == src.dtype:
+            dst.data.copy_from_device_async(src.data, dst.nbytes)
+        else:
+            dst[...] = src
+
     def synchronize(self):
         self.xp.cuda.get_current_stream().synchronize()
 
@@ -157,7 +165,7 @@ class CupyBackend(ArrayBackend):
         env, genv, targets = views
         if not fusable(cell, item.item.nodes):
             return None
-        spec = _spec(cell, item.item, "bwd")
+        spec = _spec(cell, item.item, "bwd_atomic" if item.atomic else "bwd")
         return (self._fused_launch(spec, _fused_arrays(spec, env, genv, targets)),)
 
     def _compile_pair(self, cell, item, views, per_frame):
@@ -295,13 +303,7 @@ class CupyBackend(ArrayBackend):
             self._graphs.move_to_end(key)
             if graph == "eager":
                 return fn()
-            ready = cp.cuda.Event()
-            ready.record(cp.cuda.get_current_stream())
-            self.stream.wait_event(ready)
-            graph.launch(self.stream)
-            done = cp.cuda.Event()
-            done.record(self.stream)
-            cp.cuda.get_current_stream().wait_event(done)
+            graph.launch(cp.cuda.get_current_stream())     # in order with the caller's work, no events
             return None
         fn()                               # warm-up: compiles kernels, computes this call's result
         self._graphs[key] = self._record(fn)
@@ -345,7 +347,7 @@ def _spec(cell, item, direction):
     key = (id(cell), item, direction)
     if key not in _SPECS:
         _SPECS[key] = (cell, fused_forward_kernel(cell, item.nodes) if direction == "fwd"
-                       else fused_backward_kernel(cell, item.nodes, set(cell.params)))
+                       else fused_backward_kernel(cell, item.nodes, set(cell.params), direction == "bwd_atomic"))
     return _SPECS[key][1]
 
 
