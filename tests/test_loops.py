@@ -67,10 +67,11 @@ def test_linear_forms_match_stages_ragged_and_chunked(form, delay, loop):
     agree(ref, other, [x[:5], x[5:7], x[7:8], x[8:]], None, loop)       # chunks shorter than the delay too
 
 
+@pytest.mark.parametrize("loop", ["scan", "elementwise"])
 @pytest.mark.parametrize("form, delay", [("(1-a)*h + a*b", 1), ("parameter decay", 2), ("b + h*a", 3)])
-def test_scan_gradients_match_finite_differences(form, delay):
+def test_gradients_match_finite_differences(form, delay, loop):
     cell, rng = one_state(LINEAR_FORMS[form], delay), np.random.default_rng(5)
-    ex = Executor(cell, get_backend("numpy"), loop="scan")
+    ex = Executor(cell, get_backend("numpy"), loop=loop)
     params = {n: rng.uniform(-0.6, 0.6, shape) for n, shape in cell.params.items()}
     x, h0 = rng.standard_normal((13, 2, 3)), rng.standard_normal((delay, 2, 4))
     wy, wf = rng.standard_normal((13, 2, 4)), rng.standard_normal((delay, 2, 4) if delay > 1 else (2, 4))
