@@ -3,11 +3,12 @@ import ast
 from pathlib import Path
 
 import networkx as nx
+import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "rnngraph"
 # Lowest first. A module's floor is its longest matching prefix; the facade rnngraph/__init__ sits on top.
 FLOORS = ("version", "errors", "arrays", "ir", "plan", "run", "run.kernels", "run.loop_kernels", "run.backends", "run.workspace", "run.executor",
-          "nn", "train", "lab")
+          "nn", "torch", "train", "lab")
 
 
 def module_name(path: Path) -> str:
@@ -80,3 +81,16 @@ def test_the_checker_sees_imports_of_every_form(tmp_path):
     assert imports("rnngraph.nn.recurrent", src, False, known) == {
         "rnngraph.nn.checks", "rnngraph.ir.ops", "rnngraph.nn.layers", "rnngraph.lab.cli"}
     assert floor("rnngraph.run.backends.cupy_backend") < floor("rnngraph.run.executor") < floor("rnngraph.nn")
+
+
+def test_rnngraph_imports_without_torch_until_rnngraph_torch_is_used():
+    """Everything but rnngraph.torch (and the lab's torch references, imported by the commands that need
+    them) imports without torch; rnngraph.torch imports it."""
+    code = ("import sys, rnngraph, rnngraph.nn, rnngraph.train.loop, rnngraph.lab.cli, rnngraph.lab.bench\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n"
+            "import rnngraph.torch\nassert 'torch' in sys.modules\n")
+    import subprocess
+    import sys
+    pytest.importorskip("torch")
+    done = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

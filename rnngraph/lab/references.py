@@ -239,14 +239,20 @@ def eager_loop(cell, P: dict, check: bool = True):
 # -- what bench.measure() times ---------------------------------------------------------------
 def torch_fns(spec, impl, T, B, H, D, layers, dtype, seed):
     """({"forward": fn, "train": fn}, backend name, "gpu" | "cpu", extra result fields) of impl
-    'cudnn' or 'torch_eager', on CUDA when torch sees a GPU, else on the CPU. The forward runs under
+    'cudnn', 'torch_eager' or 'rnngraph_torch' (rnngraph.torch.Recurrent through autograd), on CUDA when
+    torch sees a GPU, else on the CPU. The forward runs under
     torch.no_grad(); a training step sets .grad to None, then backpropagates a fixed grad_y."""
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tdt, gen = getattr(torch, dtype), torch.Generator().manual_seed(seed)
-    if impl == "cudnn":
+    if impl in ("cudnn", "rnngraph_torch"):
         torch.manual_seed(seed)
-        model = cudnn_layer(load_cell(spec, D, H).name, D, H, layers, tdt, dev)
-        params, F, extra = list(model.parameters()), H, {}
+        if impl == "cudnn":
+            model = cudnn_layer(load_cell(spec, D, H).name, D, H, layers, tdt, dev)
+        else:                   # what a PyTorch user sees: the torch module, autograd, graph mode on CUDA
+            import rnngraph.torch as rt
+            model = rt.Recurrent(spec, D, H, layers, mode="graph" if dev.type == "cuda" else "staged",
+                                 device=dev, dtype=tdt)
+        params, F, extra = list(model.parameters()), model(torch.zeros(1, 1, D, device=dev, dtype=tdt))[0].shape[-1], {}
 
         def run(x):
             return model(x)[0]

@@ -16,7 +16,7 @@ gradient grad_state0 comes back in the shape it was given ([D, ...] when it was 
 """
 from __future__ import annotations
 
-from ..arrays import float_dtype, make_rng
+from ..arrays import check_state_dict, float_dtype, make_rng
 from ..errors import RnnGraphError
 from ..ir.cells import load_cell
 from ..run.backends import check_mode, get_backend
@@ -120,6 +120,16 @@ class Recurrent(Parameterized):
                         v[p] = self._params[name][start:stop]
                 views[-1].append(v)
         return views
+
+    def share_parameters(self, arrays: dict):
+        """Runs on `arrays` (name -> array of this layer's backend, dtype and shape, every parameter) in
+        place from now on, without copying: e.g. views of torch Parameters (rnngraph.torch). Updating
+        them in place updates the layer; graph-mode replays see it."""
+        check_state_dict(type(self).__name__, {k: p.shape for k, p in self._params.items()}, arrays, True)
+        for k, a in arrays.items():
+            chk.check_array(k, a, self.backend, self.dtype)
+        self._params = {k: arrays[k] for k in self._params}
+        self._views = self._cell_params()
 
     def _torch_grads(self, grads) -> dict:
         """PyTorch-layout gradients, fresh arrays (g is a workspace view), each cell parameter's block copied in."""

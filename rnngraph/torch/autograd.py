@@ -1,0 +1,98 @@
+"""The bridge: zero-copy views between torch tensors and rnngraph's arrays, and the autograd Function
+whose forward is an rnngraph layer's forward and whose backward is its BPTT.
+
+CPU tensors are numpy views (Tensor.numpy()); CUDA tensors are cupy views through DLPack, and the
+layer's kernels and graph replays run on torch's current CUDA stream (cupy.cuda.ExternalStream), so
+nothing synchronises the device or goes through the host.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+
+import torch
+
+from ..errors import RnnGraphError
+
+SECOND_ORDER = ("rnngraph.torch: second-order gradients (backward with create_graph=True, or a gradient of a "
+                "gradient) are not supported: rnngraph's BPTT is not itself differentiable; take first-order "
+                "gradients only")
+_SERIAL = itertools.count(1)
+
+
+def to_array(t: torch.Tensor):
+    """A numpy (CPU) or cupy (CUDA) array sharing t's memory (t detached; strides kept)."""
+    t = t.detach()
+    if t.device.type == "cpu":
+        return t.numpy()
+    if t.device.type == "cuda":
+        import cupy
+        return cupy.from_dlpack(t)
+    raise RnnGraphError(f"rnngraph.torch runs on CPU and CUDA tensors; got one on {t.device}")
+
+
+def to_tensor(a, device: torch.device) -> torch.Tensor:
+    """A tensor sharing the memory of rnngraph's array `a` (numpy on the CPU, cupy on `device`)."""
+    return torch.from_numpy(a) if device.type == "cpu" else torch.from_dlpack(a)
+
+
+@contextlib.contextmanager
+def on_stream(device: torch.device):
+    """cupy's current device and stream are torch's for `device` inside (nothing to do on the CPU)."""
+    if device.type != "cuda":
+        yield
+        return
+    import cupy
+    with cupy.cuda.Device(device.index), cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream):
+        yield
+
+
+class RecurrentFunction(torch.autograd.Function):
+    """apply(engine, lengths, names, x, *states, *params) -> (y, *final states): one state entry (a tensor
+    or None) per cell state, then the parameters named `names`. engine: an rnngraph.nn.Recurrent running
+    in place on the parameters' memory (Recurrent.share_parameters); lengths: host ints [B] or None."""
+
+    @staticmethod
+    def forward(ctx, engine, lengths, names, x, *rest):
+        n_states = len(engine.state_names)
+        states, params = rest[:n_states], rest[n_states:]
+        ctx.set_materialize_grads(False)
+        ctx.engine, ctx.lengths, ctx.names = engine, lengths, names
+        ctx.rng = copy.deepcopy(engine.rng.bit_generator.state)     # dropout masks, if the call must run again
+        ctx.serial = engine.torch_serial = next(_SERIAL)
+        ctx.save_for_backward(x, *(s for s in states if s is not None), *params)
+        ctx.given = tuple(s is not None for s in states)
+        with on_stream(x.device):
+            y, fin = engine(to_array(x), _state(states), lengths)
+        fins = fin if isinstance(fin, tuple) else (fin,)
+        return (to_tensor(y, x.device), *(to_tensor(f, x.device) for f in fins))
+
+    @staticmethod
+    def backward(ctx, gy, *g_finals):
+        if torch.is_grad_enabled():
+            raise RuntimeError(SECOND_ORDER)
+        engine, (x, *saved) = ctx.engine, ctx.saved_tensors
+        given = iter(saved[:sum(ctx.given)])
+        states = tuple(next(given) if g else None for g in ctx.given)
+        with on_stream(x.device):
+            if engine.torch_serial != ctx.serial:      # another call ran since: this one's forward again
+                later = engine.rng.bit_generator.state
+                engine.rng.bit_generator.state = ctx.rng
+                engine(to_array(x), _state(states), ctx.lengths)
+                engine.rng.bit_generator.state = later
+                engine.torch_serial = ctx.serial
+            gx, g0, grads = engine.backward(None if gy is None else to_array(gy), _state(g_finals))
+        dev = x.device
+        g0 = g0 if isinstance(g0, tuple) else (g0,)
+        g_states = tuple(to_tensor(g, dev) if given else None for g, given in zip(g0, ctx.given))
+        return (None, None, None, to_tensor(gx, dev), *g_states, *(to_tensor(grads[n], dev) for n in ctx.names))
+
+
+def _state(parts: tuple):
+    """The engine's state argument from tensors, arrays or None: None, one array, or a tuple in the cell's
+    state order."""
+    arrays = tuple(to_array(p) if isinstance(p, torch.Tensor) else p for p in parts)
+    if all(a is None for a in arrays):
+        return None
+    return arrays[0] if len(arrays) == 1 else arrays
