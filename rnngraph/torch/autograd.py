@@ -59,7 +59,9 @@ class RecurrentFunction(torch.autograd.Function):
         states, params = rest[:n_states], rest[n_states:]
         ctx.set_materialize_grads(False)
         ctx.engine, ctx.lengths, ctx.names = engine, lengths, names
-        ctx.rng = copy.deepcopy(engine.rng.bit_generator.state)     # dropout masks, if the call must run again
+        ctx.training = engine.training
+        masks = engine.training and engine.dropout > 0 and engine.num_layers > 1
+        ctx.rng = copy.deepcopy(engine.rng.bit_generator.state) if masks else None   # to redraw this call's masks
         ctx.serial = engine.torch_serial = next(_SERIAL)
         ctx.save_for_backward(x, *(s for s in states if s is not None), *params)
         ctx.given = tuple(s is not None for s in states)
@@ -77,10 +79,13 @@ class RecurrentFunction(torch.autograd.Function):
         states = tuple(next(given) if g else None for g in ctx.given)
         with on_stream(x.device):
             if engine.torch_serial != ctx.serial:      # another call ran since: this one's forward again
-                later = engine.rng.bit_generator.state
-                engine.rng.bit_generator.state = ctx.rng
+                later, mode = engine.rng.bit_generator.state, engine.training
+                if ctx.rng is not None:
+                    engine.rng.bit_generator.state = ctx.rng
+                engine.train(ctx.training)
                 engine(to_array(x), _state(states), ctx.lengths)
                 engine.rng.bit_generator.state = later
+                engine.train(mode)
                 engine.torch_serial = ctx.serial
             gx, g0, grads = engine.backward(None if gy is None else to_array(gy), _state(g_finals))
         dev = x.device
