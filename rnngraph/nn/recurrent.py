@@ -16,6 +16,8 @@ gradient grad_state0 comes back in the shape it was given ([D, ...] when it was 
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..arrays import check_state_dict, float_dtype, make_rng
 from ..errors import RnnGraphError
 from ..ir.cells import load_cell
@@ -132,12 +134,17 @@ class Recurrent(Parameterized):
         self._views = self._cell_params()
 
     def _torch_grads(self, grads) -> dict:
-        """PyTorch-layout gradients, fresh arrays (g is a workspace view), each cell parameter's block copied in."""
+        """PyTorch-layout gradients, fresh (g is a workspace view): consecutive blocks of one new buffer,
+        self.grad_flat [Σ sizes], in parameters() order; each cell parameter's block copied in."""
         be, out = self.backend, {}
+        sizes = [int(np.prod(p.shape)) for p in self._params.values()]
+        self.grad_flat, off = be.xp.empty(sum(sizes), self.dtype), 0
         for per_l, g_l in zip(self._layout, grads):
             for per_d, g in zip(per_l, g_l):
                 for name, shape, parts in per_d:
-                    out[name] = be.xp.empty(shape, self.dtype)
+                    n = int(np.prod(shape))
+                    out[name] = self.grad_flat[off:off + n].reshape(shape)
+                    off += n
                     for p, start, stop in parts:
                         be.copy(out[name][start:stop], g[p])
         return out

@@ -44,8 +44,24 @@ def on_stream(device: torch.device):
         yield
         return
     import cupy
-    with cupy.cuda.Device(device.index), cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream):
+    stream = torch.cuda.current_stream(device)
+    with cupy.cuda.Device(device.index), _cupy_stream(cupy, stream):
         yield
+
+
+_STREAMS: dict = {}       # (device index, torch stream pointer) -> the cupy stream object wrapping it
+
+
+def _cupy_stream(cupy, stream):
+    """A cupy stream for a torch stream, made once: Stream.from_external where torch's stream speaks the
+    CUDA stream protocol (cupy ≥ 14 deprecates ExternalStream), else ExternalStream."""
+    key = (stream.device.index, stream.cuda_stream)
+    if key not in _STREAMS:
+        if hasattr(stream, "__cuda_stream__") and hasattr(cupy.cuda.Stream, "from_external"):
+            _STREAMS[key] = cupy.cuda.Stream.from_external(stream)
+        else:
+            _STREAMS[key] = cupy.cuda.ExternalStream(stream.cuda_stream, stream.device.index)
+    return _STREAMS[key]
 
 
 class RecurrentFunction(torch.autograd.Function):
@@ -91,7 +107,11 @@ class RecurrentFunction(torch.autograd.Function):
         dev = x.device
         g0 = g0 if isinstance(g0, tuple) else (g0,)
         g_states = tuple(to_tensor(g, dev) if given else None for g, given in zip(g0, ctx.given))
-        return (None, None, None, to_tensor(gx, dev), *g_states, *(to_tensor(grads[n], dev) for n in ctx.names))
+        flat, views, off = to_tensor(engine.grad_flat, dev), {}, 0      # one conversion for every parameter
+        for n, a in grads.items():
+            views[n] = flat[off:off + a.size].view(a.shape)
+            off += a.size
+        return (None, None, None, to_tensor(gx, dev), *g_states, *(views[n] for n in ctx.names))
 
 
 def _state(parts: tuple):

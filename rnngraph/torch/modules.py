@@ -130,7 +130,7 @@ class Recurrent(torch.nn.Module):
                                 loop=self.loop, seed=self.seed)
                 engine.torch_serial, engine.torch_params = 0, None
                 self._engines[key] = engine
-            bound = tuple((p.data_ptr(), p.device, p.dtype, p.shape) for p in params.values())
+            bound = tuple(p.data_ptr() for p in params.values())     # device and dtype: checked above
             if engine.torch_params != bound:
                 engine.share_parameters({n: to_array(p) for n, p in params.items()})
                 engine.torch_params = bound
