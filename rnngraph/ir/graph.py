@@ -28,12 +28,21 @@ class CellGraph:
     layout: dict = field(default_factory=dict)  # optional PyTorch name -> cell params concatenated
 
     def op(self, n: str) -> Op:
-        return self.graph.nodes[n]["op"]
+        return self._ops[n]
+
+    @functools.cached_property
+    def _ops(self) -> dict:
+        return dict(self.graph.nodes(data="op"))
 
     def reads(self, n: str) -> list[tuple[str, int]]:
-        """(source, delay) for each input slot of node n, in slot order."""
-        es = sorted(self.graph.in_edges(n, data=True), key=lambda e: e[2]["slot"])
-        return [(u, d["delay"]) for u, _, d in es]
+        """(source, delay) for each input slot of node n, in slot order (a new list each call)."""
+        return list(self._reads[n])
+
+    @functools.cached_property
+    def _reads(self) -> dict:
+        """node -> its reads, sorted once: the interpreters ask for every op at every frame."""
+        return {n: tuple((u, d["delay"]) for u, _, d in sorted(self.graph.in_edges(n, data=True),
+                                                               key=lambda e: e[2]["slot"])) for n in self.graph}
 
     def frame_order(self) -> list[str]:
         """Every non-parameter node, in an order that respects all delay-0 edges."""
