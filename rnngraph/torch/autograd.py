@@ -93,8 +93,10 @@ class RecurrentFunction(torch.autograd.Function):
         engine, (x, *saved) = ctx.engine, ctx.saved_tensors
         given = iter(saved[:sum(ctx.given)])
         states = tuple(next(given) if g else None for g in ctx.given)
+        params = saved[sum(ctx.given):]
         with on_stream(x.device):
-            if engine.torch_serial != ctx.serial:      # another call ran since: this one's forward again
+            if engine.torch_serial != ctx.serial:      # another call ran since: this one's forward again,
+                bind(engine, dict(zip(ctx.names, params)))      # on this call's parameters
                 later, mode = engine.rng.bit_generator.state, engine.training
                 if ctx.rng is not None:
                     engine.rng.bit_generator.state = ctx.rng
@@ -112,6 +114,14 @@ class RecurrentFunction(torch.autograd.Function):
             views[n] = flat[off:off + a.size].view(a.shape)
             off += a.size
         return (None, None, None, to_tensor(gx, dev), *g_states, *(views[n] for n in ctx.names))
+
+
+def bind(engine, params: dict):
+    """Makes the engine run in place on these parameter tensors (a no-op when it already does)."""
+    bound = tuple(p.data_ptr() for p in params.values())
+    if engine.torch_params != bound:
+        engine.share_parameters({n: to_array(p) for n, p in params.items()})
+        engine.torch_params = bound
 
 
 def _state(parts: tuple):

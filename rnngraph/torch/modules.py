@@ -17,7 +17,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from ..errors import RnnGraphError
 from ..nn.recurrent import Recurrent as Engine
-from .autograd import RecurrentFunction, on_stream, to_array
+from .autograd import RecurrentFunction, bind, on_stream
 
 DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 TORCH_ORDER = {"weight_ih": 0, "weight_hh": 1, "bias_ih": 2, "bias_hh": 3}   # torch.nn.RNNBase's parameter order
@@ -43,10 +43,13 @@ class Recurrent(torch.nn.Module):
         self.bidirectional = bool(bidirectional)
         self.cell, self.state_names, self.mode, self.loop, self.seed = template.cell, template.state_names, mode, loop, seed
         factory = {"device": device, "dtype": dtype if dtype is not None else torch.get_default_dtype()}
-        for per_l in template._layout:          # per (layer, direction), torch's order of its four stems first
+        self._groups = []                       # parameter names per (layer, direction)
+        for per_l in template._layout:          # torch's order of its four stems first
             for per_d in per_l:
-                for name, shape, _ in sorted(per_d, key=lambda entry: TORCH_ORDER.get(entry[0].split("_l")[0], 4)):
+                group = sorted(per_d, key=lambda entry: TORCH_ORDER.get(entry[0].rsplit("_l", 1)[0], 4))
+                for name, shape, _ in group:
                     self.register_parameter(name, torch.nn.Parameter(torch.empty(shape, **factory)))
+                self._groups.append([name for name, _, _ in group])
         self._engines: dict = {}
         self.reset_parameters()
 
@@ -62,11 +65,7 @@ class Recurrent(torch.nn.Module):
     @property
     def all_weights(self) -> list:
         """Parameters per (layer, direction), as torch.nn.RNNBase.all_weights."""
-        out = {}
-        for name, p in self._parameters.items():
-            key = name[name.index("_l"):] if "_l" in name else ""
-            out.setdefault(key, []).append(p)
-        return list(out.values())
+        return [[self._parameters[n] for n in group] for group in self._groups]
 
     def extra_repr(self) -> str:
         s = f"cell={self.cell.name}, {self.input_size}, {self.hidden_size}"
@@ -91,6 +90,10 @@ class Recurrent(torch.nn.Module):
                                 f"{type(x).__name__}; for numpy or cupy arrays use rnngraph.nn.Recurrent")
         unbatched = not packed and x.dim() == 2
         states = self._states(hx, unbatched)
+        for name, h in zip(self.state_names, states):
+            if h is not None and (h.dtype, h.device) != (x.dtype, x.device):
+                raise RnnGraphError(f"{name}0 is {h.dtype} on {h.device} but the input is {x.dtype} on {x.device}; "
+                                    f"pass {name}0.to(input)")
         if unbatched:
             x = x.unsqueeze(0 if self.batch_first else 1)
         engine = self._engine(x)
@@ -130,12 +133,16 @@ class Recurrent(torch.nn.Module):
                                 loop=self.loop, seed=self.seed)
                 engine.torch_serial, engine.torch_params = 0, None
                 self._engines[key] = engine
-            bound = tuple(p.data_ptr() for p in params.values())     # device and dtype: checked above
-            if engine.torch_params != bound:
-                engine.share_parameters({n: to_array(p) for n, p in params.items()})
-                engine.torch_params = bound
+            bind(engine, params)          # device and dtype: checked above
         engine.train(self.training)
         return engine
+
+    def __getstate__(self):
+        """Pickling and copy.deepcopy leave the engines behind (CUDA graphs, cupy arrays); they are rebuilt
+        on the next call."""
+        state = self.__dict__.copy()
+        state["_engines"] = {}
+        return state
 
 
 def _repack(y, lens, packed: PackedSequence, batch_first: bool) -> PackedSequence:
