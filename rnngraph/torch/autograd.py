@@ -109,10 +109,9 @@ class RecurrentFunction(torch.autograd.Function):
         dev = x.device
         g0 = g0 if isinstance(g0, tuple) else (g0,)
         g_states = tuple(to_tensor(g, dev) if given else None for g, given in zip(g0, ctx.given))
-        flat, views, off = to_tensor(engine.grad_flat, dev), {}, 0      # one conversion for every parameter
-        for n, a in grads.items():
-            views[n] = flat[off:off + a.size].view(a.shape)
-            off += a.size
+        flat = to_tensor(engine.grad_flat, dev)            # one conversion for every parameter
+        views = dict(zip(grads, (t.view(a.shape) for t, a in zip(flat.split([a.size for a in grads.values()]),
+                                                                   grads.values()))))
         return (None, None, None, to_tensor(gx, dev), *g_states, *(views[n] for n in ctx.names))
 
 
