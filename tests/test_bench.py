@@ -234,3 +234,21 @@ def test_the_jax_peer_computes_the_same_cell(name):
     r = bench.measure(name, "jax_scan", T=8, B=2, H=4, repeats=1, warmup=0)
     assert r["backend"].startswith("jax-") and r["train_ms"] > 0
     assert "skipped" in bench.measure("lstm", "jax_scan", T=8, B=2, H=4, repeats=1, warmup=0)
+
+
+def test_several_loop_strategies_in_one_run(capsys):
+    """--loop takes a list: rnngraph's rows per strategy (labelled mode:strategy), a cell skipping the
+    strategies it does not admit, naive running stages only; an unknown strategy is one line, exit 2."""
+    argv = ["bench", "--quick", "--cell", "min_gru,lstm", "--impls", "naive,staged,rnngraph_torch",
+            "--loop", "scan,stages"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    rows = [r for r in (line.split() for line in out.splitlines()) if r[:1] in (["min_gru"], ["lstm"]) and r[1] == "8"]
+    assert [(r[0], r[4]) for r in rows] == [("min_gru", "naive"), ("min_gru", "staged:scan"), ("min_gru", "staged"),
+                                            ("min_gru", "rnngraph_torch"), ("lstm", "naive"), ("lstm", "staged"),
+                                            ("lstm", "rnngraph_torch")]
+    assert "skipped staged for lstm: loop scan: the cell admits stages" in out
+    assert main(["bench", "--quick", "--loop", "scan,bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("rnngraph: error: unknown loop strategy ['bogus']; choose from auto, scan, elementwise, "
+                           "stages")
