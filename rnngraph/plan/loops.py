@@ -81,8 +81,8 @@ def scan_loop(sched) -> tuple:
     scanned = {s: c for s, c in sched.state_classes.items() if c.kind == "linear_diagonal"}
     chains = tuple((sched.cell.states[s][0], c.m, c.a, c.b, c.delay) for s, c in scanned.items())
     done = {n for p, m, *_ in chains for n in (p, m)}
-    rest = tuple(st for st in (tuple(x for x in map(lambda it: _without(it, done), stage) if x)
-                               for stage in sched.loop) if st)
+    stages = (tuple(filter(None, (_without(it, done) for it in stage))) for stage in sched.loop)
+    rest = tuple(filter(None, stages))          # the loop's stages without the scanned nodes, none left empty
     forward, backward = (ScanLoop(chains, False),), (ScanLoop(chains, True),)
     if not rest:
         return forward, backward
