@@ -49,6 +49,30 @@ def to_numpy(a) -> numpy.ndarray:
     return numpy.array(a, copy=True)
 
 
+def element_offsets(view, base) -> numpy.ndarray:
+    """[view.size] int64: where each element of `view` (C order) lies in `base`, the flat contiguous array
+    it is a view of (numpy or cupy: both speak an array interface with a data address).
+
+    >>> base = numpy.arange(12.0)
+    >>> element_offsets(base.reshape(3, 4)[1:, ::2], base).tolist()
+    [4, 6, 8, 10]
+    """
+    item = base.itemsize
+    start = (_address(view) - _address(base)) // item
+    idx = numpy.full(view.shape, start, numpy.int64)
+    for axis, (n, stride) in enumerate(zip(view.shape, view.strides)):
+        idx += (numpy.arange(n, dtype=numpy.int64) * (stride // item)).reshape((n,) + (1,) * (view.ndim - axis - 1))
+    idx = idx.ravel()
+    if idx.size and (idx.min() < 0 or idx.max() >= base.size):
+        raise RnnGraphError(f"an array of shape {view.shape} is not a view of the buffer it was taken for")
+    return idx
+
+
+def _address(a) -> int:
+    face = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
+    return face["data"][0]
+
+
 def make_rng(seed=0, rng=None) -> numpy.random.Generator:
     """The numpy Generator a layer owns: `rng` as given, or a new one from `seed` (0 by default, so an
     unseeded layer is still reproducible; None draws fresh entropy). Passing an rng and a seed other than

@@ -58,6 +58,15 @@ def test_views_share_memory_both_ways():
     assert isinstance(a, cupy.ndarray) and a.data.ptr == t.data_ptr()
     b = cupy.arange(6, dtype=cupy.float32)
     assert to_tensor(b, t.device).data_ptr() == b.data.ptr
+    base = torch.arange(2 * 5 * 6, dtype=torch.float64, device="cuda").reshape(2, 5, 6)
+    for view in (base.transpose(0, 1), base[:, 1:, ::2], base[1], base[:, :0]):     # strides, offsets, empty
+        a = to_array(view)
+        assert a.shape == tuple(view.shape) and a.dtype == cupy.float64
+        np.testing.assert_array_equal(cupy.asnumpy(a), view.cpu().numpy())
+        if view.numel():
+            assert a.data.ptr == view.data_ptr()
+            a[(0,) * a.ndim] = -1.0                 # written through: the same memory
+            assert float(view[(0,) * view.dim()]) == -1.0
 
 
 def test_a_non_default_torch_stream():

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..arrays import check_state_dict, float_dtype, make_rng
+from ..arrays import check_state_dict, element_offsets, float_dtype, make_rng
 from ..errors import RnnGraphError
 from ..ir.cells import load_cell
 from ..run.backends import check_mode, get_backend
@@ -89,6 +89,7 @@ class Recurrent(Parameterized):
                         for per_l in self._layout for per_d in per_l for name, shape, _ in per_d}
         self._views = self._cell_params()   # stable objects: the executor uses parameters in place
         self._last = None
+        self._gather = None             # (workspace serials, per (layer, direction) gradient gather indices)
         chk.resolve_init(init, _INIT)(self)
 
     def _load_cells(self, spec) -> list:
@@ -135,19 +136,33 @@ class Recurrent(Parameterized):
 
     def _torch_grads(self, grads) -> dict:
         """PyTorch-layout gradients, fresh (g is a workspace view): consecutive blocks of one new buffer,
-        self.grad_flat [Σ sizes], in parameters() order; each cell parameter's block copied in."""
-        be, out = self.backend, {}
-        sizes = [int(np.prod(p.shape)) for p in self._params.values()]
-        self.grad_flat, off = be.xp.empty(sum(sizes), self.dtype), 0
+        self.grad_flat [Σ sizes] in parameters() order, filled by one gather per (layer, direction) from
+        its workspace's gradient arena; grads[l][d]: cell param -> view of that arena."""
+        xp, spaces = self.backend.xp, self._stack.workspaces()
+        key = tuple(ws.serial for ws in spaces)
+        if self._gather is None or self._gather[0] != key:
+            self._gather = (key, self._gather_plan(grads, [ws.grad_arena for ws in spaces]))
+        self.grad_flat = xp.empty(sum(len(idx) for idx in self._gather[1]), self.dtype)
+        off = 0
+        for ws, idx in zip(spaces, self._gather[1]):
+            xp.take(ws.grad_arena, idx, out=self.grad_flat[off:off + len(idx)])
+            off += len(idx)
+        out, off = {}, 0
+        for name, p in self._params.items():
+            out[name] = self.grad_flat[off:off + p.size].reshape(p.shape)
+            off += p.size
+        return out
+
+    def _gather_plan(self, grads, arenas: list) -> list:
+        """Per (layer, direction), in parameters() order: the offset in its arena [N] of every element
+        of its PyTorch-layout parameters, row blocks stacked (int32 where N allows), on the backend."""
+        plan, arenas = [], iter(arenas)
         for per_l, g_l in zip(self._layout, grads):
             for per_d, g in zip(per_l, g_l):
-                for name, shape, parts in per_d:
-                    n = int(np.prod(shape))
-                    out[name] = self.grad_flat[off:off + n].reshape(shape)
-                    off += n
-                    for p, start, stop in parts:
-                        be.copy(out[name][start:stop], g[p])
-        return out
+                arena = next(arenas)
+                idx = np.concatenate([element_offsets(g[p], arena) for _, _, parts in per_d for p, _, _ in parts])
+                plan.append(self.backend.asarray(idx.astype(np.int32 if arena.size < 2 ** 31 else np.int64)))
+        return plan
 
     # -- modes --------------------------------------------------------------------------------
     def train(self, mode: bool = True):

@@ -124,16 +124,16 @@ class Recurrent(torch.nn.Module):
                                 f"{first.device}; move one to the other (module.to(input.device, input.dtype), "
                                 "or input.to(...))")
         key = (x.device, x.dtype)
-        with on_stream(x.device):
-            engine = self._engines.get(key)
-            if engine is None:
-                gpu = x.device.type == "cuda"
-                mode = self.mode if gpu or self.mode == "naive" else "staged"
+        engine = self._engines.get(key)
+        if engine is None:
+            gpu = x.device.type == "cuda"
+            mode = self.mode if gpu or self.mode == "naive" else "staged"
+            with on_stream(x.device):       # its buffers on x's device
                 engine = Engine(*self._spec, backend="cupy" if gpu else "numpy", dtype=DTYPES[x.dtype], mode=mode,
                                 loop=self.loop, seed=self.seed)
-                engine.torch_serial, engine.torch_params = 0, None
-                self._engines[key] = engine
-            bind(engine, params)          # device and dtype: checked above
+            engine.torch_serial, engine.torch_params = 0, None
+            self._engines[key] = engine
+        bind(engine, params)          # device and dtype: checked above
         engine.train(self.training)
         return engine
 
