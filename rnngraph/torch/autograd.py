@@ -74,6 +74,8 @@ def _cupy_stream(cupy, index: int):
     """A cupy stream for torch's current stream on device `index`, made once: Stream.from_external where
     torch's stream speaks the CUDA stream protocol (cupy ≥ 14 deprecates ExternalStream), else ExternalStream."""
     key = (index, _RAW_STREAM(index) if _RAW_STREAM else torch.cuda.current_stream(index).cuda_stream)
+    if key[1] == 0:         # torch's default stream is the legacy default stream, cupy's null stream: using
+        return cupy.cuda.Stream.null    # that object lets DLPack see one stream (no event per conversion)
     if key not in _STREAMS:
         stream = torch.cuda.current_stream(index)
         if hasattr(stream, "__cuda_stream__") and hasattr(cupy.cuda.Stream, "from_external"):
