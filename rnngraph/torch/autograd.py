@@ -1,9 +1,10 @@
 """The bridge: zero-copy views between torch tensors and rnngraph's arrays, and the autograd Function
 whose forward is an rnngraph layer's forward and whose backward is its BPTT.
 
-CPU tensors are numpy views (Tensor.numpy()); CUDA tensors are cupy views through DLPack, and the
-layer's kernels and graph replays run on torch's current CUDA stream (cupy.cuda.ExternalStream), so
-nothing synchronises the device or goes through the host.
+CPU tensors are numpy views (Tensor.numpy()); CUDA tensors are cupy views of their memory (made from its
+address on the way in, through DLPack on the way out), and the layer's kernels and graph replays run on
+torch's current CUDA stream (a cupy stream wrapping it), so nothing synchronises the device or goes
+through the host.
 """
 from __future__ import annotations
 
