@@ -26,6 +26,7 @@ from . import checks as chk
 from .checks import check_finite
 from .init import init_orthogonal, init_uniform
 from .layers import Parameterized
+from .buckets import Padding
 from .stacking import Frames, Stack
 
 
@@ -53,7 +54,8 @@ class Recurrent(Parameterized):
     ``mode`` 'staged' | 'naive' | 'graph' (cupy only), ``loop`` the loop strategy ('auto' | 'stages' |
     'elementwise' | 'scan'; ``layer.loop_strategy`` says what runs), ``seed`` for
     the layer's generator (initialisation and dropout masks), ``init`` 'uniform' (torch's U(±1/√H)) |
-    'orthogonal' | a function of the layer.
+    'orthogonal' | a function of the layer, ``buckets`` (default: on in graph mode) runs each call padded
+    to a (T, B) from a small ladder (rnngraph.nn.buckets), so that a few recorded graphs serve every shape.
 
     Example::
 
@@ -65,7 +67,7 @@ class Recurrent(Parameterized):
     def __init__(self, cell, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, *,
                  backend: str = "numpy", dtype="float32", mode: str = "staged", loop: str = "auto",
-                 seed: int = 0, init="uniform"):
+                 seed: int = 0, init="uniform", buckets: bool | None = None):
         super().__init__()
         chk.check_config(input_size, hidden_size, num_layers, dropout)
         self.input_size, self.hidden_size, self.num_layers = int(input_size), int(hidden_size), int(num_layers)
@@ -75,6 +77,9 @@ class Recurrent(Parameterized):
         self.backend_name = self.backend.name
         self.dtype = float_dtype(dtype)
         self.mode, self.loop = mode, loop
+        if buckets not in (None, True, False):
+            raise RnnGraphError(f"buckets must be True, False or None (on in graph mode), got {buckets!r}")
+        self.buckets = mode == "graph" if buckets is None else buckets
         self.rng = make_rng(seed)
         self.training = True
         self.check_finite = False       # True: raise on NaN/inf in inputs, outputs and gradients
@@ -188,15 +193,21 @@ class Recurrent(Parameterized):
         xt = x.transpose(1, 0, 2) if self.batch_first else x
         T, B = xt.shape[:2]
         init = self._unpack(state, "{}0", T, B, every_frame=True)
-        frames = Frames(self.backend.xp, T, B, chk.check_lengths(lengths, T, B))
+        lengths = chk.check_lengths(lengths, T, B)
         if self.check_finite:
             for name, a in [("x", x)] + [(f"{s}0", a) for s, a in init.items() if a is not None]:
                 check_finite(name, a)
+        spread = {s for s, a in init.items() if a is not None and a.ndim < len(self._stack.shape(s, B))}
+        pad = Padding(self.backend.xp, T, B) if self.buckets else None
+        if pad:
+            xt, init, lengths = pad.frames(xt), pad.states(init), pad.lengths(lengths)
+        frames = Frames(self.backend.xp, *xt.shape[:2], lengths)
         dropout = self.dropout if self.training else 0.0
         self._last = None               # the executors' workspaces are about to change
         y, finals = self._stack.forward(self._views, xt, init, frames, dropout, self.rng)
-        spread = {s for s, a in init.items() if a is not None and a.ndim < len(self._stack.shape(s, B))}
-        self._last = (frames, y.shape, spread)
+        if pad:
+            y, finals = pad.unframes(y), pad.unstates(finals)
+        self._last = (frames, y.shape, spread, pad)
         y = self._to_user(y)
         if self.check_finite:
             for n, a in [("output y", y)] + [(f"final state {s}_n", a) for s, a in finals.items()]:
@@ -209,7 +220,7 @@ class Recurrent(Parameterized):
         array keyed like parameters()); grads are also kept in ``layer.grads``."""
         if self._last is None:
             raise RnnGraphError("backward() called before the layer was called on an input")
-        frames, y_shape, spread = self._last
+        frames, y_shape, spread, pad = self._last
         user_shape = (y_shape[1], y_shape[0], y_shape[2]) if self.batch_first else y_shape
         if grad_y is None:
             gy = self.backend.zeros(y_shape, self.dtype)
@@ -220,7 +231,11 @@ class Recurrent(Parameterized):
                 check_finite("grad_y", gy)
             gy = gy.transpose(1, 0, 2) if self.batch_first else gy
         gfin = self._unpack(grad_state_n, "grad_{}_n", y_shape[0], y_shape[1])
+        if pad:
+            gy, gfin = pad.frames(gy), pad.states(gfin)
         gx, ginit, grads = self._stack.backward(gy, gfin, frames)
+        if pad:
+            gx, ginit = pad.unframes(gx), pad.unstates(ginit)
         ginit = {s: g.sum(axis=0) if s in spread else g for s, g in ginit.items()}   # h0 given for every frame
         gx, self.grads = self._to_user(gx), self._torch_grads(grads)
         if self.check_finite:

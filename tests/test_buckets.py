@@ -1,0 +1,74 @@
+"""Shape buckets (rnngraph.nn.buckets): a call padded to a (T', B') from the ladder gives exactly what the
+unpadded call gives, outputs, final states and every gradient, on the numpy backend in float64."""
+import numpy as np
+import pytest
+
+from rnngraph import RnnGraphError
+from rnngraph.nn import Recurrent
+from rnngraph.nn.buckets import Padding, bucket
+from test_history import skip_cell
+
+TOL = 1e-12      # float64: padded frames never feed real ones; the GEMMs over more rows may sum in another order
+
+
+def close(a, b):
+    assert a.shape == b.shape
+    scale = max(float(np.abs(b).max()), 1e-300)
+    assert float(np.abs(a - b).max()) <= TOL * scale, float(np.abs(a - b).max()) / scale
+
+
+def test_the_ladder():
+    sizes = [bucket(n, 8) for n in range(1, 2001)]
+    assert all(n <= s <= max(8, 1.25 * n) for n, s in zip(range(1, 2001), sizes))
+    assert sorted(set(sizes))[:9] == [8, 10, 12, 14, 16, 20, 24, 28, 32]
+    assert len(set(sizes)) == 33 and len({bucket(n, 8) for n in range(5, 400)}) == 24
+    assert [bucket(b) for b in range(1, 9)] == list(range(1, 9))      # small batches run as they are
+    assert not Padding(np, 16, 4) and Padding(np, 17, 4) and Padding(np, 16, 9)
+
+
+def run(layer, x, state, lengths, gy, gstate):
+    y, fin = layer(x, state, lengths)
+    gx, g0, grads = layer.backward(gy, gstate)
+    return [y, *(fin if isinstance(fin, tuple) else (fin,)), gx, *(g0 if isinstance(g0, tuple) else (g0,)),
+            *grads.values()]
+
+
+CASES = [("lstm", 1, 1), ("lstm", 9, 3), ("lstm", 17, 12), ("gru", 33, 9), ("gru", 8, 2), (skip_cell, 11, 10)]
+
+
+@pytest.mark.parametrize("cell,T,B", CASES)
+@pytest.mark.parametrize("ragged", [False, True])
+def test_padded_call_equals_the_exact_call(cell, T, B, ragged):
+    kw = dict(num_layers=2, bidirectional=True, dtype="float64", seed=3)
+    exact, padded = Recurrent(cell, 3, 5, buckets=False, **kw), Recurrent(cell, 3, 5, buckets=True, **kw)
+    rng = np.random.default_rng(T * B)
+    x = rng.standard_normal((T, B, 3))
+    lengths = rng.integers(0, T + 1, B) if ragged else None
+    y, fin = exact(x, None, lengths)
+    fins = fin if isinstance(fin, tuple) else (fin,)
+    state = tuple(rng.standard_normal(f.shape) for f in fins)
+    state = state if len(state) > 1 else state[0]
+    gy = rng.standard_normal(y.shape)
+    gstate = tuple(rng.standard_normal(f.shape) for f in fins)
+    gstate = gstate if len(gstate) > 1 else gstate[0]
+    for a, b in zip(run(padded, x, state, lengths, gy, gstate), run(exact, x, state, lengths, gy, gstate), strict=True):
+        close(a, b)
+
+
+def test_batch_first_and_no_gradient_for_the_output():
+    kw = dict(batch_first=True, dtype="float64")
+    exact, padded = Recurrent("lstm", 3, 4, buckets=False, **kw), Recurrent("lstm", 3, 4, buckets=True, **kw)
+    x = np.random.default_rng(0).standard_normal((10, 13, 3))          # B = 10 -> 10, T = 13 -> 14
+    for layer in (exact, padded):
+        layer(x)
+    (h, c) = padded(x)[1]
+    assert h.shape == (1, 10, 4)
+    g = np.ones_like(h)
+    for a, b in zip(padded.backward(None, (g, None))[0:1], exact.backward(None, (g, None))[0:1]):
+        close(a, b)
+
+
+def test_buckets_default_to_graph_mode_and_reject_other_values():
+    assert not Recurrent("gru", 2, 3).buckets and Recurrent("gru", 2, 3, buckets=True).buckets
+    with pytest.raises(RnnGraphError, match="buckets must be True, False or None"):
+        Recurrent("gru", 2, 3, buckets="yes")
