@@ -5,7 +5,7 @@ import pytest
 
 from rnngraph import RnnGraphError
 from rnngraph.nn import Recurrent
-from rnngraph.nn.buckets import Padding, bucket
+from rnngraph.nn.buckets import Padding, Policy, bucket
 from test_history import skip_cell
 
 TOL = 1e-12      # float64: padded frames never feed real ones; the GEMMs over more rows may sum in another order
@@ -68,7 +68,47 @@ def test_batch_first_and_no_gradient_for_the_output():
         close(a, b)
 
 
-def test_buckets_default_to_graph_mode_and_reject_other_values():
-    assert not Recurrent("gru", 2, 3).buckets and Recurrent("gru", 2, 3, buckets=True).buckets
+def test_the_automatic_policy_pads_only_after_eight_shapes():
+    auto = Policy(None)
+    assert [auto.pads(T, 2) for T in range(10, 18)] == [False] * 8
+    assert auto.pads(10, 2) is False and auto.pads(18, 2) is True and auto.pads(17, 2) is False
+    assert Policy(True).pads(16, 4) and not Policy(False).pads(17, 9)
+    assert Recurrent("gru", 2, 3).buckets is False and Recurrent("gru", 2, 3, buckets=True).buckets
     with pytest.raises(RnnGraphError, match="buckets must be True, False or None"):
         Recurrent("gru", 2, 3, buckets="yes")
+
+
+@pytest.mark.parametrize("cell", ["lstm", skip_cell])
+def test_workspaces_share_one_arena_that_grows(cell):
+    """Every (T, B) of a layer is carved from the same buffers: a short call after a long one reuses them
+    (a state read up to 3 frames back
+    finds its initial history there, as in a fresh one), a longer one grows them and retires the rest."""
+    layer = Recurrent(cell, 3, 4, dtype="float64", buckets=False)
+    ex = layer._stack.runs[0][0].ex
+    rng = np.random.default_rng(0)
+    long, short = rng.standard_normal((12, 3, 3)), rng.standard_normal((5, 2, 3))
+    layer(long)
+    layer.backward(np.ones((12, 3, 4)))
+    held, generation = ex.arenas.nbytes, ex.arenas.generation
+    y, _ = layer(short)
+    g = layer.backward(np.ones_like(y))[0]
+    fresh = Recurrent(cell, 3, 4, dtype="float64", buckets=False)
+    y2, _ = fresh(short)
+    np.testing.assert_array_equal(y, y2)
+    np.testing.assert_array_equal(g, fresh.backward(np.ones_like(y2))[0])
+    assert (ex.arenas.nbytes, ex.arenas.generation) == (held, generation) and len(ex._ws) == 2
+    layer(rng.standard_normal((30, 3, 3)))
+    assert ex.arenas.generation > generation and list(ex._ws) == [(30, 3, "float64")]
+    np.testing.assert_array_equal(layer(short)[0], y2)
+
+
+def test_graph_cache_limit_from_the_environment(monkeypatch):
+    from rnngraph.run.backends.cupy_backend import _graph_bytes_limit
+    for text, want in (("2G", 2 ** 31), ("500M", 500 * 2 ** 20), ("1.5k", 1536), ("12345", 12345)):
+        monkeypatch.setenv("RNNGRAPH_GRAPH_CACHE_BYTES", text)
+        assert _graph_bytes_limit() == want
+    monkeypatch.delenv("RNNGRAPH_GRAPH_CACHE_BYTES")
+    assert _graph_bytes_limit() == 2 ** 31
+    monkeypatch.setenv("RNNGRAPH_GRAPH_CACHE_BYTES", "lots")
+    with pytest.raises(RnnGraphError, match="must be a byte count such as 2G"):
+        _graph_bytes_limit()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 MANTISSAS = (4, 5, 6, 7)
+EXACT_SHAPES = 8   # automatic policy: the first 8 distinct shapes run exactly (a fixed-length run never pads)
 MIN_T = 8          # shorter calls run 8 frames
 EXACT_B = 8        # batches up to 8 run unpadded
 
@@ -31,6 +32,23 @@ def bucket(n: int, floor: int = 1) -> int:
             if m << k >= n:
                 return m << k
         k += 1
+
+
+class Policy:
+    """Whether a call of (T, B) is padded: always (True), never (False), or automatically (None): the
+    first EXACT_SHAPES distinct shapes run as they are, later new ones padded, so a run of one length
+    records exactly what it did before and a run of many lengths records a bounded set."""
+
+    def __init__(self, buckets: bool | None):
+        self.buckets, self.exact = buckets, set()
+
+    def pads(self, T: int, B: int) -> bool:
+        if self.buckets is not None:
+            return self.buckets
+        if (T, B) in self.exact or len(self.exact) < EXACT_SHAPES:
+            self.exact.add((T, B))
+            return False
+        return True
 
 
 class Padding:

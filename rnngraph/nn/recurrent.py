@@ -26,7 +26,7 @@ from . import checks as chk
 from .checks import check_finite
 from .init import init_orthogonal, init_uniform
 from .layers import Parameterized
-from .buckets import Padding
+from .buckets import Padding, Policy
 from .stacking import Frames, Stack
 
 
@@ -54,8 +54,9 @@ class Recurrent(Parameterized):
     ``mode`` 'staged' | 'naive' | 'graph' (cupy only), ``loop`` the loop strategy ('auto' | 'stages' |
     'elementwise' | 'scan'; ``layer.loop_strategy`` says what runs), ``seed`` for
     the layer's generator (initialisation and dropout masks), ``init`` 'uniform' (torch's U(±1/√H)) |
-    'orthogonal' | a function of the layer, ``buckets`` (default: on in graph mode) runs each call padded
-    to a (T, B) from a small ladder (rnngraph.nn.buckets), so that a few recorded graphs serve every shape.
+    'orthogonal' | a function of the layer, ``buckets`` pads calls to a (T, B) from a small ladder
+    (rnngraph.nn.buckets) so that a few recorded graphs serve every shape: True, False, or None (default:
+    in graph mode, after 8 distinct shapes ran as they are).
 
     Example::
 
@@ -78,8 +79,9 @@ class Recurrent(Parameterized):
         self.dtype = float_dtype(dtype)
         self.mode, self.loop = mode, loop
         if buckets not in (None, True, False):
-            raise RnnGraphError(f"buckets must be True, False or None (on in graph mode), got {buckets!r}")
-        self.buckets = mode == "graph" if buckets is None else buckets
+            raise RnnGraphError(f"buckets must be True, False or None (automatic in graph mode), got {buckets!r}")
+        self.buckets = buckets if buckets is not None or mode == "graph" else False
+        self._shapes = Policy(self.buckets)
         self.rng = make_rng(seed)
         self.training = True
         self.check_finite = False       # True: raise on NaN/inf in inputs, outputs and gradients
@@ -198,7 +200,7 @@ class Recurrent(Parameterized):
             for name, a in [("x", x)] + [(f"{s}0", a) for s, a in init.items() if a is not None]:
                 check_finite(name, a)
         spread = {s for s, a in init.items() if a is not None and a.ndim < len(self._stack.shape(s, B))}
-        pad = Padding(self.backend.xp, T, B) if self.buckets else None
+        pad = Padding(self.backend.xp, T, B) if self._shapes.pads(T, B) else None
         if pad:
             xt, init, lengths = pad.frames(xt), pad.states(init), pad.lengths(lengths)
         frames = Frames(self.backend.xp, *xt.shape[:2], lengths)

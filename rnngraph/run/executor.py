@@ -20,7 +20,7 @@ from ..plan.items import (ElementwiseLoop, Fused, FusedGrad, Gemm, GemmGrad, Pai
 from ..plan.schedule import Schedule, build_schedule
 from .backends import check_mode
 from .backends.base import run_fused_backward, run_fused_forward, run_param_grad, scan_backward, scan_forward
-from .workspace import ALL, SERIAL, Workspace
+from .workspace import ALL, SERIAL, Arenas, Workspace
 
 
 class Executor:
@@ -33,7 +33,7 @@ class Executor:
         grad_inputs, grad_init, grad_params = ex.backward({"h": grad_y})
     """
 
-    max_workspaces = 4
+    max_workspaces = 64      # views into the shared arenas: cheap; the backend bounds the recorded graphs
 
     def __init__(self, cell, backend, mode: str = "staged", schedule: Schedule | None = None, loop: str = "auto"):
         check_mode(mode, backend)
@@ -50,18 +50,26 @@ class Executor:
         if kinds - HANDLERS.keys():
             raise RnnGraphError(f"loop strategy {schedule.loop_strategy!r} has no runner in this executor")
         self._ws: OrderedDict = OrderedDict()
+        self.arenas = Arenas(backend)
         self._loop_gemms = {it for st in schedule.loop for it in st if isinstance(it, Gemm)}
         self.ws: Workspace | None = None
         self.serial = next(SERIAL)
 
     def workspace(self, T: int, B: int, dtype) -> Workspace:
+        """The workspace for (T, B, dtype), carved from this executor's arenas (made on first use, or again
+        after the arenas grew). Sharing is safe: every call writes every frame it reads, and the history rows
+        before frame 0, read only for states, are written from the initial state by each forward."""
         key = (T, B, str(dtype))
-        if key not in self._ws:
-            self._ws[key] = Workspace(self.sched, self.backend, T, B, dtype)
+        ws = self._ws.get(key)
+        if ws is None or ws.generation != self.arenas.generation:
+            ws = self._ws[key] = Workspace(self.sched, self.backend, T, B, dtype, self.arenas)
+            self._ws.move_to_end(key)
+            dead = [self._ws.pop(k) for k in [k for k, w in self._ws.items() if w.generation != ws.generation]]
             while len(self._ws) > self.max_workspaces:
-                self._ws.popitem(last=False)
+                dead.append(self._ws.popitem(last=False)[1])
+            self.backend.forget({w.serial for w in dead})
         self._ws.move_to_end(key)
-        return self._ws[key]
+        return ws
 
     @property
     def whole_capture(self) -> bool:

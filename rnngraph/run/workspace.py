@@ -1,11 +1,12 @@
-"""The Workspace: static buffers for one (schedule, T, B, dtype), carved from flat arenas.
+"""The Workspace: static buffers for one (schedule, T, B, dtype), carved from flat arenas that all of an
+executor's workspaces share (Arenas: one call runs at a time; they grow, never per call).
 
 Layout: every node's value lives in a buffer [P+T, B, F], P the cell's largest delay (1 for
 PyTorch's cells); frame t is row P+t and rows 0..P-1 hold the frames before the call (a state's
-initial history; zeros for nodes that are not states). A read with delay d at frame t is row
-P+t-d, so every delayed read, of one frame or of all T, is a plain view. Gradients mirror values.
-Nothing is allocated after construction, which is what lets the GPU backend record the loops into
-CUDA graphs.
+initial history, written by each forward; unused for other nodes, never read from earlier frames).
+A read with delay d at frame t is row P+t-d, so every delayed read, of one frame or of all T, is a
+plain view. Gradients mirror values. Nothing is allocated after construction, which is what lets the
+GPU backend record the loops into CUDA graphs.
 """
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ class Workspace:
     """Static buffers for one (schedule, T, B, dtype): values and gradients carved from two flat
     arenas (one fill zeroes every gradient), packed weights, and memoised per-frame views."""
 
-    def __init__(self, sched: Schedule, backend, T: int, B: int, dtype):
+    def __init__(self, sched: Schedule, backend, T: int, B: int, dtype, arenas: Arenas | None = None):
         cell = sched.cell
+        arenas = arenas or Arenas(backend)
         self.T, self.B, self.dtype, self.serial, self.version = T, B, dtype, next(SERIAL), 0
         self.P = max(cell.depths.values(), default=1)       # history rows before frame 0
         self.vals, self.grads, self.cat, self.wcat, self.memo = {}, {}, {}, {}, {}
@@ -38,8 +40,9 @@ class Workspace:
                    if cell.op(n).kind is not OpKind.PARAM and n not in {m for it in gemms for m in it.nodes}]
         wblocks = [((sum(it.sizes), cell.op(it.operand).size), it) for it in gemms]
         pblocks = [(cell.params[p], p) for p in cell.params]
-        vals = _carve(backend, dtype, [s for s, _ in blocks + wblocks])
-        self.grad_arena, grads = _carve(backend, dtype, [s for s, _ in blocks + wblocks + pblocks], arena=True)
+        _, vals = _carve(arenas, "values", dtype, [s for s, _ in blocks + wblocks])
+        self.grad_arena, grads = _carve(arenas, "grads", dtype, [s for s, _ in blocks + wblocks + pblocks])
+        self.generation = arenas.generation
         for (_, key), v, g in zip(blocks + wblocks + pblocks, vals + [None] * len(pblocks), grads):
             if isinstance(key, Gemm) and v.ndim == 3:
                 self.cat[key] = (v, g)
@@ -95,13 +98,35 @@ class Workspace:
             self.frames(g, d)[:, :, cols] += v.reshape(self.T, self.B, v.shape[-1])
 
 
-def _carve(backend, dtype, shapes, arena=False):
-    """Views of the given shapes cut from one flat zeroed buffer (returned first when arena=True)."""
+class Arenas:
+    """The flat buffers an executor's workspaces are carved from, one per (values | grads, dtype),
+    shared by all of them (one call runs at a time) and grown, never per call: a request beyond the
+    capacity allocates max(n, 2 × capacity) and bumps `generation`, which retires every workspace
+    carved before. `nbytes` is what they hold."""
+
+    def __init__(self, backend):
+        self.backend, self.bufs, self.generation = backend, {}, 0
+
+    def take(self, kind: str, n: int, dtype):
+        """The first n elements of the buffer for (kind, dtype), [n]; zeros only when newly allocated."""
+        key = (kind, str(dtype))
+        buf = self.bufs.get(key)
+        if buf is None or buf.size < n:
+            self.bufs[key] = buf = self.backend.zeros((max(n, 2 * buf.size if buf is not None else 0, 1),), dtype)
+            self.generation += 1
+        return buf[:n]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.bufs.values())
+
+
+def _carve(arenas: Arenas, kind: str, dtype, shapes):
+    """(flat [Σ sizes], views of the given shapes cut from it), the flat part taken from `arenas`."""
     sizes = [int(math.prod(s)) for s in shapes]
-    flat = backend.zeros((max(sum(sizes), 1),), dtype)
+    flat = arenas.take(kind, sum(sizes), dtype)
     offs = list(itertools.accumulate([0] + sizes))
-    views = [flat[o:o + n].reshape(s) for o, n, s in zip(offs, sizes, shapes)]
-    return (flat, views) if arena else views
+    return flat, [flat[o:o + n].reshape(s) for o, n, s in zip(offs, sizes, shapes)]
 
 
 def rows(a):

@@ -63,6 +63,13 @@ class ArrayBackend:
         for fn in fns:
             fn()
 
+    def forget(self, serials: set):
+        """Drops what was recorded for the workspaces with these serials (they are gone); nothing here."""
+
+    def cache_info(self) -> dict:
+        """What the backend keeps between calls: recorded graphs and their bytes (none here)."""
+        return {"graphs": 0, "graph_bytes": 0}
+
     def record(self, key, fn):
         """Runs fn (a time loop or a whole body); a backend that records does so once per key and replays."""
         fn()

@@ -5,6 +5,7 @@ cupy-cuda13x) works: only the generic `cupy` module is used.
 """
 from __future__ import annotations
 
+import os
 import warnings
 from collections import OrderedDict
 
@@ -60,7 +61,8 @@ class CupyBackend(ArrayBackend):
     name = "cupy"
     loops = frozenset({"stages", "elementwise", "scan"})
 
-    def __init__(self, capture: bool = False, matmul: str = "cublas", lanes: int = 1, max_graphs: int = 32):
+    def __init__(self, capture: bool = False, matmul: str = "cublas", lanes: int = 1, max_graphs: int = 1024,
+                 max_graph_bytes: int | None = None):
         import cupy
         from .cublas import Cublas
         if matmul not in ("cublas", "own"):
@@ -68,7 +70,8 @@ class CupyBackend(ArrayBackend):
         self.xp = cupy
         self.capture = capture
         self.max_graphs = max_graphs
-        self._graphs: OrderedDict = OrderedDict()
+        self.max_graph_bytes = _graph_bytes_limit() if max_graph_bytes is None else int(max_graph_bytes)
+        self._graphs: OrderedDict = OrderedDict()       # key -> (graph or "eager", device bytes it took)
         self._transposed: dict = {}       # id(packed per-frame W) -> (W, its transpose [K, M])
         self.blas = None
         if matmul == "cublas":
@@ -294,26 +297,40 @@ class CupyBackend(ArrayBackend):
     # -- CUDA graphs ---------------------------------------------------------------------------
     def record(self, key, fn):
         """Eager unless capturing; then the first call runs eagerly (compiling kernels) and records fn,
-        and later calls replay it. A failed capture warns and stays eager for that key."""
+        and later calls replay it. A failed capture warns and stays eager for that key. The recordings
+        are kept least recently used first, within max_graphs and max_graph_bytes."""
         if not self.capture:
             return fn()
         cp = self.xp
-        graph = self._graphs.get(key)
-        if graph is not None:
+        entry = self._graphs.get(key)
+        if entry is not None:
             self._graphs.move_to_end(key)
-            if graph == "eager":
+            if entry[0] == "eager":
                 return fn()
-            graph.launch(cp.cuda.get_current_stream())     # in order with the caller's work, no events
+            entry[0].launch(cp.cuda.get_current_stream())     # in order with the caller's work, no events
             return None
         fn()                               # warm-up: compiles kernels, computes this call's result
         self._graphs[key] = self._record(fn)
-        while len(self._graphs) > self.max_graphs:
+        while len(self._graphs) > 1 and (len(self._graphs) > self.max_graphs or
+                                         self.cache_info()["graph_bytes"] > self.max_graph_bytes):
             self._graphs.popitem(last=False)
         return None
 
+    def forget(self, serials: set):
+        """Drops the recordings of the workspaces with these serials (key[2], as the executor keys them)."""
+        for key in [k for k in self._graphs if k[2] in serials]:
+            del self._graphs[key]
+
+    def cache_info(self) -> dict:
+        """Recorded graphs and the device bytes they took when instantiated (the driver's free memory
+        before and after each recording)."""
+        return {"graphs": len(self._graphs), "graph_bytes": sum(b for _, b in self._graphs.values())}
+
     def _record(self, fn):
+        """(the graph of fn, or "eager" where capture failed; the device bytes recording took)."""
         cp, s = self.xp, self.stream
         self.synchronize()
+        free = cp.cuda.runtime.memGetInfo()[0]
         graph, error = None, None
         with s:
             s.begin_capture()
@@ -329,9 +346,19 @@ class CupyBackend(ArrayBackend):
         if error is not None or graph is None:
             warnings.warn(f"CUDA graph capture failed ({type(error).__name__}: {error}); running this "
                           "loop eagerly instead", RnnGraphWarning, stacklevel=4)
-            return "eager"
+            return "eager", 0
         cp.cuda.get_current_stream().synchronize()
-        return graph
+        return graph, max(0, free - cp.cuda.runtime.memGetInfo()[0])
+
+
+def _graph_bytes_limit() -> int:
+    """RNNGRAPH_GRAPH_CACHE_BYTES (bytes; suffixes K, M, G), else 2 GiB."""
+    text = os.environ.get("RNNGRAPH_GRAPH_CACHE_BYTES", "2G").strip().upper()
+    scale = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}.get(text[-1:], 1)
+    try:
+        return int(float(text.rstrip("KMG")) * scale)
+    except ValueError:
+        raise RnnGraphError(f"RNNGRAPH_GRAPH_CACHE_BYTES must be a byte count such as 2G or 500M, got {text!r}") from None
 
 
 _BLAS_FORMS = {(False, True, False): lambda blas, x, w, out: blas.nt(x, w, out),     # forward
