@@ -46,18 +46,23 @@ def test_padded_replays_equal_staged(cell):
                 assert rel(a, b) <= TOL, (T, B, ragged, k, rel(a, b))
 
 
-def test_recordings_stay_within_the_byte_limit():
+def test_recordings_stay_within_the_limits():
+    """The byte limit holds for the bytes measured at recording (the driver's free memory moves in pages,
+    so a small graph may measure 0); the count limit holds exactly; evicted shapes record again."""
     import cupy
 
     from rnngraph.run.backends.cupy_backend import CupyBackend
-    be = CupyBackend(capture=True, max_graph_bytes=1)       # keeps only the newest recording
-    layer = Recurrent("gru", 3, 6, backend=be, mode="graph", dtype="float64", buckets=True)
     ref = Recurrent("gru", 3, 6, backend="cupy", mode="staged", dtype="float64")
     rng = np.random.default_rng(1)
-    for T in (5, 20, 40, 5):
-        x = cupy.asarray(rng.standard_normal((T, 2, 3)))
-        assert rel(layer(x)[0], ref(x)[0]) <= TOL
-        assert be.cache_info()["graphs"] == 1
+    for limits in ({"max_graph_bytes": 1}, {"max_graphs": 1}):
+        be = CupyBackend(capture=True, **limits)
+        layer = Recurrent("gru", 3, 6, backend=be, mode="graph", dtype="float64", buckets=True)
+        layer.load_state_dict(ref.state_dict())
+        for T in (5, 20, 40, 5):
+            x = cupy.asarray(rng.standard_normal((T, 2, 3)))
+            assert rel(layer(x)[0], ref(x)[0]) <= TOL
+            info = be.cache_info()
+            assert info["graphs"] == 1 or (info["graph_bytes"] <= 1 and "max_graph_bytes" in limits)
     roomy = CupyBackend(capture=True, max_graph_bytes=2 ** 40)
     layer = Recurrent("gru", 3, 6, backend=roomy, mode="graph", dtype="float64", buckets=True)
     for T in (5, 20, 40):

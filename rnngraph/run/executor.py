@@ -33,7 +33,7 @@ class Executor:
         grad_inputs, grad_init, grad_params = ex.backward({"h": grad_y})
     """
 
-    max_workspaces = 64      # views into the shared arenas: cheap; the backend bounds the recorded graphs
+    max_workspaces = 1024    # views into the shared arenas: cheap; the backend bounds the recorded graphs
 
     def __init__(self, cell, backend, mode: str = "staged", schedule: Schedule | None = None, loop: str = "auto"):
         check_mode(mode, backend)

@@ -101,8 +101,8 @@ class Workspace:
 class Arenas:
     """The flat buffers an executor's workspaces are carved from, one per (values | grads, dtype),
     shared by all of them (one call runs at a time) and grown, never per call: a request beyond the
-    capacity allocates max(n, 2 × capacity) and bumps `generation`, which retires every workspace
-    carved before. `nbytes` is what they hold."""
+    capacity allocates exactly what it needs (shape buckets already step sizes by ≤ 25%) and bumps
+    `generation`, which retires every workspace carved before. `nbytes` is what they hold."""
 
     def __init__(self, backend):
         self.backend, self.bufs, self.generation = backend, {}, 0
@@ -112,7 +112,7 @@ class Arenas:
         key = (kind, str(dtype))
         buf = self.bufs.get(key)
         if buf is None or buf.size < n:
-            self.bufs[key] = buf = self.backend.zeros((max(n, 2 * buf.size if buf is not None else 0, 1),), dtype)
+            self.bufs[key] = buf = self.backend.zeros((max(n, 1),), dtype)
             self.generation += 1
         return buf[:n]
 
