@@ -30,7 +30,7 @@ def test_quick_bench_writes_every_measurement_and_says_gpu_rows_were_skipped(tmp
     assert out.splitlines()[1] == f"device: {info['device']}" or out.splitlines()[1].startswith("device: ")
     assert "TF32 off" in out
     rows = data["results"]
-    assert {r["cell"] for r in rows} == {"lstm", "peephole_lstm", "min_gru", "mgu"}
+    assert {r["cell"] for r in rows} == {"lstm", "peephole_lstm", "layernorm_lstm", "min_gru", "mgu"}
     assert {r["impl"] for r in rows} == set(bench.DEFAULT_IMPLS)
     for r in rows:
         if "skipped" not in r:

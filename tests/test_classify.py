@@ -11,6 +11,7 @@ from rnngraph.nn import Recurrent
 # cell: ({state: class}, admitted strategies best first)
 EXPECTED = {
     "lstm": ({"h": "general", "c": "general"}, ("stages",)),
+    "layernorm_lstm": ({"h": "general", "c": "general"}, ("stages",)),
     "gru": ({"h": "general"}, ("stages",)),
     "rnn_tanh": ({"h": "general"}, ("stages",)),
     "rnn_relu": ({"h": "general"}, ("stages",)),

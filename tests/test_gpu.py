@@ -72,7 +72,19 @@ def post_delay2_cell(D, H):
     return c.build()
 
 
-USER = {"user": user_cell, "softplus": softplus_cell, "post_delay2": post_delay2_cell}
+def norms_cell(D, H):
+    """The row reductions (sum, mean: their own kernels) and exp, div, rsqrt inside the recurrence; an
+    rms_norm before the loop (over all T·B rows)."""
+    c = rg.Cell("norms")
+    x, h = c.input("x", D), c.state("h", H)
+    a = c.rms_norm(c.linear(x, "W", H, bias="b"), "g")
+    r = c.linear(h, "U", H)
+    n = c.layer_norm(a + r, "ln_g", "ln_b") + c.sum(r) * 0.1
+    c.output(c.bind(h, c.tanh(n) / c.exp(c.tanh(r)) * c.rsqrt(r * r, 1.0), name="h"))
+    return c.build()
+
+
+USER = {"user": user_cell, "softplus": softplus_cell, "post_delay2": post_delay2_cell, "norms": norms_cell}
 CELLS = [*rg.CELLS, *USER]
 
 

@@ -93,6 +93,13 @@ BODIES = {
     "linear": lambda c, a, r, h, H: c.linear(c.tanh(a + r), "V", H, bias="c"),
     "delay2": lambda c, a, r, h, H: c.tanh(a + r + c.linear(h.ago(2), "U2", H)),
     "delay3": lambda c, a, r, h, H: c.tanh(a + c.linear(h.ago(3), "U3", H)),
+    "exp": lambda c, a, r, h, H: c.tanh(a + r) * c.exp(c.tanh(r)),
+    "div": lambda c, a, r, h, H: c.tanh(a) / c.exp(c.tanh(r)),
+    "rsqrt": lambda c, a, r, h, H: c.tanh(a) * c.rsqrt(r * r, 1.0),
+    "sum": lambda c, a, r, h, H: c.tanh(a + c.sum(r) * 0.3),
+    "mean": lambda c, a, r, h, H: c.tanh(a + c.mean(r * r)),
+    "layer_norm": lambda c, a, r, h, H: c.tanh(c.layer_norm(a + r, "g", "beta")),
+    "rms_norm": lambda c, a, r, h, H: c.tanh(a + c.rms_norm(r, "g")),
 }
 
 

@@ -54,6 +54,12 @@ CASES = {  # name: (kind, operand shapes, attrs, torch function of the operands)
     "identity": (OpKind.IDENTITY, [(N, 4)], (), lambda a: a),
     "slice": (OpKind.SLICE, [(N, 6)], (1, 4), lambda a: a[:, 1:4]),
     "concat": (OpKind.CONCAT, [(N, 2), (N, 3), (N, 1)], (), lambda *xs: torch.cat(xs, dim=1)),
+    "exp": (OpKind.EXP, [(N, 4)], (), lambda a: torch.exp(a)),
+    "div": (OpKind.DIV, [(N, 4), (N, 4)], (), lambda a, b: a / b),
+    "div_vector": (OpKind.DIV, [(N, 4), (4,)], (), lambda a, b: a / b),
+    "rsqrt": (OpKind.RSQRT, [(N, 4)], (10.0,), lambda a: torch.rsqrt(a + 10.0)),     # ε keeps a + ε > 0
+    "sum": (OpKind.SUM, [(N, 4)], (), lambda a: a.sum(1, keepdim=True).expand(-1, 4)),
+    "mean": (OpKind.MEAN, [(N, 7)], (), lambda a: a.mean(1, keepdim=True).expand(-1, 7)),
 }
 
 

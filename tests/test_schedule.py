@@ -15,6 +15,9 @@ from rnngraph.plan.schedule import Fused, Gemm
 # kernel. Kernels per frame are (before merging, after merging).
 EXPECTED = {
     "lstm": ([("gemm", 4), ("fused", 4)], [[("gemm", 4)], [("fused", 17)]], [], (21, 2), (37, 2)),
+    "layernorm_lstm": ([("gemm", 1), ("fused", 1), ("fused", 2), ("fused", 1), ("fused", 3)],     # LN(W_ih·x), hoisted
+                       [[("gemm", 1)], [("fused", 1)], [("fused", 2)], [("fused", 1)], [("fused", 5)], [("fused", 9)],
+                        [("fused", 1)], [("fused", 2)], [("fused", 1)], [("fused", 8)]], [], (31, 10), (47, 10)),
     "gru": ([("gemm", 3), ("fused", 3)], [[("gemm", 3)], [("fused", 14)]], [], (17, 2), (30, 2)),
     "rnn_tanh": ([("gemm", 1), ("fused", 1)], [[("gemm", 1)], [("fused", 3)]], [], (4, 2), (7, 2)),
     "rnn_relu": ([("gemm", 1), ("fused", 1)], [[("gemm", 1)], [("fused", 3)]], [], (4, 2), (7, 2)),

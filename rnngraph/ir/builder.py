@@ -57,8 +57,8 @@ class Node:
 
     __rmul__ = __mul__
 
-    def __truediv__(self, c):
-        return self.cell.scale(self, 1.0 / c)
+    def __truediv__(self, o):
+        return self.cell.scale(self, 1.0 / o) if isinstance(o, Number) else self.cell.div(self, o)
 
     def __repr__(self):
         return f"Node({self.label}{'@t-%d' % self.delay if self.delay else ''}, [{self.size}])"
@@ -164,6 +164,37 @@ class Cell:
     def relu(self, a, name=None): return self.apply(OpKind.RELU, a, name=name)
     def identity(self, a, name=None): return self.apply(OpKind.IDENTITY, a, name=name)
     def concat(self, *xs, name=None): return self.apply(OpKind.CONCAT, *xs, name=name)
+    def softplus(self, a, name=None): return self.apply(OpKind.SOFTPLUS, a, name=name)
+    def exp(self, a, name=None): return self.apply(OpKind.EXP, a, name=name)
+    def div(self, a, b, name=None): return self.apply(OpKind.DIV, a, b, name=name)
+
+    def rsqrt(self, a, eps: float = 0.0, name=None):
+        """1 / √(a + eps), elementwise."""
+        return self.apply(OpKind.RSQRT, a, name=name, attrs=(float(eps),))
+
+    def sum(self, a, name=None):
+        """Σ over a's features, in every feature (the result has a's size; a row-wide reduction)."""
+        return self.apply(OpKind.SUM, a, name=name)
+
+    def mean(self, a, name=None):
+        """The mean over a's features, in every feature (the result has a's size)."""
+        return self.apply(OpKind.MEAN, a, name=name)
+
+    def layer_norm(self, x, gamma: str | None = "gamma", beta: str | None = "beta", eps: float = 1e-5, name=None):
+        """torch.nn.LayerNorm over x's features: (x − μ) / √(σ² + eps) ⊙ gamma + beta, σ² the biased
+        variance; gamma / beta name vector parameters [x.size], or None for none. Built from mean, sub,
+        mul and rsqrt, so its backward is theirs and its elementwise parts fuse with their neighbours."""
+        x = self._handle(x)
+        d = x - self.mean(x)
+        y = d * self.rsqrt(self.mean(d * d), eps)
+        y = self.diag(y, gamma) if gamma else y
+        return self.bias(y, beta, name=name) if beta else (self.identity(y, name=name) if name else y)
+
+    def rms_norm(self, x, gamma: str | None = "gamma", eps: float = 1e-6, name=None):
+        """RMSNorm over x's features: x / √(mean(x²) + eps) ⊙ gamma (gamma None: no gain)."""
+        x = self._handle(x)
+        y = x * self.rsqrt(self.mean(x * x), eps)
+        return self.diag(y, gamma, name=name) if gamma else (self.identity(y, name=name) if name else y)
 
     def scale(self, a, c: float, name=None):
         return self.apply(OpKind.SCALE, a, name=name, attrs=(float(c),))

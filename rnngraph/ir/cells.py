@@ -51,6 +51,21 @@ def lstm(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
     return c.build().with_layout(_torch_layout(GATE_ORDER, bias))
 
 
+def layernorm_lstm(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
+    """LayerNorm-LSTM in Haste's form (Ba et al. 2016): gates = LN(W_ih·x) + LN(W_hh·h) + b, each with
+    its own gain; i, f, g, o as the LSTM; c' = f⊙c + i⊙g; h' = o⊙tanh(LN(c')), with gain and bias."""
+    c, H = Cell("layernorm_lstm"), hidden_size
+    x, h, cs = c.input("x", input_size), c.state("h", H), c.state("c", H)
+    gates = (c.layer_norm(c.linear(x, "weight_ih", 4 * H), "ln_ih_weight", None)
+             + c.layer_norm(c.linear(h, "weight_hh", 4 * H), "ln_hh_weight", None))
+    gates = c.bias(gates, "bias") if bias else gates
+    pi, pf, pg, po = c.split(gates, 4)
+    i, f, g, o = c.sigmoid(pi, name="i"), c.sigmoid(pf, name="f"), c.tanh(pg, name="g"), c.sigmoid(po, name="o")
+    c_new = c.bind(cs, f * cs + i * g, name="c")
+    c.output(c.bind(h, o * c.tanh(c.layer_norm(c_new, "ln_c_weight", "ln_c_bias")), name="h"))
+    return c.build()
+
+
 def gru(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
     c, H = Cell("gru"), hidden_size
     x, h = c.input("x", input_size), c.state("h", H)
@@ -186,6 +201,8 @@ def sru(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
 
 CELLS: dict[str, tuple[Callable, str]] = {
     "lstm": (lstm, "LSTM with PyTorch's equations and gate order (i, f, g, o)"),
+    "layernorm_lstm": (layernorm_lstm, "LayerNorm-LSTM (Ba et al. 2016, Haste's form): LN on both gate "
+                                       "products and on c before tanh"),
     "gru": (gru, "GRU with PyTorch's equations (r, z, n; reset applied after W_hn·h)"),
     "rnn_tanh": (rnn_tanh, "Elman RNN, h = tanh(W_ih·x + b_ih + W_hh·h + b_hh)"),
     "rnn_relu": (rnn_relu, "Elman RNN with ReLU"),

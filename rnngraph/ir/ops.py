@@ -27,6 +27,11 @@ class OpKind(enum.Enum):
     TANH = "tanh"
     RELU = "relu"
     SOFTPLUS = "softplus"    # log(1 + eˣ)
+    EXP = "exp"
+    DIV = "div"              # a / b
+    RSQRT = "rsqrt"          # 1 / √(x + ε), ε in attrs
+    SUM = "sum"              # Σ_j x[:, j], broadcast back to every feature (so the size is kept)
+    MEAN = "mean"            # the same divided by F: the layer norm's μ and σ², the RMS norm's mean square
     IDENTITY = "identity"
     CONCAT = "concat"        # along features
     SLICE = "slice"          # x[:, start:stop], (start, stop) in attrs
@@ -37,14 +42,15 @@ class Op:
     """One node of a cell graph: its kind, its feature size and its static attributes."""
     kind: OpKind
     size: int                # features of the value; rows of a matrix parameter
-    attrs: tuple = ()        # PARAM: shape; SCALE: (c,); SLICE: (start, stop)
+    attrs: tuple = ()        # PARAM: shape; SCALE: (c,); SLICE: (start, stop); RSQRT: (ε,)
 
 
 SOURCES = {OpKind.INPUT, OpKind.PARAM}
-BINARY = {OpKind.ADD, OpKind.SUB, OpKind.MUL}
+BINARY = {OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.DIV}
 UNARY = {OpKind.SCALE, OpKind.ONE_MINUS, OpKind.SIGMOID, OpKind.TANH, OpKind.RELU, OpKind.SOFTPLUS,
-         OpKind.IDENTITY, OpKind.SLICE}
+         OpKind.EXP, OpKind.RSQRT, OpKind.IDENTITY, OpKind.SLICE}
 ELEMENTWISE = BINARY | UNARY  # ops a fused kernel evaluates element by element
+REDUCE = {OpKind.SUM, OpKind.MEAN}    # row-wide: each output reads every feature of its row
 MOVES = {OpKind.IDENTITY, OpKind.SLICE, OpKind.CONCAT}   # ops that only move data: no arithmetic
 
 
@@ -82,10 +88,11 @@ SHAPE = {
     **{k: _same_shape for k in BINARY | UNARY - {OpKind.SLICE}},
     OpKind.SLICE: _slice_shape,
     OpKind.CONCAT: lambda attrs, shapes: sum(s[0] for s in shapes),
+    **{k: _same_shape for k in REDUCE},
 }
 
 ARITY = {OpKind.INPUT: 0, OpKind.PARAM: 0, OpKind.LINEAR: 2, OpKind.CONCAT: None,
-         **{k: 2 for k in BINARY}, **{k: 1 for k in UNARY}}
+         **{k: 2 for k in BINARY}, **{k: 1 for k in UNARY | REDUCE}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,6 +113,20 @@ def _softplus(xp, out, a):
     out += xp.maximum(a, 0.0)
 
 
+def _rsqrt(xp, out, a, eps):
+    xp.add(a, eps, out=out)
+    xp.sqrt(out, out=out)
+    xp.divide(1.0, out, out=out)
+
+
+def _row_sum(xp, out, a, scale):
+    """out [N, F] = scale · Σ_j a[:, j] in every column, with no temporary (capturable)."""
+    xp.sum(a, axis=1, keepdims=True, out=out[:, :1])
+    out[:, 1:] = out[:, :1]
+    if scale != 1:
+        xp.multiply(out, scale, out=out)
+
+
 def _concat(xp, out, *ins):
     off = 0
     for a in ins:
@@ -124,6 +145,11 @@ FORWARD = {
     OpKind.TANH: lambda xp, out, a, attrs: xp.tanh(a, out=out),
     OpKind.RELU: lambda xp, out, a, attrs: xp.maximum(a, 0.0, out=out),
     OpKind.SOFTPLUS: lambda xp, out, a, attrs: _softplus(xp, out, a),
+    OpKind.EXP: lambda xp, out, a, attrs: xp.exp(a, out=out),
+    OpKind.DIV: lambda xp, out, a, b, attrs: xp.divide(a, b, out=out),
+    OpKind.RSQRT: lambda xp, out, a, attrs: _rsqrt(xp, out, a, attrs[0]),
+    OpKind.SUM: lambda xp, out, a, attrs: _row_sum(xp, out, a, 1.0),
+    OpKind.MEAN: lambda xp, out, a, attrs: _row_sum(xp, out, a, 1.0 / a.shape[1]),
     OpKind.IDENTITY: lambda xp, out, a, attrs: xp.copyto(out, a),
     OpKind.SLICE: lambda xp, out, a, attrs: xp.copyto(out, a[:, attrs[0]:attrs[1]]),
     OpKind.CONCAT: lambda xp, out, *ins: _concat(xp, out, *ins[:-1]),
@@ -177,6 +203,12 @@ VJP = {
     OpKind.TANH: (lambda xp, add, g, a, y, attrs: add(g * (1.0 - y * y)),),
     OpKind.RELU: (lambda xp, add, g, a, y, attrs: add(g * (y > 0)),),
     OpKind.SOFTPLUS: (lambda xp, add, g, a, y, attrs: add(g * (0.5 * xp.tanh(0.5 * a) + 0.5)),),  # g·σ(a)
+    OpKind.EXP: (lambda xp, add, g, a, y, attrs: add(g * y),),
+    OpKind.DIV: (lambda xp, add, g, a, b, y, attrs: add(g / b),
+                 lambda xp, add, g, a, b, y, attrs: add(-g * y / b)),
+    OpKind.RSQRT: (lambda xp, add, g, a, y, attrs: add(-0.5 * g * y * y * y),),
+    OpKind.SUM: (lambda xp, add, g, a, y, attrs: add(xp.broadcast_to(g.sum(axis=1, keepdims=True), g.shape)),),
+    OpKind.MEAN: (lambda xp, add, g, a, y, attrs: add(xp.broadcast_to(g.mean(axis=1, keepdims=True), g.shape)),),
     OpKind.IDENTITY: (lambda xp, add, g, a, y, attrs: add(g),),
     OpKind.SLICE: (lambda xp, add, g, a, y, attrs: add(g, slice(*attrs)),),  # into the sliced columns
     OpKind.CONCAT: _EachSlot(_concat_vjp),
@@ -186,7 +218,8 @@ VJP = {
 # ---------------------------------------------------------------------------------------------
 # Kernel rules of the elementwise ops: (C expression of the value, C expression of each operand's
 # gradient contribution). {0}, {1}: operands; {y}: the op's value; {g}: the gradient arriving at the
-# op; {a0}, {a1}: its attrs (SCALE's constant). LINEAR runs as a GEMM and CONCAT as column copies.
+# op; {a0}, {a1}: its attrs (SCALE's constant). LINEAR runs as a GEMM and CONCAT as column copies;
+# SUM and MEAN, which read a whole row, as a row-reduction kernel (run/kernels.py: rowsum_source).
 
 KERNEL = {
     OpKind.ADD: ("{0} + {1}", ("{g}", "{g}")),
@@ -198,6 +231,9 @@ KERNEL = {
     OpKind.TANH: ("tanh({0})", ("{g} * (1 - {y} * {y})",)),
     OpKind.RELU: ("({0} > 0 ? {0} : 0)", ("({y} > 0 ? {g} : 0)",)),
     OpKind.SOFTPLUS: ("log1p(exp(-fabs({0}))) + ({0} > 0 ? {0} : 0)", ("{g} / (1 + exp(-{0}))",)),
+    OpKind.EXP: ("exp({0})", ("{g} * {y}",)),
+    OpKind.DIV: ("{0} / {1}", ("{g} / {1}", "-{g} * {y} / {1}")),
+    OpKind.RSQRT: ("rsqrt({0} + ({a0}))", ("-0.5 * {g} * {y} * {y} * {y}",)),
     OpKind.IDENTITY: ("{0}", ("{g}",)),
     OpKind.SLICE: ("{0}", ("{g}",)),  # the executor hands the kernel the sliced view
 }
@@ -218,7 +254,7 @@ def _moves(F, ins):
 
 FLOPS = {
     OpKind.LINEAR: lambda F, ins: (2 * ins[0] * F, (2 * ins[0] * F, 2 * ins[0] * F)),
-    **{k: _per_element for k in ELEMENTWISE - MOVES},
+    **{k: _per_element for k in (ELEMENTWISE | REDUCE) - MOVES},
     **{k: _moves for k in MOVES},
 }
 
@@ -228,7 +264,8 @@ FLOPS = {
 
 SYMBOL = {OpKind.LINEAR: "·", OpKind.ADD: "+", OpKind.SUB: "−", OpKind.MUL: "⊙", OpKind.SCALE: "×",
           OpKind.ONE_MINUS: "1 − x", OpKind.SIGMOID: "σ", OpKind.TANH: "tanh", OpKind.RELU: "relu",
-          OpKind.SOFTPLUS: "softplus", OpKind.IDENTITY: "id", OpKind.SLICE: "[:]", OpKind.CONCAT: "concat"}
+          OpKind.SOFTPLUS: "softplus", OpKind.IDENTITY: "id", OpKind.SLICE: "[:]", OpKind.CONCAT: "concat",
+          OpKind.EXP: "exp", OpKind.DIV: "÷", OpKind.RSQRT: "1/√", OpKind.SUM: "Σ", OpKind.MEAN: "mean"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,6 +283,11 @@ TORCH = {
     OpKind.TANH: lambda torch, a, attrs: torch.tanh(a),
     OpKind.RELU: lambda torch, a, attrs: torch.relu(a),
     OpKind.SOFTPLUS: lambda torch, a, attrs: torch.nn.functional.softplus(a),
+    OpKind.EXP: lambda torch, a, attrs: torch.exp(a),
+    OpKind.DIV: lambda torch, a, b, attrs: a / b,
+    OpKind.RSQRT: lambda torch, a, attrs: torch.rsqrt(a + attrs[0]),
+    OpKind.SUM: lambda torch, a, attrs: a.sum(1, keepdim=True).expand_as(a),
+    OpKind.MEAN: lambda torch, a, attrs: a.mean(1, keepdim=True).expand_as(a),
     OpKind.IDENTITY: lambda torch, a, attrs: a,
     OpKind.SLICE: lambda torch, a, attrs: a[:, attrs[0]:attrs[1]],
     OpKind.CONCAT: lambda torch, *ins: torch.cat(ins[:-1], dim=1),

@@ -70,6 +70,16 @@ def _cifg_step(W, x, s):
     return h, {"h": h, "c": c}
 
 
+def _layernorm_lstm_step(W, x, s):
+    F, H = torch.nn.functional, s["h"].shape[1]
+    gates = (F.layer_norm(torch.mm(x, W["weight_ih"].t()), (4 * H,), W["ln_ih_weight"], None, 1e-5)
+             + F.layer_norm(torch.mm(s["h"], W["weight_hh"].t()), (4 * H,), W["ln_hh_weight"], None, 1e-5) + W["bias"])
+    i, f, g, o = gates.chunk(4, 1)
+    c = torch.sigmoid(f) * s["c"] + torch.sigmoid(i) * torch.tanh(g)
+    h = torch.sigmoid(o) * torch.tanh(F.layer_norm(c, (H,), W["ln_c_weight"], W["ln_c_bias"], 1e-5))
+    return h, {"h": h, "c": c}
+
+
 def _gru_step(W, x, s):
     gi = torch.mm(x, W["w_ih"].t()) + W["b_ih"]
     gh = torch.mm(s["h"], W["w_hh"].t()) + W["b_hh"]
@@ -128,6 +138,8 @@ STEPS = {
     "peephole_lstm": (_gated(GATE_ORDER, keep=("w_ci", "w_cf", "w_co")), _peephole_step),
     "cifg_lstm": (_gated(("i", "g", "o")), _cifg_step),
     "gru": (_gated(GRU_GATE_ORDER), _gru_step),
+    "layernorm_lstm": (_keep("weight_ih", "weight_hh", "ln_ih_weight", "ln_hh_weight", "bias", "ln_c_weight",
+                             "ln_c_bias"), _layernorm_lstm_step),
     "rnn_tanh": (_keep("weight_ih", "weight_hh", "bias_ih", "bias_hh"), _rnn_step(torch.tanh)),
     "rnn_relu": (_keep("weight_ih", "weight_hh", "bias_ih", "bias_hh"), _rnn_step(torch.relu)),
     "min_gru": (_keep(w_ih=("W_z", "W_h"), b_ih=("b_z", "b_h")), _min_gru_step),

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import networkx as nx
 
 from ..ir.graph import CellGraph
-from ..ir.ops import OpKind
+from ..ir.ops import REDUCE, OpKind
 
-CROSS_FEATURE = {OpKind.LINEAR, OpKind.CONCAT, OpKind.SLICE}
+CROSS_FEATURE = {OpKind.LINEAR, OpKind.CONCAT, OpKind.SLICE} | REDUCE
 # A loop strategy and what the classes of a cell's states must be for it, best first: 'scan' scans every
 # linear-diagonal state and runs the rest of the loop after it (frame by frame); 'elementwise' walks
 # the whole loop per feature.

@@ -203,6 +203,37 @@ def matmul_source(kind: str, ctype: str) -> str:
         "{{", "{").replace("}}", "}")
 
 
+ROWSUM_SOURCE = r"""
+extern "C" __global__ void {NAME}(const {T}* x, long long xs, {T}* y, long long ys, int F, {T} scale) {
+  // one block per row: v = scale · (the row of x summed in a fixed order: warp shuffles), stored into
+  // every column of y's row
+  __shared__ {T} part[32];
+  const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  {T} s = 0;
+  for (int j = threadIdx.x; j < F; j += blockDim.x) s += x[row * xs + j];
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+  if (lane == 0) part[warp] = s;
+  __syncthreads();
+  if (warp == 0) {
+    s = lane < (int)(blockDim.x >> 5) ? part[lane] : ({T})0;
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+    if (lane == 0) part[0] = s * scale;
+  }
+  __syncthreads();
+  const {T} v = part[0];
+  for (int j = threadIdx.x; j < F; j += blockDim.x) {STORE};
+}
+"""
+ROWSUM_STORES = {"=": "y[row * ys + j] = v", "+=": "y[row * ys + j] += v", "atomic": "atomicAdd(&y[row * ys + j], v)"}
+
+
+def rowsum_source(ctype: str, store: str) -> tuple:
+    """(name, CUDA source) of the row-reduction kernel of SUM and MEAN: forward (store '='), their
+    backward into the operand's gradient ('+=', or 'atomic' where rows of one launch may coincide)."""
+    name = f"rg_rowsum_{ctype}_{list(ROWSUM_STORES).index(store)}"
+    return name, ROWSUM_SOURCE.replace("{NAME}", name).replace("{STORE}", ROWSUM_STORES[store]).replace("{T}", ctype)
+
+
 PARAM_GRAD_SOURCE = r"""
 extern "C" __global__ void {name}({args}{T}* out, int N, int F, int R) {{
     // gradient of a vector parameter: out[f] += sum over rows n of the op's backward expression

@@ -10,8 +10,9 @@ import warnings
 from collections import OrderedDict
 
 from ...errors import RnnGraphError, RnnGraphWarning
+from ...ir.ops import REDUCE, OpKind
 from ..kernels import (GEMV_FUSED_ROWS, GEMV_ROWS, PAIR_MAX_BYTES, fusable, fused_backward_kernel,
-                       fused_forward_kernel, gemv_fused_kernel, matmul_source, param_grad_kernel)
+                       fused_forward_kernel, gemv_fused_kernel, matmul_source, param_grad_kernel, rowsum_source)
 from ..loop_kernels import elementwise_kernel, elementwise_nodes, scan_chunks, scan_source
 from ...plan.items import ElementwiseLoop, Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, ScanLoop
 from .base import ArrayBackend
@@ -158,7 +159,11 @@ class CupyBackend(ArrayBackend):
 
     # -- fused elementwise groups --------------------------------------------------------------
     def _compile_fused(self, cell, item, env, per_frame):
-        """A fused group's generated kernel at one frame (or all), or None where ops lack a kernel rule."""
+        """A fused group's generated kernel at one frame (or all), a row reduction's kernel, or None
+        where ops lack a kernel rule."""
+        if _row_reduction(cell, item):
+            (n,) = item.nodes
+            return (self._rowsum_launch(cell, n, env[cell.reads(n)[0]], env[n], "="),)
         if not fusable(cell, item.nodes):
             return None
         spec = _spec(cell, item, "fwd")
@@ -166,10 +171,22 @@ class CupyBackend(ArrayBackend):
 
     def _compile_fused_grad(self, cell, item, views, per_frame):
         env, genv, targets = views
+        if _row_reduction(cell, item.item):
+            (n,) = item.item.nodes
+            read = cell.reads(n)[0]
+            return (self._rowsum_launch(cell, n, genv[n], targets[read], "atomic" if item.atomic else "+="),)
         if not fusable(cell, item.item.nodes):
             return None
         spec = _spec(cell, item.item, "bwd_atomic" if item.atomic else "bwd")
         return (self._fused_launch(spec, _fused_arrays(spec, env, genv, targets)),)
+
+    def _rowsum_launch(self, cell, n, x, y, store: str):
+        """y [N, F] (store)= SUM or MEAN of x [N, F] per row (both may be strided rows): one block a row."""
+        cp, (N, F) = self.xp, x.shape
+        kernel = self._raw(*rowsum_source(_CTYPE[str(y.dtype)], store))
+        scale = 1.0 if cell.op(n).kind is OpKind.SUM else 1.0 / F
+        return kernel, (N,), (256,), (x, cp.int64(x.strides[0] // x.itemsize), y, cp.int64(y.strides[0] // y.itemsize),
+                                      cp.int32(F), y.dtype.type(scale))
 
     def _compile_pair(self, cell, item, views, per_frame):
         """GEMV (rows ≤ 8) plus the fused group as one kernel, one block per feature, while rows × the
@@ -349,6 +366,12 @@ class CupyBackend(ArrayBackend):
             return "eager", 0
         cp.cuda.get_current_stream().synchronize()
         return graph, max(0, free - cp.cuda.runtime.memGetInfo()[0])
+
+
+def _row_reduction(cell, item) -> bool:
+    """A group that is one SUM or MEAN of a value (they are never fused with others: they read whole rows)."""
+    return len(item.nodes) == 1 and cell.op(item.nodes[0]).kind in REDUCE and \
+        cell.op(cell.reads(item.nodes[0])[0][0]).kind is not OpKind.PARAM
 
 
 def _graph_bytes_limit() -> int:
