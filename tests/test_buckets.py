@@ -103,12 +103,12 @@ def test_workspaces_share_one_arena_that_grows(cell):
 
 
 def test_graph_cache_limit_from_the_environment(monkeypatch):
-    from rnngraph.run.backends.cupy_backend import _graph_bytes_limit
+    from rnngraph.run.backends.recordings import graph_bytes_limit
     for text, want in (("2G", 2 ** 31), ("500M", 500 * 2 ** 20), ("1.5k", 1536), ("12345", 12345)):
         monkeypatch.setenv("RNNGRAPH_GRAPH_CACHE_BYTES", text)
-        assert _graph_bytes_limit() == want
+        assert graph_bytes_limit() == want
     monkeypatch.delenv("RNNGRAPH_GRAPH_CACHE_BYTES")
-    assert _graph_bytes_limit() == 2 ** 31
+    assert graph_bytes_limit() == 2 ** 31
     monkeypatch.setenv("RNNGRAPH_GRAPH_CACHE_BYTES", "lots")
     with pytest.raises(RnnGraphError, match="must be a byte count such as 2G"):
-        _graph_bytes_limit()
+        graph_bytes_limit()

@@ -106,7 +106,7 @@ def test_cupy_matches_numpy_reference(name, mode, dtype):
             _, ref2 = _run(cell, NumpyBackend(), "naive", *prob2, np, np.float64)
             got2 = _run_again(ex, prob2, cupy, dtype, own)
             _assert_close(got2, ref2, TOL[dtype], f"{name}/graph replay {seed}")
-        assert len(be._graphs) == 4 and all(g != "eager" for g, _ in be._graphs.values())
+        assert len(be.graphs.entries) == 4 and all(g != "eager" for g, _ in be.graphs.entries.values())
         assert ex.whole_capture == (mode == "graph" and ex.sched.capture_problem is None)
 
 
@@ -215,12 +215,12 @@ def test_failed_capture_warns_falls_back_and_leaves_no_broken_stream():
     with pytest.warns(rg.RnnGraphWarning, match="capture failed"):
         ex, got = _run(cell, be, "graph", *prob, cupy, "float64")
     _assert_close(got, ref, TOL["float64"], "after a failed capture")
-    assert "eager" in [g for g, _ in be._graphs.values()]
+    assert "eager" in [g for g, _ in be.graphs.entries.values()]
     _assert_close(_run_again(ex, prob, cupy, "float64", {}), ref, TOL["float64"], "eager fallback, second call")
     be.gemm = real   # the stream still records: a fresh executor captures normally
     ex2, got2 = _run(cell, be, "graph", *prob, cupy, "float64")
     _assert_close(got2, ref, TOL["float64"], "capture after a failed one")
-    assert any(g != "eager" for g, _ in be._graphs.values())
+    assert any(g != "eager" for g, _ in be.graphs.entries.values())
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

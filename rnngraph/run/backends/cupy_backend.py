@@ -5,9 +5,7 @@ cupy-cuda13x) works: only the generic `cupy` module is used.
 """
 from __future__ import annotations
 
-import os
 import warnings
-from collections import OrderedDict
 
 from ...errors import RnnGraphError, RnnGraphWarning
 from ...ir.ops import REDUCE, OpKind
@@ -16,6 +14,7 @@ from ..kernels import (GEMV_FUSED_ROWS, GEMV_ROWS, PAIR_MAX_BYTES, fusable, fuse
 from ..loop_kernels import elementwise_kernel, elementwise_nodes, scan_chunks, scan_source
 from ...plan.items import ElementwiseLoop, Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, ScanLoop
 from .base import ArrayBackend
+from .recordings import Recordings
 
 _KERNELS: dict = {}      # process-wide cache: (kernel name, generated source) -> compiled kernel object
 _CTYPE = {"float32": "float", "float64": "double"}
@@ -70,9 +69,7 @@ class CupyBackend(ArrayBackend):
             raise RnnGraphError(f"unknown matmul {matmul!r}; choose 'cublas' or 'own'")
         self.xp = cupy
         self.capture = capture
-        self.max_graphs = max_graphs
-        self.max_graph_bytes = _graph_bytes_limit() if max_graph_bytes is None else int(max_graph_bytes)
-        self._graphs: OrderedDict = OrderedDict()       # key -> (graph or "eager", device bytes it took)
+        self.graphs = Recordings(cupy, max_graphs, max_graph_bytes) if capture else None
         self._transposed: dict = {}       # id(packed per-frame W) -> (W, its transpose [K, M])
         self.blas = None
         if matmul == "cublas":
@@ -84,7 +81,6 @@ class CupyBackend(ArrayBackend):
         self.matmul = "cublas" if self.blas else "own"
         self.records = ("all" if self.blas else "loops") if capture else None
         self.own_loop_gemms = capture and self.matmul == "own"    # per-frame GEMMs as our own kernels
-        self.stream = cupy.cuda.Stream(non_blocking=True) if capture else None
         self.lanes = [cupy.cuda.Stream(non_blocking=True) for _ in range(lanes if lanes > 1 else 0)]
 
     def to_numpy(self, a):
@@ -313,75 +309,21 @@ class CupyBackend(ArrayBackend):
 
     # -- CUDA graphs ---------------------------------------------------------------------------
     def record(self, key, fn):
-        """Eager unless capturing; then the first call runs eagerly (compiling kernels) and records fn,
-        and later calls replay it. A failed capture warns and stays eager for that key. The recordings
-        are kept least recently used first, within max_graphs and max_graph_bytes."""
-        if not self.capture:
-            return fn()
-        cp = self.xp
-        entry = self._graphs.get(key)
-        if entry is not None:
-            self._graphs.move_to_end(key)
-            if entry[0] == "eager":
-                return fn()
-            entry[0].launch(cp.cuda.get_current_stream())     # in order with the caller's work, no events
-            return None
-        fn()                               # warm-up: compiles kernels, computes this call's result
-        self._graphs[key] = self._record(fn)
-        while len(self._graphs) > 1 and (len(self._graphs) > self.max_graphs or
-                                         self.cache_info()["graph_bytes"] > self.max_graph_bytes):
-            self._graphs.popitem(last=False)
-        return None
+        """Eager unless capturing; then recorded once per key and replayed (recordings.Recordings)."""
+        return self.graphs.run(key, fn) if self.capture else fn()
 
     def forget(self, serials: set):
-        """Drops the recordings of the workspaces with these serials (key[2], as the executor keys them)."""
-        for key in [k for k in self._graphs if k[2] in serials]:
-            del self._graphs[key]
+        if self.capture:
+            self.graphs.forget(serials)
 
     def cache_info(self) -> dict:
-        """Recorded graphs and the device bytes they took when instantiated (the driver's free memory
-        before and after each recording)."""
-        return {"graphs": len(self._graphs), "graph_bytes": sum(b for _, b in self._graphs.values())}
-
-    def _record(self, fn):
-        """(the graph of fn, or "eager" where capture failed; the device bytes recording took)."""
-        cp, s = self.xp, self.stream
-        self.synchronize()
-        free = cp.cuda.runtime.memGetInfo()[0]
-        graph, error = None, None
-        with s:
-            s.begin_capture()
-            try:
-                fn()
-            except Exception as e:          # never leave the stream capturing
-                error = e
-            finally:
-                try:
-                    graph = s.end_capture()
-                except Exception as e:
-                    error = error or e
-        if error is not None or graph is None:
-            warnings.warn(f"CUDA graph capture failed ({type(error).__name__}: {error}); running this "
-                          "loop eagerly instead", RnnGraphWarning, stacklevel=4)
-            return "eager", 0
-        cp.cuda.get_current_stream().synchronize()
-        return graph, max(0, free - cp.cuda.runtime.memGetInfo()[0])
+        return self.graphs.info() if self.capture else super().cache_info()
 
 
 def _row_reduction(cell, item) -> bool:
     """A group that is one SUM or MEAN of a value (they are never fused with others: they read whole rows)."""
     return len(item.nodes) == 1 and cell.op(item.nodes[0]).kind in REDUCE and \
         cell.op(cell.reads(item.nodes[0])[0][0]).kind is not OpKind.PARAM
-
-
-def _graph_bytes_limit() -> int:
-    """RNNGRAPH_GRAPH_CACHE_BYTES (bytes; suffixes K, M, G), else 2 GiB."""
-    text = os.environ.get("RNNGRAPH_GRAPH_CACHE_BYTES", "2G").strip().upper()
-    scale = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}.get(text[-1:], 1)
-    try:
-        return int(float(text.rstrip("KMG")) * scale)
-    except ValueError:
-        raise RnnGraphError(f"RNNGRAPH_GRAPH_CACHE_BYTES must be a byte count such as 2G or 500M, got {text!r}") from None
 
 
 _BLAS_FORMS = {(False, True, False): lambda blas, x, w, out: blas.nt(x, w, out),     # forward

@@ -1,0 +1,79 @@
+"""CUDA graph recordings for the cupy backend: a body is recorded once per key on a private capture
+stream and replayed on the caller's stream after that; recordings are kept least recently used first,
+within a count and a byte limit (RNNGRAPH_GRAPH_CACHE_BYTES)."""
+from __future__ import annotations
+
+import os
+import warnings
+from collections import OrderedDict
+
+from ...errors import RnnGraphError, RnnGraphWarning
+
+
+class Recordings:
+    """key -> (graph, or "eager" where capture failed; the device bytes the recording took), LRU."""
+
+    def __init__(self, cupy, max_graphs: int = 1024, max_bytes: int | None = None):
+        self.cp, self.max_graphs = cupy, max_graphs
+        self.max_bytes = graph_bytes_limit() if max_bytes is None else int(max_bytes)
+        self.entries: OrderedDict = OrderedDict()
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+
+    def run(self, key, fn):
+        """Replays key's recording; the first time runs fn eagerly (compiling kernels, computing this
+        call's result), then records it. A failed capture warns and stays eager for that key."""
+        entry = self.entries.get(key)
+        if entry is not None:
+            self.entries.move_to_end(key)
+            if entry[0] == "eager":
+                return fn()
+            entry[0].launch(self.cp.cuda.get_current_stream())     # in order with the caller's work, no events
+            return None
+        fn()
+        self.entries[key] = self._record(fn)
+        while len(self.entries) > 1 and (len(self.entries) > self.max_graphs or self.info()["graph_bytes"] > self.max_bytes):
+            self.entries.popitem(last=False)
+        return None
+
+    def forget(self, serials: set):
+        """Drops the recordings of the workspaces with these serials (key[2], as the executor keys them)."""
+        for key in [k for k in self.entries if k[2] in serials]:
+            del self.entries[key]
+
+    def info(self) -> dict:
+        """Recorded graphs and the device bytes they took when instantiated (the driver's free memory
+        before and after each recording: it moves in pages, so a small graph may count 0)."""
+        return {"graphs": len(self.entries), "graph_bytes": sum(b for _, b in self.entries.values())}
+
+    def _record(self, fn):
+        cp, s = self.cp, self.stream
+        cp.cuda.get_current_stream().synchronize()
+        free = cp.cuda.runtime.memGetInfo()[0]
+        graph, error = None, None
+        with s:
+            s.begin_capture()
+            try:
+                fn()
+            except Exception as e:          # never leave the stream capturing
+                error = e
+            finally:
+                try:
+                    graph = s.end_capture()
+                except Exception as e:
+                    error = error or e
+        if error is not None or graph is None:
+            warnings.warn(f"CUDA graph capture failed ({type(error).__name__}: {error}); running this "
+                          "loop eagerly instead", RnnGraphWarning, stacklevel=5)
+            return "eager", 0
+        cp.cuda.get_current_stream().synchronize()
+        return graph, max(0, free - cp.cuda.runtime.memGetInfo()[0])
+
+
+def graph_bytes_limit() -> int:
+    """RNNGRAPH_GRAPH_CACHE_BYTES (bytes; suffixes K, M, G), else 2 GiB."""
+    text = os.environ.get("RNNGRAPH_GRAPH_CACHE_BYTES", "2G").strip().upper()
+    scale = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}.get(text[-1:], 1)
+    try:
+        return int(float(text.rstrip("KMG")) * scale)
+    except ValueError:
+        raise RnnGraphError(f"RNNGRAPH_GRAPH_CACHE_BYTES must be a byte count such as 2G or 500M, got {text!r}") from None
