@@ -12,6 +12,7 @@ from rnngraph.nn import Recurrent
 EXPECTED = {
     "lstm": ({"h": "general", "c": "general"}, ("stages",)),
     "layernorm_lstm": ({"h": "general", "c": "general"}, ("stages",)),
+    "layernorm_gru": ({"h": "general"}, ("stages",)),
     "gru": ({"h": "general"}, ("stages",)),
     "rnn_tanh": ({"h": "general"}, ("stages",)),
     "rnn_relu": ({"h": "general"}, ("stages",)),

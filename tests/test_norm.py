@@ -54,6 +54,45 @@ def test_layernorm_lstm_equals_torch(mode):
 
 
 @needs_torch
+def test_layernorm_gru_equals_torch():
+    layer = Recurrent("layernorm_gru", 3, 5, dtype="float64", seed=4)
+    rng = np.random.default_rng(1)
+    for p in layer.parameters().values():
+        p[...] += rng.standard_normal(p.shape) * 0.5
+    x, h0 = rng.standard_normal((6, 2, 3)), rng.standard_normal((1, 2, 5))
+    y, h = layer(x, h0)
+    gy = rng.standard_normal(y.shape)
+    gx, gh0, grads = layer.backward(gy)
+    P = {k: torch.tensor(v, requires_grad=True) for k, v in layer.parameters().items()}
+    tx, th = torch.tensor(x, requires_grad=True), torch.tensor(h0[0], requires_grad=True)
+    F, hs, ht = torch.nn.functional, [], th
+    for t in range(6):
+        gi = F.layer_norm(tx[t] @ P["weight_ih_l0"].T, (15,), P["ln_ih_weight_l0"], None, 1e-5) + P["bias_ih_l0"]
+        gh = F.layer_norm(ht @ P["weight_hh_l0"].T, (15,), P["ln_hh_weight_l0"], None, 1e-5) + P["bias_hh_l0"]
+        (ir, iz, i_n), (hr, hz, hn) = gi.chunk(3, 1), gh.chunk(3, 1)
+        r, z = torch.sigmoid(ir + hr), torch.sigmoid(iz + hz)
+        ht = (1 - z) * torch.tanh(i_n + r * hn) + z * ht
+        hs.append(ht)
+    (torch.stack(hs) * torch.tensor(gy)).sum().backward()
+    pairs = [(y, torch.stack(hs)), (h[0], ht), (gx, tx.grad), (gh0[0], th.grad)] + [(grads[k], P[k].grad) for k in P]
+    assert all(rel(a, b.detach().numpy()) <= TOL for a, b in pairs)
+
+
+def test_norm_gains_start_at_one_and_biases_at_zero():
+    """Whatever draws the other parameters (uniform, orthogonal, the torch module's reset_parameters)."""
+    for init in ("uniform", "orthogonal"):
+        P = Recurrent("layernorm_lstm", 3, 4, num_layers=2, init=init).parameters()
+        assert all((P[k] == 1).all() for k in P if k.startswith(("ln_ih_weight", "ln_hh_weight", "ln_c_weight")))
+        assert all((P[k] == 0).all() for k in P if k.startswith("ln_c_bias"))
+        assert np.abs(P["weight_hh_l1"]).max() > 0 and (P["bias_l0"] == 0).all() == (init == "orthogonal")
+    if torch is not None:
+        import rnngraph.torch as rt
+        m = rt.Recurrent("layernorm_gru", 3, 4)
+        for k, p in m.named_parameters():
+            assert (p == 1).all() if k.startswith("ln_") else p.abs().max() <= 0.5
+
+
+@needs_torch
 def test_rms_norm_in_the_recurrence_equals_torch():
     def cell(D, H, bias=True):
         c = Cell("rms_cell")
@@ -98,3 +137,4 @@ def test_norm_cells_round_trip_through_json():
     assert cell_to_dict(back) == cell_to_dict(cell)
     rs = [cell.op(n).attrs for n in cell.graph if cell.op(n).kind.value == "rsqrt"]
     assert rs == [(1e-5,)] * 3
+    assert back.inits == cell.inits == {"ln_ih_weight": 1.0, "ln_hh_weight": 1.0, "ln_c_weight": 1.0, "ln_c_bias": 0.0}

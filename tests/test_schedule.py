@@ -15,6 +15,9 @@ from rnngraph.plan.schedule import Fused, Gemm
 # kernel. Kernels per frame are (before merging, after merging).
 EXPECTED = {
     "lstm": ([("gemm", 4), ("fused", 4)], [[("gemm", 4)], [("fused", 17)]], [], (21, 2), (37, 2)),
+    "layernorm_gru": ([("gemm", 1), ("fused", 1), ("fused", 2), ("fused", 1), ("fused", 4), ("fused", 3)],
+                      [[("gemm", 1)], [("fused", 1)], [("fused", 2)], [("fused", 1)], [("fused", 4)], [("fused", 14)]],
+                      [], (23, 6), (36, 6)),
     "layernorm_lstm": ([("gemm", 1), ("fused", 1), ("fused", 2), ("fused", 1), ("fused", 3)],     # LN(W_ih·x), hoisted
                        [[("gemm", 1)], [("fused", 1)], [("fused", 2)], [("fused", 1)], [("fused", 5)], [("fused", 9)],
                         [("fused", 1)], [("fused", 2)], [("fused", 1)], [("fused", 8)]], [], (31, 10), (47, 10)),

@@ -187,14 +187,25 @@ class Cell:
         x = self._handle(x)
         d = x - self.mean(x)
         y = d * self.rsqrt(self.mean(d * d), eps)
-        y = self.diag(y, gamma) if gamma else y
-        return self.bias(y, beta, name=name) if beta else (self.identity(y, name=name) if name else y)
+        y = self._gain(y, gamma)
+        if beta:
+            y = self.bias(y, beta, name=name)
+            self._g.nodes[beta]["init"] = 0.0
+        return self.identity(y, name=name) if name and not beta else y
 
     def rms_norm(self, x, gamma: str | None = "gamma", eps: float = 1e-6, name=None):
         """RMSNorm over x's features: x / √(mean(x²) + eps) ⊙ gamma (gamma None: no gain)."""
         x = self._handle(x)
-        y = x * self.rsqrt(self.mean(x * x), eps)
-        return self.diag(y, gamma, name=name) if gamma else (self.identity(y, name=name) if name else y)
+        y = self._gain(x * self.rsqrt(self.mean(x * x), eps), gamma)
+        return self.identity(y, name=name) if name else y
+
+    def _gain(self, y, gamma):
+        """y ⊙ gamma (a vector parameter that starts at 1: the layers' initialisers read "init"), or y."""
+        if not gamma:
+            return y
+        y = self.diag(y, gamma)
+        self._g.nodes[gamma]["init"] = 1.0
+        return y
 
     def scale(self, a, c: float, name=None):
         return self.apply(OpKind.SCALE, a, name=name, attrs=(float(c),))

@@ -22,7 +22,8 @@ def cell_to_dict(cell: CellGraph) -> dict:
     Example: ``json.dumps(cell_to_dict(load_cell("gru", 8, 16)))``; ``cell_from_dict`` inverts it.
     """
     return {"format": FORMAT, "version": VERSION, "name": cell.name,
-            "nodes": [{"name": n, "op": op.kind.value, "size": op.size, "attrs": [_plain(a) for a in op.attrs]}
+            "nodes": [{"name": n, "op": op.kind.value, "size": op.size, "attrs": [_plain(a) for a in op.attrs],
+                       **({"init": cell.inits[n]} if n in cell.inits else {})}
                       for n, op in ((n, cell.op(n)) for n in cell.graph)],
             "edges": [{"src": u, "dst": v, "slot": d["slot"], "delay": d["delay"]}
                       for u, v, d in cell.graph.edges(data=True)],
@@ -76,6 +77,8 @@ def _rebuild(d: dict) -> CellGraph:
             raise _malformed(name, f"node '{n['name']}' is listed twice")
         g.add_node(n["name"], op=Op(parse_kind(n["op"]), _count(n["size"], f"size of node '{n['name']}'", 1),
                                     tuple(n["attrs"])))
+        if "init" in n:
+            g.nodes[n["name"]]["init"] = float(n["init"])
     for e in d["edges"]:
         if e["src"] not in g or e["dst"] not in g:
             raise _malformed(name, f"edge {e['src']} -> {e['dst']} joins a node that is not listed")

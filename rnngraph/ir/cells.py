@@ -66,6 +66,22 @@ def layernorm_lstm(input_size: int, hidden_size: int, bias: bool = True) -> Cell
     return c.build()
 
 
+def layernorm_gru(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
+    """LayerNorm-GRU in Haste's form: gi = LN(W_ih·x) + b_ih, gh = LN(W_hh·h) + b_hh, each LN with its own
+    gain; r, z, n and h' as PyTorch's GRU (the reset applied to gh's n block)."""
+    c, H = Cell("layernorm_gru"), hidden_size
+    x, h = c.input("x", input_size), c.state("h", H)
+    gi = c.layer_norm(c.linear(x, "weight_ih", 3 * H), "ln_ih_weight", None)
+    gh = c.layer_norm(c.linear(h, "weight_hh", 3 * H), "ln_hh_weight", None)
+    if bias:
+        gi, gh = c.bias(gi, "bias_ih"), c.bias(gh, "bias_hh")
+    (ir, iz, i_n), (hr, hz, hn) = c.split(gi, 3), c.split(gh, 3)
+    r, z = c.sigmoid(ir + hr, name="r"), c.sigmoid(iz + hz, name="z")
+    n = c.tanh(i_n + r * hn, name="n")
+    c.output(c.bind(h, (1 - z) * n + z * h, name="h"))
+    return c.build()
+
+
 def gru(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
     c, H = Cell("gru"), hidden_size
     x, h = c.input("x", input_size), c.state("h", H)
@@ -204,6 +220,7 @@ CELLS: dict[str, tuple[Callable, str]] = {
     "layernorm_lstm": (layernorm_lstm, "LayerNorm-LSTM (Ba et al. 2016, Haste's form): LN on both gate "
                                        "products and on c before tanh"),
     "gru": (gru, "GRU with PyTorch's equations (r, z, n; reset applied after W_hn·h)"),
+    "layernorm_gru": (layernorm_gru, "LayerNorm-GRU (Haste's form): LN on both gate products"),
     "rnn_tanh": (rnn_tanh, "Elman RNN, h = tanh(W_ih·x + b_ih + W_hh·h + b_hh)"),
     "rnn_relu": (rnn_relu, "Elman RNN with ReLU"),
     "peephole_lstm": (peephole_lstm, "LSTM with peephole connections c -> i, f, o (Graves 2013)"),

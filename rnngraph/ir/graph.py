@@ -49,6 +49,12 @@ class CellGraph:
         return [n for n in topo_order(self.graph, self.graph)
                 if self.op(n).kind is not OpKind.PARAM]
 
+    @functools.cached_property
+    def inits(self) -> dict:
+        """parameter -> the constant it starts at where the cell says (a norm's gain 1, its bias 0); the
+        layers' initialisers draw every other parameter."""
+        return {n: v for n, v in self.graph.nodes(data="init") if v is not None}
+
     @property
     def producers(self) -> dict:
         return {p: s for s, (p, _) in self.states.items()}

@@ -362,6 +362,7 @@ def init_uniform_(layer):
     in state-dict order."""
     for p in layer._params.values():
         p[...] = layer.backend.asarray(init_uniform(layer.rng, p.shape, layer.hidden_size, layer.dtype))
+    init_constants_(layer)
 
 
 def init_orthogonal_(layer, gain: float = 1.0):
@@ -373,6 +374,16 @@ def init_orthogonal_(layer, gain: float = 1.0):
             block[...] = 0
         else:
             block[...] = layer.backend.asarray(init_orthogonal(layer.rng, block.shape, gain, layer.dtype))
+    init_constants_(layer)
+
+
+def init_constants_(layer):
+    """The parameters a cell starts at a constant (CellGraph.inits: a norm's gain 1 and bias 0), after the
+    built-in initialisers have drawn everything (so the draws of the others do not change)."""
+    for cell, per_l in zip(layer.cells, layer._views):
+        for per_d in per_l:
+            for p, value in cell.inits.items():
+                per_d[p][...] = value
 
 
 _INIT = {"uniform": init_uniform_, "orthogonal": init_orthogonal_}

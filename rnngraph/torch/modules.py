@@ -50,14 +50,20 @@ class Recurrent(torch.nn.Module):
                 for name, shape, _ in group:
                     self.register_parameter(name, torch.nn.Parameter(torch.empty(shape, **factory)))
                 self._groups.append([name for name, _, _ in group])
+        self._constants = [(name, start, stop, cell.inits[p]) for cell, per_l in zip(template.cells, template._layout)
+                           for per_d in per_l for name, _, parts in per_d for p, start, stop in parts if p in cell.inits]
         self._engines: dict = {}
         self.reset_parameters()
 
     def reset_parameters(self):
-        """torch.nn.RNNBase's initialisation: every parameter ~ U(-1/√H, 1/√H), from torch's generator."""
+        """torch.nn.RNNBase's initialisation: every parameter ~ U(-1/√H, 1/√H), from torch's generator;
+        then the ones the cell starts at a constant (a norm's gain 1, its bias 0)."""
         bound = 1.0 / math.sqrt(self.hidden_size)
         for p in self.parameters():
             torch.nn.init.uniform_(p, -bound, bound)
+        with torch.no_grad():
+            for name, start, stop, value in self._constants:
+                getattr(self, name)[start:stop].fill_(value)
 
     def flatten_parameters(self):
         """Accepted for torch.nn.RNNBase compatibility; parameters are already used in place."""
