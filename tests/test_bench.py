@@ -122,6 +122,13 @@ def test_measure_torch_eager_forward_only():
     assert r["eager_loop"] == "hand-written" and r["train_ms"] is None and len(r["forward_all"]) == 2
 
 
+def test_measure_torch_compile_is_the_same_loop_compiled():
+    """The compiled loop is checked against the eager one when it is built; its compile time is reported."""
+    r = bench.measure("mgu", "torch_compile", T=3, B=1, H=4, repeats=2, warmup=1)
+    assert r["eager_loop"] == "hand-written" and r["compile_s"] > 0
+    assert r["forward_ms"] > 0 and r["train_ms"] > 0 and len(r["train_all"]) == 2
+
+
 def test_time_ms_excludes_warmup():
     calls = []
     times = bench.time_ms(lambda: calls.append(1), repeats=5, warmup=2)

@@ -30,9 +30,9 @@ from ..plan.schedule import build_schedule
 from .bench_report import format_table, header
 from .options import LOOP_CHOICES, writable_folder
 
-IMPLS = ("naive", "staged", "graph", "cudnn", "torch_eager", "jax_scan", "rnngraph_torch")
+IMPLS = ("naive", "staged", "graph", "cudnn", "torch_eager", "jax_scan", "rnngraph_torch", "torch_compile")
 MODES = IMPLS[:3]                                   # the rnngraph implementations
-DEFAULT_IMPLS = IMPLS[:5]                           # jax_scan (linear-diagonal cells only), rnngraph_torch when asked for
+DEFAULT_IMPLS = IMPLS[:5]       # jax_scan (linear-diagonal cells only), rnngraph_torch, torch_compile when asked for
 DEFAULT_CELLS = ("lstm", "peephole_lstm", "layernorm_lstm", "min_gru", "mgu")
 QUICK = {"T": [8], "B": [2], "H": [16], "repeats": 3, "warmup": 1}
 _TF32 = {"on": False}

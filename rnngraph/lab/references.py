@@ -10,12 +10,13 @@ reference is always the same cell. torch is imported by the caller; this module 
 """
 from __future__ import annotations
 
+import time
 import warnings
 
 import torch
 
 from ..ir.cells import GATE_ORDER, GRU_GATE_ORDER, load_cell
-from ..errors import RnnGraphWarning
+from ..errors import RnnGraphError, RnnGraphWarning
 from ..ir.ops import TORCH, OpKind
 
 CUDNN = {"lstm": ("LSTM", {}), "gru": ("GRU", {}), "rnn_tanh": ("RNN", {"nonlinearity": "tanh"}),
@@ -251,9 +252,10 @@ def eager_loop(cell, P: dict, check: bool = True):
 # -- what bench.measure() times ---------------------------------------------------------------
 def torch_fns(spec, impl, T, B, H, D, layers, dtype, seed):
     """({"forward": fn, "train": fn}, backend name, "gpu" | "cpu", extra result fields) of impl
-    'cudnn', 'torch_eager' or 'rnngraph_torch' (rnngraph.torch.Recurrent through autograd), on CUDA when
-    torch sees a GPU, else on the CPU. The forward runs under
-    torch.no_grad(); a training step sets .grad to None, then backpropagates a fixed grad_y."""
+    'cudnn', 'torch_eager', 'torch_compile' (the eager loop through torch.compile: mode 'reduce-overhead' on
+    CUDA, its default on the CPU; compiled here, its compile time in compile_s) or 'rnngraph_torch'
+    (rnngraph.torch.Recurrent through autograd), on CUDA when torch sees a GPU, else on the CPU. The forward
+    runs under torch.no_grad(); a training step sets .grad to None, then backpropagates a fixed grad_y."""
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tdt, gen = getattr(torch, dtype), torch.Generator().manual_seed(seed)
     if impl in ("cudnn", "rnngraph_torch"):
@@ -278,6 +280,8 @@ def torch_fns(spec, impl, T, B, H, D, layers, dtype, seed):
             return x
     x = torch.randn(T, B, D, generator=gen, dtype=torch.float64).to(dev, tdt).requires_grad_()
     gy = torch.randn(T, B, F, generator=gen, dtype=torch.float64).to(dev, tdt)
+    if impl == "torch_compile":
+        run = _compiled(run, x, gy, dev, extra)
 
     def forward():
         with torch.no_grad():
@@ -289,6 +293,28 @@ def torch_fns(spec, impl, T, B, H, D, layers, dtype, seed):
             p.grad = None
         run(x).backward(gy)
     return {"forward": forward, "train": train}, f"torch-{dev.type}", "gpu" if dev.type == "cuda" else "cpu", extra
+
+
+def _compiled(run, x, gy, dev, extra: dict):
+    """torch.compile of the eager loop `run`, compiled now for the forward and the training step (the time
+    goes to extra['compile_s']), after checking that it computes what the eager loop computes."""
+    compiled = torch.compile(run, mode="reduce-overhead" if dev.type == "cuda" else "default", dynamic=False)
+
+    def call(x):
+        if dev.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()      # each call a new step: outputs may be replaced
+        return compiled(x)
+    start = time.perf_counter()
+    with torch.no_grad():
+        want, got = run(x), call(x).clone()
+    call(x).backward(gy)
+    x.grad = None
+    extra["compile_s"] = round(time.perf_counter() - start, 2)
+    tol = 1e-4 if x.dtype == torch.float32 else 1e-10
+    if float((got - want).norm()) > tol * max(float(want.norm()), 1e-30):
+        raise RnnGraphError("torch.compile of the eager loop computes something else than the loop itself "
+                            f"(relative difference {float((got - want).norm() / want.norm()):.1e})")
+    return call
 
 
 def eager_stack(spec, D: int, H: int, layers: int, gen, device, dtype):

@@ -25,9 +25,10 @@ SERIES = ("#0072b2", "#e69f00", "#009e73", "#d55e00", "#cc79a7", "#56b4e9", "#f0
 
 # Timing figures: one colour per implementation and per part of a frame's time, in every figure.
 IMPL = {"naive": "#999999", "staged": "#e69f00", "graph": "#0072b2", "cudnn": "#000000", "torch_eager": "#cc79a7",
-        "jax_scan": "#56b4e9"}
+        "jax_scan": "#56b4e9", "torch_compile": "#009e73"}
 IMPL_LABEL = {"naive": "naive (node by node)", "staged": "staged (eager)", "graph": "graph (CUDA-graph replay)",
-              "cudnn": "cuDNN (torch)", "torch_eager": "torch eager loop", "jax_scan": "JAX associative_scan (jit)"}
+              "cudnn": "cuDNN (torch)", "torch_eager": "torch eager loop", "jax_scan": "JAX associative_scan (jit)",
+              "torch_compile": "torch.compile of the loop"}
 LOOP = {"stages": "#0072b2", "elementwise": "#009e73", "scan": "#d55e00"}   # a mode's series, by loop strategy
 PART = {"hoisted": "#6baed6", "per_frame_gemm": "#807dba", "fused_elementwise": "#74c476",
         "launch_overhead": "#bdbdbd"}   # blue, purple, green as the schedule diagram's pre, GEMM, fused
