@@ -11,6 +11,7 @@ import numpy
 from .errors import RnnGraphError
 
 FLOAT_DTYPES = ("float32", "float64")
+HALF_DTYPES = ("bfloat16", "float16")       # stored in half precision, computed in float32 (recurrent layers)
 
 
 def array_module(a):
@@ -25,15 +26,30 @@ def array_module(a):
     return numpy
 
 
-def float_dtype(dtype) -> numpy.dtype:
-    """'float32' / 'float64' (or the numpy dtypes) as a numpy dtype; anything else is an error."""
+def float_dtype(dtype, half: bool = False) -> numpy.dtype:
+    """'float32' / 'float64' (or the numpy dtypes) as a numpy dtype, and with half=True also 'bfloat16'
+    (ml_dtypes' numpy type) and 'float16'; anything else is an error."""
+    allowed = FLOAT_DTYPES + (HALF_DTYPES if half else ())
+    if str(dtype) == "bfloat16" or getattr(dtype, "__name__", None) == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise RnnGraphError("dtype bfloat16 needs the ml_dtypes package (numpy has no bfloat16): "
+                                "pip install ml_dtypes") from None
+        dtype = ml_dtypes.bfloat16
     try:
         dt = numpy.dtype(dtype)
     except TypeError as e:
-        raise RnnGraphError(f"dtype must be one of {FLOAT_DTYPES}, got {dtype!r}") from e
-    if dt.name not in FLOAT_DTYPES:
-        raise RnnGraphError(f"dtype must be one of {FLOAT_DTYPES}, got {dt.name!r}")
+        raise RnnGraphError(f"dtype must be one of {allowed}, got {dtype!r}") from e
+    if dt.name not in allowed:
+        raise RnnGraphError(f"dtype must be one of {allowed}, got {dt.name!r}"
+                            + ("; half precision runs in the recurrent layers only" if dt.name in HALF_DTYPES else ""))
     return dt
+
+
+def is_half(a) -> bool:
+    """Whether array `a` is stored in half precision (and so computed in float32)."""
+    return a.dtype.itemsize == 2 and a.dtype.kind in "fV"
 
 
 def to_numpy(a) -> numpy.ndarray:

@@ -22,7 +22,7 @@ def init_uniform(rng: numpy.random.Generator, shape, H: int, dtype="float64") ->
     if H <= 0:
         raise RnnGraphError(f"init_uniform needs H > 0, got {H}")
     bound = 1.0 / math.sqrt(H)
-    return rng.uniform(-bound, bound, size=tuple(shape)).astype(float_dtype(dtype), copy=False)
+    return rng.uniform(-bound, bound, size=tuple(shape)).astype(float_dtype(dtype, half=True), copy=False)
 
 
 def init_orthogonal(rng: numpy.random.Generator, shape, gain: float = 1.0, dtype="float64") -> numpy.ndarray:
@@ -43,4 +43,4 @@ def init_orthogonal(rng: numpy.random.Generator, shape, gain: float = 1.0, dtype
     q *= numpy.sign(numpy.diag(r))
     if rows < cols:
         q = q.T
-    return (gain * q).reshape(shape).astype(float_dtype(dtype), copy=False)
+    return (gain * q).reshape(shape).astype(float_dtype(dtype, half=True), copy=False)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..arrays import check_state_dict, element_offsets, float_dtype, make_rng
+from ..arrays import check_state_dict, element_offsets, float_dtype, is_half, make_rng
 from ..errors import RnnGraphError
 from ..ir.cells import load_cell
 from ..run.backends import check_mode, get_backend
@@ -76,7 +76,11 @@ class Recurrent(Parameterized):
         self.bidirectional, self.num_directions = bool(bidirectional), 2 if bidirectional else 1
         self.backend = _make_backend(backend, mode)
         self.backend_name = self.backend.name
-        self.dtype = float_dtype(dtype)
+        self.dtype = float_dtype(dtype, half=True)
+        if is_half(self.dtype.type(0)) and self.backend.name != "numpy":
+            raise RnnGraphError(f"dtype {self.dtype.name} runs on the numpy backend only for now (float32 "
+                                "arithmetic, half storage: the reference the GPU kernels will match); use "
+                                "backend='numpy', or float32 on the GPU")
         self.mode, self.loop = mode, loop
         if buckets not in (None, True, False):
             raise RnnGraphError(f"buckets must be True, False or None (automatic in graph mode), got {buckets!r}")

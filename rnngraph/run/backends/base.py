@@ -1,8 +1,14 @@
-"""What every backend shares, written once against its array module `xp`."""
+"""What every backend shares, written once against its array module `xp`.
+
+Half precision (bfloat16, float16 storage): every function here computes in float32 and rounds each
+value when it is stored, as a GPU kernel that loads half values, works in float32 registers and
+stores half values would: a fused group's members read one another unrounded; a GEMM or a reduction
+accumulates in float32 (out += rounds once); gradients added into stored buffers round at each add."""
 from __future__ import annotations
 
 import functools
 
+from ...arrays import is_half
 from ...ir.ops import ALL, FORWARD, VJP, OpKind, accumulate
 
 
@@ -43,7 +49,10 @@ class ArrayBackend:
         """out (+)= op(a) · op(b), op transposing a (ta) or b (tb): out [N, M] = x [N, K] · w [M, K]ᵀ
         forward, out [N, K] += g [N, M] · w [M, K] and out [M, K] += g [N, M]ᵀ · x [N, K] backward."""
         a, b = (a.T if ta else a), (b.T if tb else b)
-        if accumulate:
+        if is_half(out):                    # float32 products and sums, rounded once when stored
+            f32 = self.xp.float32
+            out[...] = a.astype(f32) @ b.astype(f32) + (out.astype(f32) if accumulate else 0)
+        elif accumulate:
             out += a @ b
         else:
             self.xp.matmul(a, b, out=out)
@@ -82,11 +91,19 @@ def run_param_grad(xp, cell, n, slot, g, ins, y, out):
     """out [F] += node n's backward rule for its vector-parameter operand `slot`, summed over rows;
     g, y: [N, F]; ins: its operands (rows, or the parameter itself)."""
     op = cell.op(n)
+    g, ins, y = (_up(xp, a) for a in (g, ins, y)) if is_half(out) else (g, ins, y)
     VJP[op.kind][slot](xp, lambda v, cols=ALL: accumulate(out[cols], v), g, *ins, y, op.attrs)
 
 
 def run_fused_forward(xp, cell, it, env):
     """A fused group on any array module: its ops in order, through the forward rule table."""
+    if is_half(env[it.nodes[0]]):
+        env32 = _up(xp, env)
+        env32.update({(n, 0): env32[n] for n in it.nodes})        # members read one another unrounded
+        run_fused_forward(xp, cell, it, env32)
+        for n in it.nodes:
+            env[n][...] = env32[n]
+        return
     for n in it.nodes:
         op = cell.op(n)
         FORWARD[op.kind](xp, env[n], *[env[r] for r in cell.reads(n)], op.attrs)
@@ -95,6 +112,18 @@ def run_fused_forward(xp, cell, it, env):
 def run_fused_backward(xp, cell, it, env, genv, add, params: bool):
     """A fused group's vector-Jacobian products, in reverse order, through the backward rule table;
     each rule hands its operand's gradient to add(u, d, v, cols)."""
+    if is_half(genv[it.nodes[0]]):      # members' gradients summed unrounded, stored once at the end
+        g32 = _up(xp, genv)
+
+        def add32(u, d, v, cols=ALL):
+            if d == 0 and u in g32:
+                g32[u][..., cols] += v
+            else:
+                add(u, d, v, cols)
+        run_fused_backward(xp, cell, it, _up(xp, env), g32, add32, params)
+        for n in it.nodes:
+            genv[n][...] = g32[n]
+        return
     for n in reversed(it.nodes):
         op, reads = cell.op(n), cell.reads(n)
         ins = [env[r] for r in reads]
@@ -104,10 +133,30 @@ def run_fused_backward(xp, cell, it, env, genv, add, params: bool):
             VJP[op.kind][slot](xp, functools.partial(add, u, d), genv[n], *ins, env[n], op.attrs)
 
 
+def _up(xp, a):
+    """float32 copies of an array, or of a dict's or a list's arrays (None stays None)."""
+    if isinstance(a, dict):
+        return {k: _up(xp, v) for k, v in a.items()}
+    if isinstance(a, (list, tuple)):
+        return [_up(xp, v) for v in a]
+    return None if a is None else a.astype(xp.float32)
+
+
+def _in_float32(xp, fn, args: list, written: tuple):
+    """fn(xp, *args) on float32 copies of args, then the copies of the args at positions `written`
+    stored back (rounded once)."""
+    ups = _up(xp, args)
+    fn(xp, *ups)
+    for k in written:
+        args[k][...] = ups[k]
+
+
 def scan_forward(xp, a, b, s, m):
     """s [d+T, B, F]: its first d rows the frames before the call, its last T rows written with
     s_t = a_t ⊙ s_{t-d} + b_t by d interleaved log-depth scans; m [T, B, F] = a_t ⊙ s_{t-d} is written
     too; a, b: [T, B, F], or a vector [F]."""
+    if is_half(s):
+        return _in_float32(xp, scan_forward, [a, b, s, m], (2, 3))
     T, d = m.shape[0], s.shape[0] - m.shape[0]
     A, C = _chains(xp, a, m, d, 1), _chains(xp, b, m, d, 0)
     C[0] += A[0] * s[:d]                    # the history enters as each chain's first b
@@ -121,6 +170,9 @@ def scan_backward(xp, a, s, gs, gm, ga, gb):
     rows become the totals g_t = gs_t + a_{t+d} ⊙ (gm_{t+d} + g_{t+d}) (a reverse scan) and its first d
     rows, the history's, get theirs added; gm [T, B, F] (∂L/∂m) += g; ga, gb ([T, B, F], or None for
     a parameter, which the reduce section sums from gm and gs) += gm ⊙ s_{t-d} and g; s as scan_forward's."""
+    if is_half(gs):
+        args = [a, s, gs, gm, ga, gb]
+        return _in_float32(xp, scan_backward, args, tuple(k for k in range(2, 6) if args[k] is not None))
     T, d = gm.shape[0], gs.shape[0] - gm.shape[0]
     A = xp.broadcast_to(a, gm.shape)
     k = max(T - d, 0)

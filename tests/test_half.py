@@ -1,0 +1,105 @@
+"""Half precision on the CPU reference (bfloat16 through ml_dtypes, float16): storage in half, arithmetic in
+float32, each stored value rounded once, as the GPU kernels will do it. Exact where the rule is exact
+(a fused group, a GEMM), within the dtype's precision of float64 for whole layers."""
+import numpy as np
+import pytest
+
+from rnngraph import CELLS, Cell, RnnGraphError
+from rnngraph.arrays import float_dtype
+from rnngraph.ir.ops import OpKind
+from rnngraph.nn import Recurrent
+from rnngraph.plan.items import Fused
+from rnngraph.run.backends.base import run_fused_backward, run_fused_forward
+from rnngraph.run.backends.numpy_backend import NumpyBackend
+
+pytest.importorskip("ml_dtypes")
+BF16 = float_dtype("bfloat16", half=True)
+# relative error (2-norm) of a whole layer against float64 on the same (rounded) weights and inputs:
+# bfloat16 keeps 8 bits of mantissa (2^-9 ≈ 2e-3 per rounding), float16 11 (2^-12 ≈ 2.4e-4); 12 frames,
+# 2 layers and a backward add up to a few tens of roundings
+TOL = {"bfloat16": 3e-2, "float16": 5e-3}
+
+
+def tanh_of_product():
+    c = Cell("tp")
+    x, h = c.input("x", 4), c.state("h", 4)
+    c.output(c.bind(h, c.tanh(c.linear(x, "W", 4) * c.linear(h, "U", 4)), name="h"))
+    return c.build()
+
+
+def test_a_fused_group_computes_in_float32_and_rounds_each_stored_value_once():
+    cell = tanh_of_product()
+    prod, out = [n for n in cell.frame_order() if cell.op(n).kind in (OpKind.MUL, OpKind.TANH)]
+    (a, _), (b, _) = cell.reads(prod)
+    rng = np.random.default_rng(0)
+    A, B = (rng.standard_normal((64, 4)).astype(BF16) for _ in range(2))
+    env = {(a, 0): A, (b, 0): B, prod: np.zeros((64, 4), BF16), out: np.zeros((64, 4), BF16)}
+    env[(prod, 0)] = env[prod]
+    run_fused_forward(np, cell, Fused((prod, out)), env)
+    p32 = A.astype(np.float32) * B.astype(np.float32)
+    np.testing.assert_array_equal(env[prod], p32.astype(BF16))
+    np.testing.assert_array_equal(env[out], np.tanh(p32).astype(BF16))           # tanh read p unrounded
+    assert (np.tanh(p32.astype(BF16).astype(np.float32)).astype(BF16) != env[out]).any()
+    g_out = rng.standard_normal((64, 4)).astype(BF16)
+    genv, added = {prod: np.zeros((64, 4), BF16), out: g_out.copy()}, {}
+    run_fused_backward(np, cell, Fused((prod, out)), env, genv,
+                       lambda u, d, v, cols=slice(None): added.setdefault(u, v), params=False)
+    gp32 = g_out.astype(np.float32) * (1 - env[out].astype(np.float32) ** 2)        # the member's total, unrounded
+    np.testing.assert_array_equal(genv[prod], gp32.astype(BF16))
+    np.testing.assert_array_equal(added[a], gp32 * B.astype(np.float32))           # handed on in float32
+
+
+def test_gemm_accumulates_in_float32_and_rounds_once():
+    rng = np.random.default_rng(1)
+    a, w = rng.standard_normal((5, 300)).astype(BF16), rng.standard_normal((7, 300)).astype(BF16)
+    out = rng.standard_normal((5, 7)).astype(BF16)
+    want = (out.astype(np.float32) + a.astype(np.float32) @ w.astype(np.float32).T).astype(BF16)
+    NumpyBackend().gemm(a, w, out, tb=True, accumulate=True)
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("cell,loop", [(c, "auto") for c in sorted(CELLS) if not c.startswith("layernorm")]
+                         + [("min_gru", "stages"), ("sru", "stages")])
+def test_layers_in_half_precision_are_close_to_float64(cell, loop, dtype, tol=None):
+    half = Recurrent(cell, 3, 8, num_layers=2, dtype=dtype, seed=1, loop=loop)
+    ref = Recurrent(cell, 3, 8, num_layers=2, dtype="float64", seed=1, loop=loop)
+    ref.load_state_dict({k: v.astype(np.float64) for k, v in half.parameters().items()})
+    x = np.random.default_rng(0).standard_normal((12, 4, 3)).astype(half.dtype)
+    y, _ = half(x)
+    yr, _ = ref(x.astype(np.float64))
+    gy = np.random.default_rng(1).standard_normal(y.shape)
+    gx, _, grads = half.backward(gy.astype(half.dtype))
+    gxr, _, gref = ref.backward(gy.astype(half.dtype).astype(np.float64))
+    assert y.dtype == gx.dtype == half.dtype and all(g.dtype == half.dtype for g in grads.values())
+    for a, b in [(y, yr), (gx, gxr)] + [(grads[k], gref[k]) for k in grads]:
+        err = np.linalg.norm(a.astype(np.float64) - b) / max(np.linalg.norm(b), 1e-30)
+        assert err <= (tol or TOL)[dtype], err
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("cell", ["layernorm_lstm", "layernorm_gru"])
+def test_layernorm_cells_lose_more_in_half_precision(cell, dtype):
+    """A layer norm built from row reductions stores x − μ and the normalised values in half precision
+    between its kernels; in bfloat16 the LayerNorm-LSTM's gradients come out ~15% off float64 (its
+    float16 ones ~1%). Bounds at about twice what was measured: this documents the loss, it is not a goal."""
+    test_layers_in_half_precision_are_close_to_float64(cell, "auto", dtype, tol={"bfloat16": 0.4, "float16": 0.03})
+
+
+def test_half_runs_are_deterministic_and_errors_are_clear():
+    runs = []
+    for _ in range(2):
+        layer = Recurrent("gru", 3, 8, dtype="bfloat16", seed=2)
+        y, _ = layer(np.ones((5, 2, 3), BF16))
+        runs.append((y, layer.backward(np.ones_like(y))[0]))
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(RnnGraphError, match="x has dtype float32 but the layer is bfloat16"):
+        Recurrent("gru", 3, 8, dtype="bfloat16")(np.ones((5, 2, 3), np.float32))
+
+    class OtherBackend(NumpyBackend):
+        name = "other"
+    with pytest.raises(RnnGraphError, match="runs on the numpy backend only for now"):
+        Recurrent("gru", 3, 8, dtype="float16", backend=OtherBackend())
+    with pytest.raises(RnnGraphError, match="half precision runs in the recurrent layers only"):
+        float_dtype("bfloat16")
