@@ -304,37 +304,6 @@ def test_grads_keyed_like_parameters():
     assert all(grads[k].shape == p.shape for k, p in layer.parameters().items())
 
 
-def tied_cell(input_size, hidden_size, bias=True):
-    """U read by two linear ops (its gradient is accumulated, not a row block of a merged GEMM)."""
-    c = Cell("tied")
-    x, h = c.input("x", input_size), c.state("h", hidden_size)
-    pre = c.linear(x, "W", hidden_size) + c.linear(h, "U", hidden_size) + c.linear(c.tanh(h), "U", hidden_size)
-    c.output(c.bind(h, c.tanh(pre), name="h"))
-    return c.build()
-
-
-@pytest.mark.parametrize("cell", ["lstm", "gru", tied_cell])
-def test_grads_gathered_into_torch_layout(cell):
-    """layer.grads (one gather per layer and direction from its workspace) hold every cell parameter's
-    gradient at its rows of the PyTorch-layout parameter, and stay as they were after the next backward."""
-    layer = nn.Recurrent(cell, 3, 4, num_layers=2, bidirectional=True, **F64)
-    rng = np.random.default_rng(0)
-    y, _ = layer(rng.standard_normal((5, 2, 3)))
-    gy = rng.standard_normal(y.shape)
-    grads = layer.backward(gy)[2]
-    kept = {k: g.copy() for k, g in grads.items()}
-    _, _, per_cell = layer._stack.backward(gy, {s: None for s in layer.state_names}, layer._last[0])
-    for per_l, g_l in zip(layer._layout, per_cell):
-        for per_d, g in zip(per_l, g_l):
-            for name, _, parts in per_d:
-                for p, start, stop in parts:
-                    np.testing.assert_array_equal(grads[name][start:stop], g[p])
-    layer(rng.standard_normal((5, 2, 3)))
-    layer.backward(gy)
-    for k, g in grads.items():
-        np.testing.assert_array_equal(g, kept[k])
-
-
 def test_dropout_only_in_training_and_seeded():
     x = np.random.default_rng(0).standard_normal((5, 2, 3))
     a = nn.LSTM(3, 4, num_layers=3, dropout=0.5, seed=1, **F64)
