@@ -15,6 +15,7 @@ import itertools
 import numpy as np
 import torch
 
+from ..arrays import float_dtype
 from ..errors import RnnGraphError
 
 SECOND_ORDER = ("rnngraph.torch: second-order gradients (backward with create_graph=True, or a gradient of a "
@@ -27,6 +28,8 @@ def to_array(t: torch.Tensor):
     """A numpy (CPU) or cupy (CUDA) array sharing t's memory (t detached; strides kept)."""
     t = t.detach()
     if t.device.type == "cpu":
+        if t.dtype == torch.bfloat16:       # numpy has no bfloat16: the same bits, as ml_dtypes' type
+            return t.view(torch.int16).numpy().view(float_dtype("bfloat16", half=True))
         return t.numpy()
     if t.device.type == "cuda":
         return _cupy_view(t)
@@ -52,7 +55,11 @@ _NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
 
 def to_tensor(a, device: torch.device) -> torch.Tensor:
     """A tensor sharing the memory of rnngraph's array `a` (numpy on the CPU, cupy on `device`)."""
-    return torch.from_numpy(a) if device.type == "cpu" else torch.from_dlpack(a)
+    if device.type != "cpu":
+        return torch.from_dlpack(a)
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 @contextlib.contextmanager
