@@ -129,6 +129,15 @@ def test_measure_torch_compile_is_the_same_loop_compiled():
     assert r["forward_ms"] > 0 and r["train_ms"] > 0 and len(r["train_all"]) == 2
 
 
+@pytest.mark.filterwarnings("error::rnngraph.RnnGraphWarning")     # the hand-written step matches in bfloat16
+def test_measure_in_bfloat16_on_the_cpu():
+    pytest.importorskip("ml_dtypes")
+    for impl in ("staged", "torch_eager"):
+        r = bench.measure("mgu", impl, T=3, B=2, H=4, repeats=2, warmup=1, dtype="bfloat16")
+        assert r["dtype"] == "bfloat16" and r["train_ms"] > 0
+    assert r["eager_loop"] == "hand-written"
+
+
 def test_time_ms_excludes_warmup():
     calls = []
     times = bench.time_ms(lambda: calls.append(1), repeats=5, warmup=2)

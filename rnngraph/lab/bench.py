@@ -255,7 +255,7 @@ def add_arguments(p) -> None:
     p.add_argument("-H", action="extend", type=_list(int), metavar="N", help="hidden sizes (default: 512)")
     p.add_argument("-D", type=int, metavar="N", help="input features (default: H)")
     p.add_argument("--layers", type=int, default=1, metavar="N", help="stacked layers (default: 1)")
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--dtype", choices=("float32", "float64", "bfloat16", "float16"), default="float32")
     p.add_argument("--loop", action="extend", type=_list(str), metavar="LIST",
                    help=f"loop strategies of rnngraph's modes, each timed, of {','.join(LOOP_CHOICES)} (default: auto, "
                         "the best one the cell admits); with several, a cell skips those it does not admit")

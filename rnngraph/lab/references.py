@@ -19,6 +19,8 @@ from ..ir.cells import GATE_ORDER, GRU_GATE_ORDER, load_cell
 from ..errors import RnnGraphError, RnnGraphWarning
 from ..ir.ops import TORCH, OpKind
 
+# how far two torch programs of one cell may differ, relative, by dtype: rounding order, not mistakes
+TOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 CUDNN = {"lstm": ("LSTM", {}), "gru": ("GRU", {}), "rnn_tanh": ("RNN", {"nonlinearity": "tanh"}),
          "rnn_relu": ("RNN", {"nonlinearity": "relu"})}
 
@@ -241,7 +243,7 @@ def eager_loop(cell, P: dict, check: bool = True):
                         device=next(iter(P.values())).device)
         with torch.no_grad():
             a, b = hand(x)[0], graph(x)[0]
-        tol = 1e-4 if a.dtype == torch.float32 else 1e-10
+        tol = TOL[a.dtype]
         if a.shape != b.shape or float((a - b).norm()) > tol * max(float(b.norm()), 1e-30):
             warnings.warn(f"cell '{cell.name}' differs from rnngraph's built-in of that name; its torch "
                           "eager loop interprets the graph instead", RnnGraphWarning, stacklevel=2)
@@ -310,7 +312,7 @@ def _compiled(run, x, gy, dev, extra: dict):
     call(x).backward(gy)
     x.grad = None
     extra["compile_s"] = round(time.perf_counter() - start, 2)
-    tol = 1e-4 if x.dtype == torch.float32 else 1e-10
+    tol = TOL[x.dtype]
     if float((got - want).norm()) > tol * max(float(want.norm()), 1e-30):
         raise RnnGraphError("torch.compile of the eager loop computes something else than the loop itself "
                             f"(relative difference {float((got - want).norm() / want.norm()):.1e})")
