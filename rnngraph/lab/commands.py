@@ -21,7 +21,9 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--hidden", type=positive_int, metavar="H", help=f"hidden features per layer (default: {D.hidden})")
     m.add_argument("--dropout", type=float, metavar="P",
                    help=f"dropout between layers and before the output layer (default: {D.dropout})")
-    m.add_argument("--dtype", choices=("float32", "float64"), help=f"(default: {D.dtype})")
+    m.add_argument("--dtype", choices=("float32", "float64", "bfloat16", "float16"),
+                   help=f"(default: {D.dtype}; bfloat16/float16: half-precision recurrence on the CPU backend, "
+                        "float32 master weights, loss scaling for float16)")
     d = p.add_argument_group("data")
     d.add_argument("--text", metavar="FILE", help="a UTF-8 text file (default: the bundled Shakespeare, 1.6 MB)")
     d.add_argument("--streams", type=positive_int, metavar="S", help=f"parallel training streams, the batch (default: {D.streams})")

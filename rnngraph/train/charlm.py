@@ -10,12 +10,13 @@ import sys
 
 import numpy as np
 
-from ..arrays import dropout_mask
+from ..arrays import HALF_DTYPES, dropout_mask, is_half
 from ..ir.cells import CELLS, load_cell
 from ..ir.cellio import cell_from_dict, cell_to_dict, first_difference
 from ..errors import RnnGraphError
 from ..nn.layers import CrossEntropyLoss, Dense, Sequential
 from ..nn.recurrent import Recurrent
+from .mixed import ToFloat32
 
 MODEL_KEYS = ("cell", "layers", "hidden", "dropout", "dtype")   # what fixes the model's shapes and math
 
@@ -127,8 +128,10 @@ class CharLM:
         self.xp = self.backend.xp
         F = self.rnn.cells[-1].op(self.rnn.cells[-1].outputs[0]).size
         self.drop = Dropout(config["dropout"], self.backend, config["seed"] + 1)
-        self.dense = Dense(F, V, dtype=config["dtype"], seed=config["seed"] + 2, backend=self.backend)
-        self.model = Sequential(self.rnn, self.drop, self.dense)
+        half = config["dtype"] in HALF_DTYPES       # half-precision recurrence, float32 head (train/mixed.py)
+        self.dense = Dense(F, V, dtype="float32" if half else config["dtype"], seed=config["seed"] + 2,
+                           backend=self.backend)
+        self.model = Sequential(self.rnn, *([ToFloat32()] if half else []), self.drop, self.dense)
         self.onehot = self.xp.eye(V, dtype=self.rnn.dtype)   # [V, V]
 
     @property
@@ -179,8 +182,9 @@ class CharLM:
         self.drop.rng.bit_generator.state = states["dropout"]
 
     def states_to_host(self, states) -> list:
-        """Stream states (per module: None, an array or a tuple of arrays) as host numpy copies."""
-        return _map_states(states, lambda a: np.array(self.backend.to_numpy(a)))
+        """Stream states (per module: None, an array or a tuple of arrays) as host numpy copies (half ones
+        widened to float32, exactly: checkpoints store no half types)."""
+        return _map_states(states, lambda a: np.array(self.backend.to_numpy(a), dtype=np.float32 if is_half(a) else None))
 
     def states_from_host(self, states) -> list:
         """The inverse of states_to_host: arrays on this model's backend, in its dtype."""

@@ -22,9 +22,11 @@ from .charlm import MODEL_KEYS, CharLM, check_model_config, check_stored_cell
 from .checkpoint import (check_same, load_checkpoint, model_arrays, pack_optimizer, pack_states,
                          save_checkpoint, unpack_optimizer, unpack_states)
 from .data import Vocab, make_streams, read_text, split, text_digest, validation_streams
+from ..arrays import HALF_DTYPES
 from ..errors import RnnGraphError
 from ..nn.layers import CrossEntropyLoss
 from ..nn.optim import SGD, Adam, CosineLR, StepLR, clip_grad_norm
+from .mixed import Precision
 from .runs import check_folder, new_run_id, out_folder
 
 VAL_STREAMS = 64   # validation reads at least this many streams (fewer calls; forward only)
@@ -154,7 +156,8 @@ class Trainer:
             check_stored_cell(ckpt.config["model"], ckpt.path, cell_given)
         self.lm = CharLM(ckpt.config["model"] if ckpt else self.model_config, cfg.backend, cfg.mode, cfg.loop)
         self.text_file = None if cfg.text is None else str(Path(cfg.text).resolve())   # found from any cwd
-        self.opt = make_optimizer(cfg, self.lm.parameters())
+        self.precision = Precision(self.lm.parameters(), cfg.dtype) if cfg.dtype in HALF_DTYPES else None
+        self.opt = make_optimizer(cfg, self.lm.parameters() if self.precision is None else self.precision.masters)
         self.ce = CrossEntropyLoss()
         self.out = Path(cfg.out)
         self.ckpt_path, self.csv_path, self.json_path = (self.out / "checkpoint.npz", self.out / "log.csv",
@@ -179,8 +182,10 @@ class Trainer:
         config = {"model": self.lm.config, "vocab": self.vocab.chars, "train": run,
                   "text_sha256": self.digest, "step": self.step, "elapsed_s": self.elapsed,
                   "schedule_steps": self.schedule_steps, "optimizer": opt_meta, "states": st_meta,
-                  "rng": self.lm.rng_states(), "history": self.history}
-        arrays = {f"model/{k}": v for k, v in self.lm.state_dict().items()}
+                  "rng": self.lm.rng_states(), "history": self.history,
+                  "precision": None if self.precision is None else self.precision.state_dict()}
+        weights = self.lm.state_dict() if self.precision is None else self.precision.masters     # float32 masters
+        arrays = {f"model/{k}": self.lm.backend.to_numpy(v) for k, v in weights.items()}
         save_checkpoint(self.ckpt_path, config, {**arrays, **opt_arrays, **st_arrays})
         self.saved_step, self.saved_path = self.step, self.ckpt_path
         self._write_json()
@@ -190,6 +195,8 @@ class Trainer:
         c = ckpt.config
         try:
             self.lm.load_state_dict(model_arrays(ckpt.arrays))
+            if self.precision is not None:
+                self.precision.load_state_dict(c["precision"], model_arrays(ckpt.arrays))
             self.opt.load_state_dict(unpack_optimizer(c["optimizer"], ckpt.arrays))
             self.lm.set_rng_states(c["rng"])
             if c["states"] is not None:
@@ -225,19 +232,31 @@ class Trainer:
         if not math.isfinite(loss):
             raise RnnGraphError(f"the training loss is {loss} at step {n} (epoch {self.step // chunks + 1}); "
                                 f"stopped before updating the weights; {self._kept()} try a lower --lr or --clip")
-        grads = self.lm.backward(self.ce.backward())
-        norm = float(clip_grad_norm(grads, self.cfg.clip) if self.cfg.clip > 0 else _norm(grads))
-        if not math.isfinite(norm):
-            raise RnnGraphError(f"the gradient norm is {norm} at step {n} (epoch {self.step // chunks + 1}); "
-                                f"stopped before updating the weights; {self._kept()} try a lower --lr or --clip")
-        self.opt.lr = self.lr_at(self.step)
-        self.opt.step(grads)
+        grads = self.lm.backward(self.ce.backward() if self.precision is None else
+                                 self.precision.scaled(self.ce.backward()))
+        norm = self._update(grads if self.precision is None else self.precision.gradients(grads), n)
         self.step = n
         dt = time.perf_counter() - t0
         self.elapsed += dt
         return {"step": n, "epoch": self.step_epoch(n), "loss": loss, "bpc": loss / math.log(2),
                 "val_bpc": None, "lr": self.opt.lr, "grad_norm": norm,
                 "frames_per_s": self.data.bptt * self.data.streams / dt, "elapsed_s": self.elapsed}
+
+    def _update(self, grads, n: int) -> float:
+        """Clips and applies the gradients; returns their norm. None: float16 overflowed, the step is skipped."""
+        if grads is None:
+            self.echo(f"step {n}: the float16 gradients overflowed; no update, the loss scale is now "
+                      f"{self.precision.scale:g} ({self.precision.skipped} steps skipped so far)")
+            return math.inf
+        norm = float(clip_grad_norm(grads, self.cfg.clip) if self.cfg.clip > 0 else _norm(grads))
+        if not math.isfinite(norm):
+            raise RnnGraphError(f"the gradient norm is {norm} at step {n} (epoch {(n - 1) // self.data.chunks + 1}); "
+                                f"stopped before updating the weights; {self._kept()} try a lower --lr or --clip")
+        self.opt.lr = self.lr_at(self.step)
+        self.opt.step(grads)
+        if self.precision is not None:
+            self.precision.stepped()
+        return norm
 
     def step_epoch(self, n: int) -> float:
         """Epochs done after n steps (fractional)."""

@@ -1,0 +1,84 @@
+"""Mixed precision for a half-precision model (--dtype bfloat16 | float16): the recurrent layers compute
+in half precision (rnngraph.nn's reference arithmetic), the head and the loss in float32, and the optimiser
+updates float32 master copies of every half parameter, rounded into the model after each step. float16's
+narrow range needs dynamic loss scaling (the loss gradient times S; a step whose gradients overflow is
+skipped and S halved; S doubles after `interval` good steps: torch.cuda.amp.GradScaler's rule and
+defaults); bfloat16 has float32's range and needs none."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..arrays import is_half
+
+
+class ToFloat32:
+    """Feed-forward module between the half-precision recurrent layers and the float32 head."""
+    recurrent = False
+
+    def __init__(self):
+        self.grads, self._dtype = {}, None
+
+    def __call__(self, x):
+        self._dtype = x.dtype
+        return x.astype(np.float32)
+
+    def backward(self, grad_y):
+        return grad_y.astype(self._dtype)
+
+    def train(self, mode: bool = True):
+        return self
+
+    def parameters(self) -> dict:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, d: dict) -> None:
+        pass
+
+
+class Precision:
+    """What a run in half precision adds around a step: master weights and (float16) loss scaling.
+
+    params: the model's parameters (name -> array, updated in place). `masters` is what the optimiser
+    updates: float32 copies of the half ones, the float32 ones themselves."""
+
+    def __init__(self, params: dict, dtype: str, scale: float = 2.0 ** 16, interval: int = 2000):
+        self.model = params
+        self.masters = {k: p.astype(np.float32) if is_half(p) else p for k, p in params.items()}
+        self.scaling = dtype == "float16"
+        self.scale, self.interval, self.good, self.skipped = (scale if self.scaling else 1.0), interval, 0, 0
+
+    def scaled(self, grad_loss):
+        """The loss's gradient to backpropagate (times the loss scale)."""
+        return grad_loss * self.scale if self.scaling else grad_loss
+
+    def gradients(self, grads: dict) -> dict | None:
+        """float32 gradients of the masters (unscaled), or None when float16 overflowed: the step is then
+        skipped and the scale halved."""
+        out = {k: g.astype(np.float32) / self.scale if self.scaling else g.astype(np.float32)
+               for k, g in grads.items()}
+        if self.scaling and not all(bool(np.isfinite(g).all()) for g in out.values()):
+            self.scale, self.good, self.skipped = self.scale / 2, 0, self.skipped + 1
+            return None
+        return out
+
+    def stepped(self) -> None:
+        """After the optimiser's step: the masters rounded into the half parameters; the scale grows."""
+        for k, p in self.model.items():
+            if p is not self.masters[k]:
+                p[...] = self.masters[k]
+        if self.scaling:
+            self.good += 1
+            if self.good == self.interval:
+                self.scale, self.good = self.scale * 2, 0
+
+    def state_dict(self) -> dict:
+        return {"scale": self.scale, "good": self.good, "skipped": self.skipped}
+
+    def load_state_dict(self, d: dict, masters: dict) -> None:
+        """The scaler's state, and the masters from a checkpoint's (float32) model arrays."""
+        self.scale, self.good, self.skipped = d["scale"], d["good"], d["skipped"]
+        for k, m in self.masters.items():
+            m[...] = masters[k]
