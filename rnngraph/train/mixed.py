@@ -9,33 +9,17 @@ from __future__ import annotations
 import numpy as np
 
 from ..arrays import is_half
+from ..nn.layers import Module
 
 
-class ToFloat32:
+class ToFloat32(Module):
     """Feed-forward module between the half-precision recurrent layers and the float32 head."""
-    recurrent = False
 
-    def __init__(self):
-        self.grads, self._dtype = {}, None
+    def forward(self, x):               # x: [..., F] half -> float32, cache: x's dtype
+        return x.astype(np.float32), x.dtype
 
-    def __call__(self, x):
-        self._dtype = x.dtype
-        return x.astype(np.float32)
-
-    def backward(self, grad_y):
-        return grad_y.astype(self._dtype)
-
-    def train(self, mode: bool = True):
-        return self
-
-    def parameters(self) -> dict:
-        return {}
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, d: dict) -> None:
-        pass
+    def backward(self, grad_y, cache=None):
+        return grad_y.astype(cache or self._cache)
 
 
 class Precision:
