@@ -232,9 +232,10 @@ class Trainer:
         if not math.isfinite(loss):
             raise RnnGraphError(f"the training loss is {loss} at step {n} (epoch {self.step // chunks + 1}); "
                                 f"stopped before updating the weights; {self._kept()} try a lower --lr or --clip")
-        grads = self.lm.backward(self.ce.backward() if self.precision is None else
-                                 self.precision.scaled(self.ce.backward()))
-        norm = self._update(grads if self.precision is None else self.precision.gradients(grads), n)
+        if self.precision is None:
+            norm = self._update(self.lm.backward(self.ce.backward()), n)
+        else:
+            norm = self._update(self.precision.backward(self.lm, self.ce.backward(), n, self.echo), n)
         self.step = n
         dt = time.perf_counter() - t0
         self.elapsed += dt
@@ -245,8 +246,6 @@ class Trainer:
     def _update(self, grads, n: int) -> float:
         """Clips and applies the gradients; returns their norm. None: float16 overflowed, the step is skipped."""
         if grads is None:
-            self.echo(f"step {n}: the float16 gradients overflowed; no update, the loss scale is now "
-                      f"{self.precision.scale:g} ({self.precision.skipped} steps skipped so far)")
             return math.inf
         norm = float(clip_grad_norm(grads, self.cfg.clip) if self.cfg.clip > 0 else _norm(grads))
         if not math.isfinite(norm):

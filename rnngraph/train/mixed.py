@@ -34,17 +34,17 @@ class Precision:
         self.scaling = dtype == "float16"
         self.scale, self.interval, self.good, self.skipped = (scale if self.scaling else 1.0), interval, 0, 0
 
-    def scaled(self, grad_loss):
-        """The loss's gradient to backpropagate (times the loss scale)."""
-        return grad_loss * self.scale if self.scaling else grad_loss
-
-    def gradients(self, grads: dict) -> dict | None:
-        """float32 gradients of the masters (unscaled), or None when float16 overflowed: the step is then
-        skipped and the scale halved."""
+    def backward(self, model, grad_loss, step: int, echo) -> dict | None:
+        """The model's backward from the loss's gradient (times the loss scale), as float32 gradients of the
+        masters (unscaled); None when float16 overflowed: the step is then skipped (said through echo)
+        and the scale halved."""
+        grads = model.backward(grad_loss * self.scale if self.scaling else grad_loss)
         out = {k: g.astype(np.float32) / self.scale if self.scaling else g.astype(np.float32)
                for k, g in grads.items()}
         if self.scaling and not all(bool(np.isfinite(g).all()) for g in out.values()):
             self.scale, self.good, self.skipped = self.scale / 2, 0, self.skipped + 1
+            echo(f"step {step}: the float16 gradients overflowed; no update, the loss scale is now "
+                 f"{self.scale:g} ({self.skipped} steps skipped so far)")
             return None
         return out
 
