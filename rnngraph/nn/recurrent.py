@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..arrays import check_state_dict, element_offsets, float_dtype, is_half, make_rng
+from ..arrays import HALF_DTYPES, check_state_dict, element_offsets, float_dtype, make_rng
 from ..errors import RnnGraphError
 from ..ir.cells import load_cell
 from ..run.backends import check_mode, get_backend
@@ -77,7 +77,7 @@ class Recurrent(Parameterized):
         self.backend = _make_backend(backend, mode)
         self.backend_name = self.backend.name
         self.dtype = float_dtype(dtype, half=True)
-        if is_half(self.dtype.type(0)) and self.backend.name != "numpy":
+        if self.dtype.name in HALF_DTYPES and self.backend.name != "numpy":
             raise RnnGraphError(f"dtype {self.dtype.name} runs on the numpy backend only for now (float32 "
                                 "arithmetic, half storage: the reference the GPU kernels will match); use "
                                 "backend='numpy', or float32 on the GPU")

@@ -232,30 +232,24 @@ class Trainer:
         if not math.isfinite(loss):
             raise RnnGraphError(f"the training loss is {loss} at step {n} (epoch {self.step // chunks + 1}); "
                                 f"stopped before updating the weights; {self._kept()} try a lower --lr or --clip")
-        if self.precision is None:
-            norm = self._update(self.lm.backward(self.ce.backward()), n)
-        else:
-            norm = self._update(self.precision.backward(self.lm, self.ce.backward(), n, self.echo), n)
+        grads = (self.lm.backward(self.ce.backward()) if self.precision is None    # None: float16 overflowed,
+                 else self.precision.backward(self.lm, self.ce.backward(), n, self.echo))   # the step is skipped
+        norm = math.inf if grads is None else float(clip_grad_norm(grads, self.cfg.clip) if self.cfg.clip > 0
+                                                     else _norm(grads))
+        if grads is not None:
+            if not math.isfinite(norm):
+                raise RnnGraphError(f"the gradient norm is {norm} at step {n} (epoch {self.step // chunks + 1}); "
+                                    f"stopped before updating the weights; {self._kept()} try a lower --lr or --clip")
+            self.opt.lr = self.lr_at(self.step)
+            self.opt.step(grads)
+            if self.precision is not None:
+                self.precision.stepped()
         self.step = n
         dt = time.perf_counter() - t0
         self.elapsed += dt
         return {"step": n, "epoch": self.step_epoch(n), "loss": loss, "bpc": loss / math.log(2),
                 "val_bpc": None, "lr": self.opt.lr, "grad_norm": norm,
                 "frames_per_s": self.data.bptt * self.data.streams / dt, "elapsed_s": self.elapsed}
-
-    def _update(self, grads, n: int) -> float:
-        """Clips and applies the gradients; returns their norm. None: float16 overflowed, the step is skipped."""
-        if grads is None:
-            return math.inf
-        norm = float(clip_grad_norm(grads, self.cfg.clip) if self.cfg.clip > 0 else _norm(grads))
-        if not math.isfinite(norm):
-            raise RnnGraphError(f"the gradient norm is {norm} at step {n} (epoch {(n - 1) // self.data.chunks + 1}); "
-                                f"stopped before updating the weights; {self._kept()} try a lower --lr or --clip")
-        self.opt.lr = self.lr_at(self.step)
-        self.opt.step(grads)
-        if self.precision is not None:
-            self.precision.stepped()
-        return norm
 
     def step_epoch(self, n: int) -> float:
         """Epochs done after n steps (fractional)."""
