@@ -148,11 +148,15 @@ def measure(cell, impl: str, *, T: int = 100, B: int = 1, H: int = 512, D: int |
         from .references import torch_fns
         _torch_tf32()
         fns, backend, device, extra = torch_fns(cell, impl, T, B, H, D, layers, dtype, seed)
-    res.update(backend=backend, device=device, tf32=_TF32["on"], **extra)
+    res.update(backend=backend, device=device, tf32=_TF32["on"], **{k: v for k, v in extra.items() if not callable(v)})
+    if impl in MODES:           # the first call builds kernels and workspaces (and records, in graph mode)
+        first = lambda: (fns[what[-1]](), _backend(impl).synchronize())
+        res["first_s"] = round(time_ms(first, repeats=1, warmup=0, device="cpu")[0] / 1e3, 3)
     for w in ("forward", "train"):
         times = time_ms(fns[w], repeats=repeats, warmup=warmup, device=device) if w in what else []
         res[f"{w}_ms"] = statistics.median(times) if times else None
         res[f"{w}_all"] = times
+    res.update({k: v() for k, v in extra.items() if callable(v)})      # what ran, read after it ran
     return res
 
 
@@ -207,7 +211,10 @@ def _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed, loop="auto"):
         layer(x)
         layer.backward(gy)
     where = "gpu" if be.name == "cupy" else "cpu"
-    return {"forward": lambda: layer(x), "train": train}, be.name, where, {"loop_strategy": layer.loop_strategy}
+    def ran():
+        be.synchronize()
+        return layer.loop_strategy
+    return {"forward": lambda: layer(x), "train": train}, be.name, where, {"loop_strategy": ran}
 
 
 # -- where it ran -----------------------------------------------------------------------------

@@ -20,9 +20,10 @@ def header(info: dict) -> str:
 
 
 def format_table(results: list) -> str:
-    """Per configuration, each implementation's forward and training-step median ms and its time over
+    """Per configuration, each implementation's forward and training-step median ms, its first call's
+    seconds (rnngraph: kernels built, graphs recorded; torch.compile: compiling) and its time over
     cuDNN's and over the torch eager loop's (< 1: faster); speed-ups over naive; what failed or was skipped."""
-    head = ("cell", "T", "B", "H", "impl", "backend", "fwd ms", "train ms", "fwd/cudnn", "train/cudnn",
+    head = ("cell", "T", "B", "H", "impl", "backend", "fwd ms", "train ms", "first s", "fwd/cudnn", "train/cudnn",
             "fwd/eager", "train/eager")
     rows, notes, skipped, groups = [], [], {}, {}
     for r in results:
@@ -34,7 +35,8 @@ def format_table(results: list) -> str:
                 why = r.get("skipped") or f"failed: {r['error']}"
                 skipped.setdefault((r["impl"], why), {})[cell] = None
                 continue
-            cols = [r["backend"], _ms(r["forward_ms"]), _ms(r["train_ms"])]
+            first = r.get("first_s", r.get("compile_s"))
+            cols = [r["backend"], _ms(r["forward_ms"]), _ms(r["train_ms"]), "-" if first is None else f"{first:.2f}"]
             cols += [_ratio(r, ran.get(ref), w) if ref != r["impl"] else ""
                      for ref in ("cudnn", "torch_eager") for w in ("forward", "train")]
             rows.append([cell, str(T), str(B), str(H), _label(r), *cols])

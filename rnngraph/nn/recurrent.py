@@ -52,7 +52,8 @@ class Recurrent(Parameterized):
     stores them). Keyword options: ``backend`` 'numpy' | 'cupy' | 'auto' or a backend object
     (``layer.backend_name`` says which was picked), ``dtype`` 'float32' (default, as torch) or 'float64',
     ``mode`` 'staged' | 'naive' | 'graph' (cupy only), ``loop`` the loop strategy ('auto' | 'stages' |
-    'elementwise' | 'scan'; ``layer.loop_strategy`` says what runs), ``seed`` for
+    'elementwise' | 'scan' | 'persistent'; ``layer.loop_strategy`` says what the last call ran and
+    ``layer.loop_note`` why a persistent loop ran frame by frame), ``seed`` for
     the layer's generator (initialisation and dropout masks), ``init`` 'uniform' (torch's U(±1/√H)) |
     'orthogonal' | a function of the layer, ``buckets`` pads calls to a (T, B) from a small ladder
     (rnngraph.nn.buckets) so that a few recorded graphs serve every shape: True, False, or None (default:
@@ -93,7 +94,6 @@ class Recurrent(Parameterized):
         self.cell = self.cells[0]
         self.state_names = tuple(self.cell.states)
         self._stack = Stack(self.cells, self.backend, mode, self.num_directions, loop)
-        self.loop_strategy = self._stack.runs[0][0].ex.sched.loop_strategy
         self._layout = [[_param_layout(c, _suffix(l, d)) for d in range(self.num_directions)]
                         for l, c in enumerate(self.cells)]
         self._params = {name: self.backend.zeros(shape, self.dtype)
@@ -102,6 +102,16 @@ class Recurrent(Parameterized):
         self._last = None
         self._gather = None             # (workspace serials, per (layer, direction) gradient gather indices)
         chk.resolve_init(init, _INIT)(self)
+
+    @property
+    def loop_strategy(self) -> str:
+        """The loop strategy the last call ran (before any, the plan's): 'persistent' runs as 'stages'
+        where the backend cannot hold the weights on chip, and ``loop_note`` says why."""
+        return self._stack.runs[0][0].ex.loop_runs
+
+    @property
+    def loop_note(self) -> str | None:
+        return self._stack.runs[0][0].ex.loop_note
 
     def _load_cells(self, spec) -> list:
         """One cell per layer, built for that layer's input size, or taken from a list (one per layer)."""

@@ -5,7 +5,8 @@
   the rest of the loop (other states may read it).
 - elementwise: no cross-feature op (linear, concat, slice) on the state's recurrence, so each feature
   is its own recurrence and one thread can walk time for it.
-- general: everything else (the LSTM's W_hh·h): frame by frame, stage by stage.
+- general: everything else (the LSTM's W_hh·h): frame by frame, stage by stage, or in one persistent
+  kernel that keeps the per-frame GEMMs' weights on chip.
 """
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ from ..ir.ops import REDUCE, OpKind
 CROSS_FEATURE = {OpKind.LINEAR, OpKind.CONCAT, OpKind.SLICE} | REDUCE
 # A loop strategy and what the classes of a cell's states must be for it, best first: 'scan' scans every
 # linear-diagonal state and runs the rest of the loop after it (frame by frame); 'elementwise' walks
-# the whole loop per feature.
+# the whole loop per feature; 'persistent' runs a general state's frames in one kernel (where the GPU
+# backend fits its weights on chip: else frame by frame, as 'stages').
 ADMITS = {"scan": ("a linear_diagonal state", lambda kinds: "linear_diagonal" in kinds),
           "elementwise": ("every state linear_diagonal or elementwise",
                           lambda kinds: kinds <= {"linear_diagonal", "elementwise"}),
+          "persistent": ("a general state (a GEMM on the state)", lambda kinds: "general" in kinds),
           "stages": ("nothing", lambda kinds: True)}
 
 

@@ -99,6 +99,17 @@ class ElementwiseLoop:
 
 
 @dataclass(frozen=True)
+class PersistentLoop:
+    """Loop strategy 'persistent': the stages' items as one loop, on the GPU one cooperative kernel that
+    holds the per-frame GEMMs' weights in shared memory across all frames (run/persistent_kernels.py);
+    where a backend cannot (the weights do not fit on chip, B too large, no cooperative launch) it
+    runs them frame by frame, as 'stages'."""
+    stages: tuple       # Stage, in run order, as StagesLoop's
+    reverse: bool
+    strategy = "persistent"
+
+
+@dataclass(frozen=True)
 class ScanLoop:
     """Loop strategy 'scan': each state s = a ⊙ s@t-d + b over all frames at once, a log-depth prefix
     scan (backward: the reverse scan, then the gradients of a, b and the history over all frames)."""

@@ -1,7 +1,7 @@
 """Loop strategies: how the recurrent core runs over time, each a planner of its forward and backward loop items.
 
-A new strategy (a persistent kernel) is one entry in LOOPS with its own loop item kind, plus a runner
-in the executor and the backends that run it (their `loops`); 'auto' picks one.
+A strategy is one entry in LOOPS with its own loop item kind, plus a runner in the executor and the
+backends that run it (their `loops`); 'auto' picks one.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from ..errors import RnnGraphError
 from ..ir.ops import OpKind
 from .backward import grad_item
 from .classify import ADMITS, admitted
-from .items import ElementwiseLoop, Fused, Gemm, Pair, ScanLoop, Stage, StagesLoop
+from .items import ElementwiseLoop, Fused, Gemm, Pair, PersistentLoop, ScanLoop, Stage, StagesLoop
 
 
 def gemm_fused_pairs(cell, loop) -> set:
@@ -65,11 +65,18 @@ def _staged_only(sched, name: str):
                             "runs loop='stages'")
 
 
-def elementwise_loop(sched, loop=None) -> tuple:
-    """(forward, backward) loop items of strategy 'elementwise': the stages' items, each direction one loop item."""
-    _staged_only(sched, "elementwise")
-    (forward,), (backward,) = stages_loop(sched, loop)
-    return (ElementwiseLoop(forward.stages, False),), (ElementwiseLoop(backward.stages, True),)
+def _whole(kind, name: str):
+    """The planner of a strategy that runs the stages' items as one loop item per direction, of `kind`."""
+    def plan(sched, loop=None) -> tuple:
+        _staged_only(sched, name)
+        (forward,), (backward,) = stages_loop(sched, loop)
+        return (kind(forward.stages, False),), (kind(backward.stages, True),)
+    plan.__doc__ = f"(forward, backward) loop items of strategy {name!r}: the stages' items, each direction one loop item."
+    return plan
+
+
+elementwise_loop = _whole(ElementwiseLoop, "elementwise")
+persistent_loop = _whole(PersistentLoop, "persistent")
 
 
 def scan_loop(sched) -> tuple:
@@ -99,7 +106,8 @@ def _without(it, nodes: set):
     return Fused(keep) if keep else None
 
 
-LOOPS = {"stages": stages_loop, "elementwise": elementwise_loop, "scan": scan_loop}   # planners, by strategy
+LOOPS = {"stages": stages_loop, "elementwise": elementwise_loop, "scan": scan_loop,     # planners, by strategy
+         "persistent": persistent_loop}
 
 
 def resolve_loop(name: str, classes: dict, cell: str, runs=tuple(ADMITS), staged: bool = True) -> str:

@@ -134,7 +134,8 @@ class Schedule:
 
 
 LOOP_TITLES = {"stages": "loop in reverse time, stages reversed", "elementwise": "loop in reverse time, each "
-               "feature on its own (stages listed)", "scan": "loop: the rest in reverse time (if any), then one reverse scan over all frames"}
+               "feature on its own (stages listed)", "scan": "loop: the rest in reverse time (if any), then one reverse scan over all frames",
+               "persistent": "loop in reverse time, stages reversed, in one kernel where the GPU fits the weights on chip"}
 BACKWARD_TITLES = {"post": "post reversed, over all frames",
                    "reduce": "parameter gradients of loop and post, reduced once over all frames",
                    "pre": "pre reversed, over all T·B rows", "shared": "weights shared by several ops"}

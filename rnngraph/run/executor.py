@@ -15,8 +15,8 @@ from ..arrays import array_module
 from ..errors import RnnGraphError
 from ..ir.ops import OpKind
 from ..plan.classify import ADMITS
-from ..plan.items import (ElementwiseLoop, Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, ScanLoop, SharedWeight,
-                          StagesLoop, WeightGrad)
+from ..plan.items import (ElementwiseLoop, Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, PersistentLoop, ScanLoop,
+                          SharedWeight, StagesLoop, WeightGrad)
 from ..plan.schedule import Schedule, build_schedule
 from .backends import check_mode
 from .backends.base import run_fused_backward, run_fused_forward, run_param_grad, scan_backward, scan_forward
@@ -26,7 +26,8 @@ from .workspace import ALL, SERIAL, Arenas, Workspace
 class Executor:
     """Forward and BPTT of one cell on one backend in one mode: 'naive' (node by node, frame by
     frame), 'staged' (the schedule) or 'graph' (the schedule on a backend that records CUDA graphs);
-    loop names the loop strategy ('auto', 'stages', 'elementwise' or 'scan'; the backend must run it). Example::
+    loop names the loop strategy ('auto', 'stages', 'elementwise', 'scan' or 'persistent'; the backend must
+    run it; `loop_runs` says what the last forward ran, `loop_note` why a persistent loop ran frame by frame). Example::
 
         ex = Executor(rnngraph.load_cell("lstm", 8, 16), get_backend("numpy"))
         outputs, finals = ex.forward(params, {"x": x}, {})          # x [T, B, 8]
@@ -39,7 +40,7 @@ class Executor:
         check_mode(mode, backend)
         self.cell, self.backend, self.mode = cell, backend, mode
         if schedule is None:
-            schedule = build_schedule(cell, optimize=(mode != "naive"), loop=loop, runs=backend.loops)
+            schedule = build_schedule(cell, optimize=(mode != "naive"), loop=loop, runs=backend.auto_loops)
         elif loop != "auto":
             schedule = replace(schedule, loop_strategy=loop)
         self.sched = schedule      # a variant may be given, for experiments
@@ -54,6 +55,7 @@ class Executor:
         self._loop_gemms = {it for st in schedule.loop for it in st if isinstance(it, Gemm)}
         self.ws: Workspace | None = None
         self.serial = next(SERIAL)
+        self.loop_runs, self.loop_note = schedule.loop_strategy, None
 
     def workspace(self, T: int, B: int, dtype) -> Workspace:
         """The workspace for (T, B, dtype), carved from this executor's arenas (made on first use, or again
@@ -188,6 +190,18 @@ class Executor:
         else:
             self._walk(loop, ws, overlap=False)
 
+    def _persistent(self, loop, ws, _):
+        """Loop strategy 'persistent': one cooperative kernel for the whole loop where the backend compiles
+        it (the weights fit on chip at this B and dtype), else the stages frame by frame."""
+        _, launch = self._prepared(loop, ws, ALL, lambda: (ws.vals, ws.grads, ws.cat, ws.wcat, ws.P, ws.T, ws.B))
+        if not loop.reverse:
+            self.loop_runs = "persistent" if launch else "stages"
+            self.loop_note = None if launch else self.backend.persistent_problem(self.cell, loop, ws.B, ws.dtype)
+        if launch:
+            self.backend.launch(launch)
+        else:
+            self._walk(loop, ws, overlap=True)
+
     def _walk(self, loop, ws, overlap: bool):
         for t in (reversed(range(ws.T)) if loop.reverse else range(ws.T)):
             for st in loop.stages:
@@ -307,7 +321,7 @@ class Executor:
 
 
 HANDLERS = {Gemm: Executor._gemm, Fused: Executor._fused, Pair: Executor._pair, StagesLoop: Executor._stages,
-            ElementwiseLoop: Executor._elementwise, ScanLoop: Executor._scan,
+            ElementwiseLoop: Executor._elementwise, ScanLoop: Executor._scan, PersistentLoop: Executor._persistent,
             GemmGrad: Executor._gemm_grad, FusedGrad: Executor._fused_grad, WeightGrad: Executor._weight_grad,
             ParamSum: Executor._param_sum, SharedWeight: Executor._shared}
 

@@ -22,6 +22,11 @@ class ArrayBackend:
     records = None      # what the backend records as CUDA graphs: None, "all" (whole bodies) or "loops"
     loops = frozenset({"stages"})   # the loop strategies it runs
 
+    @property
+    def auto_loops(self) -> frozenset:
+        """The loop strategies 'auto' may pick: those it runs, unless a backend runs one no faster."""
+        return self.loops
+
     # -- array conveniences (layers, workspaces) ----------------------------------------------------
     def zeros(self, shape, dtype):
         return self.xp.zeros(shape, dtype=dtype)
@@ -71,6 +76,10 @@ class ArrayBackend:
         """Runs independent callables (the items of one stage); a backend may overlap them."""
         for fn in fns:
             fn()
+
+    def persistent_problem(self, cell, loop, B: int, dtype) -> str | None:
+        """Why a persistent loop (plan.items.PersistentLoop) runs frame by frame here, or None."""
+        return f"the {self.name} backend runs it frame by frame (a persistent kernel needs the GPU)"
 
     def forget(self, serials: set):
         """Drops what was recorded for the workspaces with these serials (they are gone); nothing here."""

@@ -7,4 +7,5 @@ from .base import ArrayBackend
 class NumpyBackend(ArrayBackend):
     name = "numpy"
     xp = numpy
-    loops = frozenset({"stages", "elementwise", "scan"})
+    loops = frozenset({"stages", "elementwise", "scan", "persistent"})
+    auto_loops = loops - {"persistent"}     # it runs 'persistent' as 'stages' (the reference): no reason to pick it
