@@ -263,8 +263,8 @@ def test_several_loop_strategies_in_one_run(capsys):
     assert [(r[0], r[4]) for r in rows] == [("min_gru", "naive"), ("min_gru", "staged:scan"), ("min_gru", "staged"),
                                             ("min_gru", "rnngraph_torch"), ("lstm", "naive"), ("lstm", "staged"),
                                             ("lstm", "rnngraph_torch")]
-    assert "skipped staged for lstm: loop scan: the cell admits stages" in out
+    assert "skipped staged for lstm: loop scan: the cell admits persistent, stages" in out
     assert main(["bench", "--quick", "--loop", "scan,bogus"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == ("rnngraph: error: unknown loop strategy ['bogus']; choose from auto, scan, elementwise, "
-                           "stages")
+                           "persistent, stages")

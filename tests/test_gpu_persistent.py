@@ -98,7 +98,7 @@ def test_replay_after_an_in_place_update():
     ref, gpu = pair("gru", "persistent", 6, 64, "float64", "graph")
     x = np.random.default_rng(6).standard_normal((12, 2, 6))
     agree(ref, gpu, [x], None, "float64", "before")
-    for p, q in zip(ref.parameters(), gpu.parameters()):
+    for p, q in zip(ref.parameters().values(), gpu.parameters().values()):
         p *= 0.5
         q *= 0.5            # in place: the recorded graph reads the same arrays
     agree(ref, gpu, [x], None, "float64", "after")

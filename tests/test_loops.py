@@ -1,4 +1,4 @@
-"""The loop strategies 'scan' and 'elementwise' on numpy against 'stages': values, gradients, errors."""
+"""The loop strategies 'scan', 'elementwise' and 'persistent' on numpy against 'stages': values, gradients, errors."""
 import numpy as np
 import pytest
 
@@ -122,7 +122,8 @@ def test_a_backend_that_does_not_run_a_strategy_says_so(loop):
         Executor(load_cell("min_gru", 4, 6), StagesOnly(), loop=loop)
     with pytest.raises(RnnGraphError, match=message):
         Recurrent("min_gru", 4, 6, backend=StagesOnly(), loop=loop)
-    assert CupyBackend.loops == NumpyBackend.loops == {"stages", "elementwise", "scan"}
+    assert CupyBackend.loops | {"persistent"} == NumpyBackend.loops == {"stages", "elementwise", "scan", "persistent"}
+    assert NumpyBackend().auto_loops == {"stages", "elementwise", "scan"}       # it runs 'persistent' as 'stages'
     assert Executor(load_cell("min_gru", 4, 6), StagesOnly()).sched.loop_strategy == "stages"     # auto
 
 
@@ -132,12 +133,15 @@ def test_naive_mode_runs_stages_only():
 
 
 AUTO = {"min_gru": "scan", "min_lstm": "scan", "qrnn": "scan", "indrnn": "elementwise", "sru": "elementwise",
-        "lstm": "stages", "gru": "stages"}
+        "lstm": "stages", "gru": "stages"}      # on numpy; the plan's (no backend) is 'persistent' for lstm and gru
 
 
 @pytest.mark.parametrize("cell", AUTO)
 def test_auto_runs_the_best_strategy_admitted(cell):
-    assert Recurrent(cell, 4, 6).loop_strategy == AUTO[cell] == build_schedule(load_cell(cell, 4, 6)).loop_strategy
+    plan = "persistent" if cell in ("lstm", "gru") else AUTO[cell]
+    assert build_schedule(load_cell(cell, 4, 6)).loop_strategy == plan
+    numpy = Executor(load_cell(cell, 4, 6), get_backend("numpy")).sched.loop_strategy
+    assert Recurrent(cell, 4, 6).loop_strategy == AUTO[cell] == numpy
     assert Recurrent(cell, 4, 6, mode="naive").loop_strategy == "stages"
 
 
@@ -189,7 +193,7 @@ def mixed_cell(kind: str):
     return c.build()
 
 
-MIXED = {"general": (("scan", "stages"), StagesLoop), "elementwise": (("scan", "elementwise", "stages"), ElementwiseLoop)}
+MIXED = {"general": (("scan", "persistent", "stages"), StagesLoop), "elementwise": (("scan", "elementwise", "stages"), ElementwiseLoop)}
 
 
 def run_executor(ex, params, x, init, gy, gf, lengths=None):
@@ -229,3 +233,23 @@ def test_a_scanned_state_beside_other_states(kind):
     directional(lambda v: loss(params, v), x, gx, rng)
     for n in params:
         directional(lambda v: loss({**params, n: v}, x), params[n], gp[n], rng)
+
+
+def test_persistent_runs_as_stages_on_numpy_bit_for_bit():
+    """On numpy 'persistent' walks the stages frame by frame: the same numbers, and the layer says so."""
+    ref = Recurrent("lstm", 4, 6, dtype="float64", loop="stages", num_layers=2, bidirectional=True, seed=1)
+    pers = Recurrent("lstm", 4, 6, dtype="float64", loop="persistent", num_layers=2, bidirectional=True)
+    pers.load_state_dict(ref.state_dict())
+    assert pers.loop_strategy == "persistent" and pers.loop_note is None        # the plan's, before any call
+    rng = np.random.default_rng(8)
+    x, h0, c0 = rng.standard_normal((9, 3, 4)), rng.standard_normal((4, 3, 6)), rng.standard_normal((4, 3, 6))
+    gy, gh, gc = rng.standard_normal((9, 3, 12)), rng.standard_normal((4, 3, 6)), rng.standard_normal((4, 3, 6))
+    got = []
+    for layer in (pers, ref):
+        y, (h, c) = layer(x, (h0, c0))
+        gx, (gh0, gc0), grads = layer.backward(gy, (gh, gc))
+        got.append([y.copy(), h.copy(), c.copy(), gx.copy(), gh0.copy(), gc0.copy(),
+                    *(grads[n].copy() for n in sorted(grads))])
+    for a, b in zip(*got, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert pers.loop_strategy == "stages" and "numpy" in pers.loop_note

@@ -7,7 +7,8 @@ import pytest
 
 import rnngraph.nn as rnn
 from rnngraph import CELLS, Cell, RnnGraphError, build_schedule, load_cell
-from rnngraph.plan.items import FusedGrad, GemmGrad, ParamSum, SharedWeight, StagesLoop, WeightGrad
+from rnngraph.plan.items import FusedGrad, GemmGrad, ParamSum, PersistentLoop, SharedWeight, StagesLoop, WeightGrad
+from rnngraph.plan.schedule import LOOP_TITLES
 from rnngraph.run.backends import get_backend
 from rnngraph.run.executor import HANDLERS, Executor
 
@@ -45,15 +46,17 @@ EXPECTED = {
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_backward_plan_exact_in_json(name):
-    s = json.loads(json.dumps(build_schedule(load_cell(name, 8, 16)).summary()))
+    s = json.loads(json.dumps(build_schedule(load_cell(name, 8, 16), loop="stages").summary()))
     assert s["loop_strategy"] == "stages"
     assert s["forward_loop"] == EXPECTED[name]["forward_loop"]
     assert [(sec["section"], sec["items"]) for sec in s["backward"]] == EXPECTED[name]["backward"]
+    default = json.loads(json.dumps(build_schedule(load_cell(name, 8, 16)).summary()))      # auto: persistent
+    assert default == {**s, "loop_strategy": "persistent"}                                   # the same stages
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_backward_plan_printed_in_order(name):
-    lines = str(build_schedule(load_cell(name, 8, 16))).splitlines()
+    lines = str(build_schedule(load_cell(name, 8, 16), loop="stages")).splitlines()
     assert f"  loop (per frame, strategy stages): {4 if name == 'mgu' else 2} stages" in lines
     assert [f"    runs {line}" for line in EXPECTED[name]["forward_loop"]] == [ln for ln in lines if "runs " in ln]
     start = lines.index("  backward:")
@@ -63,10 +66,15 @@ def test_backward_plan_printed_in_order(name):
     assert titles == ["post reversed, over all frames", "loop in reverse time, stages reversed",
                       "parameter gradients of loop and post, reduced once over all frames",
                       "pre reversed, over all T·B rows", "weights shared by several ops"]
+    default = str(build_schedule(load_cell(name, 8, 16))).splitlines()        # auto: persistent, the same stages
+    n = 4 if name == "mgu" else 2
+    assert default == [ln.replace(f"strategy stages): {n}", f"strategy persistent): {n}")
+                       .replace(f"{LOOP_TITLES['stages']}: {n} stage", f"{LOOP_TITLES['persistent']}: {n} stage")
+                       for ln in lines]
 
 
 def test_backward_items_carry_the_decisions():
-    lstm = build_schedule(load_cell("lstm", 8, 16))
+    lstm = build_schedule(load_cell("lstm", 8, 16), loop="stages")
     post, loop, reduce, pre, shared = lstm.backward
     (bwd_loop,) = loop.items
     assert isinstance(bwd_loop, StagesLoop) and bwd_loop.reverse and loop.per_frame
@@ -75,6 +83,8 @@ def test_backward_items_carry_the_decisions():
     assert [type(r) for r in reduce.items] == [WeightGrad] + [ParamSum] * 4
     assert reduce.items[1].terms == (("add4", 1),)                               # b_hi read by add4, slot 1
     assert lstm.capture_problem is None and post.items == () == shared.items
+    (persistent,) = build_schedule(load_cell("lstm", 8, 16)).backward[1].items             # auto's: the same stages
+    assert isinstance(persistent, PersistentLoop) and persistent.reverse and persistent.stages == bwd_loop.stages
 
 
 def test_post_item_reading_a_node_at_two_delays_adds_atomically():
@@ -124,15 +134,17 @@ def test_dispatch_table_covers_every_item_kind_the_planner_emits():
 # -- the loop strategy -------------------------------------------------------------------------------
 def test_loop_strategy_is_a_field_chosen_by_auto():
     cell = load_cell("gru", 4, 6)
-    assert build_schedule(cell).loop_strategy == "stages" == build_schedule(cell, loop="stages").loop_strategy
-    assert build_schedule(cell).summary() == build_schedule(cell, loop="stages").summary()
+    assert build_schedule(cell).loop_strategy == "persistent" == build_schedule(cell, loop="persistent").loop_strategy
+    assert build_schedule(cell).summary() == build_schedule(cell, loop="persistent").summary()
+    assert build_schedule(cell).summary() == {**build_schedule(cell, loop="stages").summary(), "loop_strategy": "persistent"}
     assert build_schedule(cell, optimize=False).summary()["loop_strategy"] == "stages"
+    assert Executor(cell, get_backend("numpy")).sched.loop_strategy == "stages"    # numpy's auto: not persistent
 
 
-LOOP_ERRORS = [("gru", "bogus", r"^unknown loop strategy 'bogus'; choose one of auto, scan, elementwise, stages$"),
+LOOP_ERRORS = [("gru", "bogus", r"^unknown loop strategy 'bogus'; choose one of auto, scan, elementwise, persistent, stages$"),
                ("gru", "scan", r"^cell 'gru' does not admit loop strategy 'scan': it needs a linear_diagonal state; "
                                r"state h is general \(its "
-                               r"recurrence has cross-feature ops \(linear3, linear7, linear11\)\); it admits stages$"),
+                               r"recurrence has cross-feature ops \(linear3, linear7, linear11\)\); it admits persistent, stages$"),
                ("indrnn", "scan", r"^cell 'indrnn' does not admit loop strategy 'scan': it needs a linear_diagonal "
                                   r"state; state h is elementwise \(its "
                                   r"recurrence is elementwise: each feature on its own\); it admits elementwise, stages$")]

@@ -235,17 +235,24 @@ def rowsum_source(ctype: str, store: str) -> tuple:
 
 
 PARAM_GRAD_SOURCE = r"""
-extern "C" __global__ void {name}({args}{T}* out, int N, int F, int R) {{
-    // gradient of a vector parameter: out[f] += sum over rows n of the op's backward expression
-    int f = blockIdx.x * blockDim.x + threadIdx.x;
-    if (f >= F) return;
-    int n0 = blockIdx.y * R, n1 = min(N, n0 + R);
+extern "C" __global__ void {name}({args}{T}* out, int N, int F) {{
+    // gradient of a vector parameter: out[f] += sum over rows n of the op's backward expression, with no
+    // atomics (bit for bit the same every run): a block of 32 features x 32 row lanes, lane y summing rows
+    // y, y + 32, ... in order, then the 32 lanes' sums added in order
+    __shared__ {T} part[32][33];
+    int f = blockIdx.x * 32 + threadIdx.x;
     {T} acc = 0;
-    for (int n = n0; n < n1; ++n) {{
+    for (int n = threadIdx.y; f < F && n < N; n += 32) {{
 {loads}
         acc += {expr};
     }}
-    atomicAdd(out + f, acc);
+    part[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && f < F) {{
+        {T} total = 0;
+        for (int y = 0; y < 32; ++y) total += part[y][threadIdx.x];
+        out[f] += total;
+    }}
 }}
 """
 

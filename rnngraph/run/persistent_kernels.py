@@ -51,6 +51,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {name}(unsigned int* bar, {a
     CT* smem = (CT*)smem_raw;
     CT* xs = smem + XS_OFF;         // a GEMM phase's operand rows [NB, K]
     CT* gs = smem + GS_OFF;         // its sums [rows of the block, NB]
+    CT* gp = smem + GP_OFF;         // their partial sums [(row, slice), NB]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, blk = blockIdx.x;
     unsigned int barriers = 0;      // the grid barriers passed: *bar counts G arrivals each (zeroed before launch)
 {load}
@@ -72,21 +73,32 @@ GEMV = r"""
             xs[e] = AT({x}, {ldx}, {lag}, k);
         }}
         __syncthreads();
-        for (int q = warp; q < nu * {m}; q += NT / 32) {{
-            const CT* w = smem + {woff} + q * {K};
-            CT acc[NB];
-            #pragma unroll
-            for (int b = 0; b < NB; ++b) acc[b] = 0;
-            for (int k = lane; k < {K}; k += 32) {{
-                const CT wk = w[k];
+        {{  // nq weight rows; where there are fewer than warps, each row's K splits into S slices
+            const int nq = nu * {m}, S = nq > 0 && nq < NT / 32 ? (NT / 32) / nq : 1;
+            for (int wq = warp; wq < nq * S; wq += NT / 32) {{
+                const int q = wq / S, sl = wq - q * S, k1 = ({K} * (sl + 1)) / S;
+                const CT* w = smem + {woff} + q * {K};
+                CT acc[NB];
                 #pragma unroll
-                for (int b = 0; b < NB; ++b) acc[b] += xs[b * {K} + k] * wk;
+                for (int b = 0; b < NB; ++b) acc[b] = 0;
+                for (int k = ({K} * sl) / S + lane; k < k1; k += 32) {{
+                    const CT wk = w[k];
+                    #pragma unroll
+                    for (int b = 0; b < NB; ++b) acc[b] += xs[b * {K} + k] * wk;
+                }}
+                #pragma unroll
+                for (int b = 0; b < NB; ++b) {{
+                    CT v = acc[b];
+                    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+                    if (lane == 0) gp[wq * NB + b] = v;
+                }}
             }}
-            #pragma unroll
-            for (int b = 0; b < NB; ++b) {{
-                CT v = acc[b];
-                for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-                if (lane == 0) gs[q * NB + b] = v;
+            __syncthreads();
+            for (int e = tid; e < nq * NB; e += NT) {{     // the slices added in order
+                const int q = e / NB, b = e - q * NB;
+                CT v = 0;
+                for (int sl = 0; sl < S; ++sl) v += gp[(q * S + sl) * NB + b];
+                gs[q * NB + b] = v;
             }}
         }}
         __syncthreads();"""
@@ -188,41 +200,48 @@ def barriers(groups) -> list:
 
 
 def shared_layout(groups, B: int, G: int) -> tuple:
-    """({id(phase): weight offset}, xs offset, gs offset, total elements) of the shared memory: each
-    GEMM phase's weights for the largest share of units a block gets, then x rows, then the sums."""
+    """({id(phase): weight offset}, xs, gs and gp offsets, total elements) of the shared memory: each
+    GEMM phase's weights for the largest share of units a block gets, then x rows, the sums, the partials."""
     offs, n, xs, gs = {}, 0, 0, 0
     for p in (p for g in groups for p in g if p.kind in ("gemm", "pair", "dgemm")):
         per = -(-p.units // G)
         offs[id(p)] = n
         n += per * p.m * p.width
         xs, gs = max(xs, B * p.width), max(gs, per * p.m * B)
-    return offs, n, n + xs, n + xs + gs
+    gp = max(gs, THREADS // 32 * B)
+    return offs, n, n + xs, n + xs + gs, n + xs + gs + gp
 
 
 def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
     """The kernel running `loop` (a PersistentLoop; problem() is None) for B ≤ MAX_ROWS rows on G blocks."""
     groups = phases(cell, loop)
-    woff, xs_off, gs_off, total = shared_layout(groups, B, G)
+    woff, xs_off, gs_off, gp_off, total = shared_layout(groups, B, G)
     args: dict = {}
 
     def arg(kind, key):
         return f"pp{args.setdefault((kind, key), len(args))}"
 
+    written = {n: (gi, p) for gi, g in enumerate(groups) for p in g for n in _nodes_of(p)}
     load, body = [], []
-    for need, g in zip(barriers(groups), groups):
+    for gi, (need, g) in enumerate(zip(barriers(groups), groups)):
+        early = {}
+        for pi, p in enumerate(g):      # loads that need no barrier are issued before it
+            ok = lambda kind, n, lag, p=p: kind == "val" and (loop.reverse or _own(written.get(n), p, lag, gi))
+            lines, early[pi] = _prefetch(cell, p, f"r{gi}_{pi}_", arg, ok, G)
+            body += lines
         if need:
             body.append("        grid_barrier(bar, ++barriers * G);")
-        for p in g:
+        for pi, p in enumerate(g):
             body.append(f"        {{   // {p.kind} {', '.join(_nodes_of(p))}")
             body.append(f"        const int u0 = ({p.units} * blk) / G, nu = ({p.units} * (blk + 1)) / G - u0;")
             if p.kind in ("gemm", "pair", "dgemm"):
                 load.append(_weights(p, woff[id(p)], arg))
                 body.append(_gemv(cell, p, woff[id(p)], arg))
-            body += _epilogue(cell, p, arg)
+            body += _epilogue(cell, p, arg, early[pi])
             body.append("        __syncthreads();\n        }")
     names = list(args)
     sig = "".join(f"CT* pp{k}, " if kind == "w" else f"CT* pp{k}, long long ld{k}, " for k, (kind, _) in enumerate(names))
-    defs = {"CT": ctype, "NB": B, "G": G, "NT": THREADS, "XS_OFF": xs_off, "GS_OFF": gs_off}
+    defs = {"CT": ctype, "NB": B, "G": G, "NT": THREADS, "XS_OFF": xs_off, "GS_OFF": gs_off, "GP_OFF": gp_off}
     text = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + SOURCE.format(
         name="{name}", args=sig, load="\n".join(load), phases="\n".join(body),
         frame="T - 1 - s" if loop.reverse else "s")
@@ -265,7 +284,51 @@ def _gemv(cell, p, off: int, arg) -> str:
     return GEMV.format(K=p.width, x=x, ldx=_ld(x), lag=lag, m=p.m, woff=off)
 
 
-def _epilogue(cell, p, arg) -> list:
+def _own(writer, p, lag: int, gi: int) -> bool:
+    """Whether a forward value read at `lag` in phase p (group gi) is ready before the group's barrier: never
+    written in the loop, or written by this block itself (an aligned phase of p's units) in an earlier frame
+    or an earlier group of this one."""
+    if writer is None:
+        return True
+    wg, w = writer
+    return w.aligned == p.units and (lag >= 1 or wg < gi)
+
+
+def _prefetch(cell, p, prefix: str, arg, ok, G: int) -> tuple:
+    """(lines, {input name: register}) loading the inputs of phase p's body for which ok(kind, node, lag)
+    holds into registers, each thread its one element (b, f); none where a thread has several."""
+    if p.kind in ("gemm", "dgemm") or -(-p.units // G) * 8 > THREADS:
+        return [], {}
+    nodes, given = (p.item.fused.nodes, set(p.item.gemm.nodes)) if p.kind == "pair" else (p.item.nodes, set())
+    spec, where = _sources(cell, nodes, "bwd" if p.kind == "dfused" else "fwd")
+    early = {nm: prefix + nm for nm in spec.in_names if where[nm][1] not in given or where[nm][2]
+             if ok(*where[nm])}
+    if not early:
+        return [], {}
+    lines = [f"        CT {', '.join(f'{r} = 0' for r in early.values())};",
+             f"        {{  const int u0 = ({p.units} * blk) / G, nu = ({p.units} * (blk + 1)) / G - u0;",
+             "            if (tid < nu * NB) {", "                const int b = tid / nu, f = u0 + tid - b * nu;"]
+    lines += [f"                {r} = {_at(arg, where[nm])};" for nm, r in early.items()]
+    return lines + ["            }", "        }"], early
+
+
+def _sources(cell, nodes, direction: str) -> tuple:
+    """(the group's KernelSpec, {argument name: (kind, node, lag)}) for its forward or backward body."""
+    spec = fused_forward_kernel(cell, nodes) if direction == "fwd" else \
+        fused_backward_kernel(cell, nodes, set(cell.params))
+    src = {"ext": lambda k: ("val", k[0], k[1]), "val": lambda n: ("val", n, 0), "out": lambda n: ("val", n, 0),
+           "grad": lambda n: ("grad", n, 0), "gext": lambda k: ("grad", k[0], k[1])}
+    return spec, {nm: src[kind](key) for nm, (kind, key) in zip(spec.in_names + spec.out_names,
+                                                                  spec.inputs + spec.outputs)}
+
+
+def _at(arg, source) -> str:
+    kind, n, lag = source
+    a = arg(kind, n)
+    return f"AT({a}, {_ld(a)}, {lag}, f)"
+
+
+def _epilogue(cell, p, arg, early: dict) -> list:
     """The per-(b, f) part of a phase: a GEMM's stores, a pair's stores and fused body, a group's body."""
     head = ["        for (int e = tid; e < nu * NB; e += NT) {",
             "            const int b = e / nu, u = e - b * nu, f = u0 + u;", "            (void)f;"]
@@ -280,29 +343,21 @@ def _epilogue(cell, p, arg) -> list:
         c = arg("cat", gemm)
         lines = [f"            const CT g{j} = gs[({j} * nu + u) * NB + b];" for j in range(len(gemm.nodes))]
         lines += [f"            AT({c}, {_ld(c)}, 0, {p.units * j} + f) = g{j};" for j in range(len(gemm.nodes))]
-        return head + lines + _body(cell, fused.nodes, "fwd", arg, {n: f"g{j}" for j, n in enumerate(gemm.nodes)}) + \
-            ["        }"]
-    return head + _body(cell, p.item.nodes, "fwd" if p.kind == "fused" else "bwd", arg, {}) + ["        }"]
+        given = {n: f"g{j}" for j, n in enumerate(gemm.nodes)}
+        return head + lines + _body(cell, fused.nodes, "fwd", arg, given, early) + ["        }"]
+    return head + _body(cell, p.item.nodes, "fwd" if p.kind == "fused" else "bwd", arg, {}, early) + ["        }"]
 
 
-def _body(cell, nodes, direction: str, arg, given: dict) -> list:
+def _body(cell, nodes, direction: str, arg, given: dict, early: dict) -> list:
     """A fused group's body at element (b, f) of frame t: loads, the generated statements, stores.
-    given: external nodes (read at delay 0) whose values are already in locals (a pair's GEMM sums)."""
-    spec = fused_forward_kernel(cell, nodes) if direction == "fwd" else \
-        fused_backward_kernel(cell, nodes, set(cell.params))
-    src = {"ext": lambda k: ("val", k[0], k[1]), "val": lambda n: ("val", n, 0), "out": lambda n: ("val", n, 0),
-           "grad": lambda n: ("grad", n, 0), "gext": lambda k: ("grad", k[0], k[1])}
-    where = {nm: src[kind](key) for nm, (kind, key) in zip(spec.in_names + spec.out_names, spec.inputs + spec.outputs)}
-
-    def at(nm):
-        kind, n, lag = where[nm]
-        a = arg(kind, n)
-        return f"AT({a}, {_ld(a)}, {lag}, f)"
+    given: external nodes (read at delay 0) whose values are already in locals (a pair's GEMM sums);
+    early: inputs already loaded into registers (_prefetch)."""
+    spec, where = _sources(cell, nodes, direction)
     lines = []
     for nm, (kind, key) in zip(spec.in_names, spec.inputs):
         local = given.get(key[0]) if kind == "ext" and key[1] == 0 else None
-        lines.append(f"CT {nm} = {local or at(nm)};")
-    lines += [f"CT {nm} = {at(nm)};" for nm in spec.out_names if nm.startswith("gm")]
+        lines.append(f"CT {nm} = {local or early.get(nm) or _at(arg, where[nm])};")
+    lines += [f"CT {nm} = {_at(arg, where[nm])};" for nm in spec.out_names if nm.startswith("gm")]
     lines += [ln.replace("T ", "CT ", 1) if ln.startswith("T ") else ln for ln in spec.body]
-    lines += [f"{at(nm)} {op} {v};" for nm, v, op in spec.stores]
+    lines += [f"{_at(arg, where[nm])} {op} {v};" for nm, v, op in spec.stores]
     return ["            " + ln for ln in lines]

@@ -134,9 +134,8 @@ class CupyBackend(ArrayBackend):
 
     def _param_grad_launch(self, cell, n, slot, g, ins, y, out):
         kernel = self._raw(*param_grad_kernel(cell, n, slot, _CTYPE[str(out.dtype)]))
-        cp, N, F, R = self.xp, g.shape[0], out.shape[0], 64
-        return (kernel, ((F + 127) // 128, (N + R - 1) // R), (128,),
-                (*self._row_args([g, *ins, y]), out, cp.int32(N), cp.int32(F), cp.int32(R)))
+        cp, N, F = self.xp, g.shape[0], out.shape[0]
+        return kernel, ((F + 31) // 32,), (32, 32), (*self._row_args([g, *ins, y]), out, cp.int32(N), cp.int32(F))
 
     def matmul_launch(self, a, w, c, accumulate: bool):
         """c [N, M] (+)= a [N, K] · w [M, K]ᵀ with our own kernels (capturable without cuBLAS): one launch."""
