@@ -36,6 +36,16 @@ class KernelSpec:
     body: tuple        # C statements over locals
     stores: tuple      # (output name, local, "=" or "+=")
 
+    def olds(self, at, ctype: str) -> list:
+        """Loads of what the '+=' stores add to, issued with the other loads: after each other's stores
+        (which the compiler keeps in order: the pointers may alias) they would wait a load latency each."""
+        return [f"{ctype} {nm}_old = {at(nm)};" for nm, _, op in self.stores if op == "+="]
+
+    def writes(self, at) -> list:
+        """The stores: '=', '+=' (onto the value olds() loaded) or an atomic add."""
+        return [f"atomicAdd(&{at(nm)}, {v});" if op == "atomic" else f"{at(nm)} = {nm}_old + {v};" if op == "+="
+                else f"{at(nm)} = {v};" for nm, v, op in self.stores]
+
     def source(self, ctype: str) -> tuple[str, str]:
         """(kernel name, CUDA source) for element type ctype ('float' or 'double')."""
         at = lambda nm: f"p_{nm}[r * s_{nm} + f]"
@@ -43,9 +53,7 @@ class KernelSpec:
         args += "".join(f"{ctype}* p_{nm}, long long s_{nm}, " for nm in self.out_names)
         lines = [f"{ctype} {nm} = {at(nm)};" for nm in self.in_names]
         lines += [f"{ctype} {nm} = {at(nm)};" for nm in self.out_names if nm.startswith("gm")]
-        lines += [ln.replace("T ", f"{ctype} ") for ln in self.body]
-        lines += [f"atomicAdd(&{at(nm)}, {v});" if op == "atomic" else f"{at(nm)} {op} {v};"
-                  for nm, v, op in self.stores]
+        lines += self.olds(at, ctype) + [ln.replace("T ", f"{ctype} ") for ln in self.body] + self.writes(at)
         text = FUSED_SOURCE.format(name="{name}", args=args, body="\n".join("    " + ln for ln in lines))
         name = kernel_name("fused", text)
         return name, text.replace("{name}", name)
@@ -321,8 +329,7 @@ def gemv_fused_kernel(spec: KernelSpec, gemm_nodes, offsets, ctype: str):
     # the group's other operands are loaded first, so their latency overlaps the GEMV's
     prefetch = [f"    {ctype} {nm} = {at(nm)};" for nm in spec.in_names if nm not in from_gemm]
     lines = [f"{ctype} {nm} = g{from_gemm[nm]};" for nm in spec.in_names if nm in from_gemm]
-    lines += [ln.replace("T ", f"{ctype} ") for ln in spec.body]
-    lines += [f"{at(nm)} {op} {v};" for nm, v, op in spec.stores]
+    lines += spec.olds(at, ctype) + [ln.replace("T ", f"{ctype} ") for ln in spec.body] + spec.writes(at)
     text = GEMV_FUSED_SOURCE.format(
         name="{name}", T=ctype, args=args, m=m, prefetch="\n".join(prefetch),
         decl="\n".join(f"    {ctype} acc{j}[8] = {{0, 0, 0, 0, 0, 0, 0, 0}};" for j in range(m)),

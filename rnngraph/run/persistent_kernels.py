@@ -357,7 +357,7 @@ def _body(cell, nodes, direction: str, arg, given: dict, early: dict) -> list:
     for nm, (kind, key) in zip(spec.in_names, spec.inputs):
         local = given.get(key[0]) if kind == "ext" and key[1] == 0 else None
         lines.append(f"CT {nm} = {local or early.get(nm) or _at(arg, where[nm])};")
-    lines += [f"CT {nm} = {_at(arg, where[nm])};" for nm in spec.out_names if nm.startswith("gm")]
-    lines += [ln.replace("T ", "CT ", 1) if ln.startswith("T ") else ln for ln in spec.body]
-    lines += [f"{_at(arg, where[nm])} {op} {v};" for nm, v, op in spec.stores]
+    at = lambda nm: _at(arg, where[nm])
+    lines += [f"CT {nm} = {at(nm)};" for nm in spec.out_names if nm.startswith("gm")] + spec.olds(at, "CT")
+    lines += [ln.replace("T ", "CT ", 1) if ln.startswith("T ") else ln for ln in spec.body] + spec.writes(at)
     return ["            " + ln for ln in lines]
