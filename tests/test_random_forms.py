@@ -228,7 +228,8 @@ def test_near_misses_are_not_linear_diagonal(spoil, seed):
     cell, _, _, what = random_cell(seed, spoil)
     kinds = classes(cell)
     assert kinds["h"] == SPOILS[spoil], (what, kinds)
-    admits = ("elementwise", "stages") if set(kinds.values()) == {"elementwise"} else ("stages",)
+    admits = (("elementwise",) if set(kinds.values()) == {"elementwise"} else ()) + \
+        (("persistent",) if "general" in kinds.values() else ()) + ("stages",)     # a general state: persistent too
     assert build_schedule(cell).loop_strategies == admits, what
     with pytest.raises(RnnGraphError, match="does not admit loop strategy 'scan'"):
         build_schedule(cell, loop="scan")

@@ -35,14 +35,13 @@ MAX_ROWS = 8                # the batch rows a persistent kernel takes (its accu
 SOURCE = r"""
 #define AT(p, ld, lag, col) p[((long long)(P + t - (lag)) * NB + b) * (ld) + (col)]
 static __device__ __forceinline__ void grid_barrier(unsigned int* count, unsigned int target) {{
-    // every block's thread 0 arrives (release), then spins until all G have (acquire)
+    // every block's thread 0 arrives with a release add (after the block's writes: bar.sync orders them),
+    // then spins with acquire loads until all G have arrived; bar.sync hands that on to the block
     __syncthreads();
     if (threadIdx.x == 0) {{
-        __threadfence();
-        atomicAdd(count, 1u);
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(count) : "memory");
         unsigned int seen;
-        do {{ asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory"); }} while (seen < target);
-        __threadfence();
+        do {{ asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory"); }} while (seen < target);
     }}
     __syncthreads();
 }}
@@ -56,6 +55,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {name}(unsigned int* bar, {a
     unsigned int barriers = 0;      // the grid barriers passed: *bar counts G arrivals each (zeroed before launch)
 {load}
     __syncthreads();
+{prologue}
     for (int s = 0; s < T; ++s) {{
         const int t = {frame};
 {phases}
@@ -222,32 +222,51 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
         return f"pp{args.setdefault((kind, key), len(args))}"
 
     written = {n: (gi, p) for gi, g in enumerate(groups) for p in g for n in _nodes_of(p)}
-    load, body = [], []
-    for gi, (need, g) in enumerate(zip(barriers(groups), groups)):
-        early = {}
+    need = barriers(groups)
+    # backward: groups before the frame's first barrier read only values (read-only here) and gradients of
+    # their own block, so they run at the end of the previous frame's iteration, their loads issued before
+    # its barrier (the forward has its barrier first: pair)
+    k = next((gi for gi, n in enumerate(need) if n), 0) if loop.reverse else 0
+    load, prologue, body, tail_loads, tail = [], [], [], [], []
+    for gi, g in enumerate(groups):
+        pre, early = [], {}
         for pi, p in enumerate(g):      # loads that need no barrier are issued before it
-            ok = lambda kind, n, lag, p=p: kind == "val" and (loop.reverse or _own(written.get(n), p, lag, gi))
+            ok = lambda kind, n, lag, p=p, gi=gi: kind == "val" and (loop.reverse or _own(written.get(n), p, lag, gi))
             lines, early[pi] = _prefetch(cell, p, f"r{gi}_{pi}_", arg, ok, G)
-            body += lines
-        if need:
-            body.append("        grid_barrier(bar, ++barriers * G);")
-        for pi, p in enumerate(g):
-            body.append(f"        {{   // {p.kind} {', '.join(_nodes_of(p))}")
-            body.append(f"        const int u0 = ({p.units} * blk) / G, nu = ({p.units} * (blk + 1)) / G - u0;")
-            if p.kind in ("gemm", "pair", "dgemm"):
-                load.append(_weights(p, woff[id(p)], arg))
-                body.append(_gemv(cell, p, woff[id(p)], arg))
-            body += _epilogue(cell, p, arg, early[pi])
-            body.append("        __syncthreads();\n        }")
+            pre += lines
+        run = (["        grid_barrier(bar, ++barriers * G);"] if need[gi] else []) + \
+            [ln for pi, p in enumerate(g) for ln in _phase_lines(cell, p, arg, early[pi], woff[id(p)] if id(p) in woff
+                                                                    else None, load)]
+        if gi < k:
+            prologue += pre + run
+            tail_loads += pre
+            tail += run
+        else:
+            body += pre + run
+    if k:
+        nxt = "        if (s + 1 < T) {{\n        const int t = T - 2 - s;\n{}\n        }}"
+        decl = [ln for ln in tail_loads if ln.lstrip().startswith("CT ")]
+        body = decl + [nxt.format("\n".join(ln for ln in tail_loads if ln not in decl))] + body + [nxt.format("\n".join(tail))]
+        prologue = ["    {\n    const int t = T - 1;"] + prologue + ["    }"]
     names = list(args)
     sig = "".join(f"CT* pp{k}, " if kind == "w" else f"CT* pp{k}, long long ld{k}, " for k, (kind, _) in enumerate(names))
     defs = {"CT": ctype, "NB": B, "G": G, "NT": THREADS, "XS_OFF": xs_off, "GS_OFF": gs_off, "GP_OFF": gp_off}
     text = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + SOURCE.format(
-        name="{name}", args=sig, load="\n".join(load), phases="\n".join(body),
+        name="{name}", args=sig, load="\n".join(dict.fromkeys(load)), prologue="\n".join(prologue), phases="\n".join(body),
         frame="T - 1 - s" if loop.reverse else "s")
     name = kernel_name("persist", text)
     itemsize = 8 if ctype == "double" else 4
     return Persistent(name, text.replace("{name}", name), tuple(names), G, THREADS, total * itemsize)
+
+
+def _phase_lines(cell, p, arg, early: dict, woff, load: list) -> list:
+    """The lines running phase p at frame t (its GEMV first, with its weights' load added to `load`)."""
+    out = [f"        {{   // {p.kind} {', '.join(_nodes_of(p))}",
+           f"        const int u0 = ({p.units} * blk) / G, nu = ({p.units} * (blk + 1)) / G - u0;"]
+    if woff is not None:
+        load.append(_weights(p, woff, arg))
+        out.append(_gemv(cell, p, woff, arg))
+    return out + _epilogue(cell, p, arg, early) + ["        __syncthreads();\n        }"]
 
 
 def _ld(pointer: str) -> str:
