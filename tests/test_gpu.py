@@ -22,8 +22,8 @@ def user_cell(D, H):
     return c.build()
 
 
-def _run(cell, backend, mode, params, x, init, gy, gf, xp, dtype):
-    ex = Executor(cell, backend, mode)
+def _run(cell, backend, mode, params, x, init, gy, gf, xp, dtype, loop="auto"):
+    ex = Executor(cell, backend, mode, loop=loop)
     conv = {k: xp.asarray(v.astype(dtype)) for k, v in params.items()}
     outs, fin = ex.forward(conv, {"x": xp.asarray(x.astype(dtype))},
                            {k: xp.asarray(v.astype(dtype)) for k, v in init.items()})
@@ -89,15 +89,17 @@ CELLS = [*rg.CELLS, *USER]
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("mode", ["naive", "staged", "graph", "graph-own"])
+@pytest.mark.parametrize("mode", ["naive", "staged", "graph", "graph-own", "staged-stages", "graph-stages"])
 @pytest.mark.parametrize("name", CELLS)
 def test_cupy_matches_numpy_reference(name, mode, dtype):
+    """Every mode against the reference; auto runs 'persistent' for cells with a GEMM on a state (B ≤ 8),
+    '-stages' the frame-by-frame loop."""
     import cupy
     cell = USER[name](5, 8) if name in USER else rg.load_cell(name, 5, 8)
     prob = _problem(cell)
     _, ref = _run(cell, NumpyBackend(), "naive", *prob, np, np.float64)
     be = get_backend("cupy", mode.split("-")[0], matmul="own" if mode == "graph-own" else "cublas")
-    ex, got = _run(cell, be, mode.split("-")[0], *prob, cupy, dtype)
+    ex, got = _run(cell, be, mode.split("-")[0], *prob, cupy, dtype, "stages" if mode.endswith("-stages") else "auto")
     _assert_close(got, ref, TOL[dtype], f"{name}/{mode}/{dtype} first call")
     if mode.startswith("graph"):   # replay with new inputs must give new, correct results (no stale values)
         own = {}
@@ -161,7 +163,7 @@ def test_lanes_match_reference(mode):
     prob = _problem(cell)
     _, ref = _run(cell, NumpyBackend(), "naive", *prob, np, np.float64)
     be = get_backend("cupy", mode, lanes=2)
-    ex, got = _run(cell, be, mode, *prob, cupy, "float64")
+    ex, got = _run(cell, be, mode, *prob, cupy, "float64", "stages")
     _assert_close(got, ref, TOL["float64"], f"lanes/{mode}")
     got2 = _run_again(ex, prob, cupy, "float64", {})
     _assert_close(got2, ref, TOL["float64"], f"lanes/{mode} replay")
@@ -175,7 +177,7 @@ def test_gemm_fused_pair_matches_reference(B):
     prob = _problem(cell, B=B)
     _, ref = _run(cell, NumpyBackend(), "naive", *prob, np, np.float64)
     for mode in ("staged", "graph"):
-        ex, got = _run(cell, get_backend("cupy", mode), mode, *prob, cupy, "float64")
+        ex, got = _run(cell, get_backend("cupy", mode), mode, *prob, cupy, "float64", "stages")
         _assert_close(got, ref, TOL["float64"], f"pair B={B} {mode}")
         paired = [launch for (it, _), (_, launch) in ex.ws.memo.items() if isinstance(it, Pair)]
         assert paired and all((v is not None) == (B <= 8) for v in paired)
@@ -187,7 +189,7 @@ def test_no_gemm_fused_pair_when_the_weights_are_large():
     cell = rg.load_cell("lstm", 5, 1024)
     prob = _problem(cell, T=3, B=1)
     _, ref = _run(cell, NumpyBackend(), "naive", *prob, np, np.float64)
-    ex, got = _run(cell, get_backend("cupy", "graph"), "graph", *prob, cupy, "float64")
+    ex, got = _run(cell, get_backend("cupy", "graph"), "graph", *prob, cupy, "float64", "stages")
     _assert_close(got, ref, TOL["float64"], "unpaired H=1024")
     paired = [launch for (it, _), (_, launch) in ex.ws.memo.items() if isinstance(it, Pair)]
     assert paired and all(v is None for v in paired)
