@@ -1,0 +1,130 @@
+"""Loop strategy 'persistent' without a GPU: the generated cooperative kernels (deterministic source, one
+grid barrier where the plan needs one, shared memory as laid out, what cannot run said by name), compiled
+by NVRTC (the pip wheel nvidia-cuda-nvrtc-cu12: a compiler, no GPU needed); on numpy the loop is 'stages'."""
+import ctypes
+import ctypes.util
+import glob
+import os
+
+import numpy as np
+import pytest
+
+from rnngraph import CELLS, build_schedule, load_cell
+from rnngraph.nn import Recurrent
+from rnngraph.plan.items import Fused
+from rnngraph.run.kernels import fused_backward_kernel, fused_forward_kernel, param_grad_kernel
+from rnngraph.run.persistent_kernels import THREADS, persistent_kernel, problem
+
+GEMM_CORES = [c for c in CELLS if "persistent" in build_schedule(load_cell(c, 4, 8)).loop_strategies]
+
+
+def loops(cell):
+    """(forward, backward) PersistentLoop items of a cell's plan."""
+    s = build_schedule(cell, loop="persistent")
+    return s.forward[1].items[0], next(sec for sec in s.backward if sec.name == "loop").items[0]
+
+
+def test_cells_with_a_gemm_on_a_state_admit_persistent():
+    assert set(GEMM_CORES) == {"lstm", "gru", "rnn_tanh", "rnn_relu", "peephole_lstm", "cifg_lstm", "mgu",
+                               "layernorm_lstm", "layernorm_gru"}
+
+
+def test_source_is_deterministic_and_named_by_its_text():
+    cell = load_cell("lstm", 8, 64)
+    fwd, bwd = loops(cell)
+    a, b = persistent_kernel(cell, fwd, "float", 3, 132), persistent_kernel(load_cell("lstm", 8, 64), fwd, "float", 3, 132)
+    assert a == b and a.name in a.source
+    assert persistent_kernel(cell, fwd, "float", 4, 132).name != a.name != persistent_kernel(cell, bwd, "float", 3, 132).name
+
+
+# cell: grid barriers per frame (forward, backward): one before each GEMM on a state; none before a fused
+# group whose block reads only its own features (the backward's group after the dgemm of the next frame)
+BARRIERS = {"lstm": (1, 1), "gru": (1, 1), "rnn_tanh": (1, 1), "peephole_lstm": (1, 1), "mgu": (2, 2)}
+
+
+@pytest.mark.parametrize("name", sorted(BARRIERS))
+def test_one_grid_barrier_per_gemm_phase(name):
+    cell = load_cell(name, 8, 64)
+    got = tuple(persistent_kernel(cell, lp, "float", 1, 132).source.count("grid_barrier(bar,") for lp in loops(cell))
+    assert got == BARRIERS[name]
+
+
+def test_shared_memory_holds_the_blocks_weights_and_rows():
+    """LSTM H=512, B=1 on 132 blocks: 4 features × 4 gates × 512 weights, x's row, 16 sums, 16 partials."""
+    cell = load_cell("lstm", 8, 512)
+    fwd, bwd = loops(cell)
+    assert persistent_kernel(cell, fwd, "float", 1, 132).smem == 4 * (4 * 4 * 512 + 512 + 16 + max(16, THREADS // 32))
+    assert persistent_kernel(cell, bwd, "float", 1, 132).smem == 4 * (4 * 2048 + 2048 + 4 + max(4, THREADS // 32))
+    big = load_cell("lstm", 8, 2048)            # 16 MiB per 132 blocks: more than an SM's 227 KiB
+    assert persistent_kernel(big, loops(big)[0], "float", 1, 132).smem > 227 * 1024
+
+
+def test_what_a_persistent_kernel_cannot_run_is_said_by_name():
+    cell = load_cell("layernorm_lstm", 8, 16)
+    assert "reduces over features inside the loop" in problem(cell, loops(cell)[0])
+    assert problem(load_cell("lstm", 8, 16), loops(load_cell("lstm", 8, 16))[0]) is None
+
+
+def test_vector_parameter_gradients_use_no_atomics():
+    """Bit-for-bit reproducible training on the GPU: the bias sums add in a fixed order."""
+    cell = load_cell("lstm", 8, 16)
+    n = next(n for n in cell.graph if any(u == "b_hi" for u, _ in cell.reads(n)))
+    slot = [u for u, _ in cell.reads(n)].index("b_hi")
+    assert "atomicAdd" not in param_grad_kernel(cell, n, slot, "float")[1]
+
+
+def test_numpy_runs_persistent_as_stages_bit_for_bit():
+    x = np.random.default_rng(0).standard_normal((7, 3, 4))
+    a, b = (Recurrent("lstm", 4, 6, num_layers=2, bidirectional=True, dtype="float64", loop=loop)
+            for loop in ("persistent", "stages"))
+    (ya, ha), (yb, hb) = a(x), b(x)
+    np.testing.assert_array_equal(ya, yb)
+    for u, v in zip(a.backward(ya)[2].values(), b.backward(yb)[2].values()):
+        np.testing.assert_array_equal(u, v)
+    assert a.loop_strategy == "stages" and "numpy backend runs it frame by frame" in a.loop_note
+
+
+# -- NVRTC ------------------------------------------------------------------------------------------
+def _nvrtc():
+    """libnvrtc from the nvidia-cuda-nvrtc wheel (the test extra), else the system's."""
+    found = []
+    try:
+        import nvidia.cuda_nvrtc as wheel
+        found = [p for d in wheel.__path__ for p in sorted(glob.glob(os.path.join(d, "lib", "libnvrtc.so.*")))
+                 if "builtins" not in p and ".alt." not in p]
+    except ImportError:
+        pass
+    path = (found or [ctypes.util.find_library("nvrtc")])[0]
+    if path is None:
+        pytest.fail("NVRTC not found: pip install nvidia-cuda-nvrtc-cu12 (in the test extra)")
+    return ctypes.CDLL(path)
+
+
+def nvrtc_compile(source: str, name: str):
+    """Compiles CUDA source for sm_90 with NVRTC; fails the test with the compiler's log."""
+    lib, prog = _nvrtc(), ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), f"{name}.cu".encode(), 0, None, None) == 0
+    opts = (ctypes.c_char_p * 2)(b"-arch=compute_90", b"-default-device")
+    rc = lib.nvrtcCompileProgram(prog, 2, opts)
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    assert rc == 0, f"{name} does not compile:\n{log.value.decode()}"
+
+
+@pytest.mark.parametrize("name", [c for c in GEMM_CORES if not c.startswith("layernorm")])
+def test_every_persistent_kernel_compiles(name):
+    cell = load_cell(name, 8, 64)
+    for lp in loops(cell):
+        for ctype, B in (("float", 1), ("double", 8)):
+            k = persistent_kernel(cell, lp, ctype, B, 132)
+            nvrtc_compile(k.source, k.name)
+
+
+def test_fused_kernels_compile():
+    cell = load_cell("gru", 8, 16)
+    group = next(it for st in build_schedule(cell, loop="stages").loop for it in st if isinstance(it, Fused))
+    for spec in (fused_forward_kernel(cell, group.nodes), fused_backward_kernel(cell, group.nodes, set(cell.params))):
+        nvrtc_compile(*reversed(spec.source("float")))
