@@ -8,4 +8,8 @@ class NumpyBackend(ArrayBackend):
     name = "numpy"
     xp = numpy
     loops = frozenset({"stages", "elementwise", "scan", "persistent"})
-    auto_loops = loops - {"persistent"}     # it runs 'persistent' as 'stages' (the reference): no reason to pick it
+
+    @property
+    def auto_loops(self) -> frozenset:
+        """It runs 'persistent' as 'stages' (the reference), so auto has no reason to pick it here."""
+        return self.loops - {"persistent"}
