@@ -45,6 +45,15 @@ static __device__ __forceinline__ void grid_barrier(unsigned int* count, unsigne
     }}
     __syncthreads();
 }}
+static __device__ __forceinline__ CT exchanged(const unsigned long long* w, unsigned int tag) {{
+    // a float written with its frame's tag in one 64-bit word: spin until the word carries `tag`
+    unsigned long long v;
+    do {{ asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(w) : "memory"); }} while ((unsigned int)(v >> 32) != tag);
+    return __uint_as_float((unsigned int)v);
+}}
+static __device__ __forceinline__ void exchange(unsigned long long* w, unsigned int tag, CT x) {{
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" :: "l"(w), "l"(((unsigned long long)tag << 32) | __float_as_uint(x)) : "memory");
+}}
 extern "C" __global__ void __launch_bounds__(NT, 1) {name}(unsigned int* bar, {args}int T, int P) {{
     extern __shared__ __align__(16) unsigned char smem_raw[];
     CT* smem = (CT*)smem_raw;
@@ -53,6 +62,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {name}(unsigned int* bar, {a
     CT* gp = smem + GP_OFF;         // their partial sums [(row, slice), NB]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, blk = blockIdx.x;
     unsigned int barriers = 0;      // the grid barriers passed: *bar counts G arrivals each (zeroed before launch)
+    const unsigned int tags = bar[1] * (unsigned int)(T + 1) + 1;   // exchanged words of frame t carry tags + t
+    (void)tags;
 {load}
     __syncthreads();
 {prologue}
@@ -64,13 +75,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {name}(unsigned int* bar, {a
 """
 
 ZERO_SOURCE = r"""
-extern "C" __global__ void rg_persist_zero(unsigned int* bar) { *bar = 0u; }
-"""
+extern "C" __global__ void rg_persist_zero(unsigned int* bar) { bar[0] = 0u; bar[1] += 1u; }
+"""   # before each launch: the barrier count from 0, a new launch number for the exchanged words' tags
 
 GEMV = r"""
         for (int e = tid; e < NB * {K}; e += NT) {{
             const int b = e / {K}, k = e - b * {K};
-            xs[e] = AT({x}, {ldx}, {lag}, k);
+            {stage}
         }}
         __syncthreads();
         {{  // nq weight rows; where there are fewer than warps, each row's K splits into S slices
@@ -223,6 +234,9 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
 
     written = {n: (gi, p) for gi, g in enumerate(groups) for p in g for n in _nodes_of(p)}
     need = barriers(groups)
+    swaps = _exchanges(cell, groups, written, ctype, G)     # group index -> operand passed in tagged words
+    need = [n and gi not in swaps for gi, n in enumerate(need)]
+    tagged = {u: arg("xb", u) for u in swaps.values()}
     # backward: groups before the frame's first barrier read only values (read-only here) and gradients of
     # their own block, so they run at the end of the previous frame's iteration, their loads issued before
     # its barrier (the forward has its barrier first: pair)
@@ -235,8 +249,8 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
             lines, early[pi] = _prefetch(cell, p, f"r{gi}_{pi}_", arg, ok, G)
             pre += lines
         run = (["        grid_barrier(bar, ++barriers * G);"] if need[gi] else []) + \
-            [ln for pi, p in enumerate(g) for ln in _phase_lines(cell, p, arg, early[pi], woff[id(p)] if id(p) in woff
-                                                                    else None, load)]
+            [ln for pi, p in enumerate(g) for ln in _phase_lines(cell, p, arg, early[pi], woff.get(id(p)), load,
+                                                                    tagged.get(swaps.get(gi)), tagged)]
         if gi < k:
             prologue += pre + run
             tail_loads += pre
@@ -249,7 +263,8 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
         body = decl + [nxt.format("\n".join(ln for ln in tail_loads if ln not in decl))] + body + [nxt.format("\n".join(tail))]
         prologue = ["    {\n    const int t = T - 1;"] + prologue + ["    }"]
     names = list(args)
-    sig = "".join(f"CT* pp{k}, " if kind == "w" else f"CT* pp{k}, long long ld{k}, " for k, (kind, _) in enumerate(names))
+    ptr = {"w": "CT* pp{}, ", "xb": "unsigned long long* pp{}, "}
+    sig = "".join(ptr.get(kind, "CT* pp{0}, long long ld{0}, ").format(k) for k, (kind, _) in enumerate(names))
     defs = {"CT": ctype, "NB": B, "G": G, "NT": THREADS, "XS_OFF": xs_off, "GS_OFF": gs_off, "GP_OFF": gp_off}
     text = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + SOURCE.format(
         name="{name}", args=sig, load="\n".join(dict.fromkeys(load)), prologue="\n".join(prologue), phases="\n".join(body),
@@ -259,14 +274,40 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
     return Persistent(name, text.replace("{name}", name), tuple(names), G, THREADS, total * itemsize)
 
 
-def _phase_lines(cell, p, arg, early: dict, woff, load: list) -> list:
-    """The lines running phase p at frame t (its GEMV first, with its weights' load added to `load`)."""
+def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict) -> list:
+    """The lines running phase p at frame t (its GEMV first, with its weights' load added to `load`; its x
+    from tagged words where xb names their buffer; its members in `tagged` also written so)."""
     out = [f"        {{   // {p.kind} {', '.join(_nodes_of(p))}",
            f"        const int u0 = ({p.units} * blk) / G, nu = ({p.units} * (blk + 1)) / G - u0;"]
     if woff is not None:
         load.append(_weights(p, woff, arg))
-        out.append(_gemv(cell, p, woff, arg))
-    return out + _epilogue(cell, p, arg, early) + ["        __syncthreads();\n        }"]
+        out.append(_gemv(cell, p, woff, arg, xb))
+    return out + _epilogue(cell, p, arg, early, tagged) + ["        __syncthreads();\n        }"]
+
+
+def _exchanges(cell, groups, written, ctype: str, G: int) -> dict:
+    """{group index: node}: where every forward group is one GEMM phase (a pair or a gemm) reading, one frame
+    back or earlier in this one, a float32 node that a pair's or fused group's body writes on every block
+    (its F ≥ G), and a pair's body reads only what its own block wrote, the grid barriers go: the writer
+    stores each value with its frame's tag in one 64-bit word (two frames' words, by parity) and the GEMM
+    spins on the words it stages. A block cannot overwrite a word two frames old before every block has
+    read it: it has itself read every block's words of the frame in between. Else {} (barriers)."""
+    out = {}
+    for gi, g in enumerate(groups):
+        (p, *rest) = g
+        it = p.item.gemm if p.kind == "pair" else p.item
+        gw, w = written.get(getattr(it, "operand", None), (None, None))
+        body = w.item.fused.nodes if w is not None and w.kind == "pair" else getattr(getattr(w, "item", None), "nodes", ())
+        if ctype != "float" or rest or p.kind not in ("pair", "gemm") or w is None or w.kind not in ("pair", "fused") \
+                or it.operand not in body or it.delay > 1 or w.units != p.width or w.units < G:
+            return {}
+        if p.kind == "pair":
+            spec, where = _sources(cell, p.item.fused.nodes, "fwd")
+            if not all(_own(written.get(n), p, lag, gi) for nm, (_, n, lag) in where.items()
+                       if nm in spec.in_names and n not in it.nodes):
+                return {}
+        out[gi] = it.operand
+    return out
 
 
 def _ld(pointer: str) -> str:
@@ -294,13 +335,18 @@ def _weights(p, off: int, arg) -> str:
             f"            smem[{off} + e] = {src};\n        }}\n    }}")
 
 
-def _gemv(cell, p, off: int, arg) -> str:
+def _gemv(cell, p, off: int, arg, xb) -> str:
+    """p's GEMV: x staged (from its tagged words where xb names their buffer), the block's rows summed."""
     if p.kind == "dgemm":
         x, lag = arg("dcat", p.item), 0
     else:
         it = p.item.gemm if p.kind == "pair" else p.item
         x, lag = arg("val", it.operand), it.delay
-    return GEMV.format(K=p.width, x=x, ldx=_ld(x), lag=lag, m=p.m, woff=off)
+    stage = f"xs[e] = AT({x}, {_ld(x)}, {lag}, k);"
+    if xb:
+        stage = (f"xs[e] = t - {lag} < 0 ? AT({x}, {_ld(x)}, {lag}, k) : "
+                 f"exchanged({xb} + (((t - {lag}) & 1) * NB + b) * {p.width} + k, tags + t - {lag});")
+    return GEMV.format(K=p.width, stage=stage, m=p.m, woff=off)
 
 
 def _own(writer, p, lag: int, gi: int) -> bool:
@@ -347,7 +393,7 @@ def _at(arg, source) -> str:
     return f"AT({a}, {_ld(a)}, {lag}, f)"
 
 
-def _epilogue(cell, p, arg, early: dict) -> list:
+def _epilogue(cell, p, arg, early: dict, tagged: dict) -> list:
     """The per-(b, f) part of a phase: a GEMM's stores, a pair's stores and fused body, a group's body."""
     head = ["        for (int e = tid; e < nu * NB; e += NT) {",
             "            const int b = e / nu, u = e - b * nu, f = u0 + u;", "            (void)f;"]
@@ -363,14 +409,14 @@ def _epilogue(cell, p, arg, early: dict) -> list:
         lines = [f"            const CT g{j} = gs[({j} * nu + u) * NB + b];" for j in range(len(gemm.nodes))]
         lines += [f"            AT({c}, {_ld(c)}, 0, {p.units * j} + f) = g{j};" for j in range(len(gemm.nodes))]
         given = {n: f"g{j}" for j, n in enumerate(gemm.nodes)}
-        return head + lines + _body(cell, fused.nodes, "fwd", arg, given, early) + ["        }"]
-    return head + _body(cell, p.item.nodes, "fwd" if p.kind == "fused" else "bwd", arg, {}, early) + ["        }"]
+        return head + lines + _body(cell, fused.nodes, "fwd", arg, given, early, tagged) + ["        }"]
+    return head + _body(cell, p.item.nodes, "fwd" if p.kind == "fused" else "bwd", arg, {}, early, tagged) + ["        }"]
 
 
-def _body(cell, nodes, direction: str, arg, given: dict, early: dict) -> list:
+def _body(cell, nodes, direction: str, arg, given: dict, early: dict, tagged: dict) -> list:
     """A fused group's body at element (b, f) of frame t: loads, the generated statements, stores.
     given: external nodes (read at delay 0) whose values are already in locals (a pair's GEMM sums);
-    early: inputs already loaded into registers (_prefetch)."""
+    early: inputs already loaded into registers (_prefetch); tagged: members also written as tagged words."""
     spec, where = _sources(cell, nodes, direction)
     lines = []
     for nm, (kind, key) in zip(spec.in_names, spec.inputs):
@@ -379,4 +425,7 @@ def _body(cell, nodes, direction: str, arg, given: dict, early: dict) -> list:
     at = lambda nm: _at(arg, where[nm])
     lines += [f"CT {nm} = {at(nm)};" for nm in spec.out_names if nm.startswith("gm")] + spec.olds(at, "CT")
     lines += [ln.replace("T ", "CT ", 1) if ln.startswith("T ") else ln for ln in spec.body] + spec.writes(at)
+    F = cell.op(nodes[0]).size
+    lines += [f"exchange({tagged[n]} + ((t & 1) * NB + b) * {F} + f, tags + t, v{k});"
+              for k, n in enumerate(nodes) if n in tagged and direction == "fwd"]
     return ["            " + ln for ln in lines]

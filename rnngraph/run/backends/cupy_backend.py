@@ -272,12 +272,13 @@ class CupyBackend(ArrayBackend):
             return None
         cp, k = self.xp, self._persistent_kernel(cell, loop, B, dtype)
         pick = {"val": vals.__getitem__, "grad": grads.__getitem__, "cat": lambda it: cat[it][0],
-                "dcat": lambda it: cat[it][1], "w": lambda it: wcat[it][0]}
+                "dcat": lambda it: cat[it][1], "w": lambda it: wcat[it][0],
+                "xb": lambda n: cp.zeros((2, B, cell.op(n).size), cp.uint64)}     # tagged words, two frames
         args = []
         for kind, key in k.args:
             a = pick[kind](key)
-            args += [a] if kind == "w" else self._frame_args([a], B)
-        bar = cp.zeros(1, cp.uint32)            # kept with the launch (the workspace's memo)
+            args += [a] if kind in ("w", "xb") else self._frame_args([a], B)
+        bar = cp.zeros(2, cp.uint32)            # barrier count, launch number; kept with the launch (the memo)
         kernel = self._raw(k.name, k.source, cooperative=True)
         kernel.max_dynamic_shared_size_bytes = k.smem
         run = functools.partial(kernel, shared_mem=k.smem)
