@@ -94,7 +94,6 @@ def test_gradients_are_bit_identical_run_to_run():
 
 
 def test_replay_after_an_in_place_update():
-    import cupy
     ref, gpu = pair("gru", "persistent", 6, 64, "float64", "graph")
     x = np.random.default_rng(6).standard_normal((12, 2, 6))
     agree(ref, gpu, [x], None, "float64", "before")
@@ -117,10 +116,10 @@ def test_too_large_falls_back_to_stages_and_says_why():
 
 def test_a_refused_launch_warns_once_and_runs_stages(monkeypatch):
     from rnngraph.errors import RnnGraphWarning
-    from rnngraph.run.backends import cupy_backend
-    monkeypatch.setattr(cupy_backend, "_device", lambda i: {"CooperativeLaunch": 0, "MultiProcessorCount": 1,
-                                                            "MaxSharedMemoryPerBlockOptin": 1 << 20})
-    monkeypatch.setattr(cupy_backend, "_REFUSED", set())
+    from rnngraph.run.backends import persistent
+    monkeypatch.setattr(persistent, "device", lambda i: {"CooperativeLaunch": 0, "MultiProcessorCount": 1,
+                                                         "MaxSharedMemoryPerBlockOptin": 1 << 20})
+    monkeypatch.setattr(persistent, "_REFUSED", set())
     with pytest.warns(RnnGraphWarning, match="runs frame by frame: this GPU cannot launch cooperative kernels"):
         ref, gpu = pair("lstm", "persistent", 4, 16, "float64", "staged")
         agree(ref, gpu, [np.random.default_rng(0).standard_normal((6, 2, 4))], None, "float64", "refused")

@@ -13,7 +13,8 @@ from rnngraph import CELLS, build_schedule, load_cell
 from rnngraph.nn import Recurrent
 from rnngraph.plan.items import Fused
 from rnngraph.run.kernels import fused_backward_kernel, fused_forward_kernel, param_grad_kernel
-from rnngraph.run.persistent_kernels import THREADS, persistent_kernel, problem
+from rnngraph.run.persistent_kernels import persistent_kernel
+from rnngraph.run.persistent_phases import THREADS, problem
 
 GEMM_CORES = [c for c in CELLS if "persistent" in build_schedule(load_cell(c, 4, 8)).loop_strategies]
 
@@ -49,6 +50,19 @@ def test_one_grid_barrier_per_gemm_phase(name):
     assert got == BARRIERS[name]
 
 
+@pytest.mark.parametrize("name", ["lstm", "gru", "mgu"])
+def test_float32_forward_exchanges_tagged_words_instead_of_barriers(name):
+    """Where each thread stages at most EXCHANGE_WORDS words and every block writes some: no barrier forward;
+    float64 (no 64-bit word holds a double and its tag), B = 8 (8 words a thread) or fewer units than blocks
+    keep them; the backward keeps its barriers."""
+    cell = load_cell(name, 8, 512)
+    fwd, bwd = loops(cell)
+    count = lambda lp, ctype, B, G: persistent_kernel(cell, lp, ctype, B, G).source.count("grid_barrier(bar,")
+    assert count(fwd, "float", 1, 132) == 0 and "exchanged(" in persistent_kernel(cell, fwd, "float", 1, 132).source
+    assert count(fwd, "double", 1, 132) == count(fwd, "float", 8, 132) == count(fwd, "float", 1, 600) == BARRIERS[name][0]
+    assert count(bwd, "float", 1, 132) == BARRIERS[name][1]
+
+
 def test_shared_memory_holds_the_blocks_weights_and_rows():
     """LSTM H=512, B=1 on 132 blocks: 4 features × 4 gates × 512 weights, x's row, 16 sums, 16 partials."""
     cell = load_cell("lstm", 8, 512)
@@ -77,7 +91,7 @@ def test_numpy_runs_persistent_as_stages_bit_for_bit():
     x = np.random.default_rng(0).standard_normal((7, 3, 4))
     a, b = (Recurrent("lstm", 4, 6, num_layers=2, bidirectional=True, dtype="float64", loop=loop)
             for loop in ("persistent", "stages"))
-    (ya, ha), (yb, hb) = a(x), b(x)
+    (ya, _), (yb, _) = a(x), b(x)
     np.testing.assert_array_equal(ya, yb)
     for u, v in zip(a.backward(ya)[2].values(), b.backward(yb)[2].values()):
         np.testing.assert_array_equal(u, v)

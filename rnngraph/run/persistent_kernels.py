@@ -1,22 +1,16 @@
 """CUDA source of loop strategy 'persistent': one cooperative kernel runs the whole time loop of the
 core, forward or backward, with the per-frame GEMMs' weights held in shared memory. Pure strings:
-this module runs without a GPU.
+this module runs without a GPU; persistent_phases.py decides the phases, barriers and layout.
 
-G blocks (at most one per SM, all resident: a cooperative launch) of NT threads. The loop's items
-become phases, each split over the blocks by units, contiguous and balanced (block k owns units
-[U·k/G, U·(k+1)/G)):
-  gemm    a per-frame GEMM out = x · Wᵀ: units are its output columns;
-  pair    a GEMM and the fused group reading it: units are the group's features (each one's column
-          in every merged block of the GEMM), then the group's body for them;
-  dgemm   d operand += g · W: units are the operand's columns (the block holds W's columns);
-  fused / dfused  a fused group's forward or backward body: units are its features.
-A GEMM phase's block loads its weight rows (dgemm: columns) into shared memory once, before frame
-0; per frame it stages x's B rows in shared memory, one warp per weight row sums lane-strided over
-K and reduces by a fixed shuffle tree (no atomics: runs are bit for bit reproducible), and writes
-its outputs. Phases are separated by a grid barrier (an atomic counter: the cooperative launch
-guarantees that all blocks are resident), except before a fused or dfused phase whose
-block only reads what it wrote itself since the last barrier (same units, elementwise): LSTM's
-forward needs one barrier per frame (before the pair), its backward one (before the dgemm).
+G blocks (at most one per SM, all resident: a cooperative launch) of NT threads. A GEMM phase's block
+loads its weight rows (dgemm: columns) into shared memory once, before frame 0; per frame it stages
+x's B rows in shared memory, warps sum its weight rows over K (lanes strided, a row's K split in
+slices where the block has fewer rows than warps) and reduce by a fixed shuffle tree, then add the
+slices in order (no atomics: runs are bit for bit reproducible), and it writes its outputs. Phases are
+separated by a grid barrier (an atomic counter), except before a fused or dfused phase whose block only
+reads what it wrote itself since the last one, and in a float32 forward of GEMM phases only, where
+each x value travels with its frame's tag in one 64-bit word and the staging spins on the words it
+needs: LSTM's forward then needs no barrier, its backward one a frame (before the dgemm).
 
 Arrays are addressed by frame as in loop_kernels.py: element (t, b, f) of a node's [P+T, B, F]
 buffer (row stride ld; a vector parameter has ld = 0) is p[((P + t - delay)·B + b)·ld + f].
@@ -25,12 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir.ops import KERNEL, REDUCE, OpKind
-from ..plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair
-from .kernels import fused_backward_kernel, fused_forward_kernel, kernel_name
-
-THREADS = 512               # threads per block: 16 warps, one weight row each at a time
-MAX_ROWS = 8                # the batch rows a persistent kernel takes (its accumulators live in registers)
+from .kernels import kernel_name
+from .persistent_phases import THREADS, barriers, exchanges, nodes_of, own, phases, shared_layout, sources
 
 SOURCE = r"""
 #define AT(p, ld, lag, col) p[((long long)(P + t - (lag)) * NB + b) * (ld) + (col)]
@@ -116,23 +106,6 @@ GEMV = r"""
 
 
 @dataclass(frozen=True)
-class Phase:
-    kind: str           # gemm | pair | dgemm | fused | dfused
-    item: object        # the Gemm (gemm, dgemm), the Pair, or the Fused group
-    units: int
-    m: int = 1          # weight rows per unit (a pair: the GEMM's merged blocks)
-    width: int = 0      # K of a GEMM phase: the length of its rows in shared memory
-
-    @property
-    def aligned(self) -> int | None:
-        """The feature count F whose column f this phase's block alone writes at every unit f it owns,
-        or None where its outputs are not columns of one F (a GEMM merging several blocks)."""
-        if self.kind == "gemm":
-            return self.units if len(self.item.nodes) == 1 else None
-        return self.units
-
-
-@dataclass(frozen=True)
 class Persistent:
     """A generated persistent kernel: its name, source, arguments and launch shape."""
     name: str
@@ -144,85 +117,6 @@ class Persistent:
     smem: int           # dynamic shared memory bytes
 
 
-def problem(cell, loop) -> str | None:
-    """Why a persistent kernel cannot run this loop, whatever the sizes, or None."""
-    for st in loop.stages:
-        for it in st.items:
-            nodes = _nodes(it)
-            if nodes is None:
-                return f"its loop has a {type(it).__name__} item, which a persistent kernel does not run"
-            for n in nodes:
-                kind = cell.op(n).kind
-                if kind in REDUCE:
-                    return (f"op {n} ({kind.value}) reduces over features inside the loop, and a persistent "
-                            "kernel splits features over blocks")
-                if kind in (OpKind.CONCAT, OpKind.SLICE) or kind not in KERNEL and kind is not OpKind.LINEAR:
-                    return f"op {n} ({kind.value}) has no rule a persistent kernel can run"
-    return None
-
-
-def _nodes(it):
-    """The nodes of a loop item a persistent kernel runs, or None for other items."""
-    if isinstance(it, Pair):
-        return it.gemm.nodes + it.fused.nodes
-    if isinstance(it, (Gemm, Fused)):
-        return it.nodes
-    if isinstance(it, (GemmGrad, FusedGrad)) and not getattr(it, "params", False):
-        return it.item.nodes
-    return None
-
-
-def phases(cell, loop) -> list:
-    """[[Phase]] per barrier group candidate: the loop's stages (a stage whose items may not overlap
-    becomes one group per item), each a list of phases in run order."""
-    groups = []
-    for st in loop.stages:
-        ps = [_phase(cell, it) for it in st.items]
-        groups += [ps] if st.overlap or len(ps) == 1 else [[p] for p in ps]
-    return groups
-
-
-def _phase(cell, it) -> Phase:
-    if isinstance(it, Pair):
-        return Phase("pair", it, cell.op(it.fused.nodes[0]).size, len(it.gemm.nodes), cell.op(it.gemm.operand).size)
-    if isinstance(it, Gemm):
-        return Phase("gemm", it, sum(it.sizes), 1, cell.op(it.operand).size)
-    if isinstance(it, GemmGrad):
-        return Phase("dgemm", it.item, cell.op(it.item.operand).size, 1, sum(it.item.sizes))
-    if isinstance(it, FusedGrad):
-        return Phase("dfused", it.item, cell.op(it.item.nodes[0]).size)
-    return Phase("fused", it, cell.op(it.nodes[0]).size)
-
-
-def barriers(groups) -> list:
-    """Per group, whether a grid barrier must come before it in every frame: before any GEMM phase
-    (it reads whole rows), and before a fused phase unless every phase since the last barrier wrote
-    only the columns its block owns of the same F (then this block's own writes are all it reads)."""
-    out, pending = [], []
-    for _ in range(2):                  # twice round: frame s's first group follows frame s-1's last
-        out = []
-        for g in groups:
-            F = {p.units for p in g}
-            own = all(p.kind in ("fused", "dfused") for p in g) and len(F) == 1 and \
-                all(q.aligned == next(iter(F)) for q in pending)
-            out.append(not own)
-            pending = g if not own else pending + g
-    return out
-
-
-def shared_layout(groups, B: int, G: int) -> tuple:
-    """({id(phase): weight offset}, xs, gs and gp offsets, total elements) of the shared memory: each
-    GEMM phase's weights for the largest share of units a block gets, then x rows, the sums, the partials."""
-    offs, n, xs, gs = {}, 0, 0, 0
-    for p in (p for g in groups for p in g if p.kind in ("gemm", "pair", "dgemm")):
-        per = -(-p.units // G)
-        offs[id(p)] = n
-        n += per * p.m * p.width
-        xs, gs = max(xs, B * p.width), max(gs, per * p.m * B)
-    gp = max(gs, THREADS // 32 * B)
-    return offs, n, n + xs, n + xs + gs, n + xs + gs + gp
-
-
 def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
     """The kernel running `loop` (a PersistentLoop; problem() is None) for B ≤ MAX_ROWS rows on G blocks."""
     groups = phases(cell, loop)
@@ -232,9 +126,9 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
     def arg(kind, key):
         return f"pp{args.setdefault((kind, key), len(args))}"
 
-    written = {n: (gi, p) for gi, g in enumerate(groups) for p in g for n in _nodes_of(p)}
+    written = {n: (gi, p) for gi, g in enumerate(groups) for p in g for n in nodes_of(p)}
     need = barriers(groups)
-    swaps = _exchanges(cell, groups, written, ctype, G)     # group index -> operand passed in tagged words
+    swaps = exchanges(cell, groups, written, ctype, B, G)     # group index -> operand passed in tagged words
     need = [n and gi not in swaps for gi, n in enumerate(need)]
     tagged = {u: arg("xb", u) for u in swaps.values()}
     # backward: groups before the frame's first barrier read only values (read-only here) and gradients of
@@ -245,7 +139,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
     for gi, g in enumerate(groups):
         pre, early = [], {}
         for pi, p in enumerate(g):      # loads that need no barrier are issued before it
-            ok = lambda kind, n, lag, p=p, gi=gi: kind == "val" and (loop.reverse or _own(written.get(n), p, lag, gi))
+            ok = lambda kind, n, lag, p=p, gi=gi: kind == "val" and (loop.reverse or own(written.get(n), p, lag, gi))
             lines, early[pi] = _prefetch(cell, p, f"r{gi}_{pi}_", arg, ok, G)
             pre += lines
         run = (["        grid_barrier(bar, ++barriers * G);"] if need[gi] else []) + \
@@ -277,7 +171,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
 def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict) -> list:
     """The lines running phase p at frame t (its GEMV first, with its weights' load added to `load`; its x
     from tagged words where xb names their buffer; its members in `tagged` also written so)."""
-    out = [f"        {{   // {p.kind} {', '.join(_nodes_of(p))}",
+    out = [f"        {{   // {p.kind} {', '.join(nodes_of(p))}",
            f"        const int u0 = ({p.units} * blk) / G, nu = ({p.units} * (blk + 1)) / G - u0;"]
     if woff is not None:
         load.append(_weights(p, woff, arg))
@@ -285,38 +179,9 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict) 
     return out + _epilogue(cell, p, arg, early, tagged) + ["        __syncthreads();\n        }"]
 
 
-def _exchanges(cell, groups, written, ctype: str, G: int) -> dict:
-    """{group index: node}: where every forward group is one GEMM phase (a pair or a gemm) reading, one frame
-    back or earlier in this one, a float32 node that a pair's or fused group's body writes on every block
-    (its F ≥ G), and a pair's body reads only what its own block wrote, the grid barriers go: the writer
-    stores each value with its frame's tag in one 64-bit word (two frames' words, by parity) and the GEMM
-    spins on the words it stages. A block cannot overwrite a word two frames old before every block has
-    read it: it has itself read every block's words of the frame in between. Else {} (barriers)."""
-    out = {}
-    for gi, g in enumerate(groups):
-        (p, *rest) = g
-        it = p.item.gemm if p.kind == "pair" else p.item
-        gw, w = written.get(getattr(it, "operand", None), (None, None))
-        body = w.item.fused.nodes if w is not None and w.kind == "pair" else getattr(getattr(w, "item", None), "nodes", ())
-        if ctype != "float" or rest or p.kind not in ("pair", "gemm") or w is None or w.kind not in ("pair", "fused") \
-                or it.operand not in body or it.delay > 1 or w.units != p.width or w.units < G:
-            return {}
-        if p.kind == "pair":
-            spec, where = _sources(cell, p.item.fused.nodes, "fwd")
-            if not all(_own(written.get(n), p, lag, gi) for nm, (_, n, lag) in where.items()
-                       if nm in spec.in_names and n not in it.nodes):
-                return {}
-        out[gi] = it.operand
-    return out
-
-
 def _ld(pointer: str) -> str:
     """The row-stride argument of a frame array's pointer argument (pp<k> -> ld<k>)."""
     return "ld" + pointer[2:]
-
-
-def _nodes_of(p) -> tuple:
-    return p.item.gemm.nodes + p.item.fused.nodes if p.kind == "pair" else p.item.nodes
 
 
 def _weights(p, off: int, arg) -> str:
@@ -349,23 +214,13 @@ def _gemv(cell, p, off: int, arg, xb) -> str:
     return GEMV.format(K=p.width, stage=stage, m=p.m, woff=off)
 
 
-def _own(writer, p, lag: int, gi: int) -> bool:
-    """Whether a forward value read at `lag` in phase p (group gi) is ready before the group's barrier: never
-    written in the loop, or written by this block itself (an aligned phase of p's units) in an earlier frame
-    or an earlier group of this one."""
-    if writer is None:
-        return True
-    wg, w = writer
-    return w.aligned == p.units and (lag >= 1 or wg < gi)
-
-
 def _prefetch(cell, p, prefix: str, arg, ok, G: int) -> tuple:
     """(lines, {input name: register}) loading the inputs of phase p's body for which ok(kind, node, lag)
     holds into registers, each thread its one element (b, f); none where a thread has several."""
     if p.kind in ("gemm", "dgemm") or -(-p.units // G) * 8 > THREADS:
         return [], {}
     nodes, given = (p.item.fused.nodes, set(p.item.gemm.nodes)) if p.kind == "pair" else (p.item.nodes, set())
-    spec, where = _sources(cell, nodes, "bwd" if p.kind == "dfused" else "fwd")
+    spec, where = sources(cell, nodes, "bwd" if p.kind == "dfused" else "fwd")
     early = {nm: prefix + nm for nm in spec.in_names if where[nm][1] not in given or where[nm][2]
              if ok(*where[nm])}
     if not early:
@@ -375,16 +230,6 @@ def _prefetch(cell, p, prefix: str, arg, ok, G: int) -> tuple:
              "            if (tid < nu * NB) {", "                const int b = tid / nu, f = u0 + tid - b * nu;"]
     lines += [f"                {r} = {_at(arg, where[nm])};" for nm, r in early.items()]
     return lines + ["            }", "        }"], early
-
-
-def _sources(cell, nodes, direction: str) -> tuple:
-    """(the group's KernelSpec, {argument name: (kind, node, lag)}) for its forward or backward body."""
-    spec = fused_forward_kernel(cell, nodes) if direction == "fwd" else \
-        fused_backward_kernel(cell, nodes, set(cell.params))
-    src = {"ext": lambda k: ("val", k[0], k[1]), "val": lambda n: ("val", n, 0), "out": lambda n: ("val", n, 0),
-           "grad": lambda n: ("grad", n, 0), "gext": lambda k: ("grad", k[0], k[1])}
-    return spec, {nm: src[kind](key) for nm, (kind, key) in zip(spec.in_names + spec.out_names,
-                                                                  spec.inputs + spec.outputs)}
 
 
 def _at(arg, source) -> str:
@@ -417,7 +262,7 @@ def _body(cell, nodes, direction: str, arg, given: dict, early: dict, tagged: di
     """A fused group's body at element (b, f) of frame t: loads, the generated statements, stores.
     given: external nodes (read at delay 0) whose values are already in locals (a pair's GEMM sums);
     early: inputs already loaded into registers (_prefetch); tagged: members also written as tagged words."""
-    spec, where = _sources(cell, nodes, direction)
+    spec, where = sources(cell, nodes, direction)
     lines = []
     for nm, (kind, key) in zip(spec.in_names, spec.inputs):
         local = given.get(key[0]) if kind == "ext" and key[1] == 0 else None

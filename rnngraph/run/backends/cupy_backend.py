@@ -5,7 +5,6 @@ cupy-cuda13x) works: only the generic `cupy` module is used.
 """
 from __future__ import annotations
 
-import functools
 import warnings
 
 from ...errors import RnnGraphError, RnnGraphWarning
@@ -13,13 +12,13 @@ from ...ir.ops import REDUCE, OpKind
 from ..kernels import (GEMV_FUSED_ROWS, GEMV_ROWS, PAIR_MAX_BYTES, fusable, fused_backward_kernel,
                        fused_forward_kernel, gemv_fused_kernel, matmul_source, param_grad_kernel, rowsum_source)
 from ..loop_kernels import elementwise_kernel, elementwise_nodes, scan_chunks, scan_source
-from ..persistent_kernels import MAX_ROWS, ZERO_SOURCE, persistent_kernel, phases, problem
 from ...plan.items import ElementwiseLoop, Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, PersistentLoop, ScanLoop
+from . import persistent
 from .base import ArrayBackend
 from .recordings import Recordings
 
 _KERNELS: dict = {}      # process-wide cache: (kernel name, generated source) -> compiled kernel object
-_CTYPE = {"float32": "float", "float64": "double"}
+_CTYPE = persistent.CTYPE
 
 
 def gpu_problem() -> str | None:
@@ -264,48 +263,11 @@ class CupyBackend(ArrayBackend):
                  (*args, cp.int32(T), cp.int32(B), cp.int32(F), cp.int32(P))),)
 
     def _compile_persistent(self, cell, loop, views, per_frame):
-        """The whole loop as one cooperative kernel (persistent_kernels.py) after a launch zeroing its
-        barrier counter, or None where persistent_problem says why not."""
-        vals, grads, cat, wcat, P, T, B = views
-        dtype = next(iter(cat.values()))[0].dtype
-        if self.persistent_problem(cell, loop, B, dtype):
-            return None
-        cp, k = self.xp, self._persistent_kernel(cell, loop, B, dtype)
-        pick = {"val": vals.__getitem__, "grad": grads.__getitem__, "cat": lambda it: cat[it][0],
-                "dcat": lambda it: cat[it][1], "w": lambda it: wcat[it][0],
-                "xb": lambda n: cp.zeros((2, B, cell.op(n).size), cp.uint64)}     # tagged words, two frames
-        args = []
-        for kind, key in k.args:
-            a = pick[kind](key)
-            args += [a] if kind in ("w", "xb") else self._frame_args([a], B)
-        bar = cp.zeros(2, cp.uint32)            # barrier count, launch number; kept with the launch (the memo)
-        kernel = self._raw(k.name, k.source, cooperative=True)
-        kernel.max_dynamic_shared_size_bytes = k.smem
-        run = functools.partial(kernel, shared_mem=k.smem)
-        return ((self._raw("rg_persist_zero", ZERO_SOURCE), (1,), (1,), (bar,)),
-                (run, (k.blocks,), (k.threads,), (bar, *args, cp.int32(T), cp.int32(P))))
+        """The whole loop as one cooperative kernel (backends/persistent.py), or None where it cannot."""
+        return persistent.launches(self, cell, loop, views)
 
     def persistent_problem(self, cell, loop, B: int, dtype) -> str | None:
-        why = problem(cell, loop)
-        if why or B > MAX_ROWS or str(dtype) not in _CTYPE:
-            return why or (f"B={B} rows: a persistent kernel takes at most {MAX_ROWS}" if B > MAX_ROWS else
-                           f"dtype {dtype} has no persistent kernel (float32, float64)")
-        facts = _device(self.xp.cuda.Device().id)
-        if not facts.get("CooperativeLaunch", 0):
-            return _refused("this GPU cannot launch cooperative kernels")
-        need, have = self._persistent_kernel(cell, loop, B, dtype).smem, facts["MaxSharedMemoryPerBlockOptin"]
-        if need > have:
-            return (f"its weights and rows need {need / 1024:.0f} KiB of shared memory per block at B={B}, "
-                    f"more than the {have / 1024:.0f} KiB the GPU has")
-        return None
-
-    def _persistent_kernel(self, cell, loop, B: int, dtype):
-        sms = _device(self.xp.cuda.Device().id)["MultiProcessorCount"]
-        G = min(sms, max(p.units for g in phases(cell, loop) for p in g))
-        key = (id(cell), loop, _CTYPE[str(dtype)], B, G)
-        if key not in _PERSISTENT:
-            _PERSISTENT[key] = (cell, persistent_kernel(cell, loop, key[2], B, G))
-        return _PERSISTENT[key][1]
+        return persistent.why_not(self, cell, loop, B, dtype)
 
     def _frame_args(self, arrays, B: int) -> list:
         """Pointer and stride pairs of arrays addressed by frame: [N, B, F] views whose element (t, b, f)
@@ -377,24 +339,6 @@ _BLAS_FORMS = {(False, True, False): lambda blas, x, w, out: blas.nt(x, w, out),
 
 
 _SPECS: dict = {}
-_PERSISTENT: dict = {}       # (id(cell), loop, ctype, B, blocks) -> (cell, persistent_kernels.Persistent)
-_REFUSED: set = set()
-
-
-@functools.lru_cache(maxsize=None)
-def _device(index: int) -> dict:
-    """The attributes of GPU `index` (SMs, shared memory, cooperative launch), read once."""
-    import cupy
-    return cupy.cuda.Device(index).attributes
-
-
-def _refused(why: str) -> str:
-    """A persistent kernel the GPU refuses: said once per process in a warning, and returned."""
-    if why not in _REFUSED:
-        _REFUSED.add(why)
-        warnings.warn(f"loop strategy 'persistent' runs frame by frame: {why}", RnnGraphWarning, stacklevel=3)
-    return why
-
 
 def _spec(cell, item, direction):
     """The generated kernel spec of a fused group, built once per (cell, group, direction)."""

@@ -1,0 +1,78 @@
+"""Loop strategy 'persistent' on the cupy backend: whether this GPU runs a loop's cooperative kernel
+(run/persistent_kernels.py) at this B and dtype, else why not, and the launches that run it."""
+from __future__ import annotations
+
+import functools
+import warnings
+
+from ...errors import RnnGraphWarning
+from ..persistent_kernels import ZERO_SOURCE, persistent_kernel
+from ..persistent_phases import MAX_ROWS, phases, problem
+
+CTYPE = {"float32": "float", "float64": "double"}
+_KERNELS: dict = {}      # (id(cell), loop, ctype, B, blocks) -> (cell, persistent_kernels.Persistent)
+_REFUSED: set = set()
+
+
+def launches(be, cell, loop, views):
+    """The launches running `loop` on the executor's views: zeroing the barrier counter (and numbering the
+    launch), then the cooperative kernel; None where why_not() says why not."""
+    vals, grads, cat, wcat, P, T, B = views
+    dtype = next(iter(cat.values()))[0].dtype
+    if why_not(be, cell, loop, B, dtype):
+        return None
+    cp, k = be.xp, kernel(be, cell, loop, B, dtype)
+    pick = {"val": vals.__getitem__, "grad": grads.__getitem__, "cat": lambda it: cat[it][0],
+            "dcat": lambda it: cat[it][1], "w": lambda it: wcat[it][0],
+            "xb": lambda n: cp.zeros((2, B, cell.op(n).size), cp.uint64)}     # tagged words, two frames
+    args = []
+    for kind, key in k.args:
+        a = pick[kind](key)
+        args += [a] if kind in ("w", "xb") else be._frame_args([a], B)
+    bar = cp.zeros(2, cp.uint32)            # barrier count, launch number; kept with the launch (the memo)
+    raw = be._raw(k.name, k.source, cooperative=True)
+    raw.max_dynamic_shared_size_bytes = k.smem
+    return ((be._raw("rg_persist_zero", ZERO_SOURCE), (1,), (1,), (bar,)),
+            (functools.partial(raw, shared_mem=k.smem), (k.blocks,), (k.threads,), (bar, *args, cp.int32(T), cp.int32(P))))
+
+
+def why_not(be, cell, loop, B: int, dtype) -> str | None:
+    """Why this GPU runs `loop` frame by frame at B rows of dtype, or None: what no persistent kernel runs,
+    B, the dtype, no cooperative launch (said once in a warning), or shared memory too small."""
+    why = problem(cell, loop)
+    if why or B > MAX_ROWS or str(dtype) not in CTYPE:
+        return why or (f"B={B} rows: a persistent kernel takes at most {MAX_ROWS}" if B > MAX_ROWS else
+                       f"dtype {dtype} has no persistent kernel (float32, float64)")
+    facts = device(be.xp.cuda.Device().id)
+    if not facts.get("CooperativeLaunch", 0):
+        return refused("this GPU cannot launch cooperative kernels")
+    need, have = kernel(be, cell, loop, B, dtype).smem, facts["MaxSharedMemoryPerBlockOptin"]
+    if need > have:
+        return (f"its weights and rows need {need / 1024:.0f} KiB of shared memory per block at B={B}, "
+                f"more than the {have / 1024:.0f} KiB the GPU has")
+    return None
+
+
+def kernel(be, cell, loop, B: int, dtype):
+    """The generated kernel for this GPU: at most one block per SM, no more blocks than the largest phase's units."""
+    sms = device(be.xp.cuda.Device().id)["MultiProcessorCount"]
+    G = min(sms, max(p.units for g in phases(cell, loop) for p in g))
+    key = (id(cell), loop, CTYPE[str(dtype)], B, G)
+    if key not in _KERNELS:
+        _KERNELS[key] = (cell, persistent_kernel(cell, loop, key[2], B, G))
+    return _KERNELS[key][1]
+
+
+@functools.lru_cache(maxsize=None)
+def device(index: int) -> dict:
+    """The attributes of GPU `index` (SMs, shared memory, cooperative launch), read once."""
+    import cupy
+    return cupy.cuda.Device(index).attributes
+
+
+def refused(why: str) -> str:
+    """A persistent kernel the GPU refuses: said once per process in a warning, and returned."""
+    if why not in _REFUSED:
+        _REFUSED.add(why)
+        warnings.warn(f"loop strategy 'persistent' runs frame by frame: {why}", RnnGraphWarning, stacklevel=4)
+    return why

@@ -1,0 +1,181 @@
+"""How loop strategy 'persistent' splits a loop over the blocks of one cooperative kernel: its phases and
+their units, where a grid barrier must separate them (or tagged words replace it), and the shared memory
+each block holds. Plain data and checks, no source text (that is persistent_kernels.py).
+
+The loop's items become phases, each split over the G blocks by units, contiguous and balanced (block k
+owns units [U·k/G, U·(k+1)/G)):
+  gemm    a per-frame GEMM out = x · Wᵀ: units are its output columns;
+  pair    a GEMM and the fused group reading it: units are the group's features (each one's column
+          in every merged block of the GEMM), then the group's body for them;
+  dgemm   d operand += g · W: units are the operand's columns (the block holds W's columns);
+  fused / dfused  a fused group's forward or backward body: units are its features.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir.ops import KERNEL, REDUCE, OpKind
+from ..plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair
+from .kernels import fused_backward_kernel, fused_forward_kernel
+
+THREADS = 512               # threads per block: 16 warps, one weight row each at a time
+MAX_ROWS = 8                # the batch rows a persistent kernel takes (its accumulators live in registers)
+EXCHANGE_WORDS = 1          # tagged words a thread spins on per GEMV, at most (else barriers): measured on an
+                            # H200, LSTM H=512: B=1 (1 word) 2.1 against 3.0 µs a frame, B=8 (8 words) 6.3 against 5.4
+
+
+@dataclass(frozen=True)
+class Phase:
+    kind: str           # gemm | pair | dgemm | fused | dfused
+    item: object        # the Gemm (gemm, dgemm), the Pair, or the Fused group
+    units: int
+    m: int = 1          # weight rows per unit (a pair: the GEMM's merged blocks)
+    width: int = 0      # K of a GEMM phase: the length of its rows in shared memory
+
+    @property
+    def aligned(self) -> int | None:
+        """The feature count F whose column f this phase's block alone writes at every unit f it owns,
+        or None where its outputs are not columns of one F (a GEMM merging several blocks)."""
+        if self.kind == "gemm":
+            return self.units if len(self.item.nodes) == 1 else None
+        return self.units
+
+
+
+def problem(cell, loop) -> str | None:
+    """Why a persistent kernel cannot run this loop, whatever the sizes, or None."""
+    for st in loop.stages:
+        for it in st.items:
+            nodes = _nodes(it)
+            if nodes is None:
+                return f"its loop has a {type(it).__name__} item, which a persistent kernel does not run"
+            for n in nodes:
+                kind = cell.op(n).kind
+                if kind in REDUCE:
+                    return (f"op {n} ({kind.value}) reduces over features inside the loop, and a persistent "
+                            "kernel splits features over blocks")
+                if kind in (OpKind.CONCAT, OpKind.SLICE) or kind not in KERNEL and kind is not OpKind.LINEAR:
+                    return f"op {n} ({kind.value}) has no rule a persistent kernel can run"
+    return None
+
+
+
+def _nodes(it):
+    """The nodes of a loop item a persistent kernel runs, or None for other items."""
+    if isinstance(it, Pair):
+        return it.gemm.nodes + it.fused.nodes
+    if isinstance(it, (Gemm, Fused)):
+        return it.nodes
+    if isinstance(it, (GemmGrad, FusedGrad)) and not getattr(it, "params", False):
+        return it.item.nodes
+    return None
+
+
+
+def phases(cell, loop) -> list:
+    """[[Phase]] per barrier group candidate: the loop's stages (a stage whose items may not overlap
+    becomes one group per item), each a list of phases in run order."""
+    groups = []
+    for st in loop.stages:
+        ps = [_phase(cell, it) for it in st.items]
+        groups += [ps] if st.overlap or len(ps) == 1 else [[p] for p in ps]
+    return groups
+
+
+
+def _phase(cell, it) -> Phase:
+    if isinstance(it, Pair):
+        return Phase("pair", it, cell.op(it.fused.nodes[0]).size, len(it.gemm.nodes), cell.op(it.gemm.operand).size)
+    if isinstance(it, Gemm):
+        return Phase("gemm", it, sum(it.sizes), 1, cell.op(it.operand).size)
+    if isinstance(it, GemmGrad):
+        return Phase("dgemm", it.item, cell.op(it.item.operand).size, 1, sum(it.item.sizes))
+    if isinstance(it, FusedGrad):
+        return Phase("dfused", it.item, cell.op(it.item.nodes[0]).size)
+    return Phase("fused", it, cell.op(it.nodes[0]).size)
+
+
+
+def barriers(groups) -> list:
+    """Per group, whether a grid barrier must come before it in every frame: before any GEMM phase
+    (it reads whole rows), and before a fused phase unless every phase since the last barrier wrote
+    only the columns its block owns of the same F (then this block's own writes are all it reads)."""
+    out, pending = [], []
+    for _ in range(2):                  # twice round: frame s's first group follows frame s-1's last
+        out = []
+        for g in groups:
+            F = {p.units for p in g}
+            own = all(p.kind in ("fused", "dfused") for p in g) and len(F) == 1 and \
+                all(q.aligned == next(iter(F)) for q in pending)
+            out.append(not own)
+            pending = g if not own else pending + g
+    return out
+
+
+
+def shared_layout(groups, B: int, G: int) -> tuple:
+    """({id(phase): weight offset}, xs, gs and gp offsets, total elements) of the shared memory: each
+    GEMM phase's weights for the largest share of units a block gets, then x rows, the sums, the partials."""
+    offs, n, xs, gs = {}, 0, 0, 0
+    for p in (p for g in groups for p in g if p.kind in ("gemm", "pair", "dgemm")):
+        per = -(-p.units // G)
+        offs[id(p)] = n
+        n += per * p.m * p.width
+        xs, gs = max(xs, B * p.width), max(gs, per * p.m * B)
+    gp = max(gs, THREADS // 32 * B)
+    return offs, n, n + xs, n + xs + gs, n + xs + gs + gp
+
+
+
+def exchanges(cell, groups, written, ctype: str, B: int, G: int) -> dict:
+    """{group index: node}: where every forward group is one GEMM phase (a pair or a gemm) reading, one frame
+    back or earlier in this one, a float32 node that a pair's or fused group's body writes on every block
+    (its F ≥ G), and a pair's body reads only what its own block wrote, the grid barriers go: the writer
+    stores each value with its frame's tag in one 64-bit word (two frames' words, by parity) and the GEMM
+    spins on the words it stages. A block cannot overwrite a word two frames old before every block has
+    read it: it has itself read every block's words of the frame in between. Else {} (barriers), as
+    also where a thread would spin on more than EXCHANGE_WORDS words."""
+    out = {}
+    for gi, g in enumerate(groups):
+        (p, *rest) = g
+        it = p.item.gemm if p.kind == "pair" else p.item
+        gw, w = written.get(getattr(it, "operand", None), (None, None))
+        body = w.item.fused.nodes if w is not None and w.kind == "pair" else getattr(getattr(w, "item", None), "nodes", ())
+        if ctype != "float" or rest or p.kind not in ("pair", "gemm") or w is None or w.kind not in ("pair", "fused") \
+                or it.operand not in body or it.delay > 1 or w.units != p.width or w.units < G \
+                or B * p.width > EXCHANGE_WORDS * THREADS:
+            return {}
+        if p.kind == "pair":
+            spec, where = sources(cell, p.item.fused.nodes, "fwd")
+            if not all(own(written.get(n), p, lag, gi) for nm, (_, n, lag) in where.items()
+                       if nm in spec.in_names and n not in it.nodes):
+                return {}
+        out[gi] = it.operand
+    return out
+
+
+
+def nodes_of(p) -> tuple:
+    return p.item.gemm.nodes + p.item.fused.nodes if p.kind == "pair" else p.item.nodes
+
+
+
+def own(writer, p, lag: int, gi: int) -> bool:
+    """Whether a forward value read at `lag` in phase p (group gi) is ready before the group's barrier: never
+    written in the loop, or written by this block itself (an aligned phase of p's units) in an earlier frame
+    or an earlier group of this one."""
+    if writer is None:
+        return True
+    wg, w = writer
+    return w.aligned == p.units and (lag >= 1 or wg < gi)
+
+
+
+def sources(cell, nodes, direction: str) -> tuple:
+    """(the group's KernelSpec, {argument name: (kind, node, lag)}) for its forward or backward body."""
+    spec = fused_forward_kernel(cell, nodes) if direction == "fwd" else \
+        fused_backward_kernel(cell, nodes, set(cell.params))
+    src = {"ext": lambda k: ("val", k[0], k[1]), "val": lambda n: ("val", n, 0), "out": lambda n: ("val", n, 0),
+           "grad": lambda n: ("grad", n, 0), "gext": lambda k: ("grad", k[0], k[1])}
+    return spec, {nm: src[kind](key) for nm, (kind, key) in zip(spec.in_names + spec.out_names,
+                                                                  spec.inputs + spec.outputs)}
