@@ -46,7 +46,7 @@ def barrier_us(n: int = 20000) -> float:
     import cupy
     from rnngraph.run.persistent_kernels import SOURCE
     head = SOURCE[SOURCE.index("static __device__"):SOURCE.index('extern "C"')].replace("{{", "{").replace("}}", "}")
-    kernel = cupy.RawKernel(head + BARRIER, "barriers", enable_cooperative_groups=True)
+    kernel = cupy.RawKernel("#define CT float\n" + head + BARRIER, "barriers", enable_cooperative_groups=True)
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     bar, out = cupy.zeros(1, cupy.uint32), []
     for _ in range(5):
