@@ -128,7 +128,8 @@ def test_the_plan_hoists_the_input_norm_and_keeps_reductions_solo():
         for it in st:
             nodes = getattr(it, "nodes", ())
             assert not any(cell.op(n).kind in REDUCE for n in nodes) or len(nodes) == 1
-    assert sched.loop_strategies == ("persistent", "stages")      # a row-wide op in the recurrence: no scan, no elementwise
+    assert sched.loop_strategies == ("stages",)     # a row-wide op in the recurrence: no scan, elementwise, persistent
+    assert "reduces over features inside the loop" in sched.blocked_loops["persistent"]
 
 
 def test_norm_cells_round_trip_through_json():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ..ir.ops import OpKind
-from .items import Fused, FusedGrad, Gemm, GemmGrad, ParamSum, Section, SharedWeight, WeightGrad
+from .items import FusedGrad, Gemm, GemmGrad, ParamSum, Section, SharedWeight, WeightGrad
 
 
 def grad_item(cell, it, params: bool, all_frames: bool):

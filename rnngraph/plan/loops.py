@@ -110,14 +110,19 @@ LOOPS = {"stages": stages_loop, "elementwise": elementwise_loop, "scan": scan_lo
          "persistent": persistent_loop}
 
 
-def resolve_loop(name: str, classes: dict, cell: str, runs=tuple(ADMITS), staged: bool = True) -> str:
+def resolve_loop(name: str, classes: dict, cell: str, runs=tuple(ADMITS), staged: bool = True,
+                 blocked: dict | None = None) -> str:
     """The strategy a schedule runs: 'auto' picks the best one the cell admits among those the backend
-    `runs` ('stages' for the naive schedule); a named one must be one the cell admits, else one clear error."""
-    admits = admitted(classes)
+    `runs` ('stages' for the naive schedule); a named one must be one the cell admits, else one clear
+    error (saying which state, or which op of the loop (`blocked`: strategy -> why), stops it)."""
+    admits = admitted(classes, blocked)
     if name == "auto":
         return next((s for s in admits if s in runs), "stages") if staged else "stages"
     if name not in ADMITS:
         raise RnnGraphError(f"unknown loop strategy {name!r}; choose one of {', '.join(['auto', *ADMITS])}")
+    if name in (blocked or {}):
+        raise RnnGraphError(f"cell '{cell}' does not admit loop strategy {name!r}: {blocked[name]}; "
+                            f"it admits {', '.join(admits)}")
     if name not in admits:
         need, _ = ADMITS[name]
         states = "; ".join(f"state {s} is {c.kind} ({c.why})" for s, c in classes.items())

@@ -19,7 +19,7 @@ import networkx as nx
 from ..ir.graph import CellGraph, fmt_read, same_frame, topo_order
 from ..ir.ops import ELEMENTWISE, FLOPS, OpKind
 from .backward import backward_sections, capture_problem
-from .classify import admitted, classify
+from .classify import admitted, blocked, classify
 from .items import Fused, Gemm, Pair, Section, describe
 from .loops import LOOPS, resolve_loop
 
@@ -34,11 +34,13 @@ class Schedule:
     hoist_param_grads: bool     # parameter gradients of loop ops as one reduction over all frames
     loop_strategy: str = "stages"
     state_classes: dict = field(default_factory=dict, compare=False)   # state -> classify.StateClass
+    blocked_loops: dict = field(default_factory=dict, compare=False)   # strategy -> why an op of the loop rules it out
     forward: tuple = field(init=False, compare=False)    # Sections: pre, loop (one loop item), post
     backward: tuple = field(init=False, compare=False)   # Sections: post, loop, reduce, pre, shared
 
     def __post_init__(self):
-        fwd_loop, bwd_loop = LOOPS[resolve_loop(self.loop_strategy, self.state_classes, self.cell.name)](self)
+        fwd_loop, bwd_loop = LOOPS[resolve_loop(self.loop_strategy, self.state_classes, self.cell.name,
+                                                blocked=self.blocked_loops)](self)
         object.__setattr__(self, "forward", (Section("pre", self.pre), Section("loop", fwd_loop, per_frame=True),
                                              Section("post", self.post)))
         object.__setattr__(self, "backward", backward_sections(self, bwd_loop))
@@ -50,7 +52,7 @@ class Schedule:
     @property
     def loop_strategies(self) -> tuple:
         """The loop strategies every state's class admits, best first (the plan runs loop_strategy)."""
-        return admitted(self.state_classes)
+        return admitted(self.state_classes, self.blocked_loops)
 
     @functools.cached_property
     def capture_problem(self) -> str | None:
@@ -235,11 +237,12 @@ def build_schedule(cell: CellGraph, optimize: bool = True, loop: str = "auto", r
     names the loop strategy ('auto': the best one the cell admits among `runs`, the strategies the
     backend runs; all of them when None)."""
     pre, core, post = sections(cell)
-    classes = classify(cell, pre)
-    strategy = resolve_loop(loop, classes, cell.name, runs or LOOPS, optimize)
+    classes, no = classify(cell, pre), blocked(cell, core)
+    strategy = resolve_loop(loop, classes, cell.name, runs or LOOPS, optimize, no)
     if not optimize:
         stages = tuple((it,) for it in _singletons(cell, cell.frame_order()))
-        return Schedule(cell, (), stages, (), hoist_param_grads=False, loop_strategy=strategy, state_classes=classes)
+        return Schedule(cell, (), stages, (), hoist_param_grads=False, loop_strategy=strategy, state_classes=classes,
+                        blocked_loops=no)
     items = _merge(cell, list(core))
     q = nx.DiGraph()
     q.add_nodes_from(range(len(items)))
@@ -248,7 +251,7 @@ def build_schedule(cell: CellGraph, optimize: bool = True, loop: str = "auto", r
                      if u in owner and v in owner and owner[u] != owner[v])
     stages = tuple(tuple(items[k] for k in sorted(gen)) for gen in nx.topological_generations(q))
     return Schedule(cell, tuple(_merge(cell, list(pre))), stages, tuple(_merge(cell, list(post))),
-                    hoist_param_grads=True, loop_strategy=strategy, state_classes=classes)
+                    hoist_param_grads=True, loop_strategy=strategy, state_classes=classes, blocked_loops=no)
 
 
 def _singletons(cell, nodes):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir.ops import KERNEL, REDUCE, OpKind
+from ..plan.classify import blocked
 from ..plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair
 from .kernels import fused_backward_kernel, fused_forward_kernel
 
@@ -43,21 +43,15 @@ class Phase:
 
 
 def problem(cell, loop) -> str | None:
-    """Why a persistent kernel cannot run this loop, whatever the sizes, or None."""
+    """Why a persistent kernel cannot run this loop, whatever the sizes, or None (the plan does not pick
+    'persistent' for a loop plan.classify.blocked rules out; a schedule given by hand may still hold one)."""
+    nodes = []
     for st in loop.stages:
         for it in st.items:
-            nodes = _nodes(it)
-            if nodes is None:
+            if _nodes(it) is None:
                 return f"its loop has a {type(it).__name__} item, which a persistent kernel does not run"
-            for n in nodes:
-                kind = cell.op(n).kind
-                if kind in REDUCE:
-                    return (f"op {n} ({kind.value}) reduces over features inside the loop, and a persistent "
-                            "kernel splits features over blocks")
-                if kind in (OpKind.CONCAT, OpKind.SLICE) or kind not in KERNEL and kind is not OpKind.LINEAR:
-                    return f"op {n} ({kind.value}) has no rule a persistent kernel can run"
-    return None
-
+            nodes += _nodes(it)
+    return blocked(cell, nodes).get("persistent")
 
 
 def _nodes(it):
