@@ -24,18 +24,20 @@ def pair(cell, loop, size, hidden, dtype, mode, **options):
 
 
 def calls(layer, xs, lengths, xp, dtype):
-    """Every array of a run over the chunks xs with the state carried across calls, as float64 numpy:
-    outputs, finals, gradients of inputs, initial state and parameters under fixed random gradients."""
+    """Every array of a run over the chunks xs with the state(s) carried across calls, as float64 numpy:
+    outputs, finals, gradients of inputs, initial states and parameters under fixed random gradients."""
     rng = np.random.default_rng(7)
-    conv = lambda a: xp.asarray(a.astype(dtype))
+    conv = lambda a: tuple(map(conv, a)) if isinstance(a, tuple) else xp.asarray(a.astype(dtype))
     back = lambda a: np.asarray(a.get() if hasattr(a, "get") else a, dtype=np.float64)
+    draw = lambda like: tuple(map(draw, like)) if isinstance(like, tuple) else rng.standard_normal(like.shape)
+    flat = lambda a: [x for v in a for x in flat(v)] if isinstance(a, tuple) else [a]
     y, fin = layer(conv(xs[0]))
-    state, out = rng.standard_normal(fin.shape), []
+    state, out = draw(fin), []
     for x in xs:
         y, fin = layer(conv(x), conv(state), None if lengths is None else conv(lengths).astype("int64"))
-        gx, g0, grads = layer.backward(conv(rng.standard_normal(y.shape)), conv(rng.standard_normal(fin.shape)))
-        out += [back(a) for a in (y, fin, gx, g0, *(grads[n] for n in sorted(grads)))]
-        state = back(fin)
+        gx, g0, grads = layer.backward(conv(rng.standard_normal(y.shape)), conv(draw(fin)))
+        out += [back(a) for a in (y, *flat(fin), gx, *flat(g0), *(grads[n] for n in sorted(grads)))]
+        state = tuple(map(back, fin)) if isinstance(fin, tuple) else back(fin)
     return out
 
 

@@ -7,36 +7,10 @@ import numpy as np
 import pytest
 
 from rnngraph.nn.recurrent import Recurrent
-from test_gpu_loops import TOL, pair
+from test_gpu_loops import TOL, agree, calls, pair
 
 pytestmark = pytest.mark.gpu
 CELLS = ["lstm", "gru", "mgu", "peephole_lstm", "cifg_lstm", "rnn_tanh", "rnn_relu"]
-
-
-def calls(layer, xs, lengths, xp, dtype):
-    """Every array of a run over the chunks xs with the state(s) carried across calls, as float64 numpy:
-    outputs, finals, gradients of inputs, initial states and parameters under fixed random gradients."""
-    rng = np.random.default_rng(7)
-    conv = lambda a: tuple(map(conv, a)) if isinstance(a, tuple) else xp.asarray(a.astype(dtype))
-    back = lambda a: np.asarray(a.get() if hasattr(a, "get") else a, dtype=np.float64)
-    draw = lambda like: tuple(map(draw, like)) if isinstance(like, tuple) else rng.standard_normal(like.shape)
-    flat = lambda a: [x for v in a for x in flat(v)] if isinstance(a, tuple) else [a]
-    y, fin = layer(conv(xs[0]))
-    state, out = draw(fin), []
-    for x in xs:
-        y, fin = layer(conv(x), conv(state), None if lengths is None else conv(lengths).astype("int64"))
-        gx, g0, grads = layer.backward(conv(rng.standard_normal(y.shape)), conv(draw(fin)))
-        out += [back(a) for a in (y, *flat(fin), gx, *flat(g0), *(grads[n] for n in sorted(grads)))]
-        state = tuple(map(back, fin)) if isinstance(fin, tuple) else back(fin)
-    return out
-
-
-def agree(ref, gpu, xs, lengths, dtype, what):
-    import cupy
-    for k, (a, b) in enumerate(zip(calls(gpu, xs, lengths, cupy, dtype), calls(ref, xs, lengths, np, "float64"),
-                                   strict=True)):
-        err = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300)
-        assert err <= TOL[dtype], f"{what}: array {k} relative error {err:.2e} > {TOL[dtype]:.0e}"
 
 
 def ran_persistent(layer):
