@@ -135,11 +135,18 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
     # their own block, so they run at the end of the previous frame's iteration, their loads issued before
     # its barrier (the forward has its barrier first: pair)
     k = next((gi for gi, n in enumerate(need) if n), 0) if loop.reverse else 0
+    # backward: values are read-only, and where every phase splits the same features, every gradient at
+    # feature f is written by f's block alone, so loads of both go before the barrier, except the gradient
+    # a dgemm adds into (its own old value aside) while the loads wait
+    mine = len({p.units for g in groups for p in g}) == 1
+    operands = {p.item.operand for g in groups for p in g if p.kind == "dgemm"}
     load, prologue, body, tail_loads, tail = [], [], [], [], []
     for gi, g in enumerate(groups):
         pre, early = [], {}
         for pi, p in enumerate(g):      # loads that need no barrier are issued before it
-            ok = lambda kind, n, lag, p=p, gi=gi: kind == "val" and (loop.reverse or own(written.get(n), p, lag, gi))
+            ok = (lambda kind, n, lag, p=p: kind == "val" or mine and kind == "grad" and (p.kind == "dgemm" or n not in
+                                                                                        operands)) if loop.reverse else \
+                (lambda kind, n, lag, p=p, gi=gi: kind == "val" and own(written.get(n), p, lag, gi))
             lines, early[pi] = _prefetch(cell, p, f"r{gi}_{pi}_", arg, ok, G)
             pre += lines
         run = (["        grid_barrier(bar, ++barriers * G);"] if need[gi] else []) + \
@@ -215,21 +222,28 @@ def _gemv(cell, p, off: int, arg, xb) -> str:
 
 
 def _prefetch(cell, p, prefix: str, arg, ok, G: int) -> tuple:
-    """(lines, {input name: register}) loading the inputs of phase p's body for which ok(kind, node, lag)
-    holds into registers, each thread its one element (b, f); none where a thread has several."""
-    if p.kind in ("gemm", "dgemm") or -(-p.units // G) * 8 > THREADS:
+    """(lines, {name: register}) loading what phase p's per-element part reads (its body's inputs, a
+    backward body's gradients and the old values its '+=' stores add to, a dgemm's old value) into
+    registers where ok(kind, node, lag) holds, each thread its one element (b, f); none where a thread has
+    several."""
+    if p.kind == "gemm" or -(-p.units // G) * 8 > THREADS:
         return [], {}
-    nodes, given = (p.item.fused.nodes, set(p.item.gemm.nodes)) if p.kind == "pair" else (p.item.nodes, set())
-    spec, where = sources(cell, nodes, "bwd" if p.kind == "dfused" else "fwd")
-    early = {nm: prefix + nm for nm in spec.in_names if where[nm][1] not in given or where[nm][2]
-             if ok(*where[nm])}
+    if p.kind == "dgemm":
+        wanted = [("old", ("grad", p.item.operand, p.item.delay))]
+    else:
+        nodes, given = (p.item.fused.nodes, set(p.item.gemm.nodes)) if p.kind == "pair" else (p.item.nodes, set())
+        spec, where = sources(cell, nodes, "bwd" if p.kind == "dfused" else "fwd")
+        wanted = [(nm, where[nm]) for nm in spec.in_names if where[nm][1] not in given or where[nm][2]]
+        wanted += [(nm, where[nm]) for nm in spec.out_names if nm.startswith("gm")]
+        wanted += [(f"{nm}_old", where[nm]) for nm, _, op in spec.stores if op == "+="]
+    early = {nm: (prefix + nm, src) for nm, src in wanted if ok(*src)}
     if not early:
         return [], {}
-    lines = [f"        CT {', '.join(f'{r} = 0' for r in early.values())};",
+    lines = [f"        CT {', '.join(f'{r} = 0' for r, _ in early.values())};",
              f"        {{  const int u0 = ({p.units} * blk) / G, nu = ({p.units} * (blk + 1)) / G - u0;",
              "            if (tid < nu * NB) {", "                const int b = tid / nu, f = u0 + tid - b * nu;"]
-    lines += [f"                {r} = {_at(arg, where[nm])};" for nm, r in early.items()]
-    return lines + ["            }", "        }"], early
+    lines += [f"                {r} = {_at(arg, src)};" for r, src in early.values()]
+    return lines + ["            }", "        }"], {nm: r for nm, (r, _) in early.items()}
 
 
 def _at(arg, source) -> str:
@@ -247,7 +261,8 @@ def _epilogue(cell, p, arg, early: dict, tagged: dict) -> list:
         return head + [f"            AT({c}, {_ld(c)}, 0, f) = gs[u * NB + b];", "        }"]
     if p.kind == "dgemm":
         gx = arg("grad", p.item.operand)
-        return head + [f"            AT({gx}, {_ld(gx)}, {p.item.delay}, f) += gs[u * NB + b];", "        }"]
+        at = f"AT({gx}, {_ld(gx)}, {p.item.delay}, f)"
+        return head + [f"            {at} = {early.get('old', at)} + gs[u * NB + b];", "        }"]
     if p.kind == "pair":
         gemm, fused = p.item.gemm, p.item.fused
         c = arg("cat", gemm)
@@ -268,7 +283,8 @@ def _body(cell, nodes, direction: str, arg, given: dict, early: dict, tagged: di
         local = given.get(key[0]) if kind == "ext" and key[1] == 0 else None
         lines.append(f"CT {nm} = {local or early.get(nm) or _at(arg, where[nm])};")
     at = lambda nm: _at(arg, where[nm])
-    lines += [f"CT {nm} = {at(nm)};" for nm in spec.out_names if nm.startswith("gm")] + spec.olds(at, "CT")
+    lines += [f"CT {nm} = {early.get(nm) or at(nm)};" for nm in spec.out_names if nm.startswith("gm")]
+    lines += [f"CT {nm}_old = {early.get(nm + '_old') or at(nm)};" for nm, _, op in spec.stores if op == "+="]
     lines += [ln.replace("T ", "CT ", 1) if ln.startswith("T ") else ln for ln in spec.body] + spec.writes(at)
     F = cell.op(nodes[0]).size
     lines += [f"exchange({tagged[n]} + ((t & 1) * NB + b) * {F} + f, tags + t, v{k});"
