@@ -103,15 +103,9 @@ class Recurrent(Parameterized):
         self._gather = None             # (workspace serials, per (layer, direction) gradient gather indices)
         chk.resolve_init(init, _INIT)(self)
 
-    @property
-    def loop_strategy(self) -> str:
-        """The loop strategy the last call ran (before any, the plan's): 'persistent' runs as 'stages'
-        where the backend cannot hold the weights on chip, and ``loop_note`` says why."""
-        return self._stack.runs[0][0].ex.loop_runs
-
-    @property
-    def loop_note(self) -> str | None:
-        return self._stack.runs[0][0].ex.loop_note
+    # the loop strategy the last call ran (before any, the plan's), and why 'persistent' ran as 'stages'
+    loop_strategy = property(lambda self: self._stack.runs[0][0].ex.loop_runs)
+    loop_note = property(lambda self: self._stack.runs[0][0].ex.loop_note)
 
     def _load_cells(self, spec) -> list:
         """One cell per layer, built for that layer's input size, or taken from a list (one per layer)."""
