@@ -51,7 +51,8 @@ class Schedule:
 
     @property
     def loop_strategies(self) -> tuple:
-        """The loop strategies every state's class admits, best first (the plan runs loop_strategy)."""
+        """The loop strategies every state's class admits and no op of the loop rules out (blocked_loops),
+        best first (the plan runs loop_strategy)."""
         return admitted(self.state_classes, self.blocked_loops)
 
     @functools.cached_property
@@ -105,6 +106,7 @@ class Schedule:
                 (r for r in reduce if r.item in order), key=lambda r: (order[r.item], getattr(r, "param", "")))],
             "loop_strategy": self.loop_strategy,
             "loop_strategies": list(self.loop_strategies),
+            "blocked_loops": dict(self.blocked_loops),
             "state_classes": {st: {"class": c.kind, "why": c.why} for st, c in self.state_classes.items()},
             "forward_loop": dict(self.plan_lines(self.forward))["loop"],
             "backward": [{"section": name, "items": lines} for name, lines in self.plan_lines(self.backward)],
@@ -118,6 +120,7 @@ class Schedule:
         out.append(f"  loop (per frame, strategy {self.loop_strategy}): {len(self.loop)} stages")
         out += [f"    state {st}: {c.kind} ({c.why})" for st, c in self.state_classes.items()]
         out.append(f"    strategies this loop admits, best first: {', '.join(self.loop_strategies)}")
+        out += [f"    not {name}: {why}" for name, why in self.blocked_loops.items()]
         for k, st in enumerate(self.loop):
             out += [f"    stage {k}: {describe(it, cell)}" for it in st]
         out += [f"    runs {line}" for line in s["forward_loop"]       # what differs from the stages listed

@@ -195,8 +195,9 @@ class Executor:
         it (the weights fit on chip at this B and dtype), else the stages frame by frame."""
         _, launch = self._prepared(loop, ws, ALL, lambda: (ws.vals, ws.grads, ws.cat, ws.wcat, ws.P, ws.T, ws.B))
         if not loop.reverse:
-            self.loop_runs = "persistent" if launch else "stages"
-            self.loop_note = None if launch else self.backend.persistent_problem(self.cell, loop, ws.B, ws.dtype)
+            if (loop, "why") not in ws.memo:
+                ws.memo[loop, "why"] = None if launch else self.backend.persistent_problem(self.cell, loop, ws.B, ws.dtype)
+            self.loop_runs, self.loop_note = "persistent" if launch else "stages", ws.memo[loop, "why"]
         if launch:
             self.backend.launch(launch)
         else:
