@@ -163,7 +163,23 @@ def test_check_finite_names_what_is_not_finite():
     g[0, 0, 0] = np.inf
     raises(lambda: layer.backward(g), "grad_y is not finite")
     layer.parameters()["weight_hh_l0"][0, 0] = np.nan
-    raises(lambda: layer(x64()), "output y is not finite")
+    raises(lambda: layer(x64()), "layer 0 stored a value that is not finite: parameter 'W_hr' is not finite")
+
+
+def test_check_finite_names_the_first_op_that_overflowed():
+    """A float16 overflow that the gates' saturation hides from the output is still found, at its op and
+    frame, in its layer and direction."""
+    layer = nn.LSTM(D, H, num_layers=2, bidirectional=True, dtype="float16")
+    x = np.ones((T, B, D), "float16")
+    x[3] = 300.0                                     # frame 3 only
+    layer.parameters()["weight_ih_l0_reverse"][...] = 100.0
+    with np.errstate(over="ignore"):
+        y, _ = layer(x)
+        assert np.isfinite(y).all()                  # σ(inf) = 1: the output alone shows nothing
+        layer.check_finite = True
+        msg = raises(lambda: layer(x), "layer 0 (reverse direction, time-reversed frames) stored a value that is "
+                     "not finite: op 'linear1' (linear) at frame", "float16 holds at most 65504")
+    assert f"at frame {T - 1 - 3};" in msg
 
 
 def test_check_finite_helper_for_losses_and_gradients():

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..arrays import array_module, dtype_fix, to_numpy
 from ..errors import RnnGraphError, RnnGraphWarning
+from ..ir.ops import OpKind
 
 
 def check_finite(name: str, a):
@@ -28,6 +29,38 @@ def check_finite(name: str, a):
         raise RnnGraphError(f"{name} is not finite: {nan} NaN and {n_bad - nan} inf among {arr.size} "
                             f"values{where}")
     return a
+
+
+def first_nonfinite(cell, ws) -> str | None:
+    """Where a forward on workspace `ws` first stored a NaN or inf: its earliest frame, then the first op
+    in evaluation order there ("op 'add17' (add) at frame 3"), or a parameter; None where all are finite."""
+    xp = array_module(ws.vals[next(iter(cell.inputs))])
+    for p in cell.params:
+        if not bool(xp.isfinite(ws.vals[p]).all()):
+            return f"parameter '{p}' is not finite"
+    found = []
+    for k, n in enumerate(cell.frame_order()):
+        if cell.op(n).kind is not OpKind.INPUT:
+            frames = xp.flatnonzero(~xp.isfinite(ws.frames(ws.vals[n]).reshape(ws.T, -1)).all(axis=1))
+            found += [(int(frames[0]), k, n)] if frames.size else []
+    if not found:
+        return None
+    t, _, n = min(found)
+    return f"op '{n}' ({cell.op(n).kind.value}) at frame {t}"
+
+
+def check_stored(runs, dtype):
+    """check_finite's look inside a recurrent layer's forward: every value it stored must be finite (a
+    float16 overflow that a saturating sigmoid hides too), else one error naming the layer, the direction
+    and the first op. runs: [layer][direction] objects with the executor as .ex."""
+    for l, per_l in enumerate(runs):
+        for d, run in enumerate(per_l):
+            where = first_nonfinite(run.ex.cell, run.ex.ws)
+            if where:
+                hint = ("; float16 holds at most 65504: scale the inputs or weights down, or use bfloat16"
+                        if dtype.name == "float16" else "")
+                raise RnnGraphError(f"layer {l}{' (reverse direction, time-reversed frames)' if d else ''} stored a "
+                                    f"value that is not finite: {where}{hint}")
 
 
 def check_config(input_size, hidden_size, num_layers, dropout):

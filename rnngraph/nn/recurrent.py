@@ -220,6 +220,7 @@ class Recurrent(Parameterized):
         self._last = (frames, y.shape, spread, pad)
         y = self._to_user(y)
         if self.check_finite:
+            chk.check_stored(self._stack.runs, self.dtype)
             for n, a in [("output y", y)] + [(f"final state {s}_n", a) for s, a in finals.items()]:
                 check_finite(n, a)
         return y, self._pack(finals)
