@@ -56,6 +56,14 @@ def test_random_user_cells(spoil, seed):
     agree(ref, gpu, [x[:4], x[4:]], None, "float64", what + " chunked")
 
 
+def test_a_gradient_added_a_frame_back_by_a_later_group():
+    from test_persistent import late_write_cell
+    ref, gpu = pair(late_write_cell(), "persistent", 4, 8, "float64", "graph")
+    x = np.random.default_rng(8).standard_normal((11, 3, 4))
+    agree(ref, gpu, [x], np.array([11, 5, 2]), "float64", "late write")
+    ran_persistent(gpu)
+
+
 def test_gradients_are_bit_identical_run_to_run():
     import cupy
     runs = []

@@ -64,6 +64,26 @@ def test_float32_forward_exchanges_tagged_words_instead_of_barriers(name):
     assert count(bwd, "float", 1, 132) == BARRIERS[name][1]
 
 
+def late_write_cell():
+    """Two GEMM stages a frame, s read a frame back by h's group: h's backward (after the first barrier)
+    adds into s's gradient a frame back, which s's group (moved to the end of the iteration) reads."""
+    from rnngraph import Cell
+    c = Cell("late_write")
+    x, h, s = c.input("x", 4), c.state("h", 8), c.state("s", 8)
+    hn = c.bind(h, c.tanh(c.linear(h.ago(1), "U_a", 8) + c.linear(x, "W", 8)) + s.ago(1), name="h")
+    c.output(c.bind(s, c.sigmoid(c.linear(hn, "U_b", 8)) * s.ago(1), name="s"))
+    return c.build()
+
+
+def test_backward_loads_wait_for_a_later_group_adding_into_them():
+    cell = late_write_cell()
+    k = persistent_kernel(cell, loops(cell)[1], "float", 1, 8)
+    loop = k.source[k.source.index("for (int s = 0; s < T; ++s)"):]
+    i = k.args.index(("grad", "s"))
+    assert f"AT(pp{i}, ld{i}, 0, f)" not in loop[:loop.index("grid_barrier(bar")]    # not before the barrier
+    assert f"AT(pp{i}, ld{i}, 0, f)" in loop
+
+
 def test_shared_memory_holds_the_blocks_weights_and_rows():
     """LSTM H=512, B=1 on 132 blocks: 4 features × 4 gates × 512 weights, x's row, 16 sums, 16 partials."""
     cell = load_cell("lstm", 8, 512)

@@ -140,12 +140,16 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
     # a dgemm adds into (its own old value aside) while the loads wait
     mine = len({p.units for g in groups for p in g}) == 1
     operands = {p.item.operand for g in groups for p in g if p.kind == "dgemm"}
+    # ... and the groups moved to the end of the iteration (before k) issue theirs before the groups from k
+    # on run, so not the gradients those add into frames back (rows the moved groups read)
+    late = {n for g in groups[k:] for p in g if p.kind == "dfused"
+            for kind, n, lag in sources(cell, p.item.nodes, "bwd")[1].values() if kind == "grad" and lag}
     load, prologue, body, tail_loads, tail = [], [], [], [], []
     for gi, g in enumerate(groups):
         pre, early = [], {}
         for pi, p in enumerate(g):      # loads that need no barrier are issued before it
-            ok = (lambda kind, n, lag, p=p: kind == "val" or mine and kind == "grad" and (p.kind == "dgemm" or n not in
-                                                                                        operands)) if loop.reverse else \
+            ok = (lambda kind, n, lag, p=p, gi=gi: kind == "val" or mine and kind == "grad" and (
+                p.kind == "dgemm" or n not in operands and (gi >= k or n not in late))) if loop.reverse else \
                 (lambda kind, n, lag, p=p, gi=gi: kind == "val" and own(written.get(n), p, lag, gi))
             lines, early[pi] = _prefetch(cell, p, f"r{gi}_{pi}_", arg, ok, G)
             pre += lines

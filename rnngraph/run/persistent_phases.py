@@ -26,6 +26,7 @@ EXCHANGE_WORDS = 1          # tagged words a thread spins on per GEMV, at most (
 
 @dataclass(frozen=True)
 class Phase:
+    """One loop item as the kernel runs it: split over the blocks by `units`."""
     kind: str           # gemm | pair | dgemm | fused | dfused
     item: object        # the Gemm (gemm, dgemm), the Pair, or the Fused group
     units: int
@@ -39,7 +40,6 @@ class Phase:
         if self.kind == "gemm":
             return self.units if len(self.item.nodes) == 1 else None
         return self.units
-
 
 
 def problem(cell, loop) -> str | None:
@@ -65,7 +65,6 @@ def _nodes(it):
     return None
 
 
-
 def phases(cell, loop) -> list:
     """[[Phase]] per barrier group candidate: the loop's stages (a stage whose items may not overlap
     becomes one group per item), each a list of phases in run order."""
@@ -74,7 +73,6 @@ def phases(cell, loop) -> list:
         ps = [_phase(cell, it) for it in st.items]
         groups += [ps] if st.overlap or len(ps) == 1 else [[p] for p in ps]
     return groups
-
 
 
 def _phase(cell, it) -> Phase:
@@ -87,7 +85,6 @@ def _phase(cell, it) -> Phase:
     if isinstance(it, FusedGrad):
         return Phase("dfused", it.item, cell.op(it.item.nodes[0]).size)
     return Phase("fused", it, cell.op(it.nodes[0]).size)
-
 
 
 def barriers(groups) -> list:
@@ -106,7 +103,6 @@ def barriers(groups) -> list:
     return out
 
 
-
 def shared_layout(groups, B: int, G: int) -> tuple:
     """({id(phase): weight offset}, xs, gs and gp offsets, total elements) of the shared memory: each
     GEMM phase's weights for the largest share of units a block gets, then x rows, the sums, the partials."""
@@ -118,7 +114,6 @@ def shared_layout(groups, B: int, G: int) -> tuple:
         xs, gs = max(xs, B * p.width), max(gs, per * p.m * B)
     gp = max(gs, THREADS // 32 * B)
     return offs, n, n + xs, n + xs + gs, n + xs + gs + gp
-
 
 
 def exchanges(cell, groups, written, ctype: str, B: int, G: int) -> dict:
@@ -133,7 +128,7 @@ def exchanges(cell, groups, written, ctype: str, B: int, G: int) -> dict:
     for gi, g in enumerate(groups):
         (p, *rest) = g
         it = p.item.gemm if p.kind == "pair" else p.item
-        gw, w = written.get(getattr(it, "operand", None), (None, None))
+        _, w = written.get(getattr(it, "operand", None), (None, None))
         body = w.item.fused.nodes if w is not None and w.kind == "pair" else getattr(getattr(w, "item", None), "nodes", ())
         if ctype != "float" or rest or p.kind not in ("pair", "gemm") or w is None or w.kind not in ("pair", "fused") \
                 or it.operand not in body or it.delay > 1 or w.units != p.width or w.units < G \
@@ -148,10 +143,9 @@ def exchanges(cell, groups, written, ctype: str, B: int, G: int) -> dict:
     return out
 
 
-
 def nodes_of(p) -> tuple:
-    return p.item.gemm.nodes + p.item.fused.nodes if p.kind == "pair" else p.item.nodes
-
+    """The nodes phase p computes (or whose gradients it computes)."""
+    return _nodes(p.item)
 
 
 def own(writer, p, lag: int, gi: int) -> bool:
@@ -162,7 +156,6 @@ def own(writer, p, lag: int, gi: int) -> bool:
         return True
     wg, w = writer
     return w.aligned == p.units and (lag >= 1 or wg < gi)
-
 
 
 def sources(cell, nodes, direction: str) -> tuple:
