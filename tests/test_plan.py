@@ -67,6 +67,8 @@ def test_backward_plan_printed_in_order(name):
                       "parameter gradients of loop and post, reduced once over all frames",
                       "pre reversed, over all T·B rows", "weights shared by several ops"]
     default = str(build_schedule(load_cell(name, 8, 16))).splitlines()        # auto: persistent, the same stages
+    assert "    runs all stages as one cooperative kernel a direction on the GPU" in default.pop(
+        default.index("  post (once over all frames): 0 kernels") - 1)
     n = 4 if name == "mgu" else 2
     assert default == [ln.replace(f"strategy stages): {n}", f"strategy persistent): {n}")
                        .replace(f"{LOOP_TITLES['stages']}: {n} stage", f"{LOOP_TITLES['persistent']}: {n} stage")

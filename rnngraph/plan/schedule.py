@@ -125,6 +125,9 @@ class Schedule:
             out += [f"    stage {k}: {describe(it, cell)}" for it in st]
         out += [f"    runs {line}" for line in s["forward_loop"]       # what differs from the stages listed
                 if self.loop_strategy == "scan" or ": pair" in line or not line.startswith("stage")]
+        if self.loop_strategy == "persistent":
+            out.append("    runs all stages as one cooperative kernel a direction on the GPU, the weights held on chip "
+                       "(B ≤ 8, where they fit); else frame by frame, as stages")
         out.append(f"  post (once over all frames): {len(self.post)} kernels")
         out += [f"    {describe(it, cell)}" for it in self.post]
         out.append("  backward:")
