@@ -1,17 +1,15 @@
 """Loop strategy 'persistent' without a GPU: the generated cooperative kernels (deterministic source, one
 grid barrier where the plan needs one, shared memory as laid out, what cannot run said by name), compiled
-by NVRTC (the pip wheel nvidia-cuda-nvrtc-cu12: a compiler, no GPU needed); on numpy the loop is 'stages'."""
+by NVRTC (the pip wheel nvidia-cuda-nvrtc-cu12: a compiler, no GPU needed)."""
 import ctypes
 import ctypes.util
 import glob
 import os
 
-import numpy as np
 import pytest
 
 from rnngraph import CELLS, build_schedule, load_cell
 from rnngraph.errors import RnnGraphError
-from rnngraph.nn import Recurrent
 from rnngraph.plan.loops import persistent_loop
 from rnngraph.plan.items import Fused
 from rnngraph.run.kernels import fused_backward_kernel, fused_forward_kernel, param_grad_kernel
@@ -111,17 +109,6 @@ def test_vector_parameter_gradients_use_no_atomics():
     n = next(n for n in cell.graph if any(u == "b_hi" for u, _ in cell.reads(n)))
     slot = [u for u, _ in cell.reads(n)].index("b_hi")
     assert "atomicAdd" not in param_grad_kernel(cell, n, slot, "float")[1]
-
-
-def test_numpy_runs_persistent_as_stages_bit_for_bit():
-    x = np.random.default_rng(0).standard_normal((7, 3, 4))
-    a, b = (Recurrent("lstm", 4, 6, num_layers=2, bidirectional=True, dtype="float64", loop=loop)
-            for loop in ("persistent", "stages"))
-    (ya, _), (yb, _) = a(x), b(x)
-    np.testing.assert_array_equal(ya, yb)
-    for u, v in zip(a.backward(ya)[2].values(), b.backward(yb)[2].values()):
-        np.testing.assert_array_equal(u, v)
-    assert a.loop_strategy == "stages" and "numpy backend runs it frame by frame" in a.loop_note
 
 
 # -- NVRTC ------------------------------------------------------------------------------------------
