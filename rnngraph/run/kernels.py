@@ -36,10 +36,12 @@ class KernelSpec:
     body: tuple        # C statements over locals
     stores: tuple      # (output name, local, "=" or "+=")
 
-    def olds(self, at, ctype: str) -> list:
+    def olds(self, at, ctype: str, loaded: dict | None = None) -> list:
         """Loads of what the '+=' stores add to, issued with the other loads: after each other's stores
-        (which the compiler keeps in order: the pointers may alias) they would wait a load latency each."""
-        return [f"{ctype} {nm}_old = {at(nm)};" for nm, _, op in self.stores if op == "+="]
+        (which the compiler keeps in order: the pointers may alias) they would wait a load latency each.
+        loaded: '<name>_old' -> a register already holding one."""
+        return [f"{ctype} {nm}_old = {(loaded or {}).get(nm + '_old') or at(nm)};"
+                for nm, _, op in self.stores if op == "+="]
 
     def writes(self, at) -> list:
         """The stores: '=', '+=' (onto the value olds() loaded) or an atomic add."""

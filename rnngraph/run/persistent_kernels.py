@@ -288,7 +288,7 @@ def _body(cell, nodes, direction: str, arg, given: dict, early: dict, tagged: di
         lines.append(f"CT {nm} = {local or early.get(nm) or _at(arg, where[nm])};")
     at = lambda nm: _at(arg, where[nm])
     lines += [f"CT {nm} = {early.get(nm) or at(nm)};" for nm in spec.out_names if nm.startswith("gm")]
-    lines += [f"CT {nm}_old = {early.get(nm + '_old') or at(nm)};" for nm, _, op in spec.stores if op == "+="]
+    lines += spec.olds(at, "CT", early)
     lines += [ln.replace("T ", "CT ", 1) if ln.startswith("T ") else ln for ln in spec.body] + spec.writes(at)
     F = cell.op(nodes[0]).size
     lines += [f"exchange({tagged[n]} + ((t & 1) * NB + b) * {F} + f, tags + t, v{k});"
