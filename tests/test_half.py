@@ -99,7 +99,37 @@ def test_half_runs_are_deterministic_and_errors_are_clear():
 
     class OtherBackend(NumpyBackend):
         name = "other"
-    with pytest.raises(RnnGraphError, match="runs on the numpy backend only for now"):
+
+        def half_problem(self, dtype):
+            return f"no {dtype.name} here"
+    with pytest.raises(RnnGraphError, match="dtype float16 does not run here: no float16 here"):
         Recurrent("gru", 3, 8, dtype="float16", backend=OtherBackend())
     with pytest.raises(RnnGraphError, match="half precision runs in the recurrent layers only"):
         float_dtype("bfloat16")
+
+
+@pytest.mark.parametrize("cc, zeros_fails, dtype, want", [
+    ("90", False, "bfloat16", None), ("75", False, "float16", None),
+    ("75", False, "bfloat16", "compute capability 8.0 or newer (this one is 7.5)"),
+    ("120", False, "bfloat16", None), ("90", True, "bfloat16", "bfloat16 needs cupy 14 or newer with ml_dtypes")])
+def test_the_gpu_says_in_one_line_what_half_dtype_it_lacks(cc, zeros_fails, dtype, want):
+    """CupyBackend.half_problem on a stand-in for cupy: an old cupy without bfloat16 arrays, an old GPU."""
+    from types import SimpleNamespace
+    from rnngraph.run.backends.cupy_backend import CupyBackend
+
+    def zeros(shape, dt):
+        if zeros_fails:
+            raise TypeError(f"Unsupported type {dt}")
+    cp = SimpleNamespace(__version__="13.6.0", zeros=zeros,
+                         cuda=SimpleNamespace(Device=lambda: SimpleNamespace(compute_capability=cc)))
+    got = CupyBackend.half_problem(SimpleNamespace(xp=cp), float_dtype(dtype, half=True))
+    assert got == want if want is None else want in got
+
+
+def test_ragged_batches_stay_in_half_precision():
+    """Padded frames are zeroed without promoting the activations to float32 (a bare 0 in `where` did, with
+    some numpy and ml_dtypes versions)."""
+    layer = Recurrent("gru", 3, 8, num_layers=2, dtype="bfloat16", seed=2)
+    y, h = layer(np.ones((5, 2, 3), BF16), lengths=np.array([5, 2]))
+    gx, _, grads = layer.backward(np.ones_like(y))
+    assert y.dtype == h.dtype == gx.dtype == BF16 and not y[2:, 1].astype(np.float32).any()

@@ -1,11 +1,6 @@
 """Loop strategy 'persistent' without a GPU: the generated cooperative kernels (deterministic source, one
 grid barrier where the plan needs one, shared memory as laid out, what cannot run said by name), compiled
 by NVRTC (the pip wheel nvidia-cuda-nvrtc-cu12: a compiler, no GPU needed)."""
-import ctypes
-import ctypes.util
-import glob
-import os
-
 import pytest
 
 from rnngraph import CELLS, build_schedule, load_cell
@@ -15,6 +10,7 @@ from rnngraph.plan.items import Fused
 from rnngraph.run.kernels import fused_backward_kernel, fused_forward_kernel, param_grad_kernel
 from rnngraph.run.persistent_kernels import persistent_kernel
 from rnngraph.run.persistent_phases import THREADS, problem
+from nvrtc import nvrtc_compile
 
 GEMM_CORES = [c for c in CELLS if "persistent" in build_schedule(load_cell(c, 4, 8)).loop_strategies]
 
@@ -109,36 +105,6 @@ def test_vector_parameter_gradients_use_no_atomics():
     n = next(n for n in cell.graph if any(u == "b_hi" for u, _ in cell.reads(n)))
     slot = [u for u, _ in cell.reads(n)].index("b_hi")
     assert "atomicAdd" not in param_grad_kernel(cell, n, slot, "float")[1]
-
-
-# -- NVRTC ------------------------------------------------------------------------------------------
-def _nvrtc():
-    """libnvrtc from the nvidia-cuda-nvrtc wheel (the test extra), else the system's."""
-    found = []
-    try:
-        import nvidia.cuda_nvrtc as wheel
-        found = [p for d in wheel.__path__ for p in sorted(glob.glob(os.path.join(d, "lib", "libnvrtc.so.*")))
-                 if "builtins" not in p and ".alt." not in p]
-    except ImportError:
-        pass
-    path = (found or [ctypes.util.find_library("nvrtc")])[0]
-    if path is None:
-        pytest.fail("NVRTC not found: pip install nvidia-cuda-nvrtc-cu12 (in the test extra)")
-    return ctypes.CDLL(path)
-
-
-def nvrtc_compile(source: str, name: str):
-    """Compiles CUDA source for sm_90 with NVRTC; fails the test with the compiler's log."""
-    lib, prog = _nvrtc(), ctypes.c_void_p()
-    assert lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), f"{name}.cu".encode(), 0, None, None) == 0
-    opts = (ctypes.c_char_p * 2)(b"-arch=compute_90", b"-default-device")
-    rc = lib.nvrtcCompileProgram(prog, 2, opts)
-    size = ctypes.c_size_t()
-    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-    log = ctypes.create_string_buffer(size.value)
-    lib.nvrtcGetProgramLog(prog, log)
-    lib.nvrtcDestroyProgram(ctypes.byref(prog))
-    assert rc == 0, f"{name} does not compile:\n{log.value.decode()}"
 
 
 @pytest.mark.parametrize("name", [c for c in GEMM_CORES if not c.startswith("layernorm")])

@@ -32,6 +32,7 @@ from .options import LOOP_CHOICES, writable_folder
 
 IMPLS = ("naive", "staged", "graph", "cudnn", "torch_eager", "jax_scan", "rnngraph_torch", "torch_compile")
 MODES = IMPLS[:3]                                   # the rnngraph implementations
+DTYPES = ("float32", "float64", "bfloat16", "float16")
 DEFAULT_IMPLS = IMPLS[:5]       # jax_scan (linear-diagonal cells only), rnngraph_torch, torch_compile when asked for
 DEFAULT_CELLS = ("lstm", "peephole_lstm", "layernorm_lstm", "min_gru", "mgu")
 QUICK = {"T": [8], "B": [2], "H": [16], "repeats": 3, "warmup": 1}
@@ -129,11 +130,11 @@ def measure(cell, impl: str, *, T: int = 100, B: int = 1, H: int = 512, D: int |
     and forward_all / train_all (every repeat), or the configuration plus 'skipped': why, when the
     implementation is not available here (no GPU, no torch, no cuDNN equivalent).
     """
-    if impl not in IMPLS:
-        raise RnnGraphError(f"unknown implementation {impl!r}; choose from {', '.join(IMPLS)}")
+    impl_name = impl
+    impl, dtype = _impl_dtype(impl, dtype)
     D = D or H
     first = load_cell(cell, D, H)
-    res = {"impl": impl, "cell": first.name, "T": T, "B": B, "H": H, "D": D, "layers": layers, "dtype": dtype}
+    res = {"impl": impl_name, "cell": first.name, "T": T, "B": B, "H": H, "D": D, "layers": layers, "dtype": dtype}
     why = unavailable(impl, first)
     if why:
         return {**res, "skipped": why}
@@ -158,6 +159,16 @@ def measure(cell, impl: str, *, T: int = 100, B: int = 1, H: int = 512, D: int |
         res[f"{w}_all"] = times
     res.update({k: v() for k, v in extra.items() if callable(v)})      # what ran, read after it ran
     return res
+
+
+def _impl_dtype(impl: str, dtype: str) -> tuple:
+    """(implementation, dtype) of an --impls entry: 'cudnn' runs at the run's dtype, 'cudnn@float16' at
+    float16 (a peer in another precision, timed in the same process)."""
+    name, _, at = impl.partition("@")
+    if name not in IMPLS or (at and at not in DTYPES):
+        raise RnnGraphError(f"unknown implementation {impl!r}; choose from {', '.join(IMPLS)}, each optionally "
+                            f"with @dtype ({', '.join(DTYPES)}), e.g. cudnn@float16")
+    return name, at or dtype
 
 
 def unavailable(impl: str, cell) -> str | None:
@@ -259,12 +270,13 @@ def add_arguments(p) -> None:
     p.add_argument("-H", action="extend", type=_list(int), metavar="N", help="hidden sizes (default: 512)")
     p.add_argument("-D", type=int, metavar="N", help="input features (default: H)")
     p.add_argument("--layers", type=int, default=1, metavar="N", help="stacked layers (default: 1)")
-    p.add_argument("--dtype", choices=("float32", "float64", "bfloat16", "float16"), default="float32")
+    p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--loop", action="extend", type=_list(str), metavar="LIST",
                    help=f"loop strategies of rnngraph's modes, each timed, of {','.join(LOOP_CHOICES)} (default: auto, "
                         "the best one the cell admits); with several, a cell skips those it does not admit")
     p.add_argument("--impls", type=_list(str), default=list(DEFAULT_IMPLS), metavar="LIST",
-                   help=f"implementations to time, of {','.join(IMPLS)} (default: {','.join(DEFAULT_IMPLS)})")
+                   help=f"implementations to time, of {','.join(IMPLS)} (default: {','.join(DEFAULT_IMPLS)}); "
+                        "impl@dtype runs one in another dtype than --dtype, e.g. cudnn@float16")
     p.add_argument("--repeats", type=int, metavar="N", help="timed calls; the median is reported (default: 20)")
     p.add_argument("--warmup", type=int, metavar="N", help="untimed calls first (default: 3)")
     p.add_argument("--tf32", action="store_true", help="allow TF32 in torch and cupy matmuls (default: off)")
@@ -281,9 +293,8 @@ def run(args) -> int:
           "B": args.B or q.get("B", [1]), "H": args.H or q.get("H", [512]), "D": args.D, "layers": args.layers,
           "dtype": args.dtype, "impls": args.impls, "repeats": args.repeats or q.get("repeats", 20),
           "warmup": args.warmup or q.get("warmup", 3), "tf32": args.tf32, "loops": args.loop or ["auto"]}
-    bad = [i for i in st["impls"] if i not in IMPLS]
-    if bad:
-        raise RnnGraphError(f"unknown implementation(s) {bad}; choose from {', '.join(IMPLS)}")
+    for i in st["impls"]:
+        _impl_dtype(i, args.dtype)
     bad = [v for v in st["loops"] if v not in LOOP_CHOICES]
     if bad:
         raise RnnGraphError(f"unknown loop strateg{'ies' if len(bad) > 1 else 'y'} {bad}; choose from "
@@ -299,7 +310,7 @@ def run(args) -> int:
         configs = [(c, t, b, h) for c in st["cells"] for t in st["T"] for b in st["B"] for h in st["H"]]
         with contextlib.closing(_progress(configs)) as bar:   # closed before a Ctrl-C's message is printed
             results = [_measure_or_error(c, impl, st, t, b, h, loop) for c, t, b, h in bar for impl in st["impls"]
-                       for loop in (st["loops"] if impl in MODES[1:] else ["auto"])]    # naive: stages only
+                       for loop in (st["loops"] if _impl_dtype(impl, "")[0] in MODES[1:] else ["auto"])]    # naive: stages
     except KeyboardInterrupt:
         raise Interrupted("no measurements were kept" + (f"; {args.json} was not written" if args.json else "")) \
             from None

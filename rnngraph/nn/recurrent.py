@@ -78,10 +78,8 @@ class Recurrent(Parameterized):
         self.backend = _make_backend(backend, mode)
         self.backend_name = self.backend.name
         self.dtype = float_dtype(dtype, half=True)
-        if self.dtype.name in HALF_DTYPES and self.backend.name != "numpy":
-            raise RnnGraphError(f"dtype {self.dtype.name} runs on the numpy backend only for now (float32 "
-                                "arithmetic, half storage: the reference the GPU kernels will match); use "
-                                "backend='numpy', or float32 on the GPU")
+        if self.dtype.name in HALF_DTYPES and (why := self.backend.half_problem(self.dtype)):
+            raise RnnGraphError(f"dtype {self.dtype.name} does not run here: {why}")
         self.mode, self.loop = mode, loop
         if buckets not in (None, True, False):
             raise RnnGraphError(f"buckets must be True, False or None (automatic in graph mode), got {buckets!r}")

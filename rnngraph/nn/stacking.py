@@ -37,7 +37,7 @@ class Frames:
 
     def mask(self, a):
         """a [T, B, F] with padded frames set to zero (NaN-safe; `a` itself when no lengths)."""
-        return a if self.valid is None else self.xp.where(self.valid, a, 0)
+        return a if self.valid is None else self.xp.where(self.valid, a, self.xp.zeros((), a.dtype))
 
 
 class Direction:

@@ -15,6 +15,60 @@ from dataclasses import dataclass
 
 from ..ir.ops import KERNEL, OpKind
 
+# a dtype's element type in memory; half types compute in float registers (math_type) and round once when
+# stored, as the numpy reference does (run/backends/base.py)
+CTYPES = {"float32": "float", "float64": "double", "bfloat16": "rg_bf16", "float16": "rg_f16"}
+HALF_TYPES = ("rg_bf16", "rg_f16")
+
+HALF_PRELUDE = r"""
+// half storage: loads convert to float, a float stored is rounded to nearest even (NaN stays NaN)
+struct rg_bf16 {
+    unsigned short u;
+    __device__ __forceinline__ operator float() const { return __uint_as_float((unsigned int)u << 16); }
+    __device__ __forceinline__ rg_bf16& operator=(float f) {
+        unsigned int x = __float_as_uint(f);
+        u = (unsigned short)((x & 0x7fffffffu) > 0x7f800000u ? (x >> 16) | 0x40u : (x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+        return *this;
+    }
+};
+struct rg_f16 {
+    unsigned short u;
+    __device__ __forceinline__ operator float() const { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(u)); return f; }
+    __device__ __forceinline__ rg_f16& operator=(float f) { asm("cvt.rn.f16.f32 %0, %1;" : "=h"(u) : "f"(f)); return *this; }
+};
+template <typename H> static __device__ __forceinline__ void rg_atomic_add(H* p, float v) {
+    // p += v, rounded once: a compare-and-swap on the aligned 32-bit word holding the 16-bit value
+    unsigned int* w = (unsigned int*)((unsigned long long)p & ~3ull);
+    const unsigned int sh = ((unsigned long long)p & 2ull) ? 16u : 0u;
+    unsigned int old = *w, seen;
+    do {
+        seen = old;
+        H h;
+        h.u = (unsigned short)(seen >> sh);
+        h = (float)h + v;
+        old = atomicCAS(w, seen, (seen & ~(0xffffu << sh)) | ((unsigned int)h.u << sh));
+    } while (old != seen);
+}
+template <typename H> static __device__ __forceinline__ float rg_rounded(float v) { H h; h = v; return (float)h; }
+static __device__ __forceinline__ void atomicAdd(rg_bf16* p, float v) { rg_atomic_add(p, v); }
+static __device__ __forceinline__ void atomicAdd(rg_f16* p, float v) { rg_atomic_add(p, v); }
+"""
+
+
+def math_type(ctype: str) -> str:
+    """The register type computing on elements of type ctype: float for the half types, else ctype."""
+    return "float" if ctype in HALF_TYPES else ctype
+
+
+def rounded(expr: str, ctype: str) -> str:
+    """C expression: the value of expr as a load would see it once stored (rounded to ctype's precision)."""
+    return f"rg_rounded<{ctype}>({expr})" if ctype in HALF_TYPES else expr
+
+
+def complete(source: str) -> str:
+    """A generated source ready to compile: the half types' definitions first where it uses them."""
+    return HALF_PRELUDE + source if any(h in source for h in HALF_TYPES) else source
+
 FUSED_SOURCE = r"""
 extern "C" __global__ void {name}({args}long long rows, int F) {{
     long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -49,13 +103,13 @@ class KernelSpec:
                 else f"{at(nm)} = {v};" for nm, v, op in self.stores]
 
     def source(self, ctype: str) -> tuple[str, str]:
-        """(kernel name, CUDA source) for element type ctype ('float' or 'double')."""
-        at = lambda nm: f"p_{nm}[r * s_{nm} + f]"
+        """(kernel name, CUDA source) for element type ctype (CTYPES' values)."""
+        at, mt = (lambda nm: f"p_{nm}[r * s_{nm} + f]"), math_type(ctype)
         args = "".join(f"const {ctype}* __restrict__ p_{nm}, long long s_{nm}, " for nm in self.in_names)
         args += "".join(f"{ctype}* p_{nm}, long long s_{nm}, " for nm in self.out_names)
-        lines = [f"{ctype} {nm} = {at(nm)};" for nm in self.in_names]
-        lines += [f"{ctype} {nm} = {at(nm)};" for nm in self.out_names if nm.startswith("gm")]
-        lines += self.olds(at, ctype) + [ln.replace("T ", f"{ctype} ") for ln in self.body] + self.writes(at)
+        lines = [f"{mt} {nm} = {at(nm)};" for nm in self.in_names]
+        lines += [f"{mt} {nm} = {at(nm)};" for nm in self.out_names if nm.startswith("gm")]
+        lines += self.olds(at, mt) + [ln.replace("T ", f"{mt} ") for ln in self.body] + self.writes(at)
         text = FUSED_SOURCE.format(name="{name}", args=args, body="\n".join("    " + ln for ln in lines))
         name = kernel_name("fused", text)
         return name, text.replace("{name}", name)
@@ -143,12 +197,12 @@ def fused_backward_kernel(cell, nodes, param_names, atomic: bool = False) -> Ker
 GEMV_ROWS = 8   # at most this many rows go to the warp-per-output GEMV; more use the tiled GEMM
 
 GEMV_SOURCE = r"""
-extern "C" __global__ void rg_gemv_{T}(const {T}* __restrict__ A, long long lda,
-        const {T}* __restrict__ W, {T}* C, long long ldc, int N, int M, int K, int accumulate) {{
+extern "C" __global__ void rg_gemv_{S}(const {S}* __restrict__ A, long long lda,
+        const {S}* __restrict__ W, {S}* C, long long ldc, int N, int M, int K, int accumulate) {{
     // one warp per output column m, all N (<= 8) rows at once; W's row m is read once, coalesced
     int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     if (warp >= M) return;
-    const {T}* w = W + (long long)warp * K;
+    const {S}* w = W + (long long)warp * K;
     {T} acc[8] = {{0, 0, 0, 0, 0, 0, 0, 0}};
     for (int k = lane; k < K; k += 32) {{
         {T} wk = w[k];
@@ -160,7 +214,7 @@ extern "C" __global__ void rg_gemv_{T}(const {T}* __restrict__ A, long long lda,
         {T} v = acc[n];
         for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffff, v, off);
         if (lane == 0 && n < N) {{
-            {T}* c = C + n * ldc + warp;
+            {S}* c = C + n * ldc + warp;
             *c = accumulate ? *c + v : v;
         }}
     }}
@@ -171,8 +225,8 @@ GEMM_SOURCE = r"""
 #define BM 32
 #define BN 32
 #define BK 32
-extern "C" __global__ void rg_gemm_{T}(const {T}* __restrict__ A, long long lda,
-        const {T}* __restrict__ W, {T}* C, long long ldc, int N, int M, int K, int accumulate) {{
+extern "C" __global__ void rg_gemm_{S}(const {S}* __restrict__ A, long long lda,
+        const {S}* __restrict__ W, {S}* C, long long ldc, int N, int M, int K, int accumulate) {{
     // 32x32 output tile per block of 256 threads, 2x2 outputs per thread, K in steps of 32
     __shared__ {T} As[BM][BK + 1];
     __shared__ {T} Ws[BN][BK + 1];
@@ -182,8 +236,8 @@ extern "C" __global__ void rg_gemm_{T}(const {T}* __restrict__ A, long long lda,
     for (int k0 = 0; k0 < K; k0 += BK) {{
         for (int e = threadIdx.x; e < BM * BK; e += 256) {{
             int r = e / BK, c = e % BK;
-            As[r][c] = (n0 + r < N && k0 + c < K) ? A[(long long)(n0 + r) * lda + k0 + c] : ({T})0;
-            Ws[r][c] = (m0 + r < M && k0 + c < K) ? W[(long long)(m0 + r) * K + k0 + c] : ({T})0;
+            As[r][c] = (n0 + r < N && k0 + c < K) ? ({T})A[(long long)(n0 + r) * lda + k0 + c] : ({T})0;
+            Ws[r][c] = (m0 + r < M && k0 + c < K) ? ({T})W[(long long)(m0 + r) * K + k0 + c] : ({T})0;
         }}
         __syncthreads();
         #pragma unroll 8
@@ -199,7 +253,7 @@ extern "C" __global__ void rg_gemm_{T}(const {T}* __restrict__ A, long long lda,
         for (int b = 0; b < 2; ++b) {{
             int n = n0 + ty + 16 * a, m = m0 + tx + 16 * b;
             if (n < N && m < M) {{
-                {T}* c = C + (long long)n * ldc + m;
+                {S}* c = C + (long long)n * ldc + m;
                 *c = accumulate ? *c + acc[a][b] : acc[a][b];
             }}
         }}
@@ -208,13 +262,13 @@ extern "C" __global__ void rg_gemm_{T}(const {T}* __restrict__ A, long long lda,
 
 
 def matmul_source(kind: str, ctype: str) -> str:
-    """CUDA source of the capturable 'gemv' or 'gemm' kernel for ctype 'float' or 'double'."""
-    return (GEMV_SOURCE if kind == "gemv" else GEMM_SOURCE).replace("{T}", ctype).replace(
-        "{{", "{").replace("}}", "}")
+    """CUDA source of the capturable 'gemv' or 'gemm' kernel rg_<kind>_<ctype> for element type ctype."""
+    return (GEMV_SOURCE if kind == "gemv" else GEMM_SOURCE).replace("{S}", ctype).replace(
+        "{T}", math_type(ctype)).replace("{{", "{").replace("}}", "}")
 
 
 ROWSUM_SOURCE = r"""
-extern "C" __global__ void {NAME}(const {T}* x, long long xs, {T}* y, long long ys, int F, {T} scale) {
+extern "C" __global__ void {NAME}(const {S}* x, long long xs, {S}* y, long long ys, int F, {T} scale) {
   // one block per row: v = scale · (the row of x summed in a fixed order: warp shuffles), stored into
   // every column of y's row
   __shared__ {T} part[32];
@@ -234,18 +288,21 @@ extern "C" __global__ void {NAME}(const {T}* x, long long xs, {T}* y, long long 
   for (int j = threadIdx.x; j < F; j += blockDim.x) {STORE};
 }
 """
-ROWSUM_STORES = {"=": "y[row * ys + j] = v", "+=": "y[row * ys + j] += v", "atomic": "atomicAdd(&y[row * ys + j], v)"}
+ROWSUM_STORES = {"=": "y[row * ys + j] = v", "+=": "y[row * ys + j] = y[row * ys + j] + v",
+                 "atomic": "atomicAdd(&y[row * ys + j], v)"}
 
 
 def rowsum_source(ctype: str, store: str) -> tuple:
     """(name, CUDA source) of the row-reduction kernel of SUM and MEAN: forward (store '='), their
-    backward into the operand's gradient ('+=', or 'atomic' where rows of one launch may coincide)."""
+    backward into the operand's gradient ('+=', or 'atomic' where rows of one launch may coincide).
+    Its argument `scale` has the math type (float for half storage)."""
     name = f"rg_rowsum_{ctype}_{list(ROWSUM_STORES).index(store)}"
-    return name, ROWSUM_SOURCE.replace("{NAME}", name).replace("{STORE}", ROWSUM_STORES[store]).replace("{T}", ctype)
+    return name, ROWSUM_SOURCE.replace("{NAME}", name).replace("{STORE}", ROWSUM_STORES[store]).replace(
+        "{S}", ctype).replace("{T}", math_type(ctype))
 
 
 PARAM_GRAD_SOURCE = r"""
-extern "C" __global__ void {name}({args}{T}* out, int N, int F) {{
+extern "C" __global__ void {name}({args}int N, int F) {{
     // gradient of a vector parameter: out[f] += sum over rows n of the op's backward expression, with no
     // atomics (bit for bit the same every run): a block of 32 features x 32 row lanes, lane y summing rows
     // y, y + 32, ... in order, then the 32 lanes' sums added in order
@@ -261,7 +318,7 @@ extern "C" __global__ void {name}({args}{T}* out, int N, int F) {{
     if (threadIdx.y == 0 && f < F) {{
         {T} total = 0;
         for (int y = 0; y < 32; ++y) total += part[y][threadIdx.x];
-        out[f] += total;
+        out[f] = out[f] + total;
     }}
 }}
 """
@@ -272,10 +329,10 @@ def param_grad_kernel(cell, n: str, slot: int, ctype: str) -> tuple[str, str]:
     Arguments: g, each operand, y (each a pointer and a row stride; a vector parameter has stride 0)."""
     op = cell.op(n)
     names = ["G"] + [f"A{k}" for k in range(len(cell.reads(n)))] + ["Y"]
-    args = "".join(f"const {ctype}* p{v}, long long ld{v}, " for v in names)
-    loads = "\n".join(f"        {ctype} {v} = p{v}[n * ld{v} + f];" for v in names)
+    args = "".join(f"const {ctype}* p{v}, long long ld{v}, " for v in names) + f"{ctype}* out, "
+    loads = "\n".join(f"        {math_type(ctype)} {v} = p{v}[n * ld{v} + f];" for v in names)
     expr = op_expr(KERNEL[op.kind][1][slot], cell, n, names[1:-1], g="G", y="Y")
-    text = PARAM_GRAD_SOURCE.format(name="{name}", args=args, T=ctype, loads=loads, expr=expr)
+    text = PARAM_GRAD_SOURCE.format(name="{name}", args=args, T=math_type(ctype), loads=loads, expr=expr)
     name = kernel_name("pgrad", text)
     return name, text.replace("{name}", name)
 
@@ -284,8 +341,8 @@ GEMV_FUSED_ROWS = 8   # a per-frame GEMM with at most this many rows can run ins
 PAIR_MAX_BYTES = 8 << 20   # ... and does when rows × its weight bytes are at most this (measured on an H200)
 
 GEMV_FUSED_SOURCE = r"""
-extern "C" __global__ void {name}(const {T}* __restrict__ gA, long long glda, const {T}* __restrict__ gW,
-        int gK, {T}* gC, long long gldc, {args}long long rows, int F) {{
+extern "C" __global__ void {name}(const {S}* __restrict__ gA, long long glda, const {S}* __restrict__ gW,
+        int gK, {S}* gC, long long gldc, {args}long long rows, int F) {{
     // one block of 128 threads per feature f: the GEMM outputs of f for every merged linear op and
     // row (each thread a quarter-warp slice of K, then warp and block reductions), then threads
     // r < rows run the fused group's body for element (r, f)
@@ -329,17 +386,18 @@ def gemv_fused_kernel(spec: KernelSpec, gemm_nodes, offsets, ctype: str):
     args = "".join(f"const {ctype}* __restrict__ p_{nm}, long long s_{nm}, " for nm in spec.in_names)
     args += "".join(f"{ctype}* p_{nm}, long long s_{nm}, " for nm in spec.out_names)
     # the group's other operands are loaded first, so their latency overlaps the GEMV's
-    prefetch = [f"    {ctype} {nm} = {at(nm)};" for nm in spec.in_names if nm not in from_gemm]
-    lines = [f"{ctype} {nm} = g{from_gemm[nm]};" for nm in spec.in_names if nm in from_gemm]
-    lines += spec.olds(at, ctype) + [ln.replace("T ", f"{ctype} ") for ln in spec.body] + spec.writes(at)
+    mt = math_type(ctype)
+    prefetch = [f"    {mt} {nm} = {at(nm)};" for nm in spec.in_names if nm not in from_gemm]
+    lines = [f"{mt} {nm} = {rounded(f'g{from_gemm[nm]}', ctype)};" for nm in spec.in_names if nm in from_gemm]
+    lines += spec.olds(at, mt) + [ln.replace("T ", f"{mt} ") for ln in spec.body] + spec.writes(at)
     text = GEMV_FUSED_SOURCE.format(
-        name="{name}", T=ctype, args=args, m=m, prefetch="\n".join(prefetch),
-        decl="\n".join(f"    {ctype} acc{j}[8] = {{0, 0, 0, 0, 0, 0, 0, 0}};" for j in range(m)),
-        wload="\n".join(f"        {ctype} w{j} = gW[(long long)({offsets[j]} + f) * gK + k];" for j in range(m)),
+        name="{name}", S=ctype, T=mt, args=args, m=m, prefetch="\n".join(prefetch),
+        decl="\n".join(f"    {mt} acc{j}[8] = {{0, 0, 0, 0, 0, 0, 0, 0}};" for j in range(m)),
+        wload="\n".join(f"        {mt} w{j} = gW[(long long)({offsets[j]} + f) * gK + k];" for j in range(m)),
         fma="\n".join(f"            acc{j}[b] += a * w{j};" for j in range(m)),
         shfl="\n".join(f"            acc{j}[b] += __shfl_xor_sync(0xffffffff, acc{j}[b], o);" for j in range(m)),
         share="\n".join(f"            part[warp][{j}][b] = acc{j}[b];" for j in range(m)),
-        pick="\n".join([f"    {ctype} g{j} = part[0][{j}][r] + part[1][{j}][r] + part[2][{j}][r] + part[3][{j}][r];"
+        pick="\n".join([f"    {mt} g{j} = part[0][{j}][r] + part[1][{j}][r] + part[2][{j}][r] + part[3][{j}][r];"
                         for j in range(m)] + [f"    gC[r * gldc + {offsets[j]} + f] = g{j};" for j in range(m)]),
         body="\n".join("    " + ln for ln in lines))
     name = kernel_name("gemvfused", text)

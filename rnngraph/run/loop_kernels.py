@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..ir.ops import KERNEL, OpKind
 from ..plan.items import Fused
-from .kernels import kernel_name, op_expr
+from .kernels import HALF_TYPES, kernel_name, math_type, op_expr
 
 # -------------------------------------------------------------------------------------------------
 # The scan: s_t = A_t ⊙ s_{t-d} + C_t over d interleaved chains (chain j: frames j, j+d, j+2d, ...)
@@ -99,8 +99,8 @@ extern "C" __global__ void rg_scan_{DIR}_out_{TY}({ARGS}int T, int B, int F, int
 # a, b: the coefficient and offset; s [d+T] rows: frame t at row d + t, so s_{t-d} is row t; m = a ⊙ s_{t-d}
 SCAN_FORWARD = dict(
     DIR="fwd", REV="0",
-    ARGS="const {TY}* __restrict__ a, long long la, const {TY}* __restrict__ c, long long lc, {TY}* s, long long ls, "
-         "{TY}* m, long long lm, ",
+    ARGS="const {S}* __restrict__ a, long long la, const {S}* __restrict__ c, long long lc, {S}* s, long long ls, "
+         "{S}* m, long long lm, ",
     COEF="x = a[IDX(la, t)]; y = c[IDX(lc, t)];",
     INIT="s[IDX(ls, j)]",
     STEP="{TY} p = a[IDX(la, t)] * y; y = p + c[IDX(lc, t)]; m[IDX(lm, t)] = p; s[IDX(ls, d + t)] = y;")
@@ -109,26 +109,28 @@ SCAN_FORWARD = dict(
 # get theirs added); gm += G; ga += H ⊙ s_{t-d} and gb += G where those are arrays (has_ga, has_gb)
 SCAN_BACKWARD = dict(
     DIR="bwd", REV="1",
-    ARGS="const {TY}* __restrict__ a, long long la, const {TY}* __restrict__ s, long long ls, {TY}* gs, long long lgs, "
-         "{TY}* gm, long long lgm, {TY}* ga, long long lga, {TY}* gb, long long lgb, int has_ga, int has_gb, ",
-    COEF="x = t + d < T ? a[IDX(la, t + d)] : 0; y = gm[IDX(lgm, t)] + gs[IDX(lgs, d + t)];",
+    ARGS="const {S}* __restrict__ a, long long la, const {S}* __restrict__ s, long long ls, {S}* gs, long long lgs, "
+         "{S}* gm, long long lgm, {S}* ga, long long lga, {S}* gb, long long lgb, int has_ga, int has_gb, ",
+    COEF="x = t + d < T ? ({TY})a[IDX(la, t + d)] : 0; y = gm[IDX(lgm, t)] + gs[IDX(lgs, d + t)];",
     INIT="0",
-    STEP="{TY} an = t + d < T ? a[IDX(la, t + d)] : 0; {TY} G = gs[IDX(lgs, d + t)] + an * y; "
+    STEP="{TY} an = t + d < T ? ({TY})a[IDX(la, t + d)] : 0; {TY} G = gs[IDX(lgs, d + t)] + an * y; "
          "{TY} H = gm[IDX(lgm, t)] + G; gs[IDX(lgs, d + t)] = G; gm[IDX(lgm, t)] = H; "
-         "if (has_ga) ga[IDX(lga, t)] += H * s[IDX(ls, t)]; if (has_gb) gb[IDX(lgb, t)] += G; "
-         "if (t < d) gs[IDX(lgs, t)] += a[IDX(la, t)] * H; y = H;")
+         "if (has_ga) ga[IDX(lga, t)] = ga[IDX(lga, t)] + H * s[IDX(ls, t)]; "
+         "if (has_gb) gb[IDX(lgb, t)] = gb[IDX(lgb, t)] + G; "
+         "if (t < d) gs[IDX(lgs, t)] = gs[IDX(lgs, t)] + a[IDX(la, t)] * H; y = H;")
 
 SCAN_THREADS = 1 << 18      # chunks per chain are chosen so that about this many threads walk frames
 SCAN_MIN_FRAMES = 8         # ... each at least this many frames (its loads in flight together)
 
 
 def scan_source(direction: str, ctype: str) -> tuple[str, dict]:
-    """(CUDA source, {phase: kernel name}) of the forward ('fwd') or backward ('bwd') scan kernels."""
+    """(CUDA source, {phase: kernel name}) of the forward ('fwd') or backward ('bwd') scan kernels for
+    arrays of element type ctype; the chunks' composites PA, PC and every carry have its math type."""
     parts = SCAN_FORWARD if direction == "fwd" else SCAN_BACKWARD
     text = SCAN_SOURCE
     for key in ("ARGS", "COEF", "INIT", "STEP", "DIR", "REV"):
         text = text.replace("{" + key + "}", parts[key])
-    text = text.replace("{TY}", ctype)
+    text = text.replace("_{TY}(", f"_{ctype}(").replace("{S}", ctype).replace("{TY}", math_type(ctype))
     return text, {ph: f"rg_scan_{parts['DIR']}_{ph}_{ctype}" for ph in ("part", "carry", "out")}
 
 
@@ -186,9 +188,12 @@ def elementwise_nodes(loop) -> list | None:
 def elementwise_kernel(cell, nodes, direction: str, ctype: str, U: int = 8):
     """(name, source, arguments) of the elementwise time loop over `nodes` (forward order, one feature
     size, no concat/slice); arguments: ("val" | "grad", node) in the kernel's order, each a pointer and
-    its row stride. None where a node has no kernel rule, sizes differ or a cross-feature op is present."""
+    its row stride. None where a node has no kernel rule, sizes differ or a cross-feature op is present, and
+    for half storage: the reference rounds each value a later frame reads and each gradient added into
+    an earlier frame, which this kernel carries in registers, so half runs the loop frame by frame."""
     F = {cell.op(n).size for n in nodes}
-    if len(F) != 1 or any(cell.op(n).kind not in KERNEL or cell.op(n).kind is OpKind.SLICE for n in nodes):
+    if len(F) != 1 or any(cell.op(n).kind not in KERNEL or cell.op(n).kind is OpKind.SLICE for n in nodes) \
+            or ctype in HALF_TYPES:
         return None
     idx = {n: k for k, n in enumerate(nodes)}
     ext = list(dict.fromkeys((u, d) for n in nodes for u, d in cell.reads(n) if u not in idx))

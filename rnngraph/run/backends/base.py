@@ -77,6 +77,10 @@ class ArrayBackend:
         for fn in fns:
             fn()
 
+    def half_problem(self, dtype) -> str | None:
+        """Why this backend cannot store arrays in half-precision `dtype`, or None (numpy: ml_dtypes)."""
+        return None
+
     def persistent_problem(self, cell, loop, B: int, dtype) -> str | None:
         """Why a persistent loop (plan.items.PersistentLoop) runs frame by frame here, or None."""
         return f"the {self.name} backend runs it frame by frame (a persistent kernel needs the GPU)"

@@ -11,6 +11,8 @@ import ctypes
 
 _OP_N, _OP_T = 0, 1
 _WORKSPACE_BYTES = 32 << 20
+_HALF = {"float16": 2, "bfloat16": 14}    # cudaDataType CUDA_R_16F, CUDA_R_16BF
+_COMPUTE_32F, _GEMM_DEFAULT = 68, -1      # cublasComputeType_t CUBLAS_COMPUTE_32F; cublasGemmAlgo_t (tensor cores allowed)
 
 
 class Cublas:
@@ -43,13 +45,23 @@ class Cublas:
                    for a in arrays)
 
     def _gemm(self, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, beta):
+        """C = op(A) op(B) (+ C), column-major as cuBLAS sees our row-major views. Half storage goes through
+        GemmEx: tensor cores, float32 products and sums, C rounded once when stored."""
         dt = str(c.dtype)
-        fn = self.lib.cublasSgemm_v2 if dt == "float32" else self.lib.cublasDgemm_v2
         self._check(self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(self.cp.cuda.get_current_stream().ptr)),
                     "cublasSetStream")
+        ptr = lambda x: ctypes.c_void_p(x.data.ptr)
+        if dt in _HALF:
+            one, scale = ctypes.byref(self.scalars[("float32", 1.0)]), ctypes.byref(self.scalars[("float32", beta)])
+            h = _HALF[dt]
+            self._check(self.lib.cublasGemmEx(self.handle, ta, tb, m, n, k, one, ptr(a), h, max(lda, 1), ptr(b), h,
+                                              max(ldb, 1), scale, ptr(c), h, max(ldc, 1), _COMPUTE_32F, _GEMM_DEFAULT),
+                        "cublasGemmEx")
+            return
+        fn = self.lib.cublasSgemm_v2 if dt == "float32" else self.lib.cublasDgemm_v2
         self._check(fn(self.handle, ta, tb, m, n, k, ctypes.byref(self.scalars[(dt, 1.0)]),
-                       ctypes.c_void_p(a.data.ptr), max(lda, 1), ctypes.c_void_p(b.data.ptr), max(ldb, 1),
-                       ctypes.byref(self.scalars[(dt, beta)]), ctypes.c_void_p(c.data.ptr), max(ldc, 1)),
+                       ptr(a), max(lda, 1), ptr(b), max(ldb, 1),
+                       ctypes.byref(self.scalars[(dt, beta)]), ptr(c), max(ldc, 1)),
                     "cublas gemm")
 
     def nt(self, x, w, out, beta=0.0):

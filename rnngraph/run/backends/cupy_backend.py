@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import warnings
 
+import numpy
+
 from ...errors import RnnGraphError, RnnGraphWarning
 from ...ir.ops import REDUCE, OpKind
-from ..kernels import (GEMV_FUSED_ROWS, GEMV_ROWS, PAIR_MAX_BYTES, fusable, fused_backward_kernel,
+from ..kernels import (CTYPES, GEMV_FUSED_ROWS, GEMV_ROWS, PAIR_MAX_BYTES, complete, fusable, fused_backward_kernel,
                        fused_forward_kernel, gemv_fused_kernel, matmul_source, param_grad_kernel, rowsum_source)
 from ..loop_kernels import elementwise_kernel, elementwise_nodes, scan_chunks, scan_source
 from ...plan.items import ElementwiseLoop, Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, PersistentLoop, ScanLoop
@@ -18,7 +20,6 @@ from .base import ArrayBackend
 from .recordings import Recordings
 
 _KERNELS: dict = {}      # process-wide cache: (kernel name, generated source) -> compiled kernel object
-_CTYPE = persistent.CTYPE
 
 
 def gpu_problem() -> str | None:
@@ -132,7 +133,7 @@ class CupyBackend(ArrayBackend):
         return tuple(self._param_grad_launch(cell, n, slot, g, ins, y, out) for n, slot, g, ins, y in terms)
 
     def _param_grad_launch(self, cell, n, slot, g, ins, y, out):
-        kernel = self._raw(*param_grad_kernel(cell, n, slot, _CTYPE[str(out.dtype)]))
+        kernel = self._raw(*param_grad_kernel(cell, n, slot, CTYPES[str(out.dtype)]))
         cp, N, F = self.xp, g.shape[0], out.shape[0]
         return kernel, ((F + 31) // 32,), (32, 32), (*self._row_args([g, *ins, y]), out, cp.int32(N), cp.int32(F))
 
@@ -150,7 +151,7 @@ class CupyBackend(ArrayBackend):
         return k, grid, (256,), args
 
     def _matmul_kernel(self, kind, dtype):
-        ctype = _CTYPE[str(dtype)]
+        ctype = CTYPES[str(dtype)]
         return self._raw(f"rg_{kind}_{ctype}", matmul_source(kind, ctype))
 
     # -- fused elementwise groups --------------------------------------------------------------
@@ -179,10 +180,10 @@ class CupyBackend(ArrayBackend):
     def _rowsum_launch(self, cell, n, x, y, store: str):
         """y [N, F] (store)= SUM or MEAN of x [N, F] per row (both may be strided rows): one block a row."""
         cp, (N, F) = self.xp, x.shape
-        kernel = self._raw(*rowsum_source(_CTYPE[str(y.dtype)], store))
+        kernel = self._raw(*rowsum_source(CTYPES[str(y.dtype)], store))
         scale = 1.0 if cell.op(n).kind is OpKind.SUM else 1.0 / F
         return kernel, (N,), (256,), (x, cp.int64(x.strides[0] // x.itemsize), y, cp.int64(y.strides[0] // y.itemsize),
-                                      cp.int32(F), y.dtype.type(scale))
+                                      cp.int32(F), _math(y.dtype).type(scale))
 
     def _compile_pair(self, cell, item, views, per_frame):
         """GEMV (rows ≤ 8) plus the fused group as one kernel, one block per feature, while rows × the
@@ -196,7 +197,7 @@ class CupyBackend(ArrayBackend):
             return None
         spec = _spec(cell, fused, "fwd")
         offsets = [sum(gemm.sizes[:j]) for j in range(len(gemm.nodes))]
-        kernel = self._raw(*gemv_fused_kernel(spec, list(gemm.nodes), offsets, _CTYPE[str(out.dtype)]))
+        kernel = self._raw(*gemv_fused_kernel(spec, list(gemm.nodes), offsets, CTYPES[str(out.dtype)]))
         return ((kernel, (out.shape[1] // len(gemm.nodes),), (128,),
                  self._pair_args(x, w, out, spec, _fused_arrays(spec, env))),)
 
@@ -209,7 +210,7 @@ class CupyBackend(ArrayBackend):
 
     def _fused_launch(self, spec, arrays):
         out = arrays[len(spec.in_names)]
-        kernel = self._raw(*spec.source(_CTYPE[str(out.dtype)]))
+        kernel = self._raw(*spec.source(CTYPES[str(out.dtype)]))
         return kernel, ((out.shape[0] * out.shape[1] + 127) // 128,), (128,), self._fused_args(spec, arrays)
 
     def _fused_args(self, spec, arrays):
@@ -233,9 +234,9 @@ class CupyBackend(ArrayBackend):
         cp, out = self.xp, []
         for a, b, s, m, gs, gm, ga, gb in chains:     # [T, B, F] or a vector [F]; s, gs: [d+T, B, F]
             (T, B, F), d = m.shape, s.shape[0] - m.shape[0]
-            src, names = scan_source("bwd" if loop.reverse else "fwd", _CTYPE[str(m.dtype)])
+            src, names = scan_source("bwd" if loop.reverse else "fwd", CTYPES[str(m.dtype)])
             NC, L = scan_chunks(T, d, B * F)
-            PA, PC = (cp.empty((NC * d, B * F), m.dtype) for _ in range(2))
+            PA, PC = (cp.empty((NC * d, B * F), _math(m.dtype)) for _ in range(2))
             if loop.reverse:
                 head = self._frame_args([a, s, gs, gm, gm if ga is None else ga, gm if gb is None else gb], B)
                 head += [cp.int32(ga is not None), cp.int32(gb is not None)]
@@ -253,7 +254,7 @@ class CupyBackend(ArrayBackend):
         vals, grads, P, T, B = views
         nodes = elementwise_nodes(loop)
         made = nodes and elementwise_kernel(cell, nodes, "bwd" if loop.reverse else "fwd",
-                                            _CTYPE[str(vals[nodes[0]].dtype)])
+                                            CTYPES[str(vals[nodes[0]].dtype)])
         if not made:
             return None
         name, src, keys = made
@@ -265,6 +266,21 @@ class CupyBackend(ArrayBackend):
     def _compile_persistent(self, cell, loop, views, per_frame):
         """The whole loop as one cooperative kernel (backends/persistent.py), or None where it cannot."""
         return persistent.launches(self, cell, loop, views)
+
+    def half_problem(self, dtype) -> str | None:
+        """Why half-precision `dtype` cannot run on this GPU and cupy, or None. bfloat16 needs cupy's
+        ml_dtypes support (cupy 14) and cuBLAS's bfloat16 GEMMs (compute capability 8.0)."""
+        cp = self.xp
+        try:
+            cp.zeros(1, dtype)
+        except Exception as e:
+            return (f"cupy {cp.__version__} has no {dtype.name} arrays ({type(e).__name__}: {e}); "
+                    "bfloat16 needs cupy 14 or newer with ml_dtypes installed")
+        cc = int(cp.cuda.Device().compute_capability)       # "90" for 9.0
+        if dtype.name == "bfloat16" and cc < 80:
+            return (f"bfloat16 GEMMs need a GPU of compute capability 8.0 or newer (this one is {cc // 10}.{cc % 10}); "
+                    "use float16 or float32")
+        return None
 
     def persistent_problem(self, cell, loop, B: int, dtype) -> str | None:
         return persistent.why_not(self, cell, loop, B, dtype)
@@ -284,7 +300,7 @@ class CupyBackend(ArrayBackend):
     def _raw(self, name: str, src: str, cooperative: bool = False):
         """The compiled kernel `name` of `src`, built once per process (cooperative: launched so)."""
         if (name, src) not in _KERNELS:
-            _KERNELS[name, src] = self.xp.RawKernel(src, name, enable_cooperative_groups=cooperative)
+            _KERNELS[name, src] = self.xp.RawKernel(complete(src), name, enable_cooperative_groups=cooperative)
         return _KERNELS[name, src]
 
     COMPILE = {Gemm: _compile_gemm, GemmGrad: _compile_gemm_grad, Fused: _compile_fused,
@@ -325,6 +341,11 @@ class CupyBackend(ArrayBackend):
 
     def cache_info(self) -> dict:
         return self.graphs.info() if self.capture else super().cache_info()
+
+
+def _math(dtype):
+    """The dtype kernels compute in for arrays of `dtype`: float32 for half storage (kernels.math_type)."""
+    return numpy.dtype(numpy.float32) if dtype.itemsize == 2 else numpy.dtype(dtype)
 
 
 def _row_reduction(cell, item) -> bool:

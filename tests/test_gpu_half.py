@@ -1,0 +1,85 @@
+"""Half precision (bfloat16, float16) on the GPU against the CPU half-precision reference (numpy and ml_dtypes:
+float32 arithmetic, each stored value rounded once, run/backends/base.py): every built-in cell, staged and
+graph mode, cuBLAS GemmEx and rnngraph's own GEMMs, ragged and chunked calls, and overflow named by op.
+
+The two differ only where float32 results differ (a GEMM's summation order, expf and tanhf against numpy's)
+and a rounding falls the other way: one unit in the last place of the half value, which the recurrence
+can carry a few frames on. So each array is held to a few units of the format's rounding unit u (2^-8
+bfloat16, 2^-11 float16), relative to its 2-norm, not to float32's 1e-4."""
+import numpy as np
+import pytest
+
+from rnngraph import CELLS
+from rnngraph.arrays import float_dtype
+from rnngraph.errors import RnnGraphError
+from rnngraph.nn.recurrent import Recurrent
+from rnngraph.run.backends import get_backend
+from test_gpu_loops import calls
+
+pytestmark = pytest.mark.gpu
+UNIT = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+UNITS = 4           # the bound on each array's relative 2-norm difference, in units of the format's u
+
+
+def half_pair(cell, dtype, mode, hidden=16, size=5, backend="cupy", **options):
+    """(numpy half-precision reference layer, GPU layer) with the same half-precision parameters."""
+    import cupy
+    ref = Recurrent(cell, size, hidden, dtype=dtype, seed=1, **options)
+    gpu = Recurrent(cell, size, hidden, backend=backend, dtype=dtype, mode=mode, **options)
+    gpu.load_state_dict({k: cupy.asarray(v) for k, v in ref.state_dict().items()})
+    return ref, gpu
+
+
+def agree(ref, gpu, xs, lengths, dtype, what):
+    import cupy
+    dt = float_dtype(dtype, half=True)
+    for k, (a, b) in enumerate(zip(calls(gpu, xs, lengths, cupy, dt), calls(ref, xs, lengths, np, dt), strict=True)):
+        err = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30) / UNIT[dtype]
+        assert err <= UNITS, f"{what}: array {k} differs by {err:.2f} u (relative 2-norm) > {UNITS} u"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("mode", ["staged", "graph"])
+@pytest.mark.parametrize("cell", sorted(CELLS))
+def test_builtins_match_the_cpu_half_reference(cell, mode, dtype):
+    ref, gpu = half_pair(cell, dtype, mode, num_layers=2, bidirectional=True)
+    x = np.random.default_rng(3).standard_normal((19, 3, 5))
+    agree(ref, gpu, [x], np.array([19, 11, 1]), dtype, f"{cell}/{mode} ragged")
+    agree(ref, gpu, [x[:7], x[7:14], x[14:]], None, dtype, f"{cell}/{mode} chunked")     # graph: replays
+
+
+@pytest.mark.parametrize("B", [1, 8, 64])
+def test_lstm_at_bench_sizes_in_bfloat16(B):
+    """H = 512: GemmEx on tensor cores over K = 512, the GEMV inside the fused kernel (B ≤ 8), replays."""
+    ref, gpu = half_pair("lstm", "bfloat16", "graph", hidden=512, size=64)
+    agree(ref, gpu, [np.random.default_rng(B).standard_normal((30, B, 64))], None, "bfloat16", f"B={B}")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_own_gemm_kernels_in_half(dtype):
+    """Graph mode with rnngraph's own GEMV and GEMM kernels in place of cuBLAS inside the time loop."""
+    ref, gpu = half_pair("gru", dtype, "graph", backend=get_backend("cupy", "graph", matmul="own"))
+    x = np.random.default_rng(4).standard_normal((11, 12, 5))       # B = 12: the tiled GEMM, not the GEMV
+    agree(ref, gpu, [x], None, dtype, "own gemm")
+    agree(ref, gpu, [x[:, :3]], None, dtype, "own gemv")
+
+
+def test_half_layers_report_that_persistent_ran_as_stages():
+    _, gpu = half_pair("lstm", "bfloat16", "graph")
+    gpu(np.zeros((4, 2, 5), dtype=gpu.dtype))
+    assert gpu.loop_strategy == "stages" and "bfloat16" in gpu.loop_note
+
+
+def test_float16_overflow_is_named_by_op_on_the_gpu():
+    """As on the CPU (test_errors_nn.py): an overflow the gates' saturation hides from the output is found."""
+    import cupy
+    _, gpu = half_pair("lstm", "float16", "staged", num_layers=2, bidirectional=True)
+    gpu.parameters()["weight_ih_l0_reverse"][...] = 100.0
+    x = np.ones((9, 2, 5), "float16")
+    x[3] = 300.0
+    y, _ = gpu(cupy.asarray(x))
+    assert bool(cupy.isfinite(y.astype(cupy.float32)).all())
+    gpu.check_finite = True
+    with pytest.raises(RnnGraphError, match=r"layer 0 \(reverse direction.*op 'linear1' \(linear\) at frame 5;"
+                                            r".*65504"):
+        gpu(cupy.asarray(x))

@@ -1,0 +1,91 @@
+"""The generated kernels in half storage, without a GPU: elements load as float, compute in float registers
+and round once when stored (the numpy reference's rule); every kind of kernel compiles with NVRTC for
+bfloat16 and float16."""
+import pytest
+
+from rnngraph import build_schedule, load_cell
+from rnngraph.plan.items import Fused
+from rnngraph.run.kernels import (HALF_PRELUDE, complete, fused_backward_kernel, fused_forward_kernel,
+                                  gemv_fused_kernel, math_type, matmul_source, param_grad_kernel, rowsum_source)
+from rnngraph.run.loop_kernels import elementwise_kernel, elementwise_nodes, scan_source
+from nvrtc import nvrtc_compile
+
+HALF = ["rg_bf16", "rg_f16"]
+
+
+def groups(name):
+    cell = load_cell(name, 8, 16)
+    return cell, [it for st in build_schedule(cell, loop="stages").loop for it in st if isinstance(it, Fused)]
+
+
+@pytest.mark.parametrize("ctype", HALF)
+def test_fused_kernels_store_half_and_compute_in_float(ctype):
+    cell, fused = groups("lstm")
+    spec = fused_forward_kernel(cell, fused[0].nodes)
+    name, src = spec.source(ctype)
+    assert f"const {ctype}* __restrict__ p_x0" in src and f"{ctype}* p_y0" in src
+    assert f"float x0 = p_x0" in src and f"{ctype} x0" not in src and "double" not in src
+    nvrtc_compile(src, name)
+    back = fused_backward_kernel(cell, fused[0].nodes, set(cell.params), atomic=True)
+    nvrtc_compile(*reversed(back.source(ctype)))
+
+
+@pytest.mark.parametrize("ctype", HALF)
+def test_a_gemv_inside_a_fused_kernel_reads_its_outputs_rounded(ctype):
+    """The fused body reads the GEMM's outputs as the stored (rounded) values the reference reads."""
+    cell, fused = groups("gru")
+    gemm_reader = next(f for f in fused if any(cell.op(u).kind.name == "LINEAR" for n in f.nodes
+                                                for u, _ in cell.reads(n)))
+    spec = fused_forward_kernel(cell, gemm_reader.nodes)
+    linear = [u for n in gemm_reader.nodes for u, _ in cell.reads(n) if cell.op(u).kind.name == "LINEAR"]
+    name, src = gemv_fused_kernel(spec, linear[:1], [0], ctype)
+    assert f"rg_rounded<{ctype}>(g0)" in src
+    nvrtc_compile(src, name)
+    assert "rg_rounded" not in gemv_fused_kernel(spec, linear[:1], [0], "float")[1]
+
+
+@pytest.mark.parametrize("ctype", HALF)
+def test_matmul_rowsum_param_and_scan_kernels_compile(ctype):
+    for kind in ("gemv", "gemm"):
+        nvrtc_compile(matmul_source(kind, ctype), f"rg_{kind}_{ctype}")
+    for store in ("=", "+=", "atomic"):
+        nvrtc_compile(*reversed(rowsum_source(ctype, store)))
+    cell = load_cell("lstm", 8, 16)
+    n = next(n for n in cell.graph if any(u == "b_hi" for u, _ in cell.reads(n)))
+    nvrtc_compile(*reversed(param_grad_kernel(cell, n, [u for u, _ in cell.reads(n)].index("b_hi"), ctype)))
+    for direction in ("fwd", "bwd"):
+        src, names = scan_source(direction, ctype)
+        assert "float* PC" in src and f"{ctype}* __restrict__ a" in src     # composites in float
+        nvrtc_compile(src, names["part"])
+
+
+def test_no_half_store_adds_in_place():
+    """A half value has no +=: every add onto a stored value loads it as float and stores the sum once."""
+    for ctype in HALF:
+        for store in ("+=", "atomic"):
+            assert "] +=" not in rowsum_source(ctype, store)[1]
+        assert "] +=" not in scan_source("bwd", ctype)[0]
+
+
+def test_the_elementwise_loop_leaves_half_to_the_frame_walk():
+    """Its registers carry values a later frame reads, which the reference rounds: half walks the frames."""
+    cell = load_cell("indrnn", 8, 16)
+    loop = build_schedule(cell, loop="elementwise").forward[1].items[0]
+    nodes = elementwise_nodes(loop)
+    assert elementwise_kernel(cell, nodes, "fwd", "float") is not None
+    assert all(elementwise_kernel(cell, nodes, "fwd", h) is None for h in HALF)
+
+
+def test_sources_without_half_types_are_compiled_as_they_are():
+    src = matmul_source("gemv", "float")
+    assert complete(src) == src and complete(matmul_source("gemv", "rg_bf16")).startswith(HALF_PRELUDE)
+    assert [math_type(t) for t in ("float", "double", *HALF)] == ["float", "double", "float", "float"]
+
+
+def test_a_stored_element_picked_by_a_ternary_is_converted_to_float_first():
+    """`c ? p[i] : 0` with p a half type converts p[i] to int (the literal's type): the scan's backward read
+    its coefficients as 0 that way until each load was cast to float."""
+    import re
+    for ctype in HALF:
+        for src in [scan_source(d, ctype)[0] for d in ("fwd", "bwd")] + [matmul_source("gemm", ctype)]:
+            assert not re.search(r"\?\s*[A-Za-z_]\w*\[", src), src
