@@ -83,3 +83,19 @@ def test_float16_overflow_is_named_by_op_on_the_gpu():
     with pytest.raises(RnnGraphError, match=r"layer 0 \(reverse direction.*op 'linear1' \(linear\) at frame 5;"
                                             r".*65504"):
         gpu(cupy.asarray(x))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_training_on_the_gpu_follows_the_cpu_run(small_text, tmp_path, dtype):
+    """The char-LM with a half-precision recurrence, float32 masters and (float16) loss scaling, in graph
+    mode: its losses follow the CPU half-precision run's; the first one (before any update) to a few u."""
+    from rnngraph.train.loop import train
+    from rnngraph.train.sample import generate, load_model
+    from test_train import QUIET, tiny
+    runs = {b: train(tiny(small_text, tmp_path / b, backend=b, mode=m, dtype=dtype, layers=2, max_steps=12), **QUIET)
+            for b, m in (("numpy", "staged"), ("cupy", "graph"))}
+    got, want = ([r["loss"] for r in runs[b].history] for b in ("cupy", "numpy"))
+    assert runs["cupy"].backend == "cupy" and abs(got[0] - want[0]) <= UNITS * UNIT[dtype] * want[0]
+    np.testing.assert_allclose(got, want, rtol=0.02)
+    lm, vocab = load_model(runs["cupy"].checkpoint, "cupy", "graph")
+    assert len(generate(lm, vocab, "Ham", 30)) == 30
