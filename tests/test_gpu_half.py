@@ -64,10 +64,29 @@ def test_own_gemm_kernels_in_half(dtype):
     agree(ref, gpu, [x[:, :3]], None, dtype, "own gemv")
 
 
-def test_half_layers_report_that_persistent_ran_as_stages():
-    _, gpu = half_pair("lstm", "bfloat16", "graph")
-    gpu(np.zeros((4, 2, 5), dtype=gpu.dtype))
-    assert gpu.loop_strategy == "stages" and "bfloat16" in gpu.loop_note
+PERSISTENT = ["lstm", "gru", "mgu", "peephole_lstm", "cifg_lstm", "rnn_tanh", "rnn_relu"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("B", [1, 8])
+@pytest.mark.parametrize("cell", PERSISTENT)
+def test_persistent_kernels_in_half(cell, B, dtype):
+    """One cooperative kernel a direction, weights on chip in half precision, GEMM sums read as stored."""
+    ref, gpu = half_pair(cell, dtype, "graph", hidden=256, size=32, loop="persistent")
+    x = np.random.default_rng(B).standard_normal((23, B, 32))
+    agree(ref, gpu, [x], None, dtype, f"{cell} B={B}")
+    assert gpu.loop_strategy == "persistent", gpu.loop_note
+    agree(ref, gpu, [x[:9], x[9:]], None, dtype, f"{cell} B={B} chunked")
+
+
+def test_half_weights_fit_where_float32_ones_do_not():
+    """H = 1700: float32's LSTM weights exceed an H200 block's shared memory, bfloat16's fit."""
+    import cupy
+    layers = {dt: Recurrent("lstm", 64, 1700, backend="cupy", dtype=dt, mode="graph") for dt in ("float32", "bfloat16")}
+    for dt, layer in layers.items():
+        layer(cupy.zeros((3, 1, 64), dtype=layer.dtype))
+    assert layers["bfloat16"].loop_strategy == "persistent", layers["bfloat16"].loop_note
+    assert layers["float32"].loop_strategy == "stages" and "shared memory" in layers["float32"].loop_note
 
 
 def test_float16_overflow_is_named_by_op_on_the_gpu():

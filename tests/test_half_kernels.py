@@ -8,7 +8,9 @@ from rnngraph.plan.items import Fused
 from rnngraph.run.kernels import (HALF_PRELUDE, complete, fused_backward_kernel, fused_forward_kernel,
                                   gemv_fused_kernel, math_type, matmul_source, param_grad_kernel, rowsum_source)
 from rnngraph.run.loop_kernels import elementwise_kernel, elementwise_nodes, scan_source
+from rnngraph.run.persistent_kernels import persistent_kernel
 from nvrtc import nvrtc_compile
+from test_persistent import GEMM_CORES, loops
 
 HALF = ["rg_bf16", "rg_f16"]
 
@@ -89,3 +91,24 @@ def test_a_stored_element_picked_by_a_ternary_is_converted_to_float_first():
     for ctype in HALF:
         for src in [scan_source(d, ctype)[0] for d in ("fwd", "bwd")] + [matmul_source("gemm", ctype)]:
             assert not re.search(r"\?\s*[A-Za-z_]\w*\[", src), src
+
+
+@pytest.mark.parametrize("name", [c for c in GEMM_CORES if not c.startswith("layernorm")])
+def test_persistent_kernels_in_half_compile_and_read_the_gemm_sums_as_stored(name):
+    cell = load_cell(name, 8, 64)
+    for ctype in HALF:
+        for lp in loops(cell):
+            k = persistent_kernel(cell, lp, ctype, 8, 132)
+            assert f"#define ST {ctype}\n#define CT float\n" in k.source and "unsigned long long* pp" not in k.source
+            nvrtc_compile(k.source, k.name)
+        fwd = persistent_kernel(cell, loops(cell)[0], ctype, 1, 132).source
+        assert ("pair" not in fwd) or f"rg_rounded<{ctype}>(gs[" in fwd      # no tagged words: barriers
+
+
+def test_half_weights_take_half_the_shared_memory():
+    """The weights stay in their storage type on chip: a bfloat16 LSTM fits about twice float32's H."""
+    cell = load_cell("lstm", 1024, 1024)
+    fwd = loops(cell)[0]
+    f32, b16 = (persistent_kernel(cell, fwd, ct, 1, 132).smem for ct in ("float", "rg_bf16"))
+    weights = -(-1024 // 132) * 4 * 1024 * 4        # a block's features × 4 gates × K = H, float32 bytes
+    assert f32 - b16 == pytest.approx(weights / 2, abs=16)

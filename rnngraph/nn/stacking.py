@@ -37,7 +37,11 @@ class Frames:
 
     def mask(self, a):
         """a [T, B, F] with padded frames set to zero (NaN-safe; `a` itself when no lengths)."""
-        return a if self.valid is None else self.xp.where(self.valid, a, self.xp.zeros((), a.dtype))
+        if self.valid is None:
+            return a
+        out = a.copy()          # not where(valid, a, 0): with some numpy and ml_dtypes versions it widens bfloat16
+        self.xp.copyto(out, self.xp.zeros((), a.dtype), where=~self.valid)
+        return out
 
 
 class Direction:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .kernels import kernel_name
+from .kernels import CTYPES, kernel_name, math_type, rounded
 from .persistent_phases import THREADS, barriers, exchanges, nodes_of, own, phases, shared_layout, sources
 
 SOURCE = r"""
@@ -46,7 +46,8 @@ static __device__ __forceinline__ void exchange(unsigned long long* w, unsigned 
 }}
 extern "C" __global__ void __launch_bounds__(NT, 1) {name}(unsigned int* bar, {args}int T, int P) {{
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    CT* smem = (CT*)smem_raw;
+    ST* sw = (ST*)smem_raw;         // the GEMM phases' weight rows, as stored (half storage: twice as many fit)
+    CT* smem = (CT*)(smem_raw + W_BYTES);
     CT* xs = smem + XS_OFF;         // a GEMM phase's operand rows [NB, K]
     CT* gs = smem + GS_OFF;         // its sums [rows of the block, NB]
     CT* gp = smem + GP_OFF;         // their partial sums [(row, slice), NB]
@@ -78,7 +79,7 @@ GEMV = r"""
             const int nq = nu * {m}, S = nq > 0 && nq < NT / 32 ? (NT / 32) / nq : 1;
             for (int wq = warp; wq < nq * S; wq += NT / 32) {{
                 const int q = wq / S, sl = wq - q * S, k1 = ({K} * (sl + 1)) / S;
-                const CT* w = smem + {woff} + q * {K};
+                const ST* w = sw + {woff} + q * {K};
                 CT acc[NB];
                 #pragma unroll
                 for (int b = 0; b < NB; ++b) acc[b] = 0;
@@ -105,6 +106,9 @@ GEMV = r"""
         __syncthreads();"""
 
 
+ITEMSIZE = {ct: 8 if ct == "double" else 2 if math_type(ct) != ct else 4 for ct in CTYPES.values()}
+
+
 @dataclass(frozen=True)
 class Persistent:
     """A generated persistent kernel: its name, source, arguments and launch shape."""
@@ -120,7 +124,8 @@ class Persistent:
 def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
     """The kernel running `loop` (a PersistentLoop; problem() is None) for B ≤ MAX_ROWS rows on G blocks."""
     groups = phases(cell, loop)
-    woff, xs_off, gs_off, gp_off, total = shared_layout(groups, B, G)
+    woff, n_w, xs_off, gs_off, gp_off, total = shared_layout(groups, B, G)
+    itemsize, w_bytes = ITEMSIZE[math_type(ctype)], -(-n_w * ITEMSIZE[ctype] // 16) * 16
     args: dict = {}
 
     def arg(kind, key):
@@ -155,7 +160,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
             pre += lines
         run = (["        grid_barrier(bar, ++barriers * G);"] if need[gi] else []) + \
             [ln for pi, p in enumerate(g) for ln in _phase_lines(cell, p, arg, early[pi], woff.get(id(p)), load,
-                                                                    tagged.get(swaps.get(gi)), tagged)]
+                                                                    tagged.get(swaps.get(gi)), tagged, ctype)]
         if gi < k:
             prologue += pre + run
             tail_loads += pre
@@ -168,18 +173,18 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
         body = decl + [nxt.format("\n".join(ln for ln in tail_loads if ln not in decl))] + body + [nxt.format("\n".join(tail))]
         prologue = ["    {\n    const int t = T - 1;"] + prologue + ["    }"]
     names = list(args)
-    ptr = {"w": "CT* pp{}, ", "xb": "unsigned long long* pp{}, "}
-    sig = "".join(ptr.get(kind, "CT* pp{0}, long long ld{0}, ").format(k) for k, (kind, _) in enumerate(names))
-    defs = {"CT": ctype, "NB": B, "G": G, "NT": THREADS, "XS_OFF": xs_off, "GS_OFF": gs_off, "GP_OFF": gp_off}
+    ptr = {"w": "ST* pp{}, ", "xb": "unsigned long long* pp{}, "}
+    sig = "".join(ptr.get(kind, "ST* pp{0}, long long ld{0}, ").format(k) for k, (kind, _) in enumerate(names))
+    defs = {"ST": ctype, "CT": math_type(ctype), "NB": B, "G": G, "NT": THREADS, "W_BYTES": w_bytes,
+            "XS_OFF": xs_off, "GS_OFF": gs_off, "GP_OFF": gp_off}
     text = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + SOURCE.format(
         name="{name}", args=sig, load="\n".join(dict.fromkeys(load)), prologue="\n".join(prologue), phases="\n".join(body),
         frame="T - 1 - s" if loop.reverse else "s")
     name = kernel_name("persist", text)
-    itemsize = 8 if ctype == "double" else 4
-    return Persistent(name, text.replace("{name}", name), tuple(names), G, THREADS, total * itemsize)
+    return Persistent(name, text.replace("{name}", name), tuple(names), G, THREADS, w_bytes + total * itemsize)
 
 
-def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict) -> list:
+def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, st: str) -> list:
     """The lines running phase p at frame t (its GEMV first, with its weights' load added to `load`; its x
     from tagged words where xb names their buffer; its members in `tagged` also written so)."""
     out = [f"        {{   // {p.kind} {', '.join(nodes_of(p))}",
@@ -187,7 +192,7 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict) 
     if woff is not None:
         load.append(_weights(p, woff, arg))
         out.append(_gemv(cell, p, woff, arg, xb))
-    return out + _epilogue(cell, p, arg, early, tagged) + ["        __syncthreads();\n        }"]
+    return out + _epilogue(cell, p, arg, early, tagged, st) + ["        __syncthreads();\n        }"]
 
 
 def _ld(pointer: str) -> str:
@@ -208,7 +213,7 @@ def _weights(p, off: int, arg) -> str:
             f"        for (int e = tid; e < nu * {p.m * K}; e += NT) {{\n"
             f"            const int q = e / {K}, k = e - q * {K}, j = q / nu, u = q - j * nu;\n"
             f"            (void)j; (void)u;\n"
-            f"            smem[{off} + e] = {src};\n        }}\n    }}")
+            f"            sw[{off} + e] = {src};\n        }}\n    }}")
 
 
 def _gemv(cell, p, off: int, arg, xb) -> str:
@@ -256,8 +261,9 @@ def _at(arg, source) -> str:
     return f"AT({a}, {_ld(a)}, {lag}, f)"
 
 
-def _epilogue(cell, p, arg, early: dict, tagged: dict) -> list:
-    """The per-(b, f) part of a phase: a GEMM's stores, a pair's stores and fused body, a group's body."""
+def _epilogue(cell, p, arg, early: dict, tagged: dict, st: str) -> list:
+    """The per-(b, f) part of a phase: a GEMM's stores, a pair's stores and fused body (reading the GEMM's
+    sums as stored in element type st), a group's body."""
     head = ["        for (int e = tid; e < nu * NB; e += NT) {",
             "            const int b = e / nu, u = e - b * nu, f = u0 + u;", "            (void)f;"]
     if p.kind == "gemm":
@@ -270,7 +276,8 @@ def _epilogue(cell, p, arg, early: dict, tagged: dict) -> list:
     if p.kind == "pair":
         gemm, fused = p.item.gemm, p.item.fused
         c = arg("cat", gemm)
-        lines = [f"            const CT g{j} = gs[({j} * nu + u) * NB + b];" for j in range(len(gemm.nodes))]
+        lines = [f"            const CT g{j} = {rounded(f'gs[({j} * nu + u) * NB + b]', st)};"    # as stored
+                 for j in range(len(gemm.nodes))]
         lines += [f"            AT({c}, {_ld(c)}, 0, {p.units * j} + f) = g{j};" for j in range(len(gemm.nodes))]
         given = {n: f"g{j}" for j, n in enumerate(gemm.nodes)}
         return head + lines + _body(cell, fused.nodes, "fwd", arg, given, early, tagged) + ["        }"]

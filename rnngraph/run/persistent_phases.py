@@ -104,8 +104,9 @@ def barriers(groups) -> list:
 
 
 def shared_layout(groups, B: int, G: int) -> tuple:
-    """({id(phase): weight offset}, xs, gs and gp offsets, total elements) of the shared memory: each
-    GEMM phase's weights for the largest share of units a block gets, then x rows, the sums, the partials."""
+    """The shared memory: ({id(phase): weight offset}, weight elements) of each GEMM phase's weights for the
+    largest share of units a block gets (in the arrays' element type), then (after them) the xs, gs and gp
+    offsets and total elements of the x rows, the sums and the partials (in the math type)."""
     offs, n, xs, gs = {}, 0, 0, 0
     for p in (p for g in groups for p in g if p.kind in ("gemm", "pair", "dgemm")):
         per = -(-p.units // G)
@@ -113,7 +114,7 @@ def shared_layout(groups, B: int, G: int) -> tuple:
         n += per * p.m * p.width
         xs, gs = max(xs, B * p.width), max(gs, per * p.m * B)
     gp = max(gs, THREADS // 32 * B)
-    return offs, n, n + xs, n + xs + gs, n + xs + gs + gp
+    return offs, n, 0, xs, xs + gs, xs + gs + gp
 
 
 def exchanges(cell, groups, written, ctype: str, B: int, G: int) -> dict:

@@ -6,10 +6,10 @@ import functools
 import warnings
 
 from ...errors import RnnGraphWarning
+from ..kernels import CTYPES
 from ..persistent_kernels import ZERO_SOURCE, persistent_kernel
 from ..persistent_phases import MAX_ROWS, phases, problem
 
-CTYPE = {"float32": "float", "float64": "double"}
 _KERNELS: dict = {}      # (id(cell), loop, ctype, B, blocks) -> (cell, persistent_kernels.Persistent)
 _REFUSED: set = set()
 
@@ -38,11 +38,10 @@ def launches(be, cell, loop, views):
 
 def why_not(be, cell, loop, B: int, dtype) -> str | None:
     """Why this GPU runs `loop` frame by frame at B rows of dtype, or None: what no persistent kernel runs,
-    B, the dtype, no cooperative launch (said once in a warning), or shared memory too small."""
+    B, no cooperative launch (said once in a warning), or shared memory too small for the weights in dtype."""
     why = problem(cell, loop)
-    if why or B > MAX_ROWS or str(dtype) not in CTYPE:
-        return why or (f"B={B} rows: a persistent kernel takes at most {MAX_ROWS}" if B > MAX_ROWS else
-                       f"dtype {dtype} has no persistent kernel (float32, float64)")
+    if why or B > MAX_ROWS:
+        return why or f"B={B} rows: a persistent kernel takes at most {MAX_ROWS}"
     facts = device(be.xp.cuda.Device().id)
     if not facts.get("CooperativeLaunch", 0):
         return refused("this GPU cannot launch cooperative kernels")
@@ -57,7 +56,7 @@ def kernel(be, cell, loop, B: int, dtype):
     """The generated kernel for this GPU: at most one block per SM, no more blocks than the largest phase's units."""
     sms = device(be.xp.cuda.Device().id)["MultiProcessorCount"]
     G = min(sms, max(p.units for g in phases(cell, loop) for p in g))
-    key = (id(cell), loop, CTYPE[str(dtype)], B, G)
+    key = (id(cell), loop, CTYPES[str(dtype)], B, G)
     if key not in _KERNELS:
         _KERNELS[key] = (cell, persistent_kernel(cell, loop, key[2], B, G))
     return _KERNELS[key][1]
