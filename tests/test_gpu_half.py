@@ -19,6 +19,9 @@ from test_gpu_loops import calls
 pytestmark = pytest.mark.gpu
 UNIT = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 UNITS = 4           # the bound on each array's relative 2-norm difference, in units of the format's u
+# ... where each layer norm stores about 8 intermediates (mean, centred, square, variance, rsqrt, ...), two of
+# them row sums whose order differs (a block-wide tree against numpy's pairwise sum): up to 5.2 u measured
+NORM_UNITS = 8
 
 
 def half_pair(cell, dtype, mode, hidden=16, size=5, backend="cupy", **options):
@@ -33,9 +36,10 @@ def half_pair(cell, dtype, mode, hidden=16, size=5, backend="cupy", **options):
 def agree(ref, gpu, xs, lengths, dtype, what):
     import cupy
     dt = float_dtype(dtype, half=True)
+    bound = NORM_UNITS if gpu.cell.name.startswith("layernorm") else UNITS
     for k, (a, b) in enumerate(zip(calls(gpu, xs, lengths, cupy, dt), calls(ref, xs, lengths, np, dt), strict=True)):
         err = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30) / UNIT[dtype]
-        assert err <= UNITS, f"{what}: array {k} differs by {err:.2f} u (relative 2-norm) > {UNITS} u"
+        assert err <= bound, f"{what}: array {k} differs by {err:.2f} u (relative 2-norm) > {bound} u"
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -99,10 +99,19 @@ def test_persistent_kernels_in_half_compile_and_read_the_gemm_sums_as_stored(nam
     for ctype in HALF:
         for lp in loops(cell):
             k = persistent_kernel(cell, lp, ctype, 8, 132)
-            assert f"#define ST {ctype}\n#define CT float\n" in k.source and "unsigned long long* pp" not in k.source
+            assert f"#define ST {ctype}\n#define CT float\n" in k.source
             nvrtc_compile(k.source, k.name)
         fwd = persistent_kernel(cell, loops(cell)[0], ctype, 1, 132).source
-        assert ("pair" not in fwd) or f"rg_rounded<{ctype}>(gs[" in fwd      # no tagged words: barriers
+        assert ("pair" not in fwd) or f"rg_rounded<{ctype}>(gs[" in fwd
+
+
+def test_half_values_travel_in_tagged_words_as_stored():
+    """The barrier-free forward passes h between blocks in tagged words: in half, the rounded value."""
+    cell = load_cell("lstm", 8, 512)
+    for ctype in ("float", *HALF):
+        src = persistent_kernel(cell, loops(cell)[0], ctype, 1, 132).source
+        assert "grid_barrier(bar" not in src.split("for (int s = 0")[1]
+        assert (f"tags + t, rg_rounded<{ctype}>(v" in src) == (ctype != "float")
 
 
 def test_half_weights_take_half_the_shared_memory():

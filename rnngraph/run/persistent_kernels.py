@@ -280,11 +280,12 @@ def _epilogue(cell, p, arg, early: dict, tagged: dict, st: str) -> list:
                  for j in range(len(gemm.nodes))]
         lines += [f"            AT({c}, {_ld(c)}, 0, {p.units * j} + f) = g{j};" for j in range(len(gemm.nodes))]
         given = {n: f"g{j}" for j, n in enumerate(gemm.nodes)}
-        return head + lines + _body(cell, fused.nodes, "fwd", arg, given, early, tagged) + ["        }"]
-    return head + _body(cell, p.item.nodes, "fwd" if p.kind == "fused" else "bwd", arg, {}, early, tagged) + ["        }"]
+        return head + lines + _body(cell, fused.nodes, "fwd", arg, given, early, tagged, st) + ["        }"]
+    return head + _body(cell, p.item.nodes, "fwd" if p.kind == "fused" else "bwd", arg, {}, early, tagged, st) + \
+        ["        }"]
 
 
-def _body(cell, nodes, direction: str, arg, given: dict, early: dict, tagged: dict) -> list:
+def _body(cell, nodes, direction: str, arg, given: dict, early: dict, tagged: dict, st: str) -> list:
     """A fused group's body at element (b, f) of frame t: loads, the generated statements, stores.
     given: external nodes (read at delay 0) whose values are already in locals (a pair's GEMM sums);
     early: inputs already loaded into registers (_prefetch); tagged: members also written as tagged words."""
@@ -298,6 +299,6 @@ def _body(cell, nodes, direction: str, arg, given: dict, early: dict, tagged: di
     lines += spec.olds(at, "CT", early)
     lines += [ln.replace("T ", "CT ", 1) if ln.startswith("T ") else ln for ln in spec.body] + spec.writes(at)
     F = cell.op(nodes[0]).size
-    lines += [f"exchange({tagged[n]} + ((t & 1) * NB + b) * {F} + f, tags + t, v{k});"
+    lines += [f"exchange({tagged[n]} + ((t & 1) * NB + b) * {F} + f, tags + t, {rounded(f'v{k}', st)});"   # as stored
               for k, n in enumerate(nodes) if n in tagged and direction == "fwd"]
     return ["            " + ln for ln in lines]

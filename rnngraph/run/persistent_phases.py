@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..plan.classify import blocked
 from ..plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair
-from .kernels import fused_backward_kernel, fused_forward_kernel
+from .kernels import fused_backward_kernel, fused_forward_kernel, math_type
 
 THREADS = 512               # threads per block: 16 warps, one weight row each at a time
 MAX_ROWS = 8                # the batch rows a persistent kernel takes (its accumulators live in registers)
@@ -119,7 +119,7 @@ def shared_layout(groups, B: int, G: int) -> tuple:
 
 def exchanges(cell, groups, written, ctype: str, B: int, G: int) -> dict:
     """{group index: node}: where every forward group is one GEMM phase (a pair or a gemm) reading, one frame
-    back or earlier in this one, a float32 node that a pair's or fused group's body writes on every block
+    back or earlier in this one, a node computed in float32 (stored in float32 or half) that a pair's or fused group's body writes on every block
     (its F ≥ G), and a pair's body reads only what its own block wrote, the grid barriers go: the writer
     stores each value with its frame's tag in one 64-bit word (two frames' words, by parity) and the GEMM
     spins on the words it stages. A block cannot overwrite a word two frames old before every block has
@@ -131,7 +131,7 @@ def exchanges(cell, groups, written, ctype: str, B: int, G: int) -> dict:
         it = p.item.gemm if p.kind == "pair" else p.item
         _, w = written.get(getattr(it, "operand", None), (None, None))
         body = w.item.fused.nodes if w is not None and w.kind == "pair" else getattr(getattr(w, "item", None), "nodes", ())
-        if ctype != "float" or rest or p.kind not in ("pair", "gemm") or w is None or w.kind not in ("pair", "fused") \
+        if math_type(ctype) != "float" or rest or p.kind not in ("pair", "gemm") or w is None or w.kind not in ("pair", "fused") \
                 or it.operand not in body or it.delay > 1 or w.units != p.width or w.units < G \
                 or B * p.width > EXCHANGE_WORDS * THREADS:
             return {}
