@@ -106,14 +106,25 @@ def _schedule_diagram(out: Path):
 
 
 def _training_curves(out: Path, runs, results):
-    """Training curves (lab/curves.py): each stored run RESULTS/training*/log.csv in a figure of its
-    own, and the local runs RUNS/*/log.csv together, if there are any. A log without rows is skipped."""
+    """Training curves (lab/curves.py): a figure per stored folder RESULTS/training*/ of its run's log
+    (log.csv, else log.json), or of the runs in its subfolders side by side (e.g. one run per dtype),
+    and the local runs RUNS/*/log.csv together, if there are any. A log without rows is skipped."""
     from .curves import draw_training_curves, with_rows
-    for log in with_rows(sorted(Path(results).glob("training*/log.csv"))):
-        yield _write(out / f"{log.parent.name}.png", lambda tmp: draw_training_curves([log], tmp))
+    for folder in sorted(Path(results).glob("training*/")):
+        own = _run_log(folder)
+        logs = with_rows([own] if own else [log for d in sorted(folder.glob("*/")) if (log := _run_log(d))])
+        labels = None if own else [log.parent.name for log in logs]
+        if logs:
+            yield _write(out / f"{folder.name}.png",
+                         lambda tmp, logs=logs, labels=labels: draw_training_curves(logs, tmp, labels))
     logs = with_rows(sorted(Path(runs).glob("*/log.csv")))
     if logs:
         yield _write(out / "training_curves.png", lambda tmp: draw_training_curves(logs, tmp))
+
+
+def _run_log(folder: Path) -> Path | None:
+    """A stored run's log in `folder`: log.csv, else log.json, else None."""
+    return next((p for p in (folder / "log.csv", folder / "log.json") if p.exists()), None)
 
 
 # -- reading records ---------------------------------------------------------------------------
