@@ -158,3 +158,18 @@ def test_a_missing_or_malformed_results_file_is_named(tmp_path, capsys, damage, 
     assert str(bad) in err or f"{bad.parent}: {bad.name}" in err
     assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()                          # checked before anything is drawn
+
+
+def test_stored_runs_in_subfolders_share_one_figure(tmp_path, monkeypatch):
+    """results/training_x/{bfloat16,float32}/log.csv: one figure, a curve per subfolder, labelled by it."""
+    import rnngraph.lab.curves as curves
+    drawn = []
+
+    def draw(logs, tmp, labels=None):
+        drawn.append(([p.parent.name for p in logs], labels))
+        tmp.write_bytes(PNG)
+    monkeypatch.setattr(curves, "draw_training_curves", draw)
+    for run in ("bfloat16", "float32"):
+        _write_log(tmp_path / "results" / "training_x" / run / "log.csv")
+    assert list(_training_curves(tmp_path, tmp_path / "no_runs", tmp_path / "results")) == [tmp_path / "training_x.png"]
+    assert drawn == [(["bfloat16", "float32"], ["bfloat16", "float32"])]
