@@ -122,3 +122,25 @@ def test_half_training_on_the_gpu_follows_the_cpu_run(small_text, tmp_path, dtyp
     np.testing.assert_allclose(got, want, rtol=0.02)
     lm, vocab = load_model(runs["cupy"].checkpoint, "cupy", "graph")
     assert len(generate(lm, vocab, "Ham", 30)) == 30
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_torch_module_in_half_on_cuda_follows_the_cpu_module(dtype):
+    """rnngraph.torch with half CUDA tensors (shared with cupy without copies, bfloat16 as its bits)."""
+    torch = pytest.importorskip("torch")
+    import rnngraph.torch as rt
+    tdt = getattr(torch, dtype)
+    torch.manual_seed(0)
+    cpu = rt.LSTM(5, 16, num_layers=2, bidirectional=True).to(tdt)
+    gpu = rt.LSTM(5, 16, num_layers=2, bidirectional=True).to("cuda", tdt)
+    gpu.load_state_dict(cpu.state_dict())
+    x = torch.randn(9, 3, 5).to(tdt)
+    out = {}
+    for name, m, xx in (("cpu", cpu, x.clone().requires_grad_()), ("gpu", gpu, x.cuda().requires_grad_())):
+        y, (h, c) = m(xx)
+        assert y.dtype == tdt and y.device == xx.device
+        (y.float().pow(2).sum() + h.float().sum()).backward()
+        out[name] = [a.detach().cpu().double() for a in (y, h, c, xx.grad, *(p.grad for p in m.parameters()))]
+    for k, (a, b) in enumerate(zip(out["gpu"], out["cpu"], strict=True)):
+        err = float((a - b).norm() / b.norm()) / UNIT[dtype]
+        assert err <= UNITS, f"array {k} differs by {err:.2f} u > {UNITS} u"

@@ -40,7 +40,7 @@ def _cupy_view(t: torch.Tensor):
     """t's memory as a cupy array, made from its address, shape and strides (the memory keeps t alive):
     a few µs, where cupy.from_dlpack costs ~20 µs of host time per call."""
     import cupy
-    dtype = _NUMPY.get(t.dtype)
+    dtype = float_dtype(_NUMPY[t.dtype], half=True) if t.dtype in _NUMPY else None
     if dtype is None or t.numel() == 0:
         return cupy.from_dlpack(t)
     item = t.element_size()
@@ -50,16 +50,15 @@ def _cupy_view(t: torch.Tensor):
                         tuple(s * item for s in t.stride()))
 
 
-_NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
+_NUMPY = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def to_tensor(a, device: torch.device) -> torch.Tensor:
     """A tensor sharing the memory of rnngraph's array `a` (numpy on the CPU, cupy on `device`)."""
+    bf16 = a.dtype.name == "bfloat16"     # crosses as its bits (int16): DLPack and numpy may not know it
     if device.type != "cpu":
-        return torch.from_dlpack(a)
-    if a.dtype.name == "bfloat16":
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
+        return torch.from_dlpack(a.view("int16")).view(torch.bfloat16) if bf16 else torch.from_dlpack(a)
+    return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if bf16 else torch.from_numpy(a)
 
 
 @contextlib.contextmanager

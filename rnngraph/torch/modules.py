@@ -20,7 +20,6 @@ from ..nn.recurrent import Recurrent as Engine
 from .autograd import RecurrentFunction, bind, on_stream
 
 DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-HALF = (torch.bfloat16, torch.float16)      # the CPU reference only, for now (rnngraph.nn's half precision)
 TORCH_ORDER = {"weight_ih": 0, "weight_hh": 1, "bias_ih": 2, "bias_hh": 3}   # torch.nn.RNNBase's parameter order
 
 
@@ -127,9 +126,6 @@ class Recurrent(torch.nn.Module):
         if x.dtype not in DTYPES:
             raise RnnGraphError(f"rnngraph.torch runs float32, float64, bfloat16 and float16 tensors; the input is "
                                 f"{x.dtype}")
-        if x.dtype in HALF and x.device.type != "cpu":
-            raise RnnGraphError(f"rnngraph.torch runs {x.dtype} on the CPU only for now (rnngraph's half precision "
-                                "has no GPU kernels yet); use float32 on the GPU")
         if (x.device, x.dtype) != (first.device, first.dtype):
             raise RnnGraphError(f"the input is {x.dtype} on {x.device} but the parameters are {first.dtype} on "
                                 f"{first.device}; move one to the other (module.to(input.device, input.dtype), "
