@@ -22,7 +22,7 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--dropout", type=float, metavar="P",
                    help=f"dropout between layers and before the output layer (default: {D.dropout})")
     m.add_argument("--dtype", choices=("float32", "float64", "bfloat16", "float16"),
-                   help=f"(default: {D.dtype}; bfloat16/float16: half-precision recurrence on the CPU backend, "
+                   help=f"(default: {D.dtype}; bfloat16/float16: half-precision recurrence, float32 head, "
                         "float32 master weights, loss scaling for float16)")
     d = p.add_argument_group("data")
     d.add_argument("--text", metavar="FILE", help="a UTF-8 text file (default: the bundled Shakespeare, 1.6 MB)")
