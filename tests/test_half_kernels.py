@@ -6,13 +6,22 @@ import pytest
 from rnngraph import build_schedule, load_cell
 from rnngraph.plan.items import Fused
 from rnngraph.run.kernels import (HALF_PRELUDE, complete, fused_backward_kernel, fused_forward_kernel,
-                                  gemv_fused_kernel, math_type, matmul_source, param_grad_kernel, rowsum_source)
+                                  gemv_fused_kernel, math_type, matmul_source, param_grad_kernel)
+from rnngraph.run.row_kernels import row_backward_kernel, row_forward_kernel
 from rnngraph.run.loop_kernels import elementwise_kernel, elementwise_nodes, scan_source
 from rnngraph.run.persistent_kernels import persistent_kernel
 from nvrtc import nvrtc_compile
 from test_persistent import GEMM_CORES, loops
 
 HALF = ["rg_bf16", "rg_f16"]
+
+
+def row_specs():
+    """The LayerNorm-LSTM's row kernels (a block per row), forward and backward (atomic adds too)."""
+    cell, fused = groups("layernorm_lstm")
+    rows = [f.nodes for f in fused if any(cell.op(n).kind.name == "MEAN" for n in f.nodes)]
+    return [row_forward_kernel(cell, rows[0])] + [row_backward_kernel(cell, nodes, set(cell.params), atomic)
+                                                  for nodes in rows for atomic in (False, True)]
 
 
 def groups(name):
@@ -47,11 +56,11 @@ def test_a_gemv_inside_a_fused_kernel_reads_its_outputs_rounded(ctype):
 
 
 @pytest.mark.parametrize("ctype", HALF)
-def test_matmul_rowsum_param_and_scan_kernels_compile(ctype):
+def test_matmul_row_param_and_scan_kernels_compile(ctype):
     for kind in ("gemv", "gemm"):
         nvrtc_compile(matmul_source(kind, ctype), f"rg_{kind}_{ctype}")
-    for store in ("=", "+=", "atomic"):
-        nvrtc_compile(*reversed(rowsum_source(ctype, store)))
+    for spec in row_specs():
+        nvrtc_compile(*reversed(spec.source(ctype)))
     cell = load_cell("lstm", 8, 16)
     n = next(n for n in cell.graph if any(u == "b_hi" for u, _ in cell.reads(n)))
     nvrtc_compile(*reversed(param_grad_kernel(cell, n, [u for u, _ in cell.reads(n)].index("b_hi"), ctype)))
@@ -64,8 +73,7 @@ def test_matmul_rowsum_param_and_scan_kernels_compile(ctype):
 def test_no_half_store_adds_in_place():
     """A half value has no +=: every add onto a stored value loads it as float and stores the sum once."""
     for ctype in HALF:
-        for store in ("+=", "atomic"):
-            assert "] +=" not in rowsum_source(ctype, store)[1]
+        assert all("] +=" not in spec.source(ctype)[1].replace("[q] +=", "") for spec in row_specs())
         assert "] +=" not in scan_source("bwd", ctype)[0]
 
 

@@ -9,7 +9,10 @@ from rnngraph import Cell, load_cell
 from rnngraph.ir.cellio import cell_from_dict, cell_to_dict
 from rnngraph.ir.ops import REDUCE
 from rnngraph.nn import Recurrent
+from rnngraph.plan.items import Fused
+from rnngraph.plan.loops import gemm_fused_pairs
 from rnngraph.plan.schedule import build_schedule
+from rnngraph.run.row_kernels import row_group
 
 TOL = 1e-10
 
@@ -117,17 +120,19 @@ def test_rms_norm_in_the_recurrence_equals_torch():
     assert all(rel(grads[k], P[k].grad.numpy()) <= TOL for k in P)
 
 
-def test_the_plan_hoists_the_input_norm_and_keeps_reductions_solo():
+def test_the_plan_hoists_the_input_norm_and_makes_each_norm_one_row_group():
+    """A group holding a row reduction runs a block per row: all its ops have the row's width (so none
+    works on another row's features), and it never runs inside a per-feature GEMV kernel (a pair)."""
     cell = load_cell("layernorm_lstm", 3, 5)
     sched = build_schedule(cell)
     where = sched.section_of()
     reductions = [where[n] for n in cell.graph if cell.op(n).kind in REDUCE]
     assert reductions.count("pre") == 2             # μ and σ² of LN(W_ih·x): once over all T·B rows
     assert sum(w.startswith("stage") for w in reductions) == 4     # those of LN(W_hh·h) and LN(c'), per frame
-    for st in sched.loop:
-        for it in st:
-            nodes = getattr(it, "nodes", ())
-            assert not any(cell.op(n).kind in REDUCE for n in nodes) or len(nodes) == 1
+    rows = [it for st in sched.loop for it in st if isinstance(it, Fused) and row_group(cell, it.nodes)]
+    assert [sum(cell.op(n).kind in REDUCE for n in it.nodes) for it in rows] == [2, 2]
+    assert [{cell.op(n).size for n in it.nodes} for it in rows] == [{4 * 5}, {5}]
+    assert not gemm_fused_pairs(cell, sched.loop)
     assert sched.loop_strategies == ("stages",)     # a row-wide op in the recurrence: no scan, elementwise, persistent
     assert "reduces over features inside the loop" in sched.blocked_loops["persistent"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.graph import fmt_read
+from ..ir.ops import REDUCE
 
 
 # -- forward ---------------------------------------------------------------------------------------
@@ -138,7 +139,8 @@ def _gemm(it, cell):
 
 def _fused(it, cell):
     ops = ", ".join(f"{n}={cell.op(n).kind.value}" for n in it.nodes)
-    return f"fused  {{{ops}}}   [{cell.op(it.nodes[-1]).size}]"
+    rows = "   (a block per row: row reductions)" if any(cell.op(n).kind in REDUCE for n in it.nodes) else ""
+    return f"fused  {{{ops}}}   [{cell.op(it.nodes[-1]).size}]{rows}"
 
 
 def _pair(it, cell):

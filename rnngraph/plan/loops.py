@@ -6,7 +6,7 @@ backends that run it (their `loops`); 'auto' picks one.
 from __future__ import annotations
 
 from ..errors import RnnGraphError
-from ..ir.ops import OpKind
+from ..ir.ops import REDUCE, OpKind
 from .backward import grad_item
 from .classify import ADMITS, admitted
 from .items import ElementwiseLoop, Fused, Gemm, Pair, PersistentLoop, ScanLoop, Stage, StagesLoop
@@ -14,7 +14,8 @@ from .items import ElementwiseLoop, Fused, Gemm, Pair, PersistentLoop, ScanLoop,
 
 def gemm_fused_pairs(cell, loop) -> set:
     """Loop stages k whose lone GEMM feeds the lone fused group of stage k+1 element by element
-    (every linear op of the GEMM has the group's size and is read unshifted, unsliced)."""
+    (every linear op of the GEMM has the group's size and is read unshifted, unsliced; the group has no
+    row reduction)."""
     out = set()
     for k in range(len(loop) - 1):
         (g, *rest), (f, *more) = loop[k], loop[k + 1]
@@ -22,7 +23,9 @@ def gemm_fused_pairs(cell, loop) -> set:
             continue
         size = cell.op(f.nodes[0]).size
         reads = [(d, cell.op(n).kind) for n in f.nodes for u, d in cell.reads(n) if u in g.nodes]
-        if set(g.sizes) == {size} and reads and all(d == 0 and kind is not OpKind.SLICE for d, kind in reads):
+        rows = any(cell.op(n).kind in REDUCE for n in f.nodes)      # a row kernel: a block per row, not per feature
+        if set(g.sizes) == {size} and reads and not rows and all(d == 0 and kind is not OpKind.SLICE
+                                                                 for d, kind in reads):
             out.add(k)
     return out
 

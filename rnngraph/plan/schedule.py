@@ -6,8 +6,10 @@ Sections (a dependence pass, as in partial evaluation):
          depends on a delayed value and feeds the core: run frame by frame;
   post — ops that depend on a delayed value but feed nothing back: run once over all frames.
 Items (each a future kernel): a Gemm merges linear ops reading one operand (concatenated weights);
-a Fused group joins connected elementwise ops of one size. Loop stages are topological generations
-of the item DAG.
+a Fused group joins connected elementwise ops and row reductions (SUM, MEAN) of one size: a group with
+a reduction runs one block per row (run/row_kernels.py), so no reduction is split across blocks and
+every op of the group works on the block's own row. Loop stages are topological generations of the
+item DAG.
 """
 from __future__ import annotations
 
@@ -17,11 +19,14 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from ..ir.graph import CellGraph, fmt_read, same_frame, topo_order
-from ..ir.ops import ELEMENTWISE, FLOPS, OpKind
+from ..ir.ops import ELEMENTWISE, FLOPS, REDUCE, OpKind
 from .backward import backward_sections, capture_problem
 from .classify import admitted, blocked, classify
 from .items import Fused, Gemm, Pair, Section, describe
 from .loops import LOOPS, resolve_loop
+
+
+FUSES = ELEMENTWISE | REDUCE       # the ops a Fused group takes
 
 
 @dataclass(frozen=True)
@@ -190,9 +195,9 @@ def _merge(cell: CellGraph, nodes: list) -> list:
         op = cell.op(v)
         if op.kind is OpKind.LINEAR:
             group[v] = ("gemm",) + cell.reads(v)[0]
-        elif op.kind in ELEMENTWISE:
+        elif op.kind in FUSES:
             preds = [group[u] for u in frame.predecessors(v) if group[u][0] == "fused"
-                     and cell.op(u).kind in ELEMENTWISE and cell.op(u).size == op.size]
+                     and cell.op(u).kind in FUSES and cell.op(u).size == op.size]
             group[v] = ("fused", v)
             _try_join(frame, group, [group[v]] + preds) or _try_join(frame, group, [group[v]] + preds[:1])
         else:

@@ -102,6 +102,10 @@ class KernelSpec:
         return [f"atomicAdd(&{at(nm)}, {v});" if op == "atomic" else f"{at(nm)} = {nm}_old + {v};" if op == "+="
                 else f"{at(nm)} = {v};" for nm, v, op in self.stores]
 
+    def launch_shape(self, rows: int, F: int) -> tuple:
+        """(grid, block): a thread per element."""
+        return ((rows * F + 127) // 128,), (128,)
+
     def source(self, ctype: str) -> tuple[str, str]:
         """(kernel name, CUDA source) for element type ctype (CTYPES' values)."""
         at, mt = (lambda nm: f"p_{nm}[r * s_{nm} + f]"), math_type(ctype)
@@ -165,12 +169,27 @@ def fused_forward_kernel(cell, nodes) -> KernelSpec:
                       body, tuple((f"y{k}", f"v{k}", "=") for k in range(len(nodes))))
 
 
-def fused_backward_kernel(cell, nodes, param_names, atomic: bool = False) -> KernelSpec:
-    """Reverse-mode kernel of a group; gradients of parameters are left to hoisted reductions. atomic:
-    gradients of a node read at several delays are added atomically (threads of two frames meet)."""
+def backward_io(cell, nodes, param_names, atomic: bool) -> dict:
+    """What a group's reverse-mode kernel reads and writes (the KernelSpec fields but its body), and
+    idx (member -> k), ext (external reads) and gext (the externals that get gradients, by index)."""
     idx = {n: k for k, n in enumerate(nodes)}
     ext = _externals(cell, nodes)
     gext = [k for k, e in enumerate(ext) if e[0] not in param_names]
+    several = {u for u, _, _ in ext if sum(e[0] == u for e in ext) > 1} if atomic else set()
+    stores = [(f"gm{k}", f"d{k}", "=") for k in range(len(nodes))]
+    stores += [(f"gx{k}", f"a{k}", "atomic" if ext[k][0] in several else "+=") for k in gext]
+    spec = dict(inputs=tuple([("ext", e) for e in ext] + [("val", n) for n in nodes]),
+                outputs=tuple([("grad", n) for n in nodes] + [("gext", ext[k]) for k in gext]),
+                in_names=tuple([f"x{k}" for k in range(len(ext))] + [f"v{k}" for k in range(len(nodes))]),
+                out_names=tuple([f"gm{k}" for k in range(len(nodes))] + [f"gx{k}" for k in gext]), stores=tuple(stores))
+    return {"spec": spec, "idx": idx, "ext": ext, "gext": gext}
+
+
+def fused_backward_kernel(cell, nodes, param_names, atomic: bool = False) -> KernelSpec:
+    """Reverse-mode kernel of a group; gradients of parameters are left to hoisted reductions. atomic:
+    gradients of a node read at several delays are added atomically (threads of two frames meet)."""
+    io = backward_io(cell, nodes, param_names, atomic)
+    idx, ext, gext = io["idx"], io["ext"], io["gext"]
     body = [f"T d{idx[n]} = gm{idx[n]};" for n in nodes]
     body += [f"T a{k} = 0;" for k in gext]
     for n in reversed(nodes):
@@ -180,14 +199,7 @@ def fused_backward_kernel(cell, nodes, param_names, atomic: bool = False) -> Ker
                 continue
             e = op_expr(KERNEL[op.kind][1][slot], cell, n, ops, g=f"d{idx[n]}", y=f"v{idx[n]}")
             body.append(f"{'d' if name[0] == 'v' else 'a'}{name[1:]} += {e};")
-    several = {u for u, _, _ in ext if sum(e[0] == u for e in ext) > 1} if atomic else set()
-    stores = [(f"gm{k}", f"d{k}", "=") for k in range(len(nodes))]
-    stores += [(f"gx{k}", f"a{k}", "atomic" if ext[k][0] in several else "+=") for k in gext]
-    return KernelSpec(tuple([("ext", e) for e in ext] + [("val", n) for n in nodes]),
-                      tuple([("grad", n) for n in nodes] + [("gext", ext[k]) for k in gext]),
-                      tuple([f"x{k}" for k in range(len(ext))] + [f"v{k}" for k in range(len(nodes))]),
-                      tuple([f"gm{k}" for k in range(len(nodes))] + [f"gx{k}" for k in gext]),
-                      tuple(body), tuple(stores))
+    return KernelSpec(body=tuple(body), **io["spec"])
 
 
 # -------------------------------------------------------------------------------------------------
@@ -265,40 +277,6 @@ def matmul_source(kind: str, ctype: str) -> str:
     """CUDA source of the capturable 'gemv' or 'gemm' kernel rg_<kind>_<ctype> for element type ctype."""
     return (GEMV_SOURCE if kind == "gemv" else GEMM_SOURCE).replace("{S}", ctype).replace(
         "{T}", math_type(ctype)).replace("{{", "{").replace("}}", "}")
-
-
-ROWSUM_SOURCE = r"""
-extern "C" __global__ void {NAME}(const {S}* x, long long xs, {S}* y, long long ys, int F, {T} scale) {
-  // one block per row: v = scale · (the row of x summed in a fixed order: warp shuffles), stored into
-  // every column of y's row
-  __shared__ {T} part[32];
-  const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  {T} s = 0;
-  for (int j = threadIdx.x; j < F; j += blockDim.x) s += x[row * xs + j];
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
-  if (lane == 0) part[warp] = s;
-  __syncthreads();
-  if (warp == 0) {
-    s = lane < (int)(blockDim.x >> 5) ? part[lane] : ({T})0;
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
-    if (lane == 0) part[0] = s * scale;
-  }
-  __syncthreads();
-  const {T} v = part[0];
-  for (int j = threadIdx.x; j < F; j += blockDim.x) {STORE};
-}
-"""
-ROWSUM_STORES = {"=": "y[row * ys + j] = v", "+=": "y[row * ys + j] = y[row * ys + j] + v",
-                 "atomic": "atomicAdd(&y[row * ys + j], v)"}
-
-
-def rowsum_source(ctype: str, store: str) -> tuple:
-    """(name, CUDA source) of the row-reduction kernel of SUM and MEAN: forward (store '='), their
-    backward into the operand's gradient ('+=', or 'atomic' where rows of one launch may coincide).
-    Its argument `scale` has the math type (float for half storage)."""
-    name = f"rg_rowsum_{ctype}_{list(ROWSUM_STORES).index(store)}"
-    return name, ROWSUM_SOURCE.replace("{NAME}", name).replace("{STORE}", ROWSUM_STORES[store]).replace(
-        "{S}", ctype).replace("{T}", math_type(ctype))
 
 
 PARAM_GRAD_SOURCE = r"""

@@ -10,9 +10,9 @@ import warnings
 import numpy
 
 from ...errors import RnnGraphError, RnnGraphWarning
-from ...ir.ops import REDUCE, OpKind
 from ..kernels import (CTYPES, GEMV_FUSED_ROWS, GEMV_ROWS, PAIR_MAX_BYTES, complete, fusable, fused_backward_kernel,
-                       fused_forward_kernel, gemv_fused_kernel, matmul_source, param_grad_kernel, rowsum_source)
+                       fused_forward_kernel, gemv_fused_kernel, matmul_source, param_grad_kernel)
+from ..row_kernels import row_backward_kernel, row_forward_kernel, row_group
 from ..loop_kernels import elementwise_kernel, elementwise_nodes, scan_chunks, scan_source
 from ...plan.items import ElementwiseLoop, Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, PersistentLoop, ScanLoop
 from . import persistent
@@ -156,34 +156,15 @@ class CupyBackend(ArrayBackend):
 
     # -- fused elementwise groups --------------------------------------------------------------
     def _compile_fused(self, cell, item, env, per_frame):
-        """A fused group's generated kernel at one frame (or all), a row reduction's kernel, or None
-        where ops lack a kernel rule."""
-        if _row_reduction(cell, item):
-            (n,) = item.nodes
-            return (self._rowsum_launch(cell, n, env[cell.reads(n)[0]], env[n], "="),)
-        if not fusable(cell, item.nodes):
-            return None
+        """A fused group's generated kernel at one frame (or all): a thread per element, or a block per row
+        where it holds a row reduction; None where ops lack a kernel rule."""
         spec = _spec(cell, item, "fwd")
-        return (self._fused_launch(spec, _fused_arrays(spec, env)),)
+        return spec and (self._fused_launch(spec, _fused_arrays(spec, env)),)
 
     def _compile_fused_grad(self, cell, item, views, per_frame):
         env, genv, targets = views
-        if _row_reduction(cell, item.item):
-            (n,) = item.item.nodes
-            read = cell.reads(n)[0]
-            return (self._rowsum_launch(cell, n, genv[n], targets[read], "atomic" if item.atomic else "+="),)
-        if not fusable(cell, item.item.nodes):
-            return None
         spec = _spec(cell, item.item, "bwd_atomic" if item.atomic else "bwd")
-        return (self._fused_launch(spec, _fused_arrays(spec, env, genv, targets)),)
-
-    def _rowsum_launch(self, cell, n, x, y, store: str):
-        """y [N, F] (store)= SUM or MEAN of x [N, F] per row (both may be strided rows): one block a row."""
-        cp, (N, F) = self.xp, x.shape
-        kernel = self._raw(*rowsum_source(CTYPES[str(y.dtype)], store))
-        scale = 1.0 if cell.op(n).kind is OpKind.SUM else 1.0 / F
-        return kernel, (N,), (256,), (x, cp.int64(x.strides[0] // x.itemsize), y, cp.int64(y.strides[0] // y.itemsize),
-                                      cp.int32(F), _math(y.dtype).type(scale))
+        return spec and (self._fused_launch(spec, _fused_arrays(spec, env, genv, targets)),)
 
     def _compile_pair(self, cell, item, views, per_frame):
         """GEMV (rows ≤ 8) plus the fused group as one kernel, one block per feature, while rows × the
@@ -211,7 +192,7 @@ class CupyBackend(ArrayBackend):
     def _fused_launch(self, spec, arrays):
         out = arrays[len(spec.in_names)]
         kernel = self._raw(*spec.source(CTYPES[str(out.dtype)]))
-        return kernel, ((out.shape[0] * out.shape[1] + 127) // 128,), (128,), self._fused_args(spec, arrays)
+        return (kernel, *spec.launch_shape(*out.shape), self._fused_args(spec, arrays))
 
     def _fused_args(self, spec, arrays):
         """Pointer and row-stride pairs of a fused kernel's arrays, then its rows and features."""
@@ -348,12 +329,6 @@ def _math(dtype):
     return numpy.dtype(numpy.float32) if dtype.itemsize == 2 else numpy.dtype(dtype)
 
 
-def _row_reduction(cell, item) -> bool:
-    """A group that is one SUM or MEAN of a value (they are never fused with others: they read whole rows)."""
-    return len(item.nodes) == 1 and cell.op(item.nodes[0]).kind in REDUCE and \
-        cell.op(cell.reads(item.nodes[0])[0][0]).kind is not OpKind.PARAM
-
-
 _BLAS_FORMS = {(False, True, False): lambda blas, x, w, out: blas.nt(x, w, out),     # forward
                (False, False, True): lambda blas, g, w, out: blas.nn(g, w, out),     # d operand
                (True, False, True): lambda blas, g, x, out: blas.tn(g, x, out)}      # d weights
@@ -362,11 +337,15 @@ _BLAS_FORMS = {(False, True, False): lambda blas, x, w, out: blas.nt(x, w, out),
 _SPECS: dict = {}
 
 def _spec(cell, item, direction):
-    """The generated kernel spec of a fused group, built once per (cell, group, direction)."""
+    """The generated kernel spec of a fused group (a row kernel where it holds a row reduction), built
+    once per (cell, group, direction); None where an op has no kernel rule."""
     key = (id(cell), item, direction)
     if key not in _SPECS:
-        _SPECS[key] = (cell, fused_forward_kernel(cell, item.nodes) if direction == "fwd"
-                       else fused_backward_kernel(cell, item.nodes, set(cell.params), direction == "bwd_atomic"))
+        rows = row_group(cell, item.nodes)
+        fwd, bwd = (row_forward_kernel, row_backward_kernel) if rows else (fused_forward_kernel, fused_backward_kernel)
+        made = None if not (rows or fusable(cell, item.nodes)) else fwd(cell, item.nodes) if direction == "fwd" \
+            else bwd(cell, item.nodes, set(cell.params), direction == "bwd_atomic")
+        _SPECS[key] = (cell, made)
     return _SPECS[key][1]
 
 
