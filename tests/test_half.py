@@ -94,10 +94,11 @@ def test_against_float32_on_the_same_rounded_inputs_the_error_is_the_half_roundi
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("cell", ["layernorm_lstm", "layernorm_gru"])
 def test_layernorm_cells_lose_more_in_half_precision(cell, dtype):
-    """A layer norm built from row reductions stores x − μ and the normalised values in half precision
-    between its kernels; in bfloat16 the LayerNorm-LSTM's gradients come out ~15% off float64 (its
-    float16 ones ~1%). Bounds at about twice what was measured: this documents the loss, it is not a goal."""
-    test_layers_in_half_precision_are_close_to_float64(cell, "auto", dtype, tol={"bfloat16": 0.4, "float16": 0.03})
+    """A layer norm's row group keeps its intermediates in float32 registers, but its input and output
+    are stored in half and x − μ cancels: in bfloat16 the LayerNorm-LSTM's gradients come out ~7% off
+    float64 (its float16 ones ~1.7%; ~15% and ~1% while the norms ran as four kernels each). Bounds at
+    about twice what was measured: this documents the loss, it is not a goal."""
+    test_layers_in_half_precision_are_close_to_float64(cell, "auto", dtype, tol={"bfloat16": 0.15, "float16": 0.035})
 
 
 def test_half_runs_are_deterministic_and_errors_are_clear():
