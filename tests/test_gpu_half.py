@@ -19,8 +19,8 @@ from test_gpu_loops import calls
 pytestmark = pytest.mark.gpu
 UNIT = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 UNITS = 4           # the bound on each array's relative 2-norm difference, in units of the format's u
-# ... where each layer norm stores about 8 intermediates (mean, centred, square, variance, rsqrt, ...), two of
-# them row sums whose order differs (a block-wide tree against numpy's pairwise sum): up to 5.2 u measured
+# ... where a layer norm sums rows in another order (a block-wide tree against numpy's pairwise sum) and then
+# subtracts nearly equal values (x − μ), which magnifies a flipped rounding: up to 5.2 u measured
 NORM_UNITS = 8
 
 
