@@ -144,3 +144,13 @@ def test_the_torch_module_in_half_on_cuda_follows_the_cpu_module(dtype):
     for k, (a, b) in enumerate(zip(out["gpu"], out["cpu"], strict=True)):
         err = float((a - b).norm() / b.norm()) / UNIT[dtype]
         assert err <= UNITS, f"array {k} differs by {err:.2f} u > {UNITS} u"
+
+
+def test_bench_runs_in_bfloat16_on_the_gpu():
+    """`rnngraph bench --dtype bfloat16`: rnngraph's graph mode in bfloat16 beside cuDNN in float16."""
+    from rnngraph.lab.bench import measure
+    ours = measure("lstm", "graph", T=6, B=2, H=32, dtype="bfloat16", repeats=2, warmup=1)
+    peer = measure("lstm", "cudnn@float16", T=6, B=2, H=32, dtype="bfloat16", repeats=2, warmup=1)
+    assert ours["backend"] == "cupy" and ours["dtype"] == "bfloat16" and ours["train_ms"] > 0
+    assert ours["loop_strategy"] == "persistent"
+    assert peer.get("skipped") or (peer["dtype"] == "float16" and peer["impl"] == "cudnn@float16" and peer["train_ms"] > 0)
