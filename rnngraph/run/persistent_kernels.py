@@ -8,9 +8,11 @@ x's B rows in shared memory, warps sum its weight rows over K (lanes strided, a 
 slices where the block has fewer rows than warps) and reduce by a fixed shuffle tree, then add the
 slices in order (no atomics: runs are bit for bit reproducible), and it writes its outputs. Phases are
 separated by a grid barrier (an atomic counter), except before a fused or dfused phase whose block only
-reads what it wrote itself since the last one, and in a float32 forward of GEMM phases only, where
-each x value travels with its frame's tag in one 64-bit word and the staging spins on the words it
-needs: LSTM's forward then needs no barrier, its backward one a frame (before the dgemm).
+reads what it wrote itself since the last one, and in a forward of GEMM phases only computed in
+float32 (float32 or half storage), where each x value travels with its frame's tag in one 64-bit word
+(a half value as stored, rounded) and the staging spins on the words it needs: LSTM's forward then
+needs no barrier, its backward one a frame (before the dgemm). Weights sit in shared memory in their
+storage type (half: twice float32's rows); x rows and sums in the math type.
 
 Arrays are addressed by frame as in loop_kernels.py: element (t, b, f) of a node's [P+T, B, F]
 buffer (row stride ld; a vector parameter has ld = 0) is p[((P + t - delay)·B + b)·ld + f].
