@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rnngraph"
 FLOORS = ("version", "errors", "arrays", "ir", "plan", "run", "run.kernels", "run.row_kernels", "run.loop_kernels", "run.persistent_phases",
           "run.persistent_kernels",
           "run.backends", "run.workspace", "run.executor",
-          "nn", "torch", "train", "lab")
+          "nn", "torch", "train", "distributed", "lab")
 
 
 def module_name(path: Path) -> str:

@@ -1,0 +1,167 @@
+"""Data parallel training over GPUs, the parts every rank runs: which rank this process is (the launcher's
+environment variables), its share of the S streams, one flat gradient buffer all-reduced by NCCL
+(CuPy's cupyx.distributed, whose TCP store does the rendezvous) and averaged as one process with S
+streams would, a collective that waits too long turned into an error, and the parameter checksums ranks
+compare to catch a divergence.
+
+The averaging rule: every rank's loss is the mean over its S/N streams and K frames, so the mean over all
+S streams is the mean of the ranks' losses, and its gradient the mean of their gradients: the sum over
+ranks (the all-reduce) divided by N.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import RnnGraphError
+
+VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+TIMEOUT_S = 300.0        # a collective that waits longer than this (a rank stopped or stuck) is an error
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the ranks: its rank, how many there are, its GPU on its machine
+    (local_rank), and where rank 0 listens for the rendezvous."""
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    addr: str = "127.0.0.1"
+    port: int = 29500
+
+    @classmethod
+    def from_env(cls, env=None) -> "World":
+        """The world the launcher describes in RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT
+        (torchrun's names; LOCAL_RANK defaults to RANK, MASTER_ADDR to 127.0.0.1, MASTER_PORT to 29500),
+        or a world of one process when none is set; an incomplete or inconsistent set is one error."""
+        env = os.environ if env is None else env
+        if not any(v in env for v in VARIABLES):
+            return cls()
+        missing = [v for v in ("RANK", "WORLD_SIZE") if v not in env]
+        if missing:
+            raise RnnGraphError(f"a distributed run needs {' and '.join(missing)} in the environment (set: "
+                                f"{', '.join(v for v in VARIABLES if v in env)}); set RANK and WORLD_SIZE for every "
+                                "process, or none of the variables for one process")
+        rank, size = _integer(env, "RANK"), _integer(env, "WORLD_SIZE")
+        local, port = _integer(env, "LOCAL_RANK", rank), _integer(env, "MASTER_PORT", 29500)
+        if size < 1 or not 0 <= rank < size:
+            raise RnnGraphError(f"RANK={rank} and WORLD_SIZE={size}: a rank runs from 0 to WORLD_SIZE - 1")
+        if local < 0 or not 0 < port < 65536:
+            raise RnnGraphError(f"LOCAL_RANK={local}, MASTER_PORT={port}: LOCAL_RANK is a GPU index (0 or more) "
+                                "and MASTER_PORT a TCP port (1 to 65535)")
+        return cls(rank, size, local, env.get("MASTER_ADDR", "127.0.0.1"), port)
+
+
+def _integer(env, name: str, default: int | None = None) -> int:
+    if name not in env:
+        return default
+    try:
+        return int(env[name])
+    except ValueError:
+        raise RnnGraphError(f"{name}={env[name]!r} in the environment is not an integer") from None
+
+
+def share(streams: int, world: World) -> slice:
+    """The streams this rank trains: S/N consecutive ones (rank r: r·S/N up to (r+1)·S/N); S must divide."""
+    if streams % world.size:
+        fits = [k * world.size for k in (streams // world.size, streams // world.size + 1) if k]
+        raise RnnGraphError(f"{streams} streams do not split evenly over {world.size} GPUs; pass --streams "
+                            f"{' or '.join(map(str, fits))} (a multiple of {world.size})")
+    n = streams // world.size
+    return slice(world.rank * n, (world.rank + 1) * n)
+
+
+class FlatGrads:
+    """Every parameter gradient in one flat buffer, in a fixed order (sorted names), so that one all-reduce
+    a step moves them all. It has the widest of the gradients' dtypes and float32 (half gradients are
+    widened: the optimiser's masters are float32)."""
+
+    def __init__(self, xp, shapes: dict, dtypes: dict):
+        self.names = sorted(shapes)
+        self.shapes = {n: tuple(shapes[n]) for n in self.names}
+        sizes = [math.prod(self.shapes[n]) for n in self.names]
+        self.offsets = dict(zip(self.names, np.cumsum([0] + sizes[:-1]).tolist()))
+        self.dtype = np.result_type(np.float32, *(np.dtype(dtypes[n]) for n in self.names if
+                                                  np.dtype(dtypes[n]).itemsize > 2))
+        self.buffer = xp.zeros(sum(sizes), self.dtype)      # [Σ sizes]
+
+    def pack(self, grads: dict):
+        """Copies grads (name -> array of its shape) into the buffer; returns the buffer."""
+        if set(grads) != set(self.names):
+            raise RnnGraphError(f"internal: gradients {sorted(set(grads) ^ set(self.names))} do not match the "
+                                "flat buffer's parameters")
+        for n in self.names:
+            self.view(n)[...] = grads[n]
+        return self.buffer
+
+    def view(self, name: str):
+        """The buffer's slice for parameter `name`, in its shape (no copy)."""
+        o = self.offsets[name]
+        return self.buffer[o:o + math.prod(self.shapes[name])].reshape(self.shapes[name])
+
+    def unpack(self) -> dict:
+        """name -> the buffer's view of that gradient (after the all-reduce: the ranks' average)."""
+        return {n: self.view(n) for n in self.names}
+
+
+def checksum(xp, params: dict) -> np.ndarray:
+    """[2] float64: the sum and the sum of squares of every parameter, in a fixed order; ranks that applied
+    the same updates to the same values hold the same checksum bit for bit."""
+    out = np.zeros(2)
+    for n in sorted(params):
+        p = params[n].astype(xp.float64)
+        out += [float(p.sum()), float((p * p).sum())]
+    return out
+
+
+def disagreeing(checksums) -> list:
+    """The ranks whose checksum differs from rank 0's (checksums: [N, 2])."""
+    c = np.asarray(checksums, dtype=np.float64)
+    return [r for r in range(1, len(c)) if not np.array_equal(c[r], c[0])]
+
+
+class Nccl:
+    """The ranks' communicator: NCCL through cupyx.distributed (rank 0's TCP store at world.addr:port does
+    the rendezvous), on this rank's GPU (world.local_rank). Each collective is waited for at most
+    `timeout_s` seconds; then the communicator is aborted and the wait is an error naming this rank."""
+
+    def __init__(self, world: World, timeout_s: float = TIMEOUT_S, backend=None):
+        import cupy
+        self.cp, self.world, self.timeout_s = cupy, world, timeout_s
+        if backend is None:
+            cupy.cuda.Device(world.local_rank).use()
+            from cupyx.distributed import NCCLBackend
+            backend = NCCLBackend(world.size, world.rank, host=world.addr, port=world.port)
+        self.backend = backend
+
+    def allreduce_(self, buf, average: bool = True):
+        """buf (a contiguous cupy array) := the sum over ranks (average: divided by their number)."""
+        self._wait(lambda stream: self.backend.all_reduce(buf, buf, "sum", stream), "an all-reduce")
+        if average and self.world.size > 1:
+            buf *= buf.dtype.type(1.0 / self.world.size)
+        return buf
+
+    def allgather(self, values: np.ndarray) -> np.ndarray:
+        """[N, *values.shape]: every rank's `values` (float64), rank order."""
+        src = self.cp.asarray(np.asarray(values, dtype=np.float64))
+        out = self.cp.zeros((self.world.size, *src.shape), src.dtype)
+        self._wait(lambda stream: self.backend.all_gather(src, out, src.size, stream), "an all-gather")
+        return self.cp.asnumpy(out)
+
+    def _wait(self, call, what: str):
+        stream = self.cp.cuda.get_current_stream()
+        call(stream)
+        done = stream.record()
+        deadline = time.monotonic() + self.timeout_s
+        while not done.done:
+            if time.monotonic() > deadline:
+                comm = getattr(self.backend, "_comm", None)     # cupyx keeps its NcclCommunicator there
+                if comm is not None:
+                    comm.abort()
+                raise RnnGraphError(f"rank {self.world.rank}: {what} waited {self.timeout_s:g} s for the other "
+                                    f"ranks; one of them stopped or is stuck; the communicator was aborted")
+            time.sleep(1e-4)
