@@ -128,3 +128,27 @@ def test_the_public_api_averages_in_place_and_checks_the_ranks_agree(state):
     comm.backend.all_gather = lambda src, dst, n, stream: dst.__setitem__(slice(None), np.stack([src, src + 1]))
     with pytest.raises(RnnGraphError, match="at step 7 rank.s. 1 hold parameters that differ from rank 0's"):
         dist.check_same({"w": np.ones(2)}, 7)
+
+
+def test_two_ranks_averaged_equal_one_process_with_every_stream(state):
+    """A mean loss over 6 streams on one process, and over 3 streams on each of two ranks: rank 0's
+    gradients after allreduce_ (the stand-in adds rank 1's flat buffer) equal the one process's, in
+    float64, for an LSTM layer's parameters."""
+    from rnngraph.nn import Recurrent
+    rng = np.random.default_rng(0)
+    x, target = rng.standard_normal((7, 6, 4)), rng.standard_normal((7, 6, 5))
+
+    def grads(streams):
+        layer = Recurrent("lstm", 4, 5, num_layers=2, dtype="float64", seed=3)
+        y, _ = layer(x[:, streams])
+        n = y.shape[1]                              # loss: mean over the streams of Σ_t,f (y - target)² / 2
+        return layer.backward((y - target[:, streams]) / n)[2]
+
+    one = grads(slice(0, 6))
+    other = grads(slice(3, 6))
+    flat = FlatGrads(np, {k: g.shape for k, g in other.items()}, {k: g.dtype for k, g in other.items()})
+    comm, _ = fake_nccl(World(0, 2), [flat.pack(other).copy()])
+    state.update(world=World(0, 2), comm=comm, flat={})
+    mine = dist.allreduce_(grads(dist.share(6)))
+    for k in one:
+        np.testing.assert_allclose(mine[k], one[k], rtol=1e-12, atol=1e-15)
