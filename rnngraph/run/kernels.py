@@ -106,11 +106,14 @@ class KernelSpec:
         """(grid, block): a thread per element."""
         return ((rows * F + 127) // 128,), (128,)
 
+    def args(self, ctype: str) -> str:
+        """The kernel's parameters: a pointer to element type ctype and a row stride per name, inputs read-only."""
+        return ("".join(f"const {ctype}* __restrict__ p_{nm}, long long s_{nm}, " for nm in self.in_names)
+                + "".join(f"{ctype}* p_{nm}, long long s_{nm}, " for nm in self.out_names))
+
     def source(self, ctype: str) -> tuple[str, str]:
         """(kernel name, CUDA source) for element type ctype (CTYPES' values)."""
-        at, mt = (lambda nm: f"p_{nm}[r * s_{nm} + f]"), math_type(ctype)
-        args = "".join(f"const {ctype}* __restrict__ p_{nm}, long long s_{nm}, " for nm in self.in_names)
-        args += "".join(f"{ctype}* p_{nm}, long long s_{nm}, " for nm in self.out_names)
+        at, mt, args = (lambda nm: f"p_{nm}[r * s_{nm} + f]"), math_type(ctype), self.args(ctype)
         lines = [f"{mt} {nm} = {at(nm)};" for nm in self.in_names]
         lines += [f"{mt} {nm} = {at(nm)};" for nm in self.out_names if nm.startswith("gm")]
         lines += self.olds(at, mt) + [ln.replace("T ", f"{mt} ") for ln in self.body] + self.writes(at)
@@ -361,8 +364,7 @@ def gemv_fused_kernel(spec: KernelSpec, gemm_nodes, offsets, ctype: str):
     from_gemm = {f"x{k}": gemm_nodes.index(key[1][0]) for k, key in enumerate(spec.inputs)
                  if key[0] == "ext" and key[1][0] in gemm_nodes and key[1][1] == 0 and key[1][2] is None}
     at = lambda nm: f"p_{nm}[r * s_{nm} + f]"
-    args = "".join(f"const {ctype}* __restrict__ p_{nm}, long long s_{nm}, " for nm in spec.in_names)
-    args += "".join(f"{ctype}* p_{nm}, long long s_{nm}, " for nm in spec.out_names)
+    args = spec.args(ctype)
     # the group's other operands are loaded first, so their latency overlaps the GEMV's
     mt = math_type(ctype)
     prefetch = [f"    {mt} {nm} = {at(nm)};" for nm in spec.in_names if nm not in from_gemm]

@@ -53,9 +53,7 @@ class RowSpec(KernelSpec):
 
     def source(self, ctype: str) -> tuple[str, str]:
         """(kernel name, CUDA source) for element type ctype (kernels.CTYPES' values)."""
-        mt, at = math_type(ctype), (lambda nm: f"p_{nm}[r * s_{nm} + f]")
-        args = "".join(f"const {ctype}* __restrict__ p_{nm}, long long s_{nm}, " for nm in self.in_names)
-        args += "".join(f"{ctype}* p_{nm}, long long s_{nm}, " for nm in self.out_names)
+        mt, at, args = math_type(ctype), (lambda nm: f"p_{nm}[r * s_{nm} + f]"), self.args(ctype)
         loaded = list(self.in_names) + [nm for nm in self.out_names if nm.startswith("gm")]
         lines = [f"{mt} {nm}[Q];" for nm in loaded]
         lines += _each_q([f"{nm}[q] = f < F ? ({mt}){at(nm)} : ({mt})0;" for nm in loaded])
