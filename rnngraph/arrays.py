@@ -106,16 +106,24 @@ def make_rng(seed=0, rng=None) -> numpy.random.Generator:
 _GOLDEN, _MIX1, _MIX2 = (numpy.uint64(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
 
 
-def dropout_mask(rng: numpy.random.Generator, shape: tuple, p: float, xp, dtype):
+def dropout_mask(rng: numpy.random.Generator, shape: tuple, p: float, xp, dtype, window=None):
     """An inverted-dropout mask of `shape` in module `xp` (numpy or cupy) and `dtype`: 0 with probability p,
     1/(1-p) otherwise. The host draws one 64-bit key from `rng`; the mask is then computed where the
     activations live, as splitmix64 of key + element index, so a GPU run moves no mask over the bus and
     numpy and cupy give the same mask from the same generator state.
 
+    window (offset, total): shape[1] is the part offset .. offset + shape[1] of a batch of `total` (one
+    rank's streams in data parallel training); the mask is that part of the whole batch's mask, so that
+    the ranks together draw what one process would.
+
     >>> m = dropout_mask(numpy.random.default_rng(0), (2, 3), 0.5, numpy, numpy.float32)   # m: [2, 3]
     >>> sorted(set(m.ravel().tolist())) in ([0.0, 2.0], [0.0], [2.0])
     True
     """
+    if window is not None:
+        offset, total = window
+        whole = dropout_mask(rng, (shape[0], total, *shape[2:]), p, xp, dtype)     # [T, total, ...]
+        return xp.ascontiguousarray(whole[:, offset:offset + shape[1]])
     n = math.prod(shape)
     key = numpy.uint64(rng.integers(0, 2**63, dtype=numpy.int64))
     z = (xp.arange((n + 1) // 2, dtype=xp.uint64) + key + numpy.uint64(1)) * _GOLDEN    # [ceil(n/2)] counters

@@ -11,6 +11,7 @@ import rnngraph.distributed as dist
 from rnngraph.arrays import float_dtype
 from rnngraph.errors import RnnGraphError
 from rnngraph.train.distributed import FlatGrads, Nccl, World, checksum, disagreeing, share
+from rnngraph.train.ranks import Ranks
 
 
 def test_the_world_comes_from_the_launchers_variables():
@@ -118,7 +119,7 @@ def test_the_public_api_is_a_no_op_for_one_process(state, monkeypatch):
 
 def test_the_public_api_averages_in_place_and_checks_the_ranks_agree(state):
     comm, _ = fake_nccl(World(0, 2), [np.array([3.0, 3.0, 3.0, 1.0])])
-    state.update(world=World(0, 2), comm=comm, flat={})
+    state.update(ranks=Ranks(World(0, 2), comm))
     grads = {"w": np.ones((1, 3)), "b": np.array([5.0])}
     w = grads["w"]
     dist.allreduce_(grads)
@@ -148,7 +149,7 @@ def test_two_ranks_averaged_equal_one_process_with_every_stream(state):
     other = grads(slice(3, 6))
     flat = FlatGrads(np, {k: g.shape for k, g in other.items()}, {k: g.dtype for k, g in other.items()})
     comm, _ = fake_nccl(World(0, 2), [flat.pack(other).copy()])
-    state.update(world=World(0, 2), comm=comm, flat={})
+    state.update(ranks=Ranks(World(0, 2), comm))
     mine = dist.allreduce_(grads(dist.share(6)))
     for k in one:
         np.testing.assert_allclose(mine[k], one[k], rtol=1e-12, atol=1e-15)

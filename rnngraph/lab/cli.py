@@ -4,12 +4,15 @@ To add a subcommand, write its two functions (in any module) and add one entry t
 Keep heavy imports (torch, cupy, matplotlib) inside `run`, so `rnngraph --help` stays fast.
 Every RnnGraphError (and MemoryError) ends the program with status 2 and one line on stderr, Ctrl-C with
 status 130 and one line saying what was kept (errors.Interrupted, or the command's `interrupted` text).
+In one rank of a data parallel run that line names the rank; a rank `rnngraph train --gpus N` started hands
+it to that launcher (lab/launch.py) instead, which prints one line for the run.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
+import os
 import sys
 from dataclasses import dataclass
 from typing import Callable
@@ -126,10 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     """Runs one subcommand; returns the exit status: 2 with one line for an RnnGraphError or MemoryError,
     130 with one line for Ctrl-C."""
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)     # what a launcher repeats for every rank
     try:
         return args.run(args) or 0
     except RnnGraphError as e:
-        return _say(f"error: {e}", 2)
+        return _say(f"error: {e}", 2, peer=type(e).__name__ == "PeerLost")
     except MemoryError as e:            # numpy's message names the size it tried to allocate
         return _say(f"error: out of memory: {e or 'an allocation failed'}; try smaller sizes", 2)
     except Interrupted as e:
@@ -138,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
         return _say(f"interrupted; {args.interrupted}", 130)
 
 
-def _say(message: str, status: int) -> int:
-    print(f"rnngraph: {' '.join(message.splitlines())}", file=sys.stderr)
+def _say(message: str, status: int, peer: bool = False) -> int:
+    message = " ".join(message.splitlines())
+    from .launch import write_fault
+    if not write_fault(message, status, peer):
+        rank = os.environ.get("RANK") if os.environ.get("WORLD_SIZE", "1") != "1" else None
+        prefix = f"rank {rank}: " if rank is not None and not message.startswith("rank ") else ""
+        print(f"rnngraph: {prefix}{message}", file=sys.stderr)
     return status

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
+import os
+from dataclasses import fields, replace
 from functools import partial
+from pathlib import Path
 
 from .options import LOOP_CHOICES, positive_int
-from ..errors import Interrupted
+from ..errors import Interrupted, RnnGraphError
 from ..train import sample
+from ..train.distributed import World, share
 from ..train.loop import TrainConfig, Trainer, config_for_resume
 
 D = TrainConfig()   # the defaults, shown in --help
@@ -51,6 +54,11 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
                    "with --resume, the checkpoint's folder)")
     r.add_argument("--checkpoint-every", type=positive_int, metavar="N",
                    help=f"write the checkpoint every N steps, and at the end (default: {D.checkpoint_every})")
+    r.add_argument("--gpus", type=positive_int, metavar="N",
+                   help="data parallel on N GPUs of this machine: one process each, NCCL, the streams split "
+                        "evenly (--streams must be a multiple of N)")
+    r.add_argument("--procs", type=positive_int, metavar="N",
+                   help="the same with N processes on the CPU (numpy), communicating through gloo (needs torch)")
     r.add_argument("--resume", metavar="CKPT", help="continue the run saved in CKPT exactly where it stopped")
     r.add_argument("--overwrite", action="store_true",
                    help="write into --out even if it holds the checkpoint and logs of another run, replacing them")
@@ -68,8 +76,20 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(**given)
 
 
-def train_run(args: argparse.Namespace) -> None:
-    trainer = Trainer(config_from_args(args), args.resume, partial(print, flush=True), args.overwrite,
+def train_run(args: argparse.Namespace) -> int | None:
+    cfg, ranks = config_from_args(args), _ranks(args)
+    if ranks > 1:
+        cfg = replace(cfg, backend="cupy" if args.gpus else "numpy")
+        if "RANK" not in os.environ:            # the launcher: start the ranks, which run the lines below
+            from .launch import check_gpus, launch
+            share(cfg.streams, World(0, ranks))                  # S must divide: say so before starting
+            if args.gpus:
+                check_gpus(ranks)
+            return launch(ranks, args.argv, Path(cfg.out))
+        if World.from_env().size != ranks:
+            raise RnnGraphError(f"--{'gpus' if args.gpus else 'procs'} {ranks} under a launcher that started "
+                                f"{World.from_env().size} ranks; give the launcher's number or drop the option")
+    trainer = Trainer(cfg, args.resume, partial(print, flush=True), args.overwrite,
                       cell_given=args.cell is not None)
     try:
         result = trainer.run()
@@ -82,12 +102,26 @@ def train_run(args: argparse.Namespace) -> None:
           f"{result.val_bpc:.3f}; checkpoint {result.checkpoint}; logs {result.log_csv}, {result.log_json}")
 
 
+def _ranks(args: argparse.Namespace) -> int:
+    """The ranks --gpus or --procs asks for (1: neither), with one line for what cannot go together."""
+    if args.gpus and args.procs:
+        raise RnnGraphError("pass --gpus N (GPUs, NCCL) or --procs N (CPU processes, gloo), not both")
+    if args.gpus and args.backend == "numpy" or args.procs and args.backend == "cupy":
+        raise RnnGraphError(f"--{'gpus' if args.gpus else 'procs'} runs on {'cupy' if args.gpus else 'numpy'}, "
+                            f"not --backend {args.backend}; use --{'procs' if args.gpus else 'gpus'} instead")
+    if args.procs and args.mode == "graph":
+        raise RnnGraphError("--procs runs on the CPU, where --mode graph does not; use --gpus for graph mode")
+    return args.gpus or args.procs or 1
+
+
 def kept(t: Trainer) -> str:
     """What a Ctrl-C leaves: the last checkpoint and how to continue it, or that nothing was saved."""
     if t.saved_step is None:
         return (f"nothing was saved yet (the first checkpoint comes at step {min(t.cfg.checkpoint_every, t.stop)});"
                 " run the same command again to start afresh")
     out = "" if t.saved_path.parent == t.out else f" --out {t.out}"
+    if t.ranks.size > 1:
+        out += f" --{'gpus' if t.lm.backend.name == 'cupy' else 'procs'} {t.ranks.size}"
     return (f"checkpoint {t.saved_path} holds step {t.saved_step}; continue with rnngraph train --resume "
             f"{t.saved_path}{out}")
 

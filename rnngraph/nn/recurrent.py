@@ -86,6 +86,7 @@ class Recurrent(Parameterized):
         self.buckets = buckets if buckets is not None or mode == "graph" else False
         self._shapes = Policy(self.buckets)
         self.rng = make_rng(seed)
+        self.stream_window = None       # (offset, total): dropout as the part of a larger batch (a rank's)
         self.training = True
         self.check_finite = False       # True: raise on NaN/inf in inputs, outputs and gradients
         self.cells = self._load_cells(cell)
@@ -212,7 +213,8 @@ class Recurrent(Parameterized):
         frames = Frames(self.backend.xp, *xt.shape[:2], lengths)
         dropout = self.dropout if self.training else 0.0
         self._last = None               # the executors' workspaces are about to change
-        y, finals = self._stack.forward(self._views, xt, init, frames, dropout, self.rng)
+        y, finals = self._stack.forward(self._views, xt, init, frames, dropout, self.rng,
+                                          None if pad else self.stream_window)
         if pad:
             y, finals = pad.unframes(y), pad.unstates(finals)
         self._last = (frames, y.shape, spread, pad)

@@ -93,10 +93,10 @@ class Stack:
         D, K = self.depths[s], len(self.runs) * self.nd
         return (K, B, self.states[s][1]) if D == 1 else (D, K, B, self.states[s][1])
 
-    def forward(self, params, x, init: dict, frames: Frames, dropout: float, rng):
+    def forward(self, params, x, init: dict, frames: Frames, dropout: float, rng, window=None):
         """params[l][d]: cell param -> array; x: [T, B, D]; init: state -> [L·dirs, B, S] (every
-        earlier frame), [D, L·dirs, B, S] (the last D frames) or None. Returns (y [T, B, dirs·F],
-        state -> final, shaped self.shape(s, B))."""
+        earlier frame), [D, L·dirs, B, S] (the last D frames) or None; window: dropout_mask's. Returns
+        (y [T, B, dirs·F], state -> final, shaped self.shape(s, B))."""
         xp, nd = self.backend.xp, self.nd
         T, B = x.shape[:2]
         finals = {s: xp.empty(self.shape(s, B), x.dtype) for s in self.states}     # every slice k is written
@@ -113,7 +113,7 @@ class Stack:
             out = frames.mask(out)
             mask = None
             if dropout > 0 and l < len(self.runs) - 1:
-                mask = dropout_mask(rng, out.shape, dropout, xp, x.dtype)   # keyed by the layer's own generator
+                mask = dropout_mask(rng, out.shape, dropout, xp, x.dtype, window)   # keyed by the layer's own generator
             self.masks.append(mask)
             inp = out if mask is None else out * mask
         return out, finals

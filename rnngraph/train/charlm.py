@@ -29,12 +29,13 @@ class Dropout:
         self.p, self.backend, self.training = p, backend, True
         self.rng = np.random.default_rng(seed)
         self.grads, self._mask = {}, None
+        self.window = None          # (offset, total): x's batch is that part of a larger one (dropout_mask)
 
     def __call__(self, x):   # x: [..., F] -> same
         if not self.training or self.p == 0:
             self._mask = None
             return x
-        self._mask = dropout_mask(self.rng, x.shape, self.p, self.backend.xp, x.dtype)
+        self._mask = dropout_mask(self.rng, x.shape, self.p, self.backend.xp, x.dtype, self.window)
         return x * self._mask
 
     def backward(self, grad_y):
@@ -184,15 +185,25 @@ class CharLM:
     def states_to_host(self, states) -> list:
         """Stream states (per module: None, an array or a tuple of arrays) as host numpy copies (half ones
         widened to float32, exactly: checkpoints store no half types)."""
-        return _map_states(states, lambda a: np.array(self.backend.to_numpy(a), dtype=np.float32 if is_half(a) else None))
+        return map_states(states, lambda a: np.array(self.backend.to_numpy(a), dtype=np.float32 if is_half(a) else None))
 
     def states_from_host(self, states) -> list:
         """The inverse of states_to_host: arrays on this model's backend, in its dtype."""
-        return _map_states(states, lambda a: self.backend.asarray(a, dtype=self.rnn.dtype))
+        return map_states(states, lambda a: self.backend.asarray(a, dtype=self.rnn.dtype))
+
+    def share_streams(self, offset: int, total: int) -> None:
+        """Calls will carry streams offset .. offset + B of `total` (a rank's share): dropout draws that part
+        of the whole batch's masks, as one process running every stream would."""
+        self.rnn.stream_window = self.drop.window = (offset, total)
 
     # -- evaluation -----------------------------------------------------------------------------
     def evaluate(self, streams) -> float:
         """Bits per character over every chunk of `streams` (a data.Streams), state carried, no dropout."""
+        total, count = self.loss_sums(streams)
+        return total / count / math.log(2)
+
+    def loss_sums(self, streams) -> tuple:
+        """(the summed cross-entropy in nats, the number of characters) over every chunk of `streams`."""
         ce = CrossEntropyLoss(reduction="sum")
         self.eval()
         total, count, states = 0.0, 0, None
@@ -204,10 +215,11 @@ class CharLM:
                 count += y.size
         finally:
             self.train()
-        return total / count / math.log(2)
+        return total, count
 
 
-def _map_states(states, fn) -> list:
+def map_states(states, fn) -> list:
+    """fn applied to every array of a model's stream states (per module: None, an array or a tuple)."""
     out = []
     for s in states:
         if s is None:

@@ -129,6 +129,10 @@ class Streams:
     def chunks(self) -> int:
         return (self.data.shape[1] - 1) // self.bptt
 
+    def part(self, which: slice) -> "Streams":
+        """Streams `which` of these (a rank's share), walked in the same chunks."""
+        return Streams(np.ascontiguousarray(self.data[which]), self.bptt)
+
     def chunk(self, k: int):
         """Chunk k as (inputs [K, S], targets [K, S]), time-major."""
         t0 = k * self.bptt

@@ -2,7 +2,8 @@
 environment variables), its share of the S streams, one flat gradient buffer all-reduced by NCCL
 (CuPy's cupyx.distributed, whose TCP store does the rendezvous) and averaged as one process with S
 streams would, a collective that waits too long turned into an error, and the parameter checksums ranks
-compare to catch a divergence.
+compare to catch a divergence. Processes on the CPU (numpy arrays) communicate through gloo instead
+(torch.distributed; torch is needed only there).
 
 The averaging rule: every rank's loss is the mean over its S/N streams and K frames, so the mean over all
 S streams is the mean of the ranks' losses, and its gradient the mean of their gradients: the sum over
@@ -124,6 +125,58 @@ def disagreeing(checksums) -> list:
     return [r for r in range(1, len(c)) if not np.array_equal(c[r], c[0])]
 
 
+class PeerLost(RnnGraphError):
+    """A collective failed or timed out: another rank stopped (its own error says why) or is stuck."""
+
+
+def communicator(world: World, gpu: bool, timeout_s: float = TIMEOUT_S):
+    """The ranks' communicator: Nccl for cupy arrays (gpu), Gloo for numpy ones; None for one process."""
+    if world.size == 1:
+        return None
+    return Nccl(world, timeout_s) if gpu else Gloo(world, timeout_s)
+
+
+class Gloo:
+    """The ranks' communicator on the CPU: gloo through torch.distributed (rank 0's TCP store at
+    world.addr:port does the rendezvous), on numpy arrays; a collective waiting longer than `timeout_s`, or
+    one whose peer closed its connection, is a PeerLost error naming this rank."""
+
+    def __init__(self, world: World, timeout_s: float = TIMEOUT_S):
+        from datetime import timedelta
+        try:
+            import torch
+            import torch.distributed as td
+        except ImportError:
+            raise RnnGraphError("processes on the CPU communicate through torch.distributed (gloo), and torch "
+                                "is not installed: pip install torch, or run on GPUs (NCCL)") from None
+        self.torch, self.td, self.world, self.timeout_s = torch, td, world, timeout_s
+        self._call(lambda: td.init_process_group("gloo", init_method=f"tcp://{world.addr}:{world.port}",
+                                                 rank=world.rank, world_size=world.size,
+                                                 timeout=timedelta(seconds=timeout_s)), "joining the ranks")
+
+    def allreduce_(self, buf, average: bool = True):
+        """buf (a contiguous numpy array) := the sum over ranks (average: divided by their number)."""
+        self._call(lambda: self.td.all_reduce(self.torch.from_numpy(buf)), "an all-reduce")
+        if average:
+            buf *= buf.dtype.type(1.0 / self.world.size)
+        return buf
+
+    def allgather(self, values: np.ndarray) -> np.ndarray:
+        """[N, *values.shape]: every rank's `values` (float64), rank order."""
+        src = self.torch.from_numpy(np.array(values, dtype=np.float64))
+        out = [self.torch.empty_like(src) for _ in range(self.world.size)]
+        self._call(lambda: self.td.all_gather(out, src), "an all-gather")
+        return np.stack([o.numpy() for o in out])
+
+    def _call(self, call, what: str):
+        try:
+            call()
+        except RuntimeError as e:      # gloo: a peer's connection closed, or the timeout passed
+            cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise PeerLost(f"rank {self.world.rank}: {what} failed ({cause[:200]}); another rank stopped or "
+                           f"is stuck (the wait limit is {self.timeout_s:g} s)") from None
+
+
 class Nccl:
     """The ranks' communicator: NCCL through cupyx.distributed (rank 0's TCP store at world.addr:port does
     the rendezvous), on this rank's GPU (world.local_rank). Each collective is waited for at most
@@ -162,6 +215,6 @@ class Nccl:
                 comm = getattr(self.backend, "_comm", None)     # cupyx keeps its NcclCommunicator there
                 if comm is not None:
                     comm.abort()
-                raise RnnGraphError(f"rank {self.world.rank}: {what} waited {self.timeout_s:g} s for the other "
+                raise PeerLost(f"rank {self.world.rank}: {what} waited {self.timeout_s:g} s for the other "
                                     f"ranks; one of them stopped or is stuck; the communicator was aborted")
             time.sleep(1e-4)

@@ -9,8 +9,6 @@ for bit on the CPU.
 """
 from __future__ import annotations
 
-import csv
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, fields, replace
@@ -26,11 +24,13 @@ from ..arrays import HALF_DTYPES
 from ..errors import RnnGraphError
 from ..nn.layers import CrossEntropyLoss
 from ..nn.optim import SGD, Adam, CosineLR, StepLR, clip_grad_norm
+from .logs import RunLog, read_log
 from .mixed import Precision
+from .ranks import CHECK_EVERY, Ranks
 from .runs import check_folder, new_run_id, out_folder
 
 VAL_STREAMS = 64   # validation reads at least this many streams (fewer calls; forward only)
-LOG_COLUMNS = ("step", "epoch", "loss", "bpc", "val_bpc", "lr", "grad_norm", "frames_per_s", "elapsed_s")
+__all__ = ["Result", "TrainConfig", "Trainer", "config_for_resume", "read_log", "train"]
 
 
 @dataclass
@@ -123,6 +123,9 @@ class Trainer:
     A resumed run runs the cell graph its checkpoint stores; with cell_given (the user named the cell
     again, `--cell`) a module:function cell is imported and must build that same graph.
 
+    Started by a launcher (`rnngraph train --gpus N`, torchrun), each process is one rank (ranks.py): it
+    trains its share of the streams, and rank 0 alone writes the checkpoints and logs and prints.
+
     Example::
 
         result = Trainer(TrainConfig(hidden=64, epochs=1)).run()
@@ -130,8 +133,9 @@ class Trainer:
     """
 
     def __init__(self, cfg: TrainConfig, resume=None, echo=print, overwrite: bool = False,
-                 cell_given: bool = False):
+                 cell_given: bool = False, ranks: Ranks | None = None):
         check_train_config(cfg)
+        self.ranks = Ranks.join(cfg.backend) if ranks is None else ranks      # before the model: its GPU
         ckpt = load_checkpoint(resume) if resume is not None else None
         if ckpt is not None:
             _check_resumable(ckpt)
@@ -140,7 +144,7 @@ class Trainer:
         cfg = replace(cfg, run_id=saved_id or cfg.run_id or new_run_id())
         if not overwrite:
             check_folder(cfg.out, cfg.run_id, ckpt)
-        self.cfg, self.echo = cfg, echo
+        self.cfg, self.echo = cfg, echo if self.ranks.rank == 0 else _quiet
         text = read_text(cfg.text)
         self.vocab = Vocab(ckpt.config["vocab"]) if ckpt else Vocab.from_text(text)
         self.digest = text_digest(text)
@@ -148,20 +152,22 @@ class Trainer:
             raise RnnGraphError(f"the text {cfg.text or '(bundled)'} differs from the one checkpoint {ckpt.path} "
                                 "was trained on; pass the same --text to resume")
         train_ids, val_ids = split(self.vocab.encode(text), cfg.val_fraction)
-        self.data = make_streams(train_ids, cfg.streams, cfg.bptt)
-        self.val = validation_streams(val_ids, max(cfg.streams, VAL_STREAMS), cfg.bptt)
+        self.data = make_streams(train_ids, cfg.streams, cfg.bptt).part(self.ranks.mine(cfg.streams))
+        val = validation_streams(val_ids, max(cfg.streams, VAL_STREAMS), cfg.bptt)
+        self.val = val.part(self.ranks.part(val.streams))
         self.model_config = {**{k: getattr(cfg, k) for k in MODEL_KEYS}, "vocab_size": len(self.vocab),
                              "seed": cfg.seed}
         if ckpt is not None:
             check_stored_cell(ckpt.config["model"], ckpt.path, cell_given)
         self.lm = CharLM(ckpt.config["model"] if ckpt else self.model_config, cfg.backend, cfg.mode, cfg.loop)
+        if self.ranks.size > 1:
+            self.lm.share_streams(self.ranks.mine(cfg.streams).start, cfg.streams)
         self.text_file = None if cfg.text is None else str(Path(cfg.text).resolve())   # found from any cwd
         self.precision = Precision(self.lm.parameters(), cfg.dtype) if cfg.dtype in HALF_DTYPES else None
         self.opt = make_optimizer(cfg, self.lm.parameters() if self.precision is None else self.precision.masters)
         self.ce = CrossEntropyLoss()
         self.out = Path(cfg.out)
-        self.ckpt_path, self.csv_path, self.json_path = (self.out / "checkpoint.npz", self.out / "log.csv",
-                                                         self.out / "log.json")
+        self.logs, self.ckpt_path = RunLog(self.out), self.out / "checkpoint.npz"
         self.schedule_steps = cfg.epochs * self.data.chunks
         self.step, self.states, self.history, self.elapsed = 0, None, [], 0.0
         self.saved_step = self.saved_path = None
@@ -171,13 +177,19 @@ class Trainer:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save(self) -> Path:
-        """Writes the checkpoint (atomically) and the JSON log; refuses non-finite weights."""
+        """Writes the checkpoint (atomically) and the JSON log; refuses non-finite weights. Every rank calls
+        it (it gathers every stream's state and compares checksums); rank 0 writes."""
         for name, p in self.lm.parameters().items():
             if not bool(self.lm.xp.isfinite(p).all()):
                 raise RnnGraphError(f"parameter {name} is not finite after step {self.step}; "
                                     f"{self._kept()} try a lower --lr or --clip")
+        states = None if self.states is None else self.ranks.gather_states(self.lm.states_to_host(self.states))
+        self.check_ranks()
+        self.saved_step, self.saved_path = self.step, self.ckpt_path
+        if self.ranks.rank > 0:
+            return self.ckpt_path
         opt_meta, opt_arrays = pack_optimizer(self.opt.state_dict())
-        st_meta, st_arrays = (None, {}) if self.states is None else pack_states(self.lm.states_to_host(self.states))
+        st_meta, st_arrays = (None, {}) if states is None else pack_states(states)
         run = {**asdict(self.cfg), "text": self.text_file}
         config = {"model": self.lm.config, "vocab": self.vocab.chars, "train": run,
                   "text_sha256": self.digest, "step": self.step, "elapsed_s": self.elapsed,
@@ -187,9 +199,15 @@ class Trainer:
         weights = self.lm.state_dict() if self.precision is None else self.precision.masters     # float32 masters
         arrays = {f"model/{k}": self.lm.backend.to_numpy(v) for k, v in weights.items()}
         save_checkpoint(self.ckpt_path, config, {**arrays, **opt_arrays, **st_arrays})
-        self.saved_step, self.saved_path = self.step, self.ckpt_path
-        self._write_json()
+        self.logs.write_json(asdict(self.cfg), self.model_config, self.lm.backend.name, self.history)
         return self.ckpt_path
+
+    def check_ranks(self) -> None:
+        """Every rank must hold the same parameters: an error naming those that differ from rank 0's."""
+        bad = self.ranks.check_same(self.lm.parameters(), self.step, self.lm.xp)
+        if bad:
+            raise RnnGraphError(f"at step {self.step} rank(s) {', '.join(map(str, bad))} hold parameters that "
+                                f"differ from rank 0's; {self._kept()} resume from it")
 
     def _restore(self, ckpt) -> None:
         c = ckpt.config
@@ -200,7 +218,8 @@ class Trainer:
             self.opt.load_state_dict(unpack_optimizer(c["optimizer"], ckpt.arrays))
             self.lm.set_rng_states(c["rng"])
             if c["states"] is not None:
-                self.states = self.lm.states_from_host(unpack_states(c["states"], ckpt.arrays))
+                every = unpack_states(c["states"], ckpt.arrays)                  # [..., S, H] per array
+                self.states = self.lm.states_from_host(self.ranks.my_states(every, self.cfg.streams))
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, RnnGraphError):
                 raise RnnGraphError(f"checkpoint {ckpt.path} does not match the requested model: {e}") from None
@@ -226,14 +245,16 @@ class Trainer:
         if k == 0:
             self.states = None                                  # every epoch starts the streams afresh
         x, y = self.data.chunk(k)                               # [K, S] each
-        logits, self.states = self.lm(x, self.states)           # [K, S, V]
-        loss = float(self.ce(logits, self.lm.xp.asarray(y)))
+        logits, self.states = self.lm(x, self.states)           # [K, S/N, V]: this rank's streams
+        loss = self.ranks.mean(float(self.ce(logits, self.lm.xp.asarray(y))))
         n = self.step + 1
         if not math.isfinite(loss):
             raise RnnGraphError(f"the training loss is {loss} at step {n} (epoch {self.step // chunks + 1}); "
                                 f"stopped before updating the weights; {self._kept()} try a lower --lr or --clip")
-        grads = (self.lm.backward(self.ce.backward()) if self.precision is None    # None: float16 overflowed,
-                 else self.precision.backward(self.lm, self.ce.backward(), n, self.echo))   # the step is skipped
+        grads = self.ranks.average(self.lm.backward(self.ce.backward()) if self.precision is None
+                                   else self.precision.backward(self.lm, self.ce.backward()))
+        if self.precision is not None:       # None: float16 overflowed (on any rank), the step is skipped
+            grads = self.precision.check(grads, n, self.echo)
         norm = math.inf if grads is None else float(clip_grad_norm(grads, self.cfg.clip) if self.cfg.clip > 0
                                                      else _norm(grads))
         if grads is not None:
@@ -249,7 +270,7 @@ class Trainer:
         self.elapsed += dt
         return {"step": n, "epoch": self.step_epoch(n), "loss": loss, "bpc": loss / math.log(2),
                 "val_bpc": None, "lr": self.opt.lr, "grad_norm": norm,
-                "frames_per_s": self.data.bptt * self.data.streams / dt, "elapsed_s": self.elapsed}
+                "frames_per_s": self.data.bptt * self.cfg.streams / dt, "elapsed_s": self.elapsed}
 
     def step_epoch(self, n: int) -> float:
         """Epochs done after n steps (fractional)."""
@@ -257,9 +278,9 @@ class Trainer:
 
     def validate(self) -> float:
         t0 = time.perf_counter()
-        bpc = self.lm.evaluate(self.val)
+        total, count = self.ranks.sums(self.lm.loss_sums(self.val) if self.val.streams else (0.0, 0))
         self.elapsed += time.perf_counter() - t0
-        return bpc
+        return float(total / count / math.log(2))
 
     # -- the loop -------------------------------------------------------------------------------
     @property
@@ -274,12 +295,15 @@ class Trainer:
         cfg, chunks, stop, start = self.cfg, self.data.chunks, self.stop, self.step
         if start >= stop:
             return self._result(0)
-        self._start_logs()
-        self.echo(f"{self.lm.rnn!r}, {self.lm.count_parameters():,} parameters; {self.data.streams} streams "
+        lead = self.ranks.rank == 0
+        if lead:
+            self.logs.open(self.history)
+        over = f" over {self.ranks.size} ranks" if self.ranks.size > 1 else ""
+        self.echo(f"{self.lm.rnn!r}, {self.lm.count_parameters():,} parameters; {cfg.streams} streams{over} "
                   f"× {self.data.data.shape[1]:,} characters, bptt {self.data.bptt}, {chunks} steps per epoch")
         from tqdm import tqdm
         bar = tqdm(total=stop, initial=min(self.step, stop), unit="step",
-                   disable=None if cfg.progress is None else not cfg.progress,
+                   disable=(None if cfg.progress is None else not cfg.progress) if lead else True,
                    dynamic_ncols=True, leave=False)
         rate, shown = None, time.monotonic()
         try:
@@ -293,7 +317,11 @@ class Trainer:
                 if self.step % chunks == 0 or self.step == stop:
                     row["val_bpc"] = self.validate()
                     (self.echo if bar.disable else bar.write)(self._epoch_line(row, rate))
-                self._log(row)
+                self.history.append(row)
+                if lead:
+                    self.logs.add(row)
+                if self.step % CHECK_EVERY == 0:
+                    self.check_ranks()
                 bar.set_postfix({"loss": f"{row['loss']:.3f}", "bpc": f"{row['bpc']:.3f}",
                                  "frames/s": f"{rate:,.0f}"}, refresh=False)
                 bar.update(1)
@@ -301,7 +329,7 @@ class Trainer:
                     self.save()
         finally:
             bar.close()
-            self._csv.close()
+            self.logs.close()
         if self.saved_step != self.step:
             self.save()
         return self._result(self.step - start)
@@ -309,37 +337,11 @@ class Trainer:
     def _result(self, trained: int) -> Result:
         vals = [r["val_bpc"] for r in self.history if r["val_bpc"] is not None]
         return Result(self.history, vals[-1] if vals else float("nan"), self.elapsed, self.saved_path,
-                      self.csv_path, self.json_path, self.lm.backend.name, self.step, trained)
+                      self.logs.csv_path, self.logs.json_path, self.lm.backend.name, self.step, trained)
 
     def _epoch_line(self, row: dict, rate: float) -> str:
         return (f"epoch {self.step_epoch(self.step):.2f}: step {self.step}, train bpc {row['bpc']:.3f}, "
                 f"validation bpc {row['val_bpc']:.3f}, {rate:,.0f} frames/s, {self.elapsed:.0f} s")
-
-    # -- logs -----------------------------------------------------------------------------------
-    def _start_logs(self) -> None:
-        """Opens log.csv, rewritten from the history so far (a resumed run drops rows past its checkpoint)."""
-        try:
-            self.out.mkdir(parents=True, exist_ok=True)
-            self._csv = open(self.csv_path, "w", newline="")
-        except OSError as e:
-            raise RnnGraphError(f"cannot write the training log {self.csv_path}: {e.strerror or e}") from None
-        self._writer = csv.DictWriter(self._csv, LOG_COLUMNS)
-        self._writer.writeheader()
-        for row in self.history:
-            self._writer.writerow(_csv_row(row))
-        self._csv.flush()
-
-    def _log(self, row: dict) -> None:
-        self.history.append(row)
-        self._writer.writerow(_csv_row(row))
-        self._csv.flush()
-
-    def _write_json(self) -> None:
-        body = {"config": asdict(self.cfg), "model": self.model_config, "backend": self.lm.backend.name,
-                "columns": list(LOG_COLUMNS), "rows": [[r[c] for c in LOG_COLUMNS] for r in self.history]}
-        tmp = self.json_path.with_name(self.json_path.name + ".tmp")
-        tmp.write_text(json.dumps(body))
-        tmp.replace(self.json_path)
 
 
 def train(cfg: TrainConfig, resume=None, echo=print, overwrite: bool = False) -> Result:
@@ -376,24 +378,5 @@ def _norm(grads: dict) -> float:
     return math.sqrt(sum(float((g * g).sum()) for g in grads.values()))
 
 
-def _csv_row(row: dict) -> dict:
-    return {k: ("" if row[k] is None else repr(row[k]) if isinstance(row[k], float) else row[k])
-            for k in LOG_COLUMNS}
-
-
-def read_log(path) -> dict:
-    """A run's log (log.csv or log.json, or the folder holding them) as column -> numpy array (NaN for
-    missing validation entries)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "log.csv"
-    try:
-        if path.suffix == ".json":
-            body = json.loads(path.read_text())
-            rows = [dict(zip(body["columns"], r)) for r in body["rows"]]
-        else:
-            with open(path, newline="") as f:
-                rows = list(csv.DictReader(f))
-    except (OSError, ValueError, KeyError) as e:
-        raise RnnGraphError(f"cannot read training log {path}: {e}") from None
-    return {c: np.array([np.nan if r.get(c) in (None, "") else float(r[c]) for r in rows]) for c in LOG_COLUMNS}
+def _quiet(*args, **kwargs) -> None:
+    """The echo of ranks other than 0: they print nothing."""

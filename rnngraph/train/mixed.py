@@ -34,19 +34,22 @@ class Precision:
         self.scaling = dtype == "float16"
         self.scale, self.interval, self.good, self.skipped = (scale if self.scaling else 1.0), interval, 0, 0
 
-    def backward(self, model, grad_loss, step: int, echo) -> dict | None:
+    def backward(self, model, grad_loss) -> dict:
         """The model's backward from the loss's gradient (times the loss scale), as float32 gradients of the
-        masters (unscaled); None when float16 overflowed: the step is then skipped (said through echo)
-        and the scale halved."""
+        masters (unscaled; with float16 possibly not finite: `check` them, after any all-reduce)."""
         grads = model.backward(grad_loss * self.scale if self.scaling else grad_loss)
-        out = {k: g.astype(np.float32) / self.scale if self.scaling else g.astype(np.float32)
-               for k, g in grads.items()}
-        if self.scaling and not all(bool(np.isfinite(g).all()) for g in out.values()):
+        return {k: g.astype(np.float32) / self.scale if self.scaling else g.astype(np.float32)
+                for k, g in grads.items()}
+
+    def check(self, grads: dict, step: int, echo) -> dict | None:
+        """grads, or None when float16 overflowed: the step is then skipped (said through echo) and the
+        scale halved. Ranks decide on their all-reduced gradients, so they all skip the same steps."""
+        if self.scaling and not all(bool(np.isfinite(g).all()) for g in grads.values()):
             self.scale, self.good, self.skipped = self.scale / 2, 0, self.skipped + 1
             echo(f"step {step}: the float16 gradients overflowed; no update, the loss scale is now "
                  f"{self.scale:g} ({self.skipped} steps skipped so far)")
             return None
-        return out
+        return grads
 
     def stepped(self) -> None:
         """After the optimiser's step: the masters rounded into the half parameters; the scale grows."""
