@@ -38,7 +38,7 @@ def test_an_incomplete_or_inconsistent_environment_is_one_error(env, says):
 def test_streams_split_evenly_and_cover_every_stream_once():
     parts = [share(64, World(r, 4)) for r in range(4)]
     assert [(p.start, p.stop) for p in parts] == [(0, 16), (16, 32), (32, 48), (48, 64)]
-    with pytest.raises(RnnGraphError, match="10 streams do not split evenly over 4 GPUs; pass --streams 8 or 12"):
+    with pytest.raises(RnnGraphError, match="10 streams do not split evenly over 4 ranks; pass --streams 8 or 12"):
         share(10, World(0, 4))
     with pytest.raises(RnnGraphError, match="pass --streams 4 "):
         share(3, World(0, 4))

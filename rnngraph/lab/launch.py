@@ -66,9 +66,7 @@ def launch(n: int, argv: list, out: Path) -> int:
         try:
             failed = _watch(procs, faults)
         except KeyboardInterrupt:
-            for p in procs:
-                _signal(p, signal.SIGINT)
-            _stop(procs, 2 * GRACE_S)
+            _stop(procs, 2 * GRACE_S, signal.SIGINT)
             fault = _fault(faults, 0)
             raise Interrupted(fault["message"].removeprefix("interrupted; ") if fault else
                               f"the ranks were stopped; the last checkpoint in {out} is intact") from None
@@ -98,11 +96,12 @@ def _watch(procs: list, faults: Path) -> int | None:
         time.sleep(POLL_S)
 
 
-def _stop(procs: list, grace_s: float) -> None:
-    """SIGTERM to the ranks still running (none when grace_s is 0: straight to SIGKILL), SIGKILL after grace_s."""
+def _stop(procs: list, grace_s: float, first=signal.SIGTERM) -> None:
+    """`first` (SIGTERM; SIGINT: Ctrl-C, passed on) to the ranks still running, SIGKILL to those left after
+    grace_s (at once when grace_s is 0)."""
     if grace_s:
         for p in procs:
-            _signal(p, signal.SIGTERM)
+            _signal(p, first)
         deadline = time.monotonic() + grace_s
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
             time.sleep(POLL_S)

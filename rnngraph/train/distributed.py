@@ -70,7 +70,7 @@ def share(streams: int, world: World) -> slice:
     """The streams this rank trains: S/N consecutive ones (rank r: r·S/N up to (r+1)·S/N); S must divide."""
     if streams % world.size:
         fits = [k * world.size for k in (streams // world.size, streams // world.size + 1) if k]
-        raise RnnGraphError(f"{streams} streams do not split evenly over {world.size} GPUs; pass --streams "
+        raise RnnGraphError(f"{streams} streams do not split evenly over {world.size} ranks; pass --streams "
                             f"{' or '.join(map(str, fits))} (a multiple of {world.size})")
     n = streams // world.size
     return slice(world.rank * n, (world.rank + 1) * n)
