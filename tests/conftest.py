@@ -11,14 +11,25 @@ def _gpu_problem():
     return gpu_problem()
 
 
+@functools.lru_cache(maxsize=None)
+def _gpus() -> int:
+    if _gpu_problem():
+        return 0
+    import cupy
+    return cupy.cuda.runtime.getDeviceCount()
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a usable CUDA GPU and cupy (skipped otherwise)")
+    config.addinivalue_line("markers", "gpus2: needs two or more GPUs (skipped otherwise; run with -m gpu)")
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and _gpu_problem():
             item.add_marker(pytest.mark.skip(reason=f"no usable GPU: {_gpu_problem()}"))
+        elif "gpus2" in item.keywords and _gpus() < 2:
+            item.add_marker(pytest.mark.skip(reason=f"needs 2 GPUs, {_gpus()} visible"))
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -98,7 +98,10 @@ def train_run(args: argparse.Namespace) -> int | None:
     if not result.trained:
         print(nothing_trained(trainer))
         return
-    print(f"done: {result.steps} steps on {result.backend} in {result.seconds:.0f} s; validation bpc "
+    ranks = trainer.ranks
+    over = (f" × {ranks.size} ranks (the gradients' all-reduce: {1e3 * ranks.reduce_s / ranks.reduces:.2f} ms a "
+            "step)" if ranks.reduces else "")
+    print(f"done: {result.steps} steps on {result.backend}{over} in {result.seconds:.0f} s; validation bpc "
           f"{result.val_bpc:.3f}; checkpoint {result.checkpoint}; logs {result.log_csv}, {result.log_json}")
 
 

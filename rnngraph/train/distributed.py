@@ -188,7 +188,11 @@ class Nccl:
         if backend is None:
             cupy.cuda.Device(world.local_rank).use()
             from cupyx.distributed import NCCLBackend
-            backend = NCCLBackend(world.size, world.rank, host=world.addr, port=world.port)
+            try:
+                backend = NCCLBackend(world.size, world.rank, host=world.addr, port=world.port)
+            except Exception as e:              # NCCL's and the TCP store's own errors
+                raise PeerLost(f"rank {world.rank}: NCCL could not join the {world.size} ranks on GPU "
+                               f"{world.local_rank} ({type(e).__name__}: {str(e)[:200]})") from None
         self.backend = backend
 
     def allreduce_(self, buf, average: bool = True):
