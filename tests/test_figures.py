@@ -15,7 +15,7 @@ from rnngraph.lab import figures
 from rnngraph.lab.cli import main
 from rnngraph.lab.experiments import EXPERIMENTS
 from rnngraph.lab.figures import _training_curves, build_figures, draw_figures, headline_table
-from rnngraph.train.loop import LOG_COLUMNS
+from rnngraph.train.logs import LOG_COLUMNS
 
 QUICK = Path(__file__).resolve().parents[1] / "experiments" / "results" / "quick"
 PNG, PDF = b"\x89PNG\r\n\x1a\n", b"%PDF"

@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 
 from . import style
 from ..errors import RnnGraphError
-from ..train.loop import read_log
+from ..train.logs import read_log
 
 
 def _smooth(y: np.ndarray, window: int) -> np.ndarray:

@@ -11,6 +11,7 @@ ranks (the all-reduce) divided by N.
 """
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import time
@@ -153,6 +154,12 @@ class Gloo:
         self._call(lambda: td.init_process_group("gloo", init_method=f"tcp://{world.addr}:{world.port}",
                                                  rank=world.rank, world_size=world.size,
                                                  timeout=timedelta(seconds=timeout_s)), "joining the ranks")
+        atexit.register(self.close)     # a process group left to the interpreter's exit aborts it (SIGABRT)
+
+    def close(self) -> None:
+        """Leaves the ranks (once; also at exit)."""
+        if self.td.is_initialized():
+            self.td.destroy_process_group()
 
     def allreduce_(self, buf, average: bool = True):
         """buf (a contiguous numpy array) := the sum over ranks (average: divided by their number)."""
