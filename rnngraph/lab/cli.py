@@ -147,6 +147,7 @@ def _say(message: str, status: int, peer: bool = False) -> int:
     from .launch import write_fault
     if not write_fault(message, status, peer):
         rank = os.environ.get("RANK") if os.environ.get("WORLD_SIZE", "1") != "1" else None
-        prefix = f"rank {rank}: " if rank is not None and not message.startswith("rank ") else ""
+        named = message.removeprefix("error: ").startswith("rank ")      # a collective's error names it already
+        prefix = f"rank {rank}: " if rank is not None and not named else ""
         print(f"rnngraph: {prefix}{message}", file=sys.stderr)
     return status
