@@ -9,7 +9,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rnngraph"
 # Lowest first. A module's floor is its longest matching prefix; the facade rnngraph/__init__ sits on top.
 FLOORS = ("version", "errors", "arrays", "ir", "plan", "run", "run.kernels", "run.row_kernels", "run.loop_kernels", "run.persistent_phases",
           "run.persistent_kernels",
-          "run.backends", "run.workspace", "run.executor",
+          "run.backends", "run.workspace", "run.chunks", "run.executor",
           "nn", "torch", "train", "distributed", "lab")
 
 

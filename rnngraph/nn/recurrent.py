@@ -99,7 +99,7 @@ class Recurrent(Parameterized):
                         for per_l in self._layout for per_d in per_l for name, shape, _ in per_d}
         self._views = self._cell_params()   # stable objects: the executor uses parameters in place
         self._last = None
-        self._gather = None             # (workspace serials, per (layer, direction) gradient gather indices)
+        self._gather = {}               # gradient sources' keys -> per (layer, direction) gather indices
         chk.resolve_init(init, _INIT)(self)
 
     # the loop strategy the last call ran (before any, the plan's), and why 'persistent' ran as 'stages'
@@ -152,14 +152,17 @@ class Recurrent(Parameterized):
         """PyTorch-layout gradients, fresh (g is a workspace view): consecutive blocks of one new buffer,
         self.grad_flat [Σ sizes] in parameters() order, filled by one gather per (layer, direction) from
         its workspace's gradient arena; grads[l][d]: cell param -> view of that arena."""
-        xp, spaces = self.backend.xp, self._stack.workspaces()
-        key = tuple(ws.serial for ws in spaces)
-        if self._gather is None or self._gather[0] != key:
-            self._gather = (key, self._gather_plan(grads, [ws.grad_arena for ws in spaces]))
-        self.grad_flat = xp.empty(sum(len(idx) for idx in self._gather[1]), self.dtype)
+        xp, sources = self.backend.xp, self._stack.grad_sources()
+        key = tuple(k for k, _ in sources)
+        if key not in self._gather:     # a few: whole calls and chunked calls alternate
+            self._gather[key] = self._gather_plan(grads, [buf for _, buf in sources])
+            while len(self._gather) > 4:
+                self._gather.pop(next(iter(self._gather)))
+        plan = self._gather[key]
+        self.grad_flat = xp.empty(sum(len(idx) for idx in plan), self.dtype)
         off = 0
-        for ws, idx in zip(spaces, self._gather[1]):
-            xp.take(ws.grad_arena, idx, out=self.grad_flat[off:off + len(idx)])
+        for (_, buf), idx in zip(sources, plan):
+            xp.take(buf, idx, out=self.grad_flat[off:off + len(idx)])
             off += len(idx)
         out, off = {}, 0
         for name, p in self._params.items():

@@ -84,9 +84,9 @@ class Stack:
         self.depths = cells[0].depths           # name -> frames carried (1: PyTorch's [L·dirs, B, S])
         self.masks: list = []
 
-    def workspaces(self) -> list:
-        """The workspace each (layer, direction) ran in last, in parameters() order."""
-        return [run.ex.ws for layer in self.runs for run in layer]
+    def grad_sources(self) -> list:
+        """Per (layer, direction), in parameters() order: Executor.grad_source of its last backward."""
+        return [run.ex.grad_source for layer in self.runs for run in layer]
 
     def shape(self, s: str, B: int) -> tuple:
         """The shape of state s: [L·dirs, B, S], or [D, L·dirs, B, S] when the cell reads D ≥ 2 frames back."""

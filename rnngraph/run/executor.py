@@ -20,6 +20,7 @@ from ..plan.items import (ElementwiseLoop, Fused, FusedGrad, Gemm, GemmGrad, Pai
 from ..plan.schedule import Schedule, build_schedule
 from .backends import check_mode
 from .backends.base import run_fused_backward, run_fused_forward, run_param_grad, scan_backward, scan_forward
+from .chunks import Chunked
 from .workspace import ALL, SERIAL, Arenas, Workspace
 
 
@@ -36,7 +37,8 @@ class Executor:
 
     max_workspaces = 1024    # views into the shared arenas: cheap; the backend bounds the recorded graphs
 
-    def __init__(self, cell, backend, mode: str = "staged", schedule: Schedule | None = None, loop: str = "auto"):
+    def __init__(self, cell, backend, mode: str = "staged", schedule: Schedule | None = None, loop: str = "auto",
+                 chunk: int | None = None):
         check_mode(mode, backend)
         self.cell, self.backend, self.mode = cell, backend, mode
         if schedule is None:
@@ -56,6 +58,8 @@ class Executor:
         self.ws: Workspace | None = None
         self.serial = next(SERIAL)
         self.loop_runs, self.loop_note = schedule.loop_strategy, None
+        self.chunk = chunk          # frames per chunk of a longer call; None: the backend's chunk_frames; 0: never
+        self.chunks, self.chunked = None, False
 
     def workspace(self, T: int, B: int, dtype) -> Workspace:
         """The workspace for (T, B, dtype), carved from this executor's arenas (made on first use, or again
@@ -74,6 +78,14 @@ class Executor:
         return ws
 
     @property
+    def grad_source(self) -> tuple:
+        """(a key that changes whenever the buffer does, the flat buffer [N] the last backward's parameter
+        gradients are views of): the workspace's gradient arena, or the chunks' own buffer."""
+        if self.chunked:
+            return ("chunks", self.serial, self.chunks.bufs.generation), self.chunks.grad_flat
+        return self.ws.serial, self.ws.grad_arena
+
+    @property
     def whole_capture(self) -> bool:
         """Whether the backend records whole forward/backward bodies (else only the time loops)."""
         return self.backend.records == "all" and self.sched.capture_problem is None
@@ -83,9 +95,31 @@ class Executor:
         """params: name -> array; inputs: name -> [T, B, F]; init: state -> [B, F] (every earlier
         frame holds it), [D, B, F] (the D frames before this call, oldest first; D = cell.depths[s])
         or None (zeros). Returns (outputs: name -> [T, B, F], finals: state -> its last D frames,
-        [B, F] where D is 1 and [D, B, F] otherwise), views into the workspace that the next call
-        overwrites; finals end at each sequence's own last frame when lengths [B] is given.
-        Parameters are used in place, not copied."""
+        [B, F] where D is 1 and [D, B, F] otherwise), views that the next call overwrites; finals end
+        at each sequence's own last frame when lengths [B] is given. Parameters are used in place, not
+        copied. T longer than the executor's chunk runs in chunks of that many frames (chunks.py)."""
+        T = inputs[next(iter(self.cell.inputs))].shape[0]
+        K = self.backend.chunk_frames if self.chunk is None else self.chunk
+        self.chunked = bool(K) and T > K
+        if self.chunked:
+            if self.chunks is None or self.chunks.K != K:
+                self.chunks = Chunked(self, K)
+            return self.chunks.forward(params, inputs, init, lengths)
+        return self._forward(params, inputs, init, lengths)
+
+    def backward(self, grad_outputs: dict, grad_finals: dict | None = None):
+        """grad_outputs: name -> [T, B, F] (or None); grad_finals: state -> [B, F] (the last frame),
+        [D, B, F] (shaped like finals) or None. Returns (grad_inputs: name -> [T, B, F], grad_init:
+        state -> [B, F] or [D, B, F] like finals, grad_params: name -> array), views that the next
+        call overwrites."""
+        if self.ws is None:
+            raise RnnGraphError("backward() called before forward()")
+        if self.chunked:
+            return self.chunks.backward(grad_outputs, grad_finals)
+        return self._backward(grad_outputs, grad_finals)
+
+    def _forward(self, params: dict, inputs: dict, init: dict, lengths=None):
+        """forward() in one workspace: outputs and finals are views into it."""
         cell, xp = self.cell, self.backend.xp
         x0 = inputs[next(iter(cell.inputs))]
         ws = self.ws = self.workspace(x0.shape[0], x0.shape[1], x0.dtype)
@@ -110,14 +144,9 @@ class Executor:
         finals = {s: ws.vals[p][self._last_rows(cell.depths[s])] for s, (p, _) in cell.states.items()}
         return outputs, finals
 
-    def backward(self, grad_outputs: dict, grad_finals: dict | None = None):
-        """grad_outputs: name -> [T, B, F] (or None); grad_finals: state -> [B, F] (the last frame),
-        [D, B, F] (shaped like finals) or None. Returns (grad_inputs: name -> [T, B, F], grad_init:
-        state -> [B, F] or [D, B, F] like finals, grad_params: name -> array), views into the
-        workspace that the next call overwrites."""
+    def _backward(self, grad_outputs: dict, grad_finals: dict | None = None):
+        """backward() of the last _forward, in its workspace: the results are views into it."""
         cell, ws = self.cell, self.ws
-        if ws is None:
-            raise RnnGraphError("backward() called before forward()")
         ws.grad_arena.fill(0)
         for o, g in (grad_outputs or {}).items():
             if g is not None:           # the arena is zero: a copy is the sum

@@ -40,8 +40,8 @@ class Workspace:
                    if cell.op(n).kind is not OpKind.PARAM and n not in {m for it in gemms for m in it.nodes}]
         wblocks = [((sum(it.sizes), cell.op(it.operand).size), it) for it in gemms]
         pblocks = [(cell.params[p], p) for p in cell.params]
-        _, vals = _carve(arenas, "values", dtype, [s for s, _ in blocks + wblocks])
-        self.grad_arena, grads = _carve(arenas, "grads", dtype, [s for s, _ in blocks + wblocks + pblocks])
+        self.val_arena, vals = carve(arenas, "values", dtype, [s for s, _ in blocks + wblocks])
+        self.grad_arena, grads = carve(arenas, "grads", dtype, [s for s, _ in blocks + wblocks + pblocks])
         self.generation = arenas.generation
         for (_, key), v, g in zip(blocks + wblocks + pblocks, vals + [None] * len(pblocks), grads):
             if isinstance(key, Gemm) and v.ndim == 3:
@@ -121,7 +121,7 @@ class Arenas:
         return sum(b.nbytes for b in self.bufs.values())
 
 
-def _carve(arenas: Arenas, kind: str, dtype, shapes):
+def carve(arenas: Arenas, kind: str, dtype, shapes):
     """(flat [Σ sizes], views of the given shapes cut from it), the flat part taken from `arenas`."""
     sizes = [int(math.prod(s)) for s in shapes]
     flat = arenas.take(kind, sum(sizes), dtype)

@@ -21,6 +21,7 @@ class ArrayBackend:
     xp = None
     records = None      # what the backend records as CUDA graphs: None, "all" (whole bodies) or "loops"
     loops = frozenset({"stages"})   # the loop strategies it runs
+    chunk_frames = 0    # executors run longer calls in chunks of this many frames (run/chunks.py); 0: never
 
     @property
     def auto_loops(self) -> frozenset:

@@ -1,0 +1,75 @@
+"""Time in chunks (rnngraph/run/chunks.py): a call longer than K frames runs as chunks of at most K
+frames, each in the workspace of its own length, its values set aside for the backward. On the numpy
+backend in float64, chunked calls give what whole calls give (outputs, final states, every gradient)
+for every built-in cell and a cell reading 3 frames back, whole and ragged batches, and the buffers
+stop growing after the longest call."""
+import numpy as np
+import pytest
+
+from rnngraph.ir.cells import CELLS
+from rnngraph.nn import Recurrent
+from rnngraph.run.backends import get_backend
+from rnngraph.run.chunks import Chunked
+from rnngraph.run.executor import Executor
+from rnngraph.ir.cells import load_cell
+from test_buckets import close, run
+from test_history import skip_cell
+
+K = 4
+LENGTHS = [1, K - 1, K, K + 1, 3 * K + 2]
+
+
+def pair(cell, **kw):
+    """(a layer running whole calls, one running chunks of K frames), with the same weights."""
+    kw = dict(num_layers=2, bidirectional=True, dtype="float64", seed=3, buckets=False, **kw)
+    whole, chunked = Recurrent(cell, 3, 5, **kw), Recurrent(cell, 3, 5, **kw)
+    chunked.backend.chunk_frames = K
+    return whole, chunked
+
+
+def call(layer, x, lengths, rng):
+    y, fin = layer(x, None, lengths)
+    fins = fin if isinstance(fin, tuple) else (fin,)
+    state = tuple(rng.standard_normal(f.shape) for f in fins)
+    gstate = tuple(rng.standard_normal(f.shape) for f in fins)
+    return (state if len(state) > 1 else state[0]), rng.standard_normal(y.shape), (gstate if len(gstate) > 1 else gstate[0])
+
+
+@pytest.mark.parametrize("cell", list(CELLS) + [skip_cell])
+@pytest.mark.parametrize("ragged", [False, True])
+def test_chunked_calls_equal_whole_calls(cell, ragged):
+    whole, chunked = pair(cell)
+    for T in LENGTHS:
+        rng = np.random.default_rng(T)
+        x = rng.standard_normal((T, 3, 3))
+        lengths = np.array([T, rng.integers(0, T + 1), max(T - K - 1, 0)]) if ragged else None
+        state, gy, gstate = call(whole, x, lengths, rng)
+        got = run(chunked, x, state, lengths, gy, gstate)
+        for a, b in zip(got, run(whole, x, state, lengths, gy, gstate), strict=True):
+            close(a, b)
+        assert chunked._stack.runs[0][0].ex.chunked == (T > K)
+
+
+def test_the_spans_and_a_shorter_call_reusing_the_buffers():
+    cell = load_cell("lstm", 3, 5)
+    ex = Executor(cell, get_backend("numpy"), chunk=K)
+    assert Chunked(ex, K).spans(3 * K + 2) == [(0, K), (K, K), (2 * K, K), (3 * K, 2)]
+    assert Chunked(ex, K).spans(K) == [(0, K)]
+    params = {n: np.random.default_rng(0).standard_normal(s) for n, s in cell.params.items()}
+    held = []
+    for T in (4 * K + 3, 2 * K + 1, 3 * K, 4 * K + 3):
+        x = np.ones((T, 2, 3))
+        ex.forward(params, {"x": x}, {})
+        ex.backward({"h": np.ones((T, 2, 5))})
+        held.append((ex.chunks.bufs.nbytes, ex.arenas.nbytes))
+    assert held[1:] == held[:1] * 3           # the longest call first: no buffer grows after it
+    assert sorted(T for T, _, _ in ex._ws) == [1, 3, K]      # workspaces (views) of K frames and the remainders
+
+
+def test_chunking_is_off_by_default_on_numpy_and_can_be_asked_for():
+    assert get_backend("numpy").chunk_frames == 0
+    whole, chunked = pair("lstm")
+    x = np.ones((2 * K + 1, 2, 3))
+    whole(x)
+    chunked(x)
+    assert not whole._stack.runs[0][0].ex.chunked and chunked._stack.runs[0][0].ex.chunked
