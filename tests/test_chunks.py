@@ -73,3 +73,15 @@ def test_chunking_is_off_by_default_on_numpy_and_can_be_asked_for():
     whole(x)
     chunked(x)
     assert not whole._stack.runs[0][0].ex.chunked and chunked._stack.runs[0][0].ex.chunked
+
+
+def test_the_chunk_setting_and_its_error(monkeypatch):
+    from rnngraph.errors import RnnGraphError
+    from rnngraph.run.backends.recordings import CHUNK_FRAMES, chunk_frames_setting
+    monkeypatch.delenv("RNNGRAPH_CHUNK_FRAMES", raising=False)
+    assert chunk_frames_setting(None) == CHUNK_FRAMES and chunk_frames_setting(0) == 0
+    monkeypatch.setenv("RNNGRAPH_CHUNK_FRAMES", "64")
+    assert chunk_frames_setting(None) == 64 and chunk_frames_setting(32) == 32
+    monkeypatch.setenv("RNNGRAPH_CHUNK_FRAMES", "many")
+    with pytest.raises(RnnGraphError, match="must be a whole number of frames >= 0 .0: no chunks., got 'many'"):
+        chunk_frames_setting(None)

@@ -17,7 +17,7 @@ from ..loop_kernels import elementwise_kernel, elementwise_nodes, scan_chunks, s
 from ...plan.items import ElementwiseLoop, Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, PersistentLoop, ScanLoop
 from . import persistent
 from .base import ArrayBackend
-from .recordings import Recordings
+from .recordings import Recordings, chunk_frames_setting
 
 _KERNELS: dict = {}      # process-wide cache: (kernel name, generated source) -> compiled kernel object
 
@@ -64,13 +64,14 @@ class CupyBackend(ArrayBackend):
     loops = frozenset({"stages", "elementwise", "scan", "persistent"})
 
     def __init__(self, capture: bool = False, matmul: str = "cublas", lanes: int = 1, max_graphs: int = 1024,
-                 max_graph_bytes: int | None = None):
+                 max_graph_bytes: int | None = None, chunk_frames: int | None = None):
         import cupy
         from .cublas import Cublas
         if matmul not in ("cublas", "own"):
             raise RnnGraphError(f"unknown matmul {matmul!r}; choose 'cublas' or 'own'")
         self.xp = cupy
         self.capture = capture
+        self.chunk_frames = chunk_frames_setting(chunk_frames) if capture else 0   # graph mode: recordings of K frames
         self.graphs = Recordings(cupy, max_graphs, max_graph_bytes) if capture else None
         self._transposed: dict = {}       # id(packed per-frame W) -> (W, its transpose [K, M])
         self.blas = None

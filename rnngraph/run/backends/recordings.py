@@ -77,3 +77,19 @@ def graph_bytes_limit() -> int:
         return int(float(text.rstrip("KMG")) * scale)
     except ValueError:
         raise RnnGraphError(f"RNNGRAPH_GRAPH_CACHE_BYTES must be a byte count such as 2G or 500M, got {text!r}") from None
+
+
+CHUNK_FRAMES = 128      # graph mode's default chunk (run/chunks.py); measured in README "Graph mode on data of many shapes"
+
+
+def chunk_frames_setting(given: int | None) -> int:
+    """Frames per recorded chunk: `given`, else RNNGRAPH_CHUNK_FRAMES, else CHUNK_FRAMES; 0 turns chunks off."""
+    text = str(given) if given is not None else os.environ.get("RNNGRAPH_CHUNK_FRAMES", str(CHUNK_FRAMES))
+    try:
+        k = int(text)
+    except ValueError:
+        k = -1
+    if k < 0:
+        raise RnnGraphError(f"the chunk length (chunk_frames, RNNGRAPH_CHUNK_FRAMES) must be a whole number of frames "
+                            f">= 0 (0: no chunks), got {text!r}")
+    return k

@@ -1,0 +1,51 @@
+"""Graph mode in chunks on the GPU (run/chunks.py): replays of K-frame recordings equal staged mode in
+float64 for T = 1, K-1, K, K+1, 3K+2 and ragged batches, forward and backward, every built-in cell and a
+cell reading 3 frames back; the number of recordings stops growing with T; the default chunk length."""
+import numpy as np
+import pytest
+
+from rnngraph import CELLS
+from rnngraph.nn import Recurrent
+from test_gpu_buckets import rel, step
+from test_history import skip_cell
+
+pytestmark = pytest.mark.gpu
+TOL = 1e-10     # float64
+K = 8
+
+
+@pytest.mark.parametrize("cell", list(CELLS) + [skip_cell])
+def test_chunked_replays_equal_staged(cell):
+    import cupy
+    kw = dict(num_layers=2, bidirectional=True, dtype="float64", seed=2, buckets=False)
+    graph = Recurrent(cell, 3, 6, backend="cupy", mode="graph", **kw)
+    staged = Recurrent(cell, 3, 6, backend="cupy", mode="staged", **kw)
+    graph.backend.chunk_frames = K
+    rng = np.random.default_rng(0)
+    for T in (1, K - 1, K, K + 1, 3 * K + 2):
+        for lengths in (None, np.array([T, max(T - K - 1, 0), int(rng.integers(0, T + 1))])):
+            x = cupy.asarray(rng.standard_normal((T, 3, 3)))
+            for a, b in zip(step(graph, x, lengths), step(staged, x, lengths), strict=True):
+                assert rel(a, b) <= TOL, (T, lengths)
+            assert graph._stack.runs[0][0].ex.chunked == (T > K)
+
+
+def test_recordings_do_not_grow_with_t():
+    import cupy
+    layer = Recurrent("lstm", 4, 8, backend="cupy", mode="graph", dtype="float32", buckets=False)
+    layer.backend.chunk_frames = K
+    x = cupy.ones((5 * K, 2, 4), np.float32)
+    counts = []
+    for T in (2 * K, 3 * K, 5 * K, 4 * K):           # every chunk K frames: one recording per body and direction
+        y, _ = layer(x[:T])
+        layer.backward(cupy.ones_like(y))
+        counts.append(layer.backend.cache_info()["graphs"])
+    assert counts == [counts[0]] * 4
+
+
+def test_graph_mode_chunks_by_default_and_staged_mode_does_not(monkeypatch):
+    from rnngraph.run.backends import get_backend
+    from rnngraph.run.backends.recordings import CHUNK_FRAMES
+    assert get_backend("cupy", "graph").chunk_frames == CHUNK_FRAMES and get_backend("cupy").chunk_frames == 0
+    monkeypatch.setenv("RNNGRAPH_CHUNK_FRAMES", "64")
+    assert get_backend("cupy", "graph").chunk_frames == 64
