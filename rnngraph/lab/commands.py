@@ -85,7 +85,7 @@ def train_run(args: argparse.Namespace) -> int | None:
             share(cfg.streams, World(0, ranks))                  # S must divide: say so before starting
             if args.gpus:
                 check_gpus(ranks)
-            return launch(ranks, args.argv, Path(cfg.out))
+            return launch(ranks, args.argv, Path(cfg.out), f"--{'gpus' if args.gpus else 'procs'} {ranks}")
         if World.from_env().size != ranks:
             raise RnnGraphError(f"--{'gpus' if args.gpus else 'procs'} {ranks} under a launcher that started "
                                 f"{World.from_env().size} ranks; give the launcher's number or drop the option")

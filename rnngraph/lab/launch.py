@@ -52,9 +52,10 @@ def check_gpus(n: int) -> None:
                             "or fewer")
 
 
-def launch(n: int, argv: list, out: Path) -> int:
+def launch(n: int, argv: list, out: Path, flag: str) -> int:
     """Runs `rnngraph <argv>` as ranks 0 .. n-1 on this machine; returns 0 when all finish, else raises
-    with one line (the first failing rank and its cause; Ctrl-C: what rank 0 kept)."""
+    with one line (the first failing rank and its cause; Ctrl-C: what was kept, and how to continue with
+    the option `flag`, e.g. '--gpus 2')."""
     port, faults = _free_port(), Path(tempfile.mkdtemp(prefix="rnngraph-ranks-"))
     procs = []
     try:
@@ -67,14 +68,15 @@ def launch(n: int, argv: list, out: Path) -> int:
             failed = _watch(procs, faults)
         except KeyboardInterrupt:
             _stop(procs, 2 * GRACE_S, signal.SIGINT)
-            fault = _fault(faults, 0)
-            raise Interrupted(fault["message"].removeprefix("interrupted; ") if fault else
-                              f"the ranks were stopped; the last checkpoint in {out} is intact") from None
+            fault = _fault(faults, 0)       # rank 0's own line, unless a lost peer ended it first
+            if fault and fault["status"] == 130:
+                raise Interrupted(fault["message"].removeprefix("interrupted; ")) from None
+            raise Interrupted(_kept(out, flag)) from None
         if failed is None:
             return 0
         _stop(procs, GRACE_S)
         raise RnnGraphError(f"rank {failed}: {_cause(procs[failed], _fault(faults, failed))}; the other ranks were "
-                            f"stopped; {_kept(out)}")
+                            f"stopped; {_kept(out, flag)}")
     finally:
         _stop(procs, 0.0)
         for f in faults.iterdir():
@@ -130,15 +132,17 @@ def _cause(p: subprocess.Popen, fault: dict | None) -> str:
     return f"exited with status {p.returncode} (its traceback is above)"
 
 
-def _kept(out: Path) -> str:
+def _kept(out: Path, flag: str) -> str:
+    """What the ranks left: the checkpoint rank 0 last wrote, and how to continue from it."""
     from ..train.checkpoint import load_checkpoint
     path = out / "checkpoint.npz"
     if not path.exists():
-        return "no checkpoint was written yet"
+        return "nothing was saved yet; run the same command again to start afresh"
     try:
-        return f"checkpoint {path} (step {load_checkpoint(path).config['step']}) is intact"
+        step = load_checkpoint(path).config["step"]
     except RnnGraphError as e:
         return f"the checkpoint could not be read back: {e}"
+    return f"checkpoint {path} holds step {step}; continue with rnngraph train --resume {path} {flag}"
 
 
 def _free_port() -> int:

@@ -185,8 +185,8 @@ class Trainer:
                                     f"{self._kept()} try a lower --lr or --clip")
         states = None if self.states is None else self.ranks.gather_states(self.lm.states_to_host(self.states))
         self.check_ranks()
-        self.saved_step, self.saved_path = self.step, self.ckpt_path
-        if self.ranks.rank > 0:
+        if self.ranks.rank > 0:                 # rank 0 writes; the step is what it holds once written
+            self.saved_step, self.saved_path = self.step, self.ckpt_path
             return self.ckpt_path
         opt_meta, opt_arrays = pack_optimizer(self.opt.state_dict())
         st_meta, st_arrays = (None, {}) if states is None else pack_states(states)
@@ -199,6 +199,7 @@ class Trainer:
         weights = self.lm.state_dict() if self.precision is None else self.precision.masters     # float32 masters
         arrays = {f"model/{k}": self.lm.backend.to_numpy(v) for k, v in weights.items()}
         save_checkpoint(self.ckpt_path, config, {**arrays, **opt_arrays, **st_arrays})
+        self.saved_step, self.saved_path = self.step, self.ckpt_path
         self.logs.write_json(asdict(self.cfg), self.model_config, self.lm.backend.name, self.history)
         return self.ckpt_path
 
