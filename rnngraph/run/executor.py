@@ -79,11 +79,12 @@ class Executor:
 
     @property
     def grad_source(self) -> tuple:
-        """(a key that changes whenever the buffer does, the flat buffer [N] the last backward's parameter
-        gradients are views of): the workspace's gradient arena, or the chunks' own buffer."""
+        """(a key that changes whenever the buffer or the gradients' places in it do, the flat buffer [N] the
+        last backward's parameter gradients are views of): the gradient arena (they lead it, at the same
+        offsets for every T and B), or the chunks' own buffer."""
         if self.chunked:
             return ("chunks", self.serial, self.chunks.bufs.generation), self.chunks.grad_flat
-        return self.ws.serial, self.ws.grad_arena
+        return ("whole", self.serial, self.arenas.generation), self.ws.grad_arena
 
     @property
     def whole_capture(self) -> bool:

@@ -41,7 +41,9 @@ class Workspace:
         wblocks = [((sum(it.sizes), cell.op(it.operand).size), it) for it in gemms]
         pblocks = [(cell.params[p], p) for p in cell.params]
         self.val_arena, vals = carve(arenas, "values", dtype, [s for s, _ in blocks + wblocks])
-        self.grad_arena, grads = carve(arenas, "grads", dtype, [s for s, _ in blocks + wblocks + pblocks])
+        # the weights' gradients first: at the same offsets whatever T and B (Executor.grad_source)
+        self.grad_arena, grads = carve(arenas, "grads", dtype, [s for s, _ in wblocks + pblocks + blocks])
+        grads = grads[len(wblocks) + len(pblocks):] + grads[:len(wblocks) + len(pblocks)]
         self.generation = arenas.generation
         for (_, key), v, g in zip(blocks + wblocks + pblocks, vals + [None] * len(pblocks), grads):
             if isinstance(key, Gemm) and v.ndim == 3:
