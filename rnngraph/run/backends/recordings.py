@@ -79,7 +79,7 @@ def graph_bytes_limit() -> int:
         raise RnnGraphError(f"RNNGRAPH_GRAPH_CACHE_BYTES must be a byte count such as 2G or 500M, got {text!r}") from None
 
 
-CHUNK_FRAMES = 128      # graph mode's default chunk (run/chunks.py); measured in README "Graph mode on data of many shapes"
+CHUNK_FRAMES = 512      # graph mode's default chunk (run/chunks.py): measured in README "Graph mode on data of many shapes"
 
 
 def chunk_frames_setting(given: int | None) -> int:
