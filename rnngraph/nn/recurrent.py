@@ -151,14 +151,11 @@ class Recurrent(Parameterized):
     def _torch_grads(self, grads) -> dict:
         """PyTorch-layout gradients, fresh (g is a workspace view): consecutive blocks of one new buffer,
         self.grad_flat [Σ sizes] in parameters() order, filled by one gather per (layer, direction) from
-        its workspace's gradient arena; grads[l][d]: cell param -> view of that arena."""
+        its executor's grad_source; grads[l][d]: cell param -> view of that buffer."""
         xp, sources = self.backend.xp, self._stack.grad_sources()
         key = tuple(k for k, _ in sources)
-        if key not in self._gather:     # a few: whole calls and chunked calls alternate
-            self._gather[key] = self._gather_plan(grads, [buf for _, buf in sources])
-            while len(self._gather) > 4:
-                self._gather.pop(next(iter(self._gather)))
-        plan = self._gather[key]
+        plan = self._gather.get(key) or self._gather_plan(grads, [buf for _, buf in sources])
+        self._gather = {**{k: v for k, v in list(self._gather.items())[-3:] if k != key}, key: plan}   # whole, chunked
         self.grad_flat = xp.empty(sum(len(idx) for idx in plan), self.dtype)
         off = 0
         for (_, buf), idx in zip(sources, plan):
