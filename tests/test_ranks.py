@@ -105,8 +105,7 @@ def test_a_killed_rank_stops_the_other_within_seconds_with_one_line_and_the_chec
     step = load_checkpoint(tmp_path / "run" / "checkpoint.npz").config["step"]
     assert step % 2 == 0
     assert lines[0] == ("rnngraph: error: rank 1: killed by SIGKILL; the other ranks were stopped; checkpoint "
-                        f"run/checkpoint.npz holds step {step}; continue with rnngraph train --resume "
-                        "run/checkpoint.npz --procs 2")
+                        f"run/checkpoint.npz (step {step}) is intact")
     assert not any(ranks_of(launcher).values())
 
 
@@ -185,3 +184,13 @@ def test_a_divergence_found_by_the_checksums_stops_the_run_naming_the_ranks(tmp_
         trainer.run()
     assert not (tmp_path / "r" / "checkpoint.npz").exists()
     assert json.loads(json.dumps(trainer.history))[-1]["step"] == 2
+
+
+def test_a_rank_refusing_at_the_start_is_the_line_and_the_other_run_is_kept(tmp_path):
+    rnngraph(*RUN, "--max-steps", "2", "--out", "run", cwd=tmp_path)          # another run in the folder
+    before = (tmp_path / "run" / "checkpoint.npz").read_bytes()
+    p = rnngraph(*RUN, "--max-steps", "2", "--procs", "2", "--out", "run", cwd=tmp_path, check=False)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert p.stderr.startswith("rnngraph: error: rank 0: run/checkpoint.npz already holds a checkpoint; ")
+    assert p.stderr.strip().endswith("the other ranks were stopped; checkpoint run/checkpoint.npz (step 2) is intact")
+    assert (tmp_path / "run" / "checkpoint.npz").read_bytes() == before

@@ -76,7 +76,7 @@ def launch(n: int, argv: list, out: Path, flag: str) -> int:
             return 0
         _stop(procs, GRACE_S)
         raise RnnGraphError(f"rank {failed}: {_cause(procs[failed], _fault(faults, failed))}; the other ranks were "
-                            f"stopped; {_kept(out, flag)}")
+                            f"stopped; {_kept(out)}")
     finally:
         _stop(procs, 0.0)
         for f in faults.iterdir():
@@ -126,22 +126,25 @@ def _fault(faults: Path, rank: int) -> dict | None:
 
 def _cause(p: subprocess.Popen, fault: dict | None) -> str:
     if fault is not None:
-        return fault["message"]
+        return fault["message"].removeprefix("error: ")
     if p.returncode < 0:
         return f"killed by {signal.Signals(-p.returncode).name}"
     return f"exited with status {p.returncode} (its traceback is above)"
 
 
-def _kept(out: Path, flag: str) -> str:
-    """What the ranks left: the checkpoint rank 0 last wrote, and how to continue from it."""
+def _kept(out: Path, flag: str | None = None) -> str:
+    """What the ranks left: the checkpoint in `out` (with `flag`, how to continue from it: after a failure
+    it may be another run's, which the failing rank refused to overwrite)."""
     from ..train.checkpoint import load_checkpoint
     path = out / "checkpoint.npz"
     if not path.exists():
-        return "nothing was saved yet; run the same command again to start afresh"
+        return "no checkpoint was written" + ("; run the same command again to start afresh" if flag else "")
     try:
         step = load_checkpoint(path).config["step"]
     except RnnGraphError as e:
         return f"the checkpoint could not be read back: {e}"
+    if flag is None:
+        return f"checkpoint {path} (step {step}) is intact"
     return f"checkpoint {path} holds step {step}; continue with rnngraph train --resume {path} {flag}"
 
 

@@ -142,7 +142,7 @@ class Trainer:
             check_same(ckpt.path, ckpt.config["train"], {k: getattr(cfg, k) for k in FIXED})
         saved_id = ckpt.config["train"].get("run_id") if ckpt else None
         cfg = replace(cfg, run_id=saved_id or cfg.run_id or new_run_id())
-        if not overwrite:
+        if not overwrite and self.ranks.rank == 0:     # rank 0 writes; the others would race its new files
             check_folder(cfg.out, cfg.run_id, ckpt)
         self.cfg, self.echo = cfg, echo if self.ranks.rank == 0 else _quiet
         text = read_text(cfg.text)
