@@ -66,7 +66,8 @@ def start(tmp_path, *extra):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-m", "rnngraph", *RUN, "--procs", "2", "--checkpoint-every", "2",
                              "--out", "run", *extra], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,      # Ctrl-C as a terminal sends it, even where
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))   # pytest ignores it
 
 
 def ranks_of(launcher: subprocess.Popen) -> dict:

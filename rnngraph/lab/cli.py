@@ -128,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Runs one subcommand; returns the exit status: 2 with one line for an RnnGraphError or MemoryError,
     130 with one line for Ctrl-C."""
+    from .launch import as_rank
+    as_rank()
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)     # what a launcher repeats for every rank
     try:

@@ -37,6 +37,13 @@ def write_fault(message: str, status: int, peer: bool) -> bool:
     return True
 
 
+def as_rank() -> None:
+    """In a rank this launcher started: its Ctrl-C (passed on as SIGINT) raises KeyboardInterrupt even where
+    the shell started the launcher with SIGINT ignored (a background job)."""
+    if os.environ.get(FAULT_FILE):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def check_gpus(n: int) -> None:
     """One line when this machine cannot run n ranks on n GPUs."""
     from ..run.backends.cupy_backend import gpu_problem
