@@ -135,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args) or 0
     except RnnGraphError as e:
-        return _say(f"error: {e}", 2, peer=type(e).__name__ == "PeerLost")
+        from ..train.distributed import PeerLost
+        return _say(f"error: {e}", 2, peer=isinstance(e, PeerLost))
     except MemoryError as e:            # numpy's message names the size it tried to allocate
         return _say(f"error: out of memory: {e or 'an allocation failed'}; try smaller sizes", 2)
     except Interrupted as e:

@@ -86,9 +86,10 @@ def train_run(args: argparse.Namespace) -> int | None:
             if args.gpus:
                 check_gpus(ranks)
             return launch(ranks, args.argv, Path(cfg.out), f"--{'gpus' if args.gpus else 'procs'} {ranks}")
-        if World.from_env().size != ranks:
+        started = World.from_env().size
+        if started != ranks:
             raise RnnGraphError(f"--{'gpus' if args.gpus else 'procs'} {ranks} under a launcher that started "
-                                f"{World.from_env().size} ranks; give the launcher's number or drop the option")
+                                f"{started} ranks; give the launcher's number or drop the option")
     trainer = Trainer(cfg, args.resume, partial(print, flush=True), args.overwrite,
                       cell_given=args.cell is not None)
     try:

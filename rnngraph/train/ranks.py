@@ -15,6 +15,7 @@ import numpy as np
 
 from .charlm import map_states
 from ..arrays import array_module
+from ..errors import RnnGraphError
 from .distributed import TIMEOUT_S, FlatGrads, World, checksum, communicator, disagreeing, share
 
 CHECK_EVERY = 100    # steps between parameter checksum comparisons (and at every checkpoint)
@@ -100,9 +101,13 @@ class Ranks:
         which = self.mine(streams)
         return map_states(states, lambda a: np.ascontiguousarray(a[..., which, :]))
 
-    def check_same(self, params: dict, step: int, xp) -> list:
-        """The ranks whose parameters differ from rank 0's (all ranks must call it at the same step)."""
+    def check_same(self, params: dict, step: int, then: str) -> None:
+        """One error naming the ranks whose parameters differ from rank 0's, `then` appended (what to do);
+        all ranks must call it at the same step."""
         if self.comm is None:
-            return []
-        return disagreeing(self.comm.allgather(checksum(xp, params)))
+            return
+        bad = disagreeing(self.comm.allgather(checksum(array_module(next(iter(params.values()))), params)))
+        if bad:
+            raise RnnGraphError(f"at step {step} rank(s) {', '.join(map(str, bad))} hold parameters that differ "
+                                f"from rank 0's{then}")
 
