@@ -90,6 +90,39 @@ def wait_for_checkpoint(tmp_path, launcher) -> None:
         time.sleep(0.05)
 
 
+STUCK = """
+import sys, time
+import numpy as np
+from rnngraph.train.distributed import Gloo, PeerLost, World
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+comm = Gloo(World(rank, 2, 0, "127.0.0.1", port), timeout_s=2.0)
+if rank == 1:
+    time.sleep(60)                      # joined, then never takes part: stuck, not gone
+t0 = time.monotonic()
+try:
+    comm.allreduce_(np.ones(4))
+    print("no error")
+except PeerLost as e:
+    print(f"{time.monotonic() - t0:.2f}|{e}")
+"""
+
+
+def test_a_stuck_rank_makes_the_others_collective_an_error_after_the_wait_limit_not_a_hang():
+    from rnngraph.lab.launch import _free_port
+    port, env = _free_port(), {**os.environ, "PYTHONPATH": str(ROOT)}
+    ranks = [subprocess.Popen([sys.executable, "-c", STUCK, str(r), str(port)], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
+    try:
+        out, err = ranks[0].communicate(timeout=60)
+    finally:
+        ranks[1].kill()
+        ranks[1].wait()
+    waited, message = out.strip().split("|", 1)
+    assert 1.5 < float(waited) < 15, (out, err)
+    assert message.startswith("rank 0: an all-reduce failed (")
+    assert message.endswith("); another rank stopped or is stuck (the wait limit is 2 s)")
+
+
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the ranks through /proc")
 def test_a_killed_rank_stops_the_other_within_seconds_with_one_line_and_the_checkpoint_intact(tmp_path):
     launcher = start(tmp_path)
