@@ -3,6 +3,7 @@ the launcher's environment, the split of streams, the flat gradient buffer and t
 checksum comparison, a collective that waits too long, and the errors. The NCCL path itself runs only on
 two or more GPUs."""
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -153,3 +154,22 @@ def test_two_ranks_averaged_equal_one_process_with_every_stream(state):
     mine = dist.allreduce_(grads(dist.share(6)))
     for k in one:
         np.testing.assert_allclose(mine[k], one[k], rtol=1e-12, atol=1e-15)
+
+
+def test_rank_0s_rendezvous_store_is_stopped_so_the_process_can_exit(tmp_path):
+    """cupyx's TCP store runs in a child process no one stops at exit: a rank 0 that left it running would
+    never exit. After the rendezvous (here one rank's, without NCCL) Nccl stops it, and the process exits."""
+    pytest.importorskip("cupyx.distributed")
+    import subprocess
+    import sys
+    code = ("from cupyx.distributed import _store\n"
+            "from rnngraph.lab.launch import _free_port\n"
+            "from rnngraph.train.distributed import _stop_store\n"
+            "port = _free_port()\n"
+            "store = _store.TCPStore(1)\n"
+            "store.run('127.0.0.1', port)\n"
+            "_store.TCPStoreProxy('127.0.0.1', port).barrier()\n"
+            "_stop_store()\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert p.returncode == 0, p.stderr[-2000:]

@@ -200,6 +200,8 @@ class Nccl:
             except Exception as e:              # NCCL's and the TCP store's own errors
                 raise PeerLost(f"rank {world.rank}: NCCL could not join the {world.size} ranks on GPU "
                                f"{world.local_rank} ({type(e).__name__}: {str(e)[:200]})") from None
+            finally:
+                _stop_store()
         self.backend = backend
 
     def allreduce_(self, buf, average: bool = True):
@@ -229,3 +231,15 @@ class Nccl:
                 raise PeerLost(f"rank {self.world.rank}: {what} waited {self.timeout_s:g} s for the other "
                                     f"ranks; one of them stopped or is stuck; the communicator was aborted")
             time.sleep(1e-4)
+
+
+def _stop_store() -> None:
+    """Ends the TCP store rank 0 started for the rendezvous. cupyx runs it in a child process that is no
+    daemon and ends only when asked, and it does not ask at exit, so the interpreter would wait for it
+    forever. Once the communicator exists (or failed to), every rank has read the NCCL id from it."""
+    import multiprocessing
+    from cupyx.distributed import _store
+    for p in multiprocessing.active_children():
+        if isinstance(p, _store.ExceptionAwareProcess):
+            p.terminate()
+            multiprocessing.Process.join(p, 5)      # its own join() takes no time limit
