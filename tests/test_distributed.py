@@ -21,6 +21,26 @@ def test_the_world_comes_from_the_launchers_variables():
                         "MASTER_PORT": "4000"})
     assert w == World(3, 4, 1, "node0", 4000)
     assert World.from_env({"RANK": "1", "WORLD_SIZE": "2"}) == World(1, 2, 1, "127.0.0.1", 29500)
+    assert w.store_port == 4000                          # NCCL's rendezvous: MASTER_PORT, free under our launcher
+    under_torchrun = World.from_env({"RANK": "1", "WORLD_SIZE": "2", "MASTER_PORT": "4000",
+                                     "TORCHELASTIC_USE_AGENT_STORE": "True"})
+    assert under_torchrun.torchrun and under_torchrun.store_port == 4001    # torchrun's store holds 4000
+
+
+@pytest.mark.parametrize("torchrun, fix", [(False, "set MASTER_PORT to a free port"),
+                                           (True, "pass torchrun a --master-port whose next port is free too")])
+def test_a_rendezvous_port_in_use_is_one_error_before_nccl_starts(torchrun, fix):
+    import socket
+    from rnngraph.train.distributed import PeerLost, _check_free
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        world = World(0, 2, 0, "127.0.0.1", port - 1 if torchrun else port, torchrun)
+        with pytest.raises(PeerLost, match=f"rank 0: NCCL's rendezvous cannot listen on 127.0.0.1:{port} ") as e:
+            _check_free(world)
+    assert str(e.value).endswith(fix)
+    _check_free(world)                                   # free again
 
 
 @pytest.mark.parametrize("env, says", [

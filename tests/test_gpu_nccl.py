@@ -5,6 +5,7 @@ run through it equal to one process's. Ranks on two GPUs are tests/test_gpu_rank
 
 Each case runs in its own process with a time limit, so that a hang inside NCCL fails the test instead of
 stopping the suite."""
+import os
 import subprocess
 import sys
 import textwrap
@@ -120,3 +121,26 @@ def test_a_run_through_a_one_rank_nccl_communicator_is_one_process(tmp_path):
         print("ok", len(a["loss"]))
     """, timeout=300)
     assert out.split() == ["ok", "12"]
+
+
+def test_under_torchrun_the_rendezvous_takes_the_port_after_torchruns_own_store(tmp_path):
+    """torchrun's agent listens on MASTER_PORT; NCCL's rendezvous store then listens on the next port,
+    joins, all-reduces and lets the process exit."""
+    from rnngraph.lab.launch import _free_port
+    script = tmp_path / "rank.py"
+    script.write_text(textwrap.dedent("""
+        import cupy as cp
+        from rnngraph.train.distributed import Nccl, World
+        world = World.from_env()
+        assert world.torchrun and world.size == 1 and world.store_port == world.port + 1, world
+        y = cp.arange(5, dtype=cp.float32)
+        Nccl(world, timeout_s=60).allreduce_(y)
+        assert y.tolist() == [0, 1, 2, 3, 4]
+        print("ok", world.store_port - world.port)
+    """))
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "1",
+                        "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(script)], cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split() == ["ok", "1"]

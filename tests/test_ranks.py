@@ -45,7 +45,7 @@ def losses(folder) -> np.ndarray:
 def test_two_processes_train_as_one_over_every_stream_and_resume_over_any_number(tmp_path):
     """N=2 gives one process's losses and validation bpc (float64, up to the order of the sums); a run
     cut at step 10 by 2 ranks, resumed by 1, cut at 20 and resumed by 2 follows the uninterrupted one."""
-    one = rnngraph(*RUN, "--max-steps", "30", "--out", "one", cwd=tmp_path)
+    rnngraph(*RUN, "--max-steps", "30", "--out", "one", cwd=tmp_path)
     two = rnngraph(*RUN, "--max-steps", "30", "--procs", "2", "--out", "two", cwd=tmp_path)
     assert "over 2 ranks" in two.stdout and two.stdout.count("done:") == 1 and two.stderr == ""
     np.testing.assert_allclose(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=1e-12)
@@ -228,3 +228,19 @@ def test_a_rank_refusing_at_the_start_is_the_line_and_the_other_run_is_kept(tmp_
     assert p.stderr.startswith("rnngraph: error: rank 0: run/checkpoint.npz already holds a checkpoint; ")
     assert p.stderr.strip().endswith("the other ranks were stopped; checkpoint run/checkpoint.npz (step 2) is intact")
     assert (tmp_path / "run" / "checkpoint.npz").read_bytes() == before
+
+
+def test_under_torchrun_the_ranks_train_as_one_process_and_rank_0_alone_speaks(tmp_path):
+    """torchrun (the launcher across machines) holds MASTER_PORT with its own store; gloo joins it."""
+    from rnngraph.lab.launch import _free_port
+    one = rnngraph(*RUN, "--max-steps", "6", "--out", "one", cwd=tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = str(ROOT)
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+                        "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "-m", "rnngraph",
+                        *RUN, "--max-steps", "6", "--procs", "2", "--out", "two"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count("done:") == 1 and "× 2 ranks" in p.stdout, p.stdout
+    assert one.stdout.count("done:") == 1
+    np.testing.assert_allclose(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=1e-12)

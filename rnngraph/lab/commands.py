@@ -96,6 +96,8 @@ def train_run(args: argparse.Namespace) -> int | None:
         result = trainer.run()
     except KeyboardInterrupt:
         raise Interrupted(kept(trainer)) from None
+    if trainer.ranks.rank > 0:                 # rank 0 speaks for the run (torchrun shows every rank's output)
+        return
     if not result.trained:
         print(nothing_trained(trainer))
         return

@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import math
 import os
+import socket
 import time
 from dataclasses import dataclass
 
@@ -28,12 +29,20 @@ TIMEOUT_S = 300.0        # a collective that waits longer than this (a rank stop
 @dataclass(frozen=True)
 class World:
     """This process's place among the ranks: its rank, how many there are, its GPU on its machine
-    (local_rank), and where rank 0 listens for the rendezvous."""
+    (local_rank), where rank 0 listens for the rendezvous, and whether torchrun started it (its own store
+    then holds MASTER_PORT)."""
     rank: int = 0
     size: int = 1
     local_rank: int = 0
     addr: str = "127.0.0.1"
     port: int = 29500
+    torchrun: bool = False
+
+    @property
+    def store_port(self) -> int:
+        """Where rank 0 runs CuPy's rendezvous store for NCCL: MASTER_PORT, or the port after it under
+        torchrun, whose agent's store already listens on MASTER_PORT (gloo joins that store instead)."""
+        return self.port + 1 if self.torchrun else self.port
 
     @classmethod
     def from_env(cls, env=None) -> "World":
@@ -55,7 +64,8 @@ class World:
         if local < 0 or not 0 < port < 65536:
             raise RnnGraphError(f"LOCAL_RANK={local}, MASTER_PORT={port}: LOCAL_RANK is a GPU index (0 or more) "
                                 "and MASTER_PORT a TCP port (1 to 65535)")
-        return cls(rank, size, local, env.get("MASTER_ADDR", "127.0.0.1"), port)
+        return cls(rank, size, local, env.get("MASTER_ADDR", "127.0.0.1"), port,
+                   env.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
 
 
 def _integer(env, name: str, default: int | None = None) -> int:
@@ -195,8 +205,10 @@ class Nccl:
         if backend is None:
             cupy.cuda.Device(world.local_rank).use()
             from cupyx.distributed import NCCLBackend
+            if world.rank == 0:
+                _check_free(world)
             try:
-                backend = NCCLBackend(world.size, world.rank, host=world.addr, port=world.port)
+                backend = NCCLBackend(world.size, world.rank, host=world.addr, port=world.store_port)
             except Exception as e:              # NCCL's and the TCP store's own errors
                 raise PeerLost(f"rank {world.rank}: NCCL could not join the {world.size} ranks on GPU "
                                f"{world.local_rank} ({type(e).__name__}: {str(e)[:200]})") from None
@@ -231,6 +243,21 @@ class Nccl:
                 raise PeerLost(f"rank {self.world.rank}: {what} waited {self.timeout_s:g} s for the other "
                                     f"ranks; one of them stopped or is stuck; the communicator was aborted")
             time.sleep(1e-4)
+
+
+def _check_free(world: World) -> None:
+    """One error when rank 0 cannot listen on the store's port (cupyx's store would fail in its own process
+    and the ranks would wait on whatever holds the port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((world.addr, world.store_port))
+        except OSError as e:
+            fix = ("torchrun's own store holds MASTER_PORT, so NCCL's rendezvous takes the port after it: pass "
+                   "torchrun a --master-port whose next port is free too") if world.torchrun else \
+                "set MASTER_PORT to a free port"
+            raise PeerLost(f"rank 0: NCCL's rendezvous cannot listen on {world.addr}:{world.store_port} "
+                           f"({e.strerror or e}); {fix}") from None
 
 
 def _stop_store() -> None:
