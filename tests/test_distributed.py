@@ -31,16 +31,18 @@ def test_the_world_comes_from_the_launchers_variables():
                                            (True, "pass torchrun a --master-port whose next port is free too")])
 def test_a_rendezvous_port_in_use_is_one_error_before_nccl_starts(torchrun, fix):
     import socket
-    from rnngraph.train.distributed import PeerLost, _check_free
+    from rnngraph.train.distributed import _check_free
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
         world = World(0, 2, 0, "127.0.0.1", port - 1 if torchrun else port, torchrun)
-        with pytest.raises(PeerLost, match=f"rank 0: NCCL's rendezvous cannot listen on 127.0.0.1:{port} ") as e:
+        with pytest.raises(RnnGraphError, match=f"rank 0: NCCL's rendezvous cannot listen on 127.0.0.1:{port} ") as e:
             _check_free(world)
     assert str(e.value).endswith(fix)
     _check_free(world)                                   # free again
+    with pytest.raises(RnnGraphError, match="MASTER_ADDR must name rank 0's machine"):
+        _check_free(World(0, 2, 0, "192.0.2.1", port))   # an address no interface here holds (TEST-NET-1)
 
 
 @pytest.mark.parametrize("env, says", [

@@ -12,6 +12,7 @@ ranks (the all-reduce) divided by N.
 from __future__ import annotations
 
 import atexit
+import errno
 import math
 import os
 import socket
@@ -253,11 +254,15 @@ def _check_free(world: World) -> None:
         try:
             s.bind((world.addr, world.store_port))
         except OSError as e:
-            fix = ("torchrun's own store holds MASTER_PORT, so NCCL's rendezvous takes the port after it: pass "
-                   "torchrun a --master-port whose next port is free too") if world.torchrun else \
-                "set MASTER_PORT to a free port"
-            raise PeerLost(f"rank 0: NCCL's rendezvous cannot listen on {world.addr}:{world.store_port} "
-                           f"({e.strerror or e}); {fix}") from None
+            if e.errno != errno.EADDRINUSE:
+                fix = "MASTER_ADDR must name rank 0's machine"
+            elif world.torchrun:
+                fix = ("torchrun's own store holds MASTER_PORT, so NCCL's rendezvous takes the port after it: "
+                       "pass torchrun a --master-port whose next port is free too")
+            else:
+                fix = "set MASTER_PORT to a free port"
+            raise RnnGraphError(f"rank 0: NCCL's rendezvous cannot listen on {world.addr}:{world.store_port} "
+                                f"({e.strerror or e}); {fix}") from None
 
 
 def _stop_store() -> None:
