@@ -80,16 +80,17 @@ def train_run(args: argparse.Namespace) -> int | None:
     cfg, ranks = config_from_args(args), _ranks(args)
     if ranks > 1:
         cfg = replace(cfg, backend="cupy" if args.gpus else "numpy")
+        flag = f"--{'gpus' if args.gpus else 'procs'} {ranks}"
         if "RANK" not in os.environ:            # the launcher: start the ranks, which run the lines below
             from .launch import check_gpus, launch
             share(cfg.streams, World(0, ranks))                  # S must divide: say so before starting
             if args.gpus:
                 check_gpus(ranks)
-            return launch(ranks, args.argv, Path(cfg.out), f"--{'gpus' if args.gpus else 'procs'} {ranks}")
+            return launch(ranks, args.argv, Path(cfg.out), flag)
         started = World.from_env().size
         if started != ranks:
-            raise RnnGraphError(f"--{'gpus' if args.gpus else 'procs'} {ranks} under a launcher that started "
-                                f"{started} ranks; give the launcher's number or drop the option")
+            raise RnnGraphError(f"{flag} under a launcher that started {started} ranks; give the launcher's "
+                                "number or drop the option")
     trainer = Trainer(cfg, args.resume, partial(print, flush=True), args.overwrite,
                       cell_given=args.cell is not None)
     try:
