@@ -45,8 +45,10 @@ def test_recordings_do_not_grow_with_t():
 
 def test_graph_mode_chunks_by_default_and_staged_mode_does_not(monkeypatch):
     from rnngraph.run.backends import get_backend
-    from rnngraph.run.backends.cuda.recordings import CHUNK_FRAMES
-    assert get_backend("cupy", "graph").chunk_frames == CHUNK_FRAMES and get_backend("cupy").chunk_frames == 0
+    monkeypatch.delenv("RNNGRAPH_CHUNK_FRAMES", raising=False)
+    assert get_backend("cupy", "graph").chunk_frames is None and get_backend("cupy").chunk_frames == 0    # None: the strategy's
+    assert Recurrent("lstm", 4, 8, backend="cupy", mode="graph", loop="stages")._stack.runs[0][0].ex.chunk_frames == 512
+    assert Recurrent("min_gru", 4, 8, backend="cupy", mode="graph")._stack.runs[0][0].ex.chunk_frames == 0
     monkeypatch.setenv("RNNGRAPH_CHUNK_FRAMES", "64")
     assert get_backend("cupy", "graph").chunk_frames == 64
 

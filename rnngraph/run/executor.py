@@ -56,7 +56,7 @@ class Executor:
         self.ws: Workspace | None = None
         self.serial = next(SERIAL)
         self.loop_runs, self.loop_note = schedule.loop_strategy, None
-        self.chunk = chunk          # frames per chunk of a longer call; None: the backend's chunk_frames; 0: never
+        self.chunk = chunk          # frames per chunk of a longer call; None: chunk_frames; 0: never
         self.recompute = recompute  # recompute chunks in the backward: True, False, or None (where storing
         self.recomputed = False     # every value would exceed store_limit()); whether the last forward did
         self.chunks, self.chunked = None, False
@@ -87,6 +87,13 @@ class Executor:
         return ("whole", self.serial, self.arenas.generation), self.ws.grad_arena
 
     @property
+    def chunk_frames(self) -> int:
+        """Frames per chunk of a longer call (0: whole calls): the executor's chunk, else the backend's, else
+        (graph mode) the loop strategy's, as measured for it."""
+        K = self.backend.chunk_frames if self.chunk is None else self.chunk
+        return STRATEGIES[self.sched.loop_strategy].chunk_frames if K is None else K
+
+    @property
     def whole_capture(self) -> bool:
         """Whether the backend records whole forward/backward bodies (else only the time loops)."""
         return self.backend.records == "all" and self.sched.capture_problem is None
@@ -102,7 +109,7 @@ class Executor:
         the values of a call would not fit in store_limit() (or recompute=True), in chunks that the
         backward runs again instead of storing their values (the inputs are then referenced until it)."""
         x0 = inputs[next(iter(self.cell.inputs))]
-        (T, B), K = x0.shape[:2], self.backend.chunk_frames if self.chunk is None else self.chunk
+        (T, B), K = x0.shape[:2], self.chunk_frames
         limit = store_limit()
         recompute = self.recompute
         if recompute is None:

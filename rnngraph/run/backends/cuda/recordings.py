@@ -75,12 +75,12 @@ def graph_bytes_limit() -> int:
     return byte_count("RNNGRAPH_GRAPH_CACHE_BYTES", "2G")
 
 
-CHUNK_FRAMES = 512      # graph mode's default chunk (run/chunks.py): measured in README "Graph mode on data of many shapes"
-
-
-def chunk_frames_setting(given: int | None) -> int:
-    """Frames per recorded chunk: `given`, else RNNGRAPH_CHUNK_FRAMES, else CHUNK_FRAMES; 0 turns chunks off."""
-    text = str(given) if given is not None else os.environ.get("RNNGRAPH_CHUNK_FRAMES", str(CHUNK_FRAMES))
+def chunk_frames_setting(given: int | None) -> int | None:
+    """Frames per recorded chunk: `given`, else RNNGRAPH_CHUNK_FRAMES, else None: each loop strategy's own
+    (plan/loops, LoopStrategy.chunk_frames); 0 turns chunks off."""
+    text = str(given) if given is not None else os.environ.get("RNNGRAPH_CHUNK_FRAMES")
+    if text is None:
+        return None
     try:
         k = int(text)
     except ValueError:
