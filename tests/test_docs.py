@@ -261,3 +261,15 @@ def test_demo_numbers_come_from_its_committed_output():
     val = re.search(r"validation bpc (\d\.\d{3}) after", out).group(1)
     text = " ".join((ROOT / "README.md").read_text().split())
     assert f"It takes {seconds} s on two CPU cores, reaching a validation bpc of {val}" in text
+
+
+def test_the_cpu_training_numbers_come_from_the_stored_log():
+    from rnngraph.train.logs import read_log
+    log = read_log(ROOT / "experiments" / "results" / "training_cpu_default" / "log.json")
+    text = " ".join((ROOT / "docs" / "training.md").read_text().split())
+    first = next(v for v in log["val_bpc"] if v == v)                          # the first epoch's end
+    steps, seconds, val = log["step"][-1], log["elapsed_s"][-1], log["val_bpc"][-1]
+    chars = steps * 32 * 32                                                    # the default streams × bptt
+    assert (f"validation bpc of {val:.3f}** after {steps:,.0f} steps and {seconds:.0f} s of training "
+            f"({first:.3f} after the first epoch), about {round(chars / seconds, -2):,.0f} "
+            "characters per second") in text
