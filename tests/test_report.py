@@ -11,7 +11,9 @@ import pytest
 
 from rnngraph.lab import report
 from rnngraph.lab.cli import build_parser, main
-from rnngraph.lab.report import README, Results, headline, with_headline
+from rnngraph.lab.report import README, with_headline
+from rnngraph.lab.report_bench import headline
+from rnngraph.lab.report_data import Results
 from rnngraph.lab.report_page import render_page
 
 ROOT = Path(__file__).resolve().parents[1]

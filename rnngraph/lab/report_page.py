@@ -1,14 +1,16 @@
-"""The sections of docs/performance.md: each stored measurement's table, its source (file, command, machine,
-date) and what the numbers mean, in the present tense; lab/report.py renders and checks the page."""
+"""docs/performance.md as `rnngraph report` renders it: the page's frame (introduction, where rnngraph is slower,
+how to measure, what is not measured) around the bench sections (report_bench.py) and the sections of the
+evaluation experiments and the stored training runs."""
 from __future__ import annotations
 
 import re
 import shlex
 
 from .figures import NAMES, headline_table
-from .report import Findings, Results, headline, loop, num, pair, ratio, record, source, table, times
+from .report_bench import against_cudnn, half, headline, hidden_size, loops, norm, persistent, through_torch
+from .report_data import Findings, Results, best_val, num, per_frame, record, rel, seconds, source, table
 
-GENERATED = ("<!-- Rendered by `rnngraph report` from experiments/results; edit rnngraph/lab/report_page.py, "
+GENERATED = ("<!-- Rendered by `rnngraph report` from experiments/results; edit rnngraph/lab/report_*.py, "
              "not this file. -->")
 IMPL_NAMES = {"naive": "naive", "staged": "staged", "graph": "graph", "cudnn": "cuDNN"}
 INTRO = """# Performance
@@ -57,235 +59,6 @@ graphs recorded) is the `first s` column. `rnngraph experiment NAME` runs one of
 experiments (`experiments/README.md` lists them) and writes its JSON results; `rnngraph figures`
 redraws every figure and `rnngraph report` this page from the stored files. `bench` times each call
 from an idle GPU to its end, so host time spent before the first kernel counts in full."""
-
-
-def _cudnn_spread(results: Results) -> str:
-    """cuDNN's LSTM forward at B = 1 in every stored file that has it: how much the reference itself moves."""
-    seen = []
-    for name in ("targets", "torch", "half"):
-        doc = results.bench(name)
-        impl = "cudnn@float32" if name == "half" else "cudnn"
-        r = record(doc, cell="lstm", B=1, impl=impl)
-        seen.append(f"{num(r['forward_ms'])} ms in `{name}.json`")
-    return ", ".join(seen)
-
-
-def against_cudnn(results: Results, findings: Findings) -> str:
-    doc = results.bench("targets")
-    rows = []
-    for cell in doc["settings"]["cells"]:
-        for B in doc["settings"]["B"]:
-            got = {i: record(doc, cell=cell, B=B, impl=i) for i in doc["settings"]["impls"]}
-            rows.append([f"{NAMES.get(cell, cell)}, {B}", *(pair(got[i]) for i in ("naive", "staged")),
-                         f"**{pair(got['graph'])}** ({loop(got['graph'])})", pair(got["cudnn"]),
-                         pair(got["torch_eager"]), times(ratio(got["graph"], got["cudnn"])),
-                         times(ratio(got["torch_eager"], got["graph"])), times(ratio(got["naive"], got["graph"]))])
-            findings.compare("Against cuDNN and torch", f"{NAMES.get(cell, cell)} at B = {B}, graph mode",
-                             got["graph"], got["cudnn"], "cuDNN")
-    head = ["cell, B", "naive", "staged", "graph (loop)", "cuDNN", "torch eager loop", "graph ÷ cuDNN, training",
-            "eager ÷ graph, training", "naive ÷ graph, training"]
-    return f"""## Against cuDNN and torch
-
-rnngraph's three modes against cuDNN and against the same cell written as a PyTorch loop on the GPU (`mgu` is
-the built-in MGU, written as the README's cell). In this file graph mode runs every loop as `stages`: the
-persistent loop's numbers are under [The persistent loop](#the-persistent-loop).
-
-{table(head, rows)}
-
-{source(doc)}
-
-cuDNN's own time moves from run to run: its LSTM forward at B = 1 is {_cudnn_spread(results)}. The eager
-`staged` mode is bound by the host and is the noisiest column."""
-
-
-def hidden_size(results: Results, findings: Findings) -> str:
-    doc, base = results.bench("sweep"), results.bench("targets")
-    rows = []
-    for H in sorted({*doc["settings"]["H"], 512}):
-        d = doc if H in doc["settings"]["H"] else base
-        g, c = record(d, cell="lstm", B=1, H=H, impl="graph"), record(d, cell="lstm", B=1, H=H, impl="cudnn")
-        rows.append([H, pair(g), pair(c), f"{times(ratio(g, c, 'forward'))} / {times(ratio(g, c))}"])
-        findings.compare("Hidden size", f"LSTM at H = {H}, B = 1, graph mode (`stages`)", g, c, "cuDNN")
-    return f"""## Hidden size
-
-The LSTM at B = 1 in graph mode (`stages`) against cuDNN, by hidden size.
-
-{table(["H", "graph", "cuDNN", "graph ÷ cuDNN"], rows)}
-
-{source(doc)} The H = 512 row is from `targets.json` (above).
-
-At H = 128 cuDNN's forward is faster: at that size it appears to run a persistent kernel, one launch for all
-frames, against one launch a frame here. At H = 2048 W_hh (64 MB in float32) no longer fits the H200's 60 MB
-L2 cache, so each frame reads it from DRAM, for rnngraph as for cuDNN."""
-
-
-def persistent(results: Results, findings: Findings) -> str:
-    rows, docs = [], [results.bench(n) for n in ("persistent_b8", "persistent_h1024")]
-    for doc in docs:
-        (B,), (H,) = doc["settings"]["B"], doc["settings"]["H"]
-        p, s = (record(doc, impl="graph", loop_strategy=v) for v in ("persistent", "stages"))
-        c = record(doc, impl="cudnn")
-        rows.append([f"{B}, {H}", f"**{pair(p)}**", pair(s), pair(c), times(ratio(p, c, "forward")), times(ratio(p, c)),
-                     times(ratio(s, p))])
-        findings.compare("The persistent loop", f"LSTM at B = {B}, H = {H}, persistent", p, c, "cuDNN")
-    head = ["B, H", "persistent", "stages", "cuDNN", "persistent ÷ cuDNN, forward", "training",
-            "stages ÷ persistent, training"]
-    return f"""## The persistent loop
-
-The LSTM in graph mode with the loop as one persistent kernel a direction ([On a GPU](gpu.md#the-persistent-kernel)),
-against the same loop run frame by frame and against cuDNN, in float32.
-
-{table(head, rows)}
-
-{chr(10).join(source(d) for d in docs)}
-
-The backward waits on a grid barrier each frame and then stages all 4H gate gradients from L2. At B = 8 the
-kernel keeps a grid barrier before each GEMM (eight tagged words a thread are slower than the barrier) and runs
-its GEMVs on CUDA cores; the kernel takes at most B = 8, since its accumulators live in registers. The LSTM at
-B = 1, H = 512 in float32 is not among the stored files; in bfloat16 it heads [Half precision](#half-precision)."""
-
-
-def loops(results: Results, findings: Findings) -> str:
-    rows, docs = [], [results.bench(n) for n in ("loops_t100", "loops_t4096")]
-    for doc in docs:
-        for cell in doc["settings"]["cells"]:
-            for B in doc["settings"]["B"]:
-                (T,) = doc["settings"]["T"]
-                got = {v: record(doc, cell=cell, B=B, impl="graph", loop_strategy=v)
-                       for v in ("stages", "elementwise", "scan") if _admits(doc, cell, v)}
-                jax = record(doc, cell=cell, B=B, impl="jax_scan")
-                best = min(got, key=lambda v: got[v]["train_ms"])
-                rows.append([NAMES.get(cell, cell), f"{T}, {B}",
-                             *(pair(got.get(v)) if v != best else f"**{pair(got[v])}**"
-                               for v in ("stages", "elementwise", "scan")), pair(jax)])
-                findings.compare("Loop strategies against JAX", f"{NAMES.get(cell, cell)} at T = {T}, B = {B}, "
-                                 f"graph mode (`{best}`)", got[best], jax, "JAX")
-    scan = results.experiment("scan")
-    Ts = sorted({r["T"] for r in scan["records"]})
-    per_frame = [[T, *(_us(record(scan, T=T, impl="graph", loop=v)) for v in ("stages", "elementwise", "scan")),
-                  _us(record(scan, T=T, impl="jax_scan"))] for T in Ts]
-    return f"""## Loop strategies against JAX
-
-Cells with a linear-diagonal or elementwise state in graph mode, each loop strategy they admit, against JAX's
-`lax.associative_scan` under `jit` (JAX has the linear-diagonal cells only); the fastest training step of
-rnngraph's in bold.
-
-{table(["cell", "T, B", "stages", "elementwise", "scan", "JAX"], rows)}
-
-{chr(10).join(source(d) for d in docs)}
-
-At T = 100 a training step is bound by host work, not by the GPU: issuing one graph-mode step takes Python and
-CuPy calls around four graph replays (the input in; the states, the gradients and PyTorch-layout gradients out)
-while the GPU waits, where JAX dispatches one compiled program. The same floor caps the elementwise loop's gain
-over `stages` at T = 100. At B = 64 both are bound by the hoisted GEMMs, and rnngraph adds full-size copies (the
-input gradient, the output gradient).
-
-The cost per frame (µs, forward / training step) of minGRU against T, from the `scan` experiment:
-
-{table(["T", "stages", "elementwise", "scan", "JAX"], per_frame)}
-
-{source(scan)}
-
-![Cost per frame of each loop strategy against sequence length](../figures/scan.png)
-
-`stages` stays flat per frame, the elementwise loop falls as one thread walks every frame (its backward kernel
-is bound by latency), and the scan falls furthest."""
-
-
-def _admits(doc: dict, cell: str, strategy: str) -> bool:
-    return any(r["cell"] == cell and loop(r) == strategy and "skipped" not in r for r in doc["records"]) \
-        or strategy == "stages"
-
-
-def _us(r: dict | None) -> str:
-    return "–" if r is None else f"{num(1e3 * r['forward_ms'] / r['T'])} / {num(1e3 * r['train_ms'] / r['T'])}"
-
-
-def half(results: Results, findings: Findings) -> str:
-    rows, docs = [], [results.bench(n) for n in ("half", "half_h2048")]
-    for doc in docs:
-        for B in doc["settings"]["B"]:
-            for H in doc["settings"]["H"]:
-                g = record(doc, B=B, H=H, impl="graph")
-                c32, c16 = (record(doc, B=B, H=H, impl=f"cudnn@{d}") for d in ("float32", "float16"))
-                rows.append([f"{B}, {H}", pair(g), loop(g), pair(c32), pair(c16), times(ratio(g, c32)), times(ratio(g, c16))])
-                findings.compare("Half precision", f"bfloat16 LSTM at B = {B}, H = {H} (`{loop(g)}`)", g, c16,
-                                 "cuDNN float16")
-    runs = results.training()
-    b16, f32 = runs["gpu_bfloat16"], runs["gpu_float32"]
-    return f"""## Half precision
-
-The LSTM in bfloat16, graph mode, against cuDNN in float32 and in float16 in the same process.
-
-{table(["B, H", "rnngraph bfloat16", "loop", "cuDNN float32", "cuDNN float16", "÷ cuDNN float32, training",
-        "÷ cuDNN float16, training"], rows)}
-
-{chr(10).join(source(d) for d in docs)}
-
-cuDNN's float16 LSTM is a persistent kernel on tensor cores; rnngraph's persistent kernel runs its GEMVs on
-CUDA cores and keeps a grid barrier per GEMM at B = 8, and at B = 64 each frame is a `GemmEx` and a fused kernel.
-At B = 1 the loop is bound by latency, not bandwidth, so half precision saves little there.
-
-The 3 × 512 char-LM of [Training](#training) trains in bfloat16 to a validation bpc of {_best(b16)[0]:.3f} in
-{_seconds(b16):.0f} s, against {_best(f32)[0]:.3f} in {_seconds(f32):.0f} s in float32: {_seconds(f32) / _seconds(b16):.2f}×
-faster, within run-to-run noise of the same bpc. Its first step takes longer (compiling the half kernels).
-
-![Training curves in bfloat16 and float32](../figures/training_h200_bf16.png)"""
-
-
-def norm(results: Results, findings: Findings) -> str:
-    doc = results.bench("norm")
-    got = {i: record(doc, impl=i) for i in doc["settings"]["impls"]}
-    label = {"graph": f"rnngraph graph mode ({loop(got['graph'])})", "torch_eager": "torch eager loop with `F.layer_norm`",
-             "torch_compile": "torch.compile (reduce-overhead) of that loop"}
-    rows = [[label[i], num(r["forward_ms"]), num(r["train_ms"]), times(ratio(r, got["graph"])),
-             _first(r)] for i, r in got.items()]
-    for i in ("torch_eager", "torch_compile"):
-        findings.compare("LayerNorm cells", "LayerNorm-LSTM at B = 1", got["graph"], got[i], label[i])
-    return f"""## LayerNorm cells
-
-The built-in `layernorm_lstm` (a LayerNorm on each gate product and on c) at B = 1.
-
-{table(["", "forward", "training step", "÷ rnngraph, training", "first call or compile, s"], rows)}
-
-{source(doc)}
-
-Each normalisation runs inside a row group: one kernel, one block per row. The LayerNorm cells cannot run the
-persistent loop (a row reduction needs every feature, and the persistent kernel splits features over blocks),
-and at B = 1 a row group is one block doing the whole row's work."""
-
-
-def _first(r: dict) -> str:
-    """Seconds of rnngraph's first call (kernels built, graphs recorded) or of torch.compile's compiling."""
-    first = r.get("first_s", r.get("compile_s"))
-    return "–" if first is None else f"{first:.2f}"
-
-
-def through_torch(results: Results, findings: Findings) -> str:
-    doc = results.bench("torch")
-    rows = []
-    for cell in doc["settings"]["cells"]:
-        got = {i: record(doc, cell=cell, impl=i) for i in doc["settings"]["impls"]}
-        extra = got["rnngraph_torch"]["train_ms"] - got["graph"]["train_ms"]
-        rows.append([NAMES.get(cell, cell), f"{pair(got['graph'])} ({loop(got['graph'])})", pair(got["rnngraph_torch"]),
-                     pair(got["cudnn"]), pair(got["torch_eager"]), f"{1e3 * extra:.0f} µs",
-                     times(ratio(got["rnngraph_torch"], got["cudnn"]) if got["cudnn"] else None)])
-        if got["cudnn"]:
-            findings.compare("Through PyTorch", f"{NAMES.get(cell, cell)} through `rnngraph.torch`",
-                             got["rnngraph_torch"], got["cudnn"], "cuDNN")
-    return f"""## Through PyTorch
-
-The same layer called directly and as an `rnngraph.torch` module, its training step through `loss.backward()`,
-at B = 1.
-
-{table(["cell", "graph mode (loop)", "`rnngraph.torch`", "cuDNN", "torch eager loop",
-        "module's extra host time a training step", "module ÷ cuDNN, training"], rows)}
-
-{source(doc)}
-
-The module's extra time is host work (torch's autograd machinery and the conversions of inputs, outputs and
-gradients), counted in full because `bench` synchronises after every call; a training loop that does not
-synchronise each step hides most of it behind the previous step's GPU work."""
 
 
 def experiments(results: Results, findings: Findings) -> str:
@@ -351,7 +124,7 @@ def _sequence(results: Results, findings: Findings) -> str:
     rows = []
     for T in sorted({r["T"] for r in doc["records"]}):
         got = {i: record(doc, optional=True, T=T, impl=i) for i in impls}
-        rows.append([T, *(_us(r) for r in got.values())])
+        rows.append([T, *(per_frame(r) for r in got.values())])
         findings.compare("Evaluation experiments", f"LSTM at T = {T}, B = 1, graph mode (`stages`)", got["graph"],
                          got["cudnn"], "cuDNN")
     return f"""The LSTM's cost per frame (µs, forward / training step) at B = 1 against T: flat means a constant cost per
@@ -394,7 +167,7 @@ on every machine.
 
 {table(["cell", "stages", "forward kernels a frame", "backward kernels a frame", "FLOPs hoisted, forward / training"], rows)}
 
-`{results.relative(doc['path'])}`: `rnngraph experiment schedule_stats --out experiments/results`.
+`{rel(doc['path'])}`: `rnngraph experiment schedule_stats --out experiments/results`.
 
 ![Schedule statistics](../figures/schedule_stats.png)"""
 
@@ -405,7 +178,7 @@ def _lanes(results: Results) -> str:
     rows = []
     for impl in ("graph", "staged"):
         for L in sorted({r["layers"] for r in doc["records"]}):
-            rows.append([impl, L, *(_us(record(doc, impl=impl, layers=L, cell=c, lanes=k)) for c, k in series)])
+            rows.append([impl, L, *(per_frame(record(doc, impl=impl, layers=L, cell=c, lanes=k)) for c, k in series)])
     head = ["mode", "layers", *(f"{'stacked LSTM' if c == 'lstm' else 'wavefront'}, {k} lane{'s' * (k > 1)}"
                                 for c, k in series)]
     return f"""Several LSTM layers at B = 1, H = 512: stacked (each layer's loop after the one below) on one stream, against the
@@ -429,7 +202,7 @@ def training(results: Results, findings: Findings) -> str:
     ends = [k for k, v in enumerate(log["val_bpc"]) if v == v]
     epochs = [[f"{log['step'][k]:.0f}", f"{log['epoch'][k]:.0f}", f"{log['bpc'][k]:.3f}", f"{log['val_bpc'][k]:.3f}",
                f"{log['frames_per_s'][k]:,.0f}", f"{log['elapsed_s'][k]:.0f} s"] for k in ends]
-    gpu = [[f"`{n}`", f"{_best(r)[0]:.3f} ({_best(r)[1]:.0f}) / {r['log']['val_bpc'][-1]:.3f}", f"{_seconds(r):.0f} s",
+    gpu = [[f"`{n}`", f"{best_val(r)[0]:.3f} ({best_val(r)[1]:.0f}) / {r['log']['val_bpc'][-1]:.3f}", f"{seconds(r):.0f} s",
             f"{_chars(r):,.0f}"] for n, r in runs.items() if n.startswith("gpu")]
     return f"""## Training
 
@@ -445,7 +218,7 @@ The default `rnngraph train` (an LSTM, 1 layer × 256, 32 streams × bptt 32, 2 
 {_demo(demo)[1]}: {_run_source(results, demo)}
 
 Runs on a GPU (3 layers, 64 streams × bptt 128, Adam 2e-3 with a cosine schedule); each stored run's command,
-machine and date are in `{results.relative(results.root / "training_runs.json")}`:
+machine and date are in `{rel(results.root / "training_runs.json")}`:
 
 {table(["run", "validation bpc: best (epoch) / last", "training time", "characters/s"], gpu)}
 
@@ -463,25 +236,15 @@ def _demo(run: dict) -> tuple:
     return re.search(r"rnngraph demo: done in (\d+) s", out)[1], re.search(r"validation bpc (\d\.\d{3}) after", out)[1]
 
 
-def _best(run: dict) -> tuple:
-    log = run["log"]
-    k = min((k for k, v in enumerate(log["val_bpc"]) if v == v), key=lambda k: log["val_bpc"][k])
-    return log["val_bpc"][k], log["epoch"][k]
-
-
-def _seconds(run: dict) -> float:
-    return float(run["log"]["elapsed_s"][-1])
-
-
 def _chars(run: dict) -> float:
     """Characters a second over the whole run (streams × bptt a step)."""
     args = shlex.split(run["command"])
     streams, bptt = (int(args[args.index(o) + 1]) for o in ("--streams", "--bptt"))
-    return run["log"]["step"][-1] * streams * bptt / _seconds(run)
+    return run["log"]["step"][-1] * streams * bptt / seconds(run)
 
 
 def _run_source(results: Results, run: dict) -> str:
-    return f"`{results.relative(run['path'])}`: `{run['command']}` on {run['machine']}, {run['date']}."
+    return f"`{rel(run['path'])}`: `{run['command']}` on {run['machine']}, {run['date']}."
 
 
 _NOT_MEASURED = """## Not measured
