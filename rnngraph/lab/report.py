@@ -1,5 +1,6 @@
 """`rnngraph report`: docs/performance.md and README.md's headline table, rendered from the stored results in
-experiments/results (nothing is measured); `--check` exits 1 when a page differs from what the files give.
+experiments/results (nothing is measured), and the package's layout table (lab/layout.py) in
+docs/architecture.md where that page holds the layout markers; `--check` exits 1 when a page differs.
 
 Example::
 
@@ -15,11 +16,14 @@ from ..errors import RnnGraphError
 from .experiments import REPO, RESULTS
 from .report_bench import headline
 from .report_data import Results, rel
+from .layout import layout_table
 from .report_page import render_page
 
 PAGE = REPO / "docs" / "performance.md"
 README = REPO / "README.md"
+ARCHITECTURE = REPO / "docs" / "architecture.md"
 BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
+LAYOUT = "<!-- layout:begin -->", "<!-- layout:end -->"
 
 
 def add_arguments(p) -> None:
@@ -32,10 +36,12 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     results = Results(args.results)
     pages = {PAGE: render_page(results), README: with_headline(_read(README), headline(results))}
+    if ARCHITECTURE.exists() and LAYOUT[0] in _read(ARCHITECTURE):
+        pages[ARCHITECTURE] = between(_read(ARCHITECTURE), *LAYOUT, layout_table(), ARCHITECTURE)
     stale = [p for p, text in pages.items() if not p.exists() or _read(p) != text]
     if args.check:
         for p in stale:
-            print(f"rnngraph: {rel(p)} differs from what {rel(results.root)} gives; run `rnngraph report`",
+            print(f"rnngraph: {rel(p)} is out of date (stored results: {rel(results.root)}); run `rnngraph report`",
                   file=sys.stderr)
         return 1 if stale else 0
     for p in stale:
@@ -55,7 +61,12 @@ def _read(path: Path) -> str:
 
 def with_headline(readme: str, text: str) -> str:
     """README.md with `text` between its headline markers."""
-    if readme.count(BEGIN) != 1 or readme.count(END) != 1 or readme.index(BEGIN) > readme.index(END):
-        raise RnnGraphError(f"{README} needs one {BEGIN} line followed by one {END} line")
-    start, stop = readme.index(BEGIN) + len(BEGIN), readme.index(END)
-    return readme[:start] + "\n" + text + "\n" + readme[stop:]
+    return between(readme, BEGIN, END, text, README)
+
+
+def between(page: str, begin: str, end: str, text: str, where: Path) -> str:
+    """`page` with `text` on the lines between its one `begin` marker and the `end` marker after it."""
+    if page.count(begin) != 1 or page.count(end) != 1 or page.index(begin) > page.index(end):
+        raise RnnGraphError(f"{where} needs one {begin} line followed by one {end} line")
+    start, stop = page.index(begin) + len(begin), page.index(end)
+    return page[:start] + "\n" + text + "\n" + page[stop:]
