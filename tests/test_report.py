@@ -11,7 +11,6 @@ import pytest
 
 from rnngraph.lab import report
 from rnngraph.lab.cli import build_parser, main
-from rnngraph.lab.layout import PACKAGE, floors, layout_table
 from rnngraph.lab.report import README, with_headline
 from rnngraph.lab.report_bench import headline
 from rnngraph.lab.report_data import Results
@@ -121,37 +120,3 @@ def test_each_training_command_gives_the_config_its_log_holds():
         assert want == {k: stored[k] for k in want}, run["name"]
         checked += 1
     assert checked == 3
-
-
-# -- the layout table ------------------------------------------------------------------------------
-
-def test_the_layout_names_every_module_once():
-    named = [f"{floor}{m}".removeprefix("rnngraph/") for floor, _, modules in floors() for m in modules]
-    tree = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
-                  if p.name != "__init__.py" or p.parent.parent != PACKAGE)
-    assert sorted(named) == [t for t in tree if t != "__init__.py"] and len(named) == len(set(named))
-    assert all(what.endswith(".") for _, what, _ in floors())         # every floor says what lives there
-
-
-def test_a_floor_comes_after_the_floors_it_imports(tmp_path):
-    pkg = tmp_path / "rnngraph"
-    for name, text in {"__init__.py": '"""Top. More."""', "errors.py": "",
-                       "a/__init__.py": '"""Floor a: first. Then more."""', "a/x.py": "from ..errors import E\n",
-                       "b/__init__.py": '"""Floor b."""', "b/y.py": "def f():\n    from ..c.z import g\n",
-                       "c/__init__.py": '"""Floor c | piped."""', "c/z.py": "import rnngraph.a.x\n",
-                       "c/deep/w.py": ""}.items():
-        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
-        (pkg / name).write_text(text)
-    assert floors(pkg) == [("rnngraph/", "Top.", ["errors.py"]), ("a/", "Floor a: first.", ["x.py"]),
-                           ("c/", "Floor c \\| piped.", ["deep/w.py", "z.py"]), ("b/", "Floor b.", ["y.py"])]
-    assert layout_table(pkg).splitlines()[3] == "| `a/` | Floor a: first. | `x.py` |"
-
-
-def test_a_page_with_the_layout_markers_gets_the_layout(tmp_path, monkeypatch, capsys):
-    page = tmp_path / "architecture.md"
-    page.write_text("# Architecture\n\n<!-- layout:begin -->\n<!-- layout:end -->\n\nMore.\n")
-    monkeypatch.setattr(report, "ARCHITECTURE", page)
-    assert main(["report", "--check"]) == 1
-    assert main(["report"]) == 0 and capsys.readouterr().out.endswith(f"wrote {page}\n")
-    assert page.read_text() == f"# Architecture\n\n<!-- layout:begin -->\n{layout_table()}\n<!-- layout:end -->\n\nMore.\n"
-    assert main(["report", "--check"]) == 0

@@ -1,6 +1,5 @@
 """`rnngraph report`: docs/performance.md and README.md's headline table, rendered from the stored results in
-experiments/results (nothing is measured), and the package's layout table (lab/layout.py) in
-docs/architecture.md where that page holds the layout markers; `--check` exits 1 when a page differs.
+experiments/results (nothing is measured); `--check` exits 1 when a page differs.
 
 Example::
 
@@ -16,14 +15,11 @@ from ..errors import RnnGraphError
 from .experiments import REPO, RESULTS
 from .report_bench import headline
 from .report_data import Results, rel
-from .layout import layout_table
 from .report_page import render_page
 
 PAGE = REPO / "docs" / "performance.md"
 README = REPO / "README.md"
-ARCHITECTURE = REPO / "docs" / "architecture.md"
 BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
-LAYOUT = "<!-- layout:begin -->", "<!-- layout:end -->"
 
 
 def add_arguments(p) -> None:
@@ -36,8 +32,6 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     results = Results(args.results)
     pages = {PAGE: render_page(results), README: with_headline(_read(README), headline(results))}
-    if ARCHITECTURE.exists() and LAYOUT[0] in _read(ARCHITECTURE):
-        pages[ARCHITECTURE] = between(_read(ARCHITECTURE), *LAYOUT, layout_table(), ARCHITECTURE)
     stale = [p for p, text in pages.items() if not p.exists() or _read(p) != text]
     if args.check:
         for p in stale:
