@@ -63,4 +63,4 @@ class RNNCell(_Cell):
         self.nonlinearity = nonlinearity
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + ("" if self.nonlinearity == "tanh" else f", nonlinearity={self.nonlinearity!r}")
+        return super().extra_repr() + ("" if self.nonlinearity == "tanh" else f", nonlinearity={self.nonlinearity}")
