@@ -68,7 +68,9 @@ def lstm_cell(proj_size: int = 0):
 
 def _size_below(proj_size, hidden_size: int) -> int:
     """proj_size as an int in [0, hidden_size), torch.nn.LSTM's rule, or one clear error."""
-    if isinstance(proj_size, bool) or not isinstance(proj_size, Integral) or not 0 <= proj_size < hidden_size:
+    if proj_size == 0 and not isinstance(proj_size, bool):
+        return 0
+    if isinstance(proj_size, bool) or not isinstance(proj_size, Integral) or not 0 < proj_size < hidden_size:
         raise RnnGraphError(f"proj_size must be an integer in [0, hidden_size={hidden_size}) (0: no projection), "
                             f"got {proj_size!r}")
     return int(proj_size)
