@@ -281,7 +281,7 @@ def add_arguments(p) -> None:
                         "impl@dtype runs one in another dtype than --dtype, e.g. cudnn@float16")
     p.add_argument("--repeats", type=int, metavar="N", help="timed calls; the median is reported (default: 20)")
     p.add_argument("--warmup", type=int, metavar="N", help="untimed calls first (default: 3)")
-    p.add_argument("--tf32", action="store_true", help="allow TF32 in torch and cupy matmuls (default: off)")
+    p.add_argument("--tf32", action="store_true", help="allow TF32 in torch, cupy and rnngraph float32 matmuls (default: off)")
     p.add_argument("--json", metavar="FILE", help="write every measurement and machine_info() to FILE (in a "
                    "folder that exists: checked before measuring)")
     p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke test: T=8, B=2, H=16, 3 repeats")

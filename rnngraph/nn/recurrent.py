@@ -64,6 +64,7 @@ class Recurrent(Parameterized):
         layer = Recurrent("gru", 8, 16, num_layers=2, bidirectional=True, dtype="float64")
         y, h_n = layer(x)                       # x [T, B, 8] -> y [T, B, 32], h_n [4, B, 16]
         grad_x, grad_h0, grads = layer.backward(grad_y)
+        y_t, h = Recurrent("gru", 8, 16).step(x_t, h)   # one frame (one direction): x_t [B, 8] -> y_t [B, 16]
     """
 
     def __init__(self, cell, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
