@@ -96,3 +96,25 @@ def test_proj_size_zero_is_the_plain_lstm():
     assert list(plain.graph.nodes) == list(zero.graph.nodes)
     assert np.array_equal(rnn.LSTM(3, 5, proj_size=0, dtype="float64").state_dict()["weight_hh_l0"],
                           rnn.LSTM(3, 5, dtype="float64").state_dict()["weight_hh_l0"])
+
+
+def test_the_projected_cell_s_gpu_kernels_compile():
+    """Without a GPU: its persistent loop kernels (forward, backward; every dtype) and its fused groups,
+    compiled by NVRTC as the cupy backend would."""
+    from nvrtc import nvrtc_compile
+    from rnngraph.plan.items import Fused
+    from rnngraph.run.kernels import CTYPES, fused_backward_kernel, fused_forward_kernel
+    from rnngraph.run.persistent_kernels import persistent_kernel
+    from rnngraph.run.persistent_phases import problem
+    cell = lstm(8, 64, proj_size=16)
+    s = build_schedule(cell, loop="persistent")
+    loops = (s.forward[1].items[0], next(sec for sec in s.backward if sec.name == "loop").items[0])
+    for lp in loops:
+        assert problem(cell, lp) is None
+        for dtype, B in (("float32", 1), ("float64", 8), ("bfloat16", 2), ("float16", 2)):
+            k = persistent_kernel(cell, lp, CTYPES[dtype], B, 132)
+            nvrtc_compile(k.source, k.name)
+    groups = [it for st in build_schedule(cell, loop="stages").loop for it in st if isinstance(it, Fused)]
+    for group in groups:
+        for spec in (fused_forward_kernel(cell, group.nodes), fused_backward_kernel(cell, group.nodes, set(cell.params))):
+            nvrtc_compile(*reversed(spec.source("float")))

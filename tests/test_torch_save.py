@@ -110,3 +110,15 @@ def test_deepcopy_keeps_the_dropout_generator_s_state():
     rnn(x)
     twin = copy.deepcopy(rnn)
     assert_same([twin(x)[0]], [rnn(x)[0]], rtol=0)                 # the same next masks
+
+
+def test_numpy_sizes_and_seed_are_stored_as_plain_numbers():
+    import numpy as np
+    rnn = rt.GRU(np.int64(4), np.int64(5), num_layers=np.int64(2), seed=np.int64(3), dtype=F64)
+    buf = io.BytesIO()
+    torch.save(rnn, buf)
+    buf.seek(0)
+    with torch.serialization.safe_globals([rt.GRU]):
+        loaded = torch.load(buf, weights_only=True)
+    x = torch.randn(3, 2, 4, dtype=F64)
+    assert_same([loaded(x)[0]], [rnn(x)[0]], rtol=0)

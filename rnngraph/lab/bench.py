@@ -281,7 +281,8 @@ def add_arguments(p) -> None:
                         "impl@dtype runs one in another dtype than --dtype, e.g. cudnn@float16")
     p.add_argument("--repeats", type=int, metavar="N", help="timed calls; the median is reported (default: 20)")
     p.add_argument("--warmup", type=int, metavar="N", help="untimed calls first (default: 3)")
-    p.add_argument("--tf32", action="store_true", help="allow TF32 in torch, cupy and rnngraph float32 matmuls (default: off)")
+    p.add_argument("--tf32", action="store_true", help="allow TF32 in torch, cupy and rnngraph float32 matmuls "
+                   "(default: off)")
     p.add_argument("--json", metavar="FILE", help="write every measurement and machine_info() to FILE (in a "
                    "folder that exists: checked before measuring)")
     p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke test: T=8, B=2, H=16, 3 repeats")
@@ -304,7 +305,8 @@ def run(args) -> int:
     q = QUICK if args.quick else {}
     st = {"cells": args.cell or list(DEFAULT_CELLS), "T": args.T or q.get("T", [100]),
           "B": args.B or q.get("B", [1]), "H": args.H or q.get("H", [512]), "D": args.D, "layers": args.layers or 1,
-          "dtype": args.dtype, "impls": args.impls or list(DEFAULT_IMPLS), "repeats": args.repeats or q.get("repeats", 20),
+          "dtype": args.dtype, "impls": args.impls or list(DEFAULT_IMPLS),
+          "repeats": args.repeats or q.get("repeats", 20),
           "warmup": args.warmup or q.get("warmup", 3), "tf32": args.tf32, "loops": args.loop or ["auto"]}
     for i in st["impls"]:
         _impl_dtype(i, args.dtype)

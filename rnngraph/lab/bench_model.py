@@ -29,7 +29,7 @@ PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}    # 
 TOL = {"fp32": 1e-4, "tf32": 5e-3, "bf16": 3e-2, "fp16": 1e-2}     # losses' relative difference, step by step
 VOCAB = 65                                           # the Shakespeare corpus's characters
 DEFAULTS = {"cells": ["lstm"], "T": [128], "B": [1, 32, 128], "H": [512], "layers": 2, "steps": 20, "warmup": 5,
-            "precisions": ["fp32", "bf16"]}
+            "precisions": ["fp32", "bf16"], "impls": list(IMPLS)}
 QUICK = {"T": [8], "B": [1, 2], "H": [16], "steps": 3, "warmup": 2}
 
 
@@ -196,11 +196,10 @@ def model_rows(settings: dict, device: torch.device, progress=lambda c: c) -> li
 def run_model(args, machine_info) -> int:
     """`rnngraph bench --model charlm` (machine_info: bench's, what the header reports): prints the table;
     1 if a row failed or its losses disagree."""
-    q = QUICK if args.quick else {}
-    st = {"model": args.model, "cells": args.cell or DEFAULTS["cells"], "layers": args.layers or DEFAULTS["layers"],
-          "impls": args.impls or list(IMPLS), "precisions": args.precision or DEFAULTS["precisions"],
-          "steps": args.repeats or q.get("steps", DEFAULTS["steps"]), "warmup": args.warmup or q.get("warmup", DEFAULTS["warmup"]),
-          "tf32": args.tf32, **{k: getattr(args, k) or q.get(k, DEFAULTS[k]) for k in ("T", "B", "H")}}
+    d = {**DEFAULTS, **(QUICK if args.quick else {})}
+    given = {"cells": args.cell, "layers": args.layers, "impls": args.impls, "precisions": args.precision,
+             "steps": args.repeats, "warmup": args.warmup, "T": args.T, "B": args.B, "H": args.H}
+    st = {"model": args.model, "tf32": args.tf32, **{k: v or d[k] for k, v in given.items()}}
     for what, given, known in (("implementation", st["impls"], IMPLS), ("precision", st["precisions"], PRECISIONS)):
         bad = [v for v in given if v not in known]
         if bad:

@@ -56,15 +56,18 @@ class Recurrent(torch.nn.Module):
         if mode is not None and mode not in MODES:
             raise RnnGraphError(f"unknown mode {mode!r}; choose None (graph on CUDA, staged on the CPU) or one of "
                                 f"{', '.join(MODES)}")
-        sizes = (input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional)
-        template = Engine(cell, *sizes, backend="numpy", dtype="float64", loop=loop,
+        template = Engine(cell, input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
+                          backend="numpy", dtype="float64", loop=loop,
                           mode="naive" if mode == "naive" else "staged")     # checks everything once, here
         self._cell_data = cell if isinstance(cell, str) and cell in CELLS else [cell_to_dict(c) for c in template.cells]
-        self._sizes, self._graphs = sizes, template.cells
         self.input_size, self.hidden_size, self.num_layers = int(input_size), int(hidden_size), int(num_layers)
         self.bias, self.batch_first, self.dropout = bool(bias), bool(batch_first), float(dropout)
         self.bidirectional = bool(bidirectional)
-        self.state_names, self.mode, self.loop, self.seed = template.state_names, mode, loop, seed
+        self.state_names, self.mode, self.loop = template.state_names, mode, loop
+        self.seed = None if seed is None else int(seed)         # plain types only: they are pickled
+        self._sizes = (self.input_size, self.hidden_size, self.num_layers, self.bias, self.batch_first, self.dropout,
+                       self.bidirectional)
+        self._graphs = template.cells
         factory = {"device": device, "dtype": dtype if dtype is not None else torch.get_default_dtype()}
         self._groups, self._names = [], []      # module parameter names per (layer, direction); the engine's
         for per_l in template._layout:          # torch's order of its four stems first
