@@ -57,7 +57,7 @@ def test_the_default_mode_is_graph_and_equals_staged(kind):
     for T, B in ((9, 3), (9, 3), (20, 16), (9, 3)):          # replays, a second shape, a replay again
         x = torch.randn(T, B, 6, generator=g).to(dev)
         for k, (a, b) in enumerate(zip(outputs_and_grads(default, x), outputs_and_grads(staged, x), strict=True)):
-            assert rel(a, b) <= 1e-6, f"{kind} T={T} B={B}: array {k} differs by {rel(a, b):.1e}"
+            assert rel(a, b) <= 1e-5, f"{kind} T={T} B={B}: array {k} differs by {rel(a, b):.1e}"   # atomic sums
     engine = engine_of(default)
     assert default.mode is None and engine.mode == "graph" and engine.backend.cache_info()["graphs"] > 0
     assert engine_of(staged).mode == "staged"
@@ -111,12 +111,12 @@ def test_cublas_tf32_option_rounds_float32_products_to_tf32():
     from rnngraph.run.backends.cublas import Cublas
     blas = Cublas(cupy)
     rng = np.random.default_rng(0)
-    x, w = rng.standard_normal((256, 512)), rng.standard_normal((384, 512))
-    want, errors = x @ w.T, {}
+    x, w = rng.standard_normal((256, 512)).astype("float32"), rng.standard_normal((384, 512)).astype("float32")
+    want, errors = x.astype("float64") @ w.T.astype("float64"), {}     # the exact product of the float32 inputs
     for tf32 in (False, True):
         blas.tf32 = tf32
         out = cupy.empty((256, 384), "float32")
-        blas.nt(cupy.asarray(x, "float32"), cupy.asarray(w, "float32"), out)
+        blas.nt(cupy.asarray(x), cupy.asarray(w), out)
         errors[tf32] = float(np.linalg.norm(cupy.asnumpy(out) - want) / np.linalg.norm(want))
     assert errors[False] < 1e-6 and 1e-5 < errors[True] < 5e-3, errors
 
@@ -220,6 +220,7 @@ def test_the_model_benchmark_runs_and_agrees_with_cudnn(tmp_path):
     path = tmp_path / "model.json"
     rc = main(["bench", "--model", "charlm", "-T", "32", "-B", "1,16", "-H", "64", "--repeats", "4", "--warmup", "3",
                "--json", str(path)])
+    assert path.exists(), f"the benchmark stopped (exit {rc}) before writing its results"
     ran = [r for r in json.loads(path.read_text())["results"] if "ms_per_step" in r]
     assert {r["impl"] for r in ran} == set(IMPLS) and {r["precision"] for r in ran} == {"fp32", "bf16"}
     bad = [(r["impl"], r["B"], r["precision"], r["loss_diff"]) for r in ran if not r["losses_agree"]]
