@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rnngraph.lab import report
+from rnngraph.lab.bench import DEFAULT_IMPLS
 from rnngraph.lab.cli import build_parser, main
 from rnngraph.lab.report import README, with_headline
 from rnngraph.lab.report_bench import headline
@@ -87,7 +88,7 @@ def test_a_bench_file_is_what_its_command_measures(path):
     args = build_parser().parse_args(shlex.split(m["command"])[1:])
     st = doc["settings"]
     asked = {"cells": args.cell, "T": args.T or [100], "B": args.B or [1], "H": args.H or [512], "dtype": args.dtype,
-             "impls": args.impls, "repeats": args.repeats or 20}
+             "impls": args.impls or list(DEFAULT_IMPLS), "repeats": args.repeats or 20}
     assert {k: st[k] for k in asked} == asked
     loops = args.loop or ["auto"]
     grid = sorted((c, t, b, h, i) for c in asked["cells"] for t in asked["T"] for b in asked["B"] for h in asked["H"]
