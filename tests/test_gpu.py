@@ -215,12 +215,12 @@ def test_failed_capture_warns_falls_back_and_leaves_no_broken_stream():
 
     be.gemm = gemm
     with pytest.warns(rg.RnnGraphWarning, match="capture failed"):
-        ex, got = _run(cell, be, "graph", *prob, cupy, "float64")
+        ex, got = _run(cell, be, *prob, cupy, "float64")
     _assert_close(got, ref, TOL["float64"], "after a failed capture")
     assert "eager" in [g for g, _ in be.graphs.entries.values()]
     _assert_close(_run_again(ex, prob, cupy, "float64", {}), ref, TOL["float64"], "eager fallback, second call")
     be.gemm = real   # the stream still records: a fresh executor captures normally
-    ex2, got2 = _run(cell, be, "graph", *prob, cupy, "float64")
+    ex2, got2 = _run(cell, be, *prob, cupy, "float64")
     _assert_close(got2, ref, TOL["float64"], "capture after a failed one")
     assert any(g != "eager" for g, _ in be.graphs.entries.values())
 
