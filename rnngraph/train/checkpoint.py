@@ -62,12 +62,24 @@ def save_checkpoint(path, config: dict, arrays: dict) -> Path:
     return path
 
 
-def load_checkpoint(path) -> Checkpoint:
-    """Reads a checkpoint; a missing, truncated, corrupt or foreign file is one clear RnnGraphError."""
+def checkpoint_file(path) -> Path:
+    """The checkpoint `path` names: the file itself, or a run folder's checkpoint.npz (what `train --out` made)."""
     path = Path(path)
+    if path.is_dir():
+        if not (path / "checkpoint.npz").is_file():
+            raise RnnGraphError(f"folder {path} holds no checkpoint.npz; give a run folder that `rnngraph train` "
+                                "wrote, or a checkpoint file")
+        return path / "checkpoint.npz"
+    return path
+
+
+def load_checkpoint(path) -> Checkpoint:
+    """Reads a checkpoint (a file, or a run folder's checkpoint.npz); a missing, truncated, corrupt or foreign
+    file is one clear RnnGraphError."""
+    path = checkpoint_file(path)
     if not path.is_file():
         raise RnnGraphError(f"checkpoint {path} not found" + ("" if path.suffix == ".npz" else
-                            " (checkpoints are .npz files, e.g. runs/train/checkpoint.npz)"))
+                            " (a checkpoint is an .npz file, e.g. runs/train/checkpoint.npz, or its run folder)"))
     try:
         with zipfile.ZipFile(path) as z:
             names = z.namelist()
