@@ -29,6 +29,7 @@ from ..ir.cells import CELLS
 from ..plan.schedule import build_schedule
 from ..version import __version__
 from .options import LOOP_CHOICES, add_cell_arguments, cell_from_args
+from .outputs import check_replaceable, write_output
 
 
 @dataclass(frozen=True)
@@ -59,34 +60,36 @@ def _schedule_arguments(p: argparse.ArgumentParser) -> None:
                    help="loop strategy (default: %(default)s, the best one the cell admits)")
     p.add_argument("--json", action="store_true", help="print the schedule's summary as JSON")
     p.add_argument("--draw", metavar="FILE.png", help="also draw the scheduled graph to an image file")
+    p.add_argument("--overwrite", action="store_true",
+                   help="let --draw replace a file rnngraph did not write (its own earlier drawing it always may)")
 
 
 def _schedule_run(args: argparse.Namespace) -> None:
     if args.draw is not None:
         from .drawing import check_image_path, draw_schedule   # matplotlib only when drawing
         check_image_path(args.draw)
+        check_replaceable(args.draw, args.overwrite)
     schedule = build_schedule(cell_from_args(args), loop=args.loop)
     print(json.dumps(schedule.summary()) if args.json else schedule)
     if args.draw is not None:
-        try:
-            draw_schedule(schedule, args.draw)
-        except OSError as e:
-            raise RnnGraphError(f"cannot write {args.draw}: {e.strerror or e}") from None
+        write_output(args.draw, lambda tmp: draw_schedule(schedule, tmp), args.overwrite)
         print(f"rnngraph: drew {args.draw}", file=sys.stderr)
 
 
 # -- figures (here: --help needs no matplotlib) --------------------------------------------------
 
 def _figures_arguments(p: argparse.ArgumentParser) -> None:
-    """`rnngraph figures [--results DIR] [--out DIR] [--runs DIR]`."""
-    from .experiments import REPO, RESULTS, SCRATCH
+    """`rnngraph figures [--results DIR] [--out DIR] [--runs DIR] [--overwrite]`."""
+    from .experiments import FIGURES, RESULTS, SCRATCH
     p.add_argument("--results", metavar="DIR",
                    help=f"folder of NAME.json results (default: the committed {RESULTS}; "
                         f"{RESULTS / 'quick'}: CPU samples)")
-    p.add_argument("--out", metavar="DIR", help=f"where figures go (default: {REPO / 'figures'} for the committed "
-                   f"results, {SCRATCH[False].parent / 'figures'} for any other --results)")
+    p.add_argument("--out", metavar="DIR", help=f"where figures go (default, in the working directory: {FIGURES} for "
+                   f"the committed results, {SCRATCH[False].parent / 'figures'} for any other --results)")
     p.add_argument("--runs", metavar="DIR", default="runs",
                    help="training runs (DIR/*/log.csv) for the training curves, if any (default: %(default)s)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace files in --out that rnngraph did not write (its own earlier figures it always may)")
 
 
 def _figures_run(args: argparse.Namespace) -> None:
