@@ -21,7 +21,7 @@ from rnngraph.lab.cli import main
 from rnngraph.lab.outputs import MANIFEST, write_text_output
 from rnngraph.nn.optim import Adam
 from rnngraph.train.checkpoint import load_checkpoint
-from rnngraph.train.lock import LOCK_FILE
+from rnngraph.train.lock import LOCK_FILE, hold_folder
 from rnngraph.train.logs import LOG_COLUMNS
 from rnngraph.train.loop import DIVERGED, TrainConfig, train
 
@@ -166,6 +166,35 @@ def test_a_lock_left_by_a_killed_run_is_taken_by_the_next(work):
     rc, out, err = run("train", "--resume", "killed", "--max-steps", str(step + 3), cwd=work)
     assert rc == 0 and err == "" and f"done: {step + 3} steps" in out
     assert log_steps(work / "killed") == list(range(1, step + 4)) and not lock.exists()
+
+
+def gloo() -> bool:
+    try:
+        import torch.distributed as td
+    except ImportError:
+        return False
+    return td.is_available() and td.is_gloo_available()
+
+
+@pytest.mark.skipif(not gloo(), reason="--procs needs torch.distributed with gloo")
+def test_ranks_a_held_folder_is_refused_before_any_rank_starts_and_rank_0_holds_the_lock(work):
+    hold = hold_folder(work / "held")                              # this process holds it
+    try:
+        rc, out, err = run(*TRAIN, "--out", "held", "--procs", "2", cwd=work)
+    finally:
+        hold.release()
+    assert rc == 2 and out == ""
+    one_line(err, f"rnngraph: error: held is in use by pid {os.getpid()} on ")
+    launcher = start(*LONG, "--out", "ranks", "--procs", "2", cwd=work)
+    wait_for_steps(work / "ranks", 25, launcher)
+    holder = json.loads((work / "ranks" / LOCK_FILE).read_text())["pid"]
+    assert holder != launcher.pid                                  # rank 0, the process that writes
+    launcher.send_signal(signal.SIGTERM)
+    rc, _, err = finish(launcher)
+    assert rc == 143
+    one_line(err, "rnngraph: stopped by SIGTERM; checkpoint ranks/checkpoint.npz holds step ",
+             "; continue with rnngraph train --resume ranks/checkpoint.npz --procs 2")
+    assert sorted(p.name for p in (work / "ranks").iterdir()) == ["checkpoint.npz", "log.csv", "log.json"]
 
 
 # -- signals and pipes ---------------------------------------------------------------------------------

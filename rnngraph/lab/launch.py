@@ -4,10 +4,11 @@ them all together.
 Each rank is `python -m rnngraph` with the same arguments and the launcher's usual variables (RANK,
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT: what torchrun sets, so a run across machines starts the
 same processes with torchrun instead). Ranks run in their own sessions, so a Ctrl-C (or SIGTERM, SIGHUP)
-reaches this process alone, which passes it on once as SIGINT. A rank that stops with an error writes its one line to a fault file
-(cli.py) instead of printing it; the first rank to fail stops the others (SIGTERM, then SIGKILL), and this
-process prints one line naming that rank and its cause. Rank 0 holds the lock on the run's folder
-(train/lock.py) and writes checkpoints atomically, so the last one stays intact whatever is killed when.
+reaches this process alone, which passes it on once as SIGINT. A rank that stops with an error writes its
+one line to a fault file (cli.py) instead of printing it; the first rank to fail stops the others (SIGTERM,
+then SIGKILL), and this process prints one line naming that rank and its cause (none when rank 0's stdout,
+this process's, was a pipe its reader closed). Rank 0 holds the lock on the run's folder (train/lock.py) and
+writes checkpoints atomically, so the last one stays intact whatever is killed when.
 """
 from __future__ import annotations
 

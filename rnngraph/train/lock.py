@@ -1,7 +1,7 @@
 """A run's exclusive hold on its folder: `rnngraph train` (and --resume) and `rnngraph demo` lock their --out
 for their whole life, so a second run into the same folder refuses in one line naming the holder.
 
-The lock is an OS lock (fcntl.flock) on FOLDER/.lock, which also holds the holder's pid, host, start time and
+The lock is an OS lock (fcntl.flock) on FOLDER/.rnngraph.lock, which also holds the holder's pid, host, start time and
 command (filelock 3 truncates its lock file on every attempt, and filelock 4 needs Python 3.11). The kernel
 releases it when the holder's process ends, however it ends, so a lock left by a killed run never blocks: the
 next run takes it and rewrites the file. A hold is reentrant within a process (the demo holds its folder
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..errors import RnnGraphError
 
-LOCK_FILE = ".lock"
+LOCK_FILE = ".rnngraph.lock"
 READ_TRIES = 20          # a new holder writes its name just after taking the lock: wait up to 20 × 10 ms for it
 
 

@@ -6,6 +6,10 @@ previous chunk left, backpropagates through those K frames only, clips the globa
 updates. Streams restart from zero states at each epoch. Step n always reads the same chunk, draws the
 same dropout masks and uses the same learning rate, so a resumed run repeats an uninterrupted one bit
 for bit on the CPU.
+
+A loss that is not finite or beyond DIVERGED × log2(V) bits per character (V characters; log2(V) is a uniform
+guess) has diverged: at a step (before the update), at a validation, or for the weights about to be saved.
+The run stops with one line, and the last good checkpoint stays as it was.
 """
 from __future__ import annotations
 
