@@ -44,7 +44,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) barriers(unsigned int* bar,
 def barrier_us(n: int = 20000) -> float:
     """µs per grid barrier of persistent_kernels.py: one block of 512 threads per SM, n barriers."""
     import cupy
-    from rnngraph.run.persistent_kernels import SOURCE
+    from rnngraph.run.backends.cuda.persistent.kernels import SOURCE
     head = SOURCE[SOURCE.index("static __device__"):SOURCE.index('extern "C"')].replace("{{", "{").replace("}}", "}")
     kernel = cupy.RawKernel("#define CT float\n" + head + BARRIER, "barriers", enable_cooperative_groups=True)
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]

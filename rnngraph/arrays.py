@@ -195,3 +195,21 @@ def check_state_dict(owner: str, expected: dict, got: dict, strict: bool = True)
         problems.append("wrong shapes: " + "; ".join(wrong))
     if problems:
         raise RnnGraphError(f"cannot load state dict into {owner}:\n  " + "\n  ".join(problems))
+
+
+def float32_copies(xp, a):
+    """float32 copies of an array, or of a dict's or a list's arrays (None stays None)."""
+    if isinstance(a, dict):
+        return {k: float32_copies(xp, v) for k, v in a.items()}
+    if isinstance(a, (list, tuple)):
+        return [float32_copies(xp, v) for v in a]
+    return None if a is None else a.astype(xp.float32)
+
+
+def in_float32(xp, fn, args: list, written: tuple):
+    """fn(xp, *args) on float32 copies of args, then the copies of the args at positions `written`
+    stored back (rounded once)."""
+    ups = float32_copies(xp, args)
+    fn(xp, *ups)
+    for k in written:
+        args[k][...] = ups[k]

@@ -7,7 +7,7 @@ import pytest
 
 @functools.lru_cache(maxsize=None)
 def _gpu_problem():
-    from rnngraph.run.backends.cupy_backend import gpu_problem
+    from rnngraph.run.backends import gpu_problem
     return gpu_problem()
 
 

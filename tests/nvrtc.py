@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from rnngraph.run.kernels import complete
+from rnngraph.run.backends.cuda.source import complete
 
 
 def _nvrtc():

@@ -178,7 +178,7 @@ def reference(cell, T=5, B=3, seed=0):
     x = rng.standard_normal((T, B, cell.inputs["x"]))
     init = {s: rng.standard_normal((B, n)) * 0.5 for s, (_, n) in cell.states.items()}
     gy = rng.standard_normal((T, B, cell.op(cell.outputs[0]).size))
-    ex = Executor(cell, NumpyBackend(), "naive")
+    ex = Executor(cell, NumpyBackend("naive"))
     outs, finals = ex.forward(params, {"x": x}, init)
     ref = (outs[cell.outputs[0]].copy(), {k: v.copy() for k, v in finals.items()})
     gx = ex.backward({cell.outputs[0]: gy}, {})[0]["x"].copy()

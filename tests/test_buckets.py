@@ -103,7 +103,7 @@ def test_workspaces_share_one_arena_that_grows(cell):
 
 
 def test_graph_cache_limit_from_the_environment(monkeypatch):
-    from rnngraph.run.backends.recordings import graph_bytes_limit
+    from rnngraph.run.backends.cuda.recordings import graph_bytes_limit
     for text, want in (("2G", 2 ** 31), ("500M", 500 * 2 ** 20), ("1.5k", 1536), ("12345", 12345)):
         monkeypatch.setenv("RNNGRAPH_GRAPH_CACHE_BYTES", text)
         assert graph_bytes_limit() == want

@@ -77,7 +77,7 @@ def test_chunking_is_off_by_default_on_numpy_and_can_be_asked_for():
 
 def test_the_chunk_setting_and_its_error(monkeypatch):
     from rnngraph.errors import RnnGraphError
-    from rnngraph.run.backends.recordings import CHUNK_FRAMES, chunk_frames_setting
+    from rnngraph.run.backends.cuda.recordings import CHUNK_FRAMES, chunk_frames_setting
     monkeypatch.delenv("RNNGRAPH_CHUNK_FRAMES", raising=False)
     assert chunk_frames_setting(None) == CHUNK_FRAMES and chunk_frames_setting(0) == 0
     monkeypatch.setenv("RNNGRAPH_CHUNK_FRAMES", "64")

@@ -229,11 +229,11 @@ def test_executor_runs_a_given_schedule():
     params = {p: rng.standard_normal(shape) * 0.3 for p, shape in cell.params.items()}
     x = {"x": rng.standard_normal((5, 2, 8))}
     be = get_backend("numpy")
-    want = Executor(cell, be, "staged").forward(params, x, {})[0]["h"].copy()
-    got = Executor(cell, be, "staged", schedule=build_schedule(cell)).forward(params, x, {})[0]["h"]
+    want = Executor(cell, be).forward(params, x, {})[0]["h"].copy()
+    got = Executor(cell, be, schedule=build_schedule(cell)).forward(params, x, {})[0]["h"]
     np.testing.assert_array_equal(got, want)
     no_gemm = schedule_variants(build_schedule(cell))["no_per_frame_gemm"]
-    ex = Executor(cell, be, "staged", schedule=no_gemm)
+    ex = Executor(cell, be, schedule=no_gemm)
     assert ex.sched is no_gemm
     ex.forward(params, x, {})
 

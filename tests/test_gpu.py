@@ -22,8 +22,8 @@ def user_cell(D, H):
     return c.build()
 
 
-def _run(cell, backend, mode, params, x, init, gy, gf, xp, dtype, loop="auto"):
-    ex = Executor(cell, backend, mode, loop=loop)
+def _run(cell, backend, params, x, init, gy, gf, xp, dtype, loop="auto"):
+    ex = Executor(cell, backend, loop=loop)
     conv = {k: xp.asarray(v.astype(dtype)) for k, v in params.items()}
     outs, fin = ex.forward(conv, {"x": xp.asarray(x.astype(dtype))},
                            {k: xp.asarray(v.astype(dtype)) for k, v in init.items()})
@@ -97,15 +97,15 @@ def test_cupy_matches_numpy_reference(name, mode, dtype):
     import cupy
     cell = USER[name](5, 8) if name in USER else rg.load_cell(name, 5, 8)
     prob = _problem(cell)
-    _, ref = _run(cell, NumpyBackend(), "naive", *prob, np, np.float64)
+    _, ref = _run(cell, NumpyBackend("naive"), *prob, np, np.float64)
     be = get_backend("cupy", mode.split("-")[0], matmul="own" if mode == "graph-own" else "cublas")
-    ex, got = _run(cell, be, mode.split("-")[0], *prob, cupy, dtype, "stages" if mode.endswith("-stages") else "auto")
+    ex, got = _run(cell, be, *prob, cupy, dtype, "stages" if mode.endswith("-stages") else "auto")
     _assert_close(got, ref, TOL[dtype], f"{name}/{mode}/{dtype} first call")
     if mode.startswith("graph"):   # replay with new inputs must give new, correct results (no stale values)
         own = {}
         for seed in (1, 2):   # the same parameter arrays updated in place, as an optimizer does
             prob2 = _problem(cell, seed=seed)
-            _, ref2 = _run(cell, NumpyBackend(), "naive", *prob2, np, np.float64)
+            _, ref2 = _run(cell, NumpyBackend("naive"), *prob2, np, np.float64)
             got2 = _run_again(ex, prob2, cupy, dtype, own)
             _assert_close(got2, ref2, TOL[dtype], f"{name}/graph replay {seed}")
         assert len(be.graphs.entries) == 4 and all(g != "eager" for g, _ in be.graphs.entries.values())
@@ -161,9 +161,9 @@ def test_lanes_match_reference(mode):
     cell = two_path_cell(5, 8)
     assert max(len(st) for st in rg.build_schedule(cell).loop) == 2
     prob = _problem(cell)
-    _, ref = _run(cell, NumpyBackend(), "naive", *prob, np, np.float64)
+    _, ref = _run(cell, NumpyBackend("naive"), *prob, np, np.float64)
     be = get_backend("cupy", mode, lanes=2)
-    ex, got = _run(cell, be, mode, *prob, cupy, "float64", "stages")
+    ex, got = _run(cell, be, *prob, cupy, "float64", "stages")
     _assert_close(got, ref, TOL["float64"], f"lanes/{mode}")
     got2 = _run_again(ex, prob, cupy, "float64", {})
     _assert_close(got2, ref, TOL["float64"], f"lanes/{mode} replay")
@@ -175,9 +175,9 @@ def test_gemm_fused_pair_matches_reference(B):
     import cupy
     cell = rg.load_cell("lstm", 5, 8)
     prob = _problem(cell, B=B)
-    _, ref = _run(cell, NumpyBackend(), "naive", *prob, np, np.float64)
+    _, ref = _run(cell, NumpyBackend("naive"), *prob, np, np.float64)
     for mode in ("staged", "graph"):
-        ex, got = _run(cell, get_backend("cupy", mode), mode, *prob, cupy, "float64", "stages")
+        ex, got = _run(cell, get_backend("cupy", mode), *prob, cupy, "float64", "stages")
         _assert_close(got, ref, TOL["float64"], f"pair B={B} {mode}")
         paired = [launch for (it, _), (_, launch) in ex.ws.memo.items() if isinstance(it, Pair)]
         assert paired and all((v is not None) == (B <= 8) for v in paired)
@@ -188,8 +188,8 @@ def test_no_gemm_fused_pair_when_the_weights_are_large():
     import cupy
     cell = rg.load_cell("lstm", 5, 1024)
     prob = _problem(cell, T=3, B=1)
-    _, ref = _run(cell, NumpyBackend(), "naive", *prob, np, np.float64)
-    ex, got = _run(cell, get_backend("cupy", "graph"), "graph", *prob, cupy, "float64", "stages")
+    _, ref = _run(cell, NumpyBackend("naive"), *prob, np, np.float64)
+    ex, got = _run(cell, get_backend("cupy", "graph"), *prob, cupy, "float64", "stages")
     _assert_close(got, ref, TOL["float64"], "unpaired H=1024")
     paired = [launch for (it, _), (_, launch) in ex.ws.memo.items() if isinstance(it, Pair)]
     assert paired and all(v is None for v in paired)
@@ -199,7 +199,7 @@ def test_failed_capture_warns_falls_back_and_leaves_no_broken_stream():
     import cupy
     cell = rg.load_cell("gru", 5, 8)
     prob = _problem(cell)
-    _, ref = _run(cell, NumpyBackend(), "naive", *prob, np, np.float64)
+    _, ref = _run(cell, NumpyBackend("naive"), *prob, np, np.float64)
     be = get_backend("cupy", "graph")
     real = be.gemm
 

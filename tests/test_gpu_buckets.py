@@ -51,11 +51,11 @@ def test_recordings_stay_within_the_limits():
     so a small graph may measure 0); the count limit holds exactly; evicted shapes record again."""
     import cupy
 
-    from rnngraph.run.backends.cupy_backend import CupyBackend
+    from rnngraph.run.backends.cuda.backend import CupyBackend
     ref = Recurrent("gru", 3, 6, backend="cupy", mode="staged", dtype="float64")
     rng = np.random.default_rng(1)
     for limits in ({"max_graph_bytes": 1}, {"max_graphs": 1}):
-        be = CupyBackend(capture=True, **limits)
+        be = CupyBackend("graph", **limits)
         layer = Recurrent("gru", 3, 6, backend=be, mode="graph", dtype="float64", buckets=True)
         layer.load_state_dict(ref.state_dict())
         for T in (5, 20, 40, 5):
@@ -63,7 +63,7 @@ def test_recordings_stay_within_the_limits():
             assert rel(layer(x)[0], ref(x)[0]) <= TOL
             info = be.cache_info()
             assert info["graphs"] == 1 or (info["graph_bytes"] <= 1 and "max_graph_bytes" in limits)
-    roomy = CupyBackend(capture=True, max_graph_bytes=2 ** 40)
+    roomy = CupyBackend("graph", max_graph_bytes=2 ** 40)
     layer = Recurrent("gru", 3, 6, backend=roomy, mode="graph", dtype="float64", buckets=True)
     for T in (40, 20, 5):           # longest first: the arenas never grow, so nothing is retired
         y = layer(cupy.asarray(rng.standard_normal((T, 2, 3))))[0]

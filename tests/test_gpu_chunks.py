@@ -45,7 +45,7 @@ def test_recordings_do_not_grow_with_t():
 
 def test_graph_mode_chunks_by_default_and_staged_mode_does_not(monkeypatch):
     from rnngraph.run.backends import get_backend
-    from rnngraph.run.backends.recordings import CHUNK_FRAMES
+    from rnngraph.run.backends.cuda.recordings import CHUNK_FRAMES
     assert get_backend("cupy", "graph").chunk_frames == CHUNK_FRAMES and get_backend("cupy").chunk_frames == 0
     monkeypatch.setenv("RNNGRAPH_CHUNK_FRAMES", "64")
     assert get_backend("cupy", "graph").chunk_frames == 64

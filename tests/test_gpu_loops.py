@@ -92,7 +92,7 @@ def test_a_scanned_state_beside_other_states(kind, mode, dtype):
     from rnngraph.run.backends.numpy_backend import NumpyBackend
     from rnngraph.run.executor import Executor
     cell = mixed_cell(kind)
-    ref, ex = Executor(cell, NumpyBackend(), loop="stages"), Executor(cell, get_backend("cupy", mode), mode, loop="scan")
+    ref, ex = Executor(cell, NumpyBackend(), loop="stages"), Executor(cell, get_backend("cupy", mode), loop="scan")
     own = {}
     for seed in (0, 1):
         rng = np.random.default_rng(seed)

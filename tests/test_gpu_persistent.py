@@ -98,7 +98,7 @@ def test_too_large_falls_back_to_stages_and_says_why():
 
 def test_a_refused_launch_warns_once_and_runs_stages(monkeypatch):
     from rnngraph.errors import RnnGraphWarning
-    from rnngraph.run.backends import persistent
+    from rnngraph.run.backends.cuda.persistent import runner as persistent
     monkeypatch.setattr(persistent, "device", lambda i: {"CooperativeLaunch": 0, "MultiProcessorCount": 1,
                                                          "MaxSharedMemoryPerBlockOptin": 1 << 20})
     monkeypatch.setattr(persistent, "_REFUSED", set())

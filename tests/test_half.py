@@ -130,7 +130,7 @@ def test_half_runs_are_deterministic_and_errors_are_clear():
 def test_the_gpu_says_in_one_line_what_half_dtype_it_lacks(cc, zeros_fails, dtype, want):
     """CupyBackend.half_problem on a stand-in for cupy: an old cupy without bfloat16 arrays, an old GPU."""
     from types import SimpleNamespace
-    from rnngraph.run.backends.cupy_backend import CupyBackend
+    from rnngraph.run.backends.cuda.backend import CupyBackend
 
     def zeros(shape, dt):
         if zeros_fails:

@@ -5,11 +5,15 @@ import pytest
 
 from rnngraph import build_schedule, load_cell
 from rnngraph.plan.items import Fused
-from rnngraph.run.kernels import (HALF_PRELUDE, complete, fused_backward_kernel, fused_forward_kernel,
-                                  gemv_fused_kernel, math_type, matmul_source, param_grad_kernel)
-from rnngraph.run.row_kernels import row_backward_kernel, row_forward_kernel
-from rnngraph.run.loop_kernels import elementwise_kernel, elementwise_nodes, scan_source
-from rnngraph.run.persistent_kernels import persistent_kernel
+from rnngraph.run.backends.cuda.elementwise import elementwise_kernel, elementwise_nodes
+from rnngraph.run.backends.cuda.fused import fused_backward_kernel, fused_forward_kernel
+from rnngraph.run.backends.cuda.matmul import matmul_source
+from rnngraph.run.backends.cuda.pair import gemv_fused_kernel
+from rnngraph.run.backends.cuda.param_grad import param_grad_kernel
+from rnngraph.run.backends.cuda.persistent.kernels import persistent_kernel
+from rnngraph.run.backends.cuda.rows import row_backward_kernel, row_forward_kernel
+from rnngraph.run.backends.cuda.scan import scan_source
+from rnngraph.run.backends.cuda.source import HALF_PRELUDE, complete, math_type
 from nvrtc import nvrtc_compile
 from test_persistent import GEMM_CORES, loops
 

@@ -6,11 +6,16 @@ import networkx as nx
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "rnngraph"
-# Lowest first. A module's floor is its longest matching prefix; the facade rnngraph/__init__ sits on top.
-FLOORS = ("version", "errors", "arrays", "ir", "plan", "run", "run.kernels", "run.row_kernels", "run.loop_kernels", "run.persistent_phases",
-          "run.persistent_kernels",
-          "run.backends", "run.workspace", "run.chunks", "run.executor",
+# Lowest first. A module's floor is its longest matching prefix; the facade (rnngraph/__init__, __main__ and
+# the plain modules optim, layers, losses) sits on top. The cupy backend's room, run/backends/cuda, holds every
+# CUDA source generator (pure strings, below the backends) and, above them, what runs them on a GPU.
+CUDA_GENERATORS = ("source", "fused", "rows", "pair", "matmul", "param_grad", "scan", "elementwise", "persistent")
+FLOORS = ("version", "errors", "arrays", "ir", "plan", "run", "run.backends.cuda",
+          *(f"run.backends.cuda.{m}" for m in CUDA_GENERATORS),
+          "run.backends.base", "run.backends.numpy_backend", "run.backends.cuda.cublas", "run.backends.cuda.recordings",
+          "run.backends.cuda.backend", "run.backends", "run.workspace", "run.chunks", "run.executor",
           "nn", "torch", "train", "distributed", "lab")
+FACADE = ("rnngraph", "rnngraph.__main__", "rnngraph.optim", "rnngraph.layers", "rnngraph.losses")
 
 
 def module_name(path: Path) -> str:
@@ -46,7 +51,7 @@ def imports(name: str, path: Path, is_package: bool, known) -> set:
 def floor(name: str) -> int:
     rest = name.split(".", 1)[1] if "." in name else ""
     matches = [k for k, f in enumerate(FLOORS) if rest == f or rest.startswith(f + ".")]
-    return matches[-1] if matches else len(FLOORS)        # the facade (rnngraph, rnngraph.__main__)
+    return max(matches, key=lambda k: len(FLOORS[k])) if matches else len(FLOORS)    # else the facade
 
 
 def import_graph() -> nx.DiGraph:
@@ -59,7 +64,7 @@ def import_graph() -> nx.DiGraph:
 
 
 def test_every_module_has_a_floor():
-    unplaced = [m for m in modules() if floor(m) == len(FLOORS) and m not in ("rnngraph", "rnngraph.__main__")]
+    unplaced = [m for m in modules() if floor(m) == len(FLOORS) and m not in FACADE]
     assert not unplaced, f"modules outside every floor: {unplaced}; add their package to FLOORS"
 
 
@@ -82,7 +87,9 @@ def test_the_checker_sees_imports_of_every_form(tmp_path):
                    "def f():\n    from .layers import Dense\n    import rnngraph.lab.cli\n")
     assert imports("rnngraph.nn.recurrent", src, False, known) == {
         "rnngraph.nn.checks", "rnngraph.ir.ops", "rnngraph.nn.layers", "rnngraph.lab.cli"}
-    assert floor("rnngraph.run.backends.cupy_backend") < floor("rnngraph.run.executor") < floor("rnngraph.nn")
+    assert floor("rnngraph.run.backends.cuda.fused") < floor("rnngraph.run.backends.cuda.backend") \
+        < floor("rnngraph.run.executor") < floor("rnngraph.nn")
+    assert floor("rnngraph.run.backends.cuda.persistent.kernels") == floor("rnngraph.run.backends.cuda.persistent")
 
 
 def test_rnngraph_imports_without_torch_until_rnngraph_torch_is_used():
@@ -96,3 +103,24 @@ def test_rnngraph_imports_without_torch_until_rnngraph_torch_is_used():
     pytest.importorskip("torch")
     done = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def private_imports() -> list:
+    """(module, imported module, name) for every `from rnngraph... import _name`."""
+    known, out = modules(), []
+    for name, (path, is_package) in known.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("rnngraph")):
+                out += [(name, node.module, a.name) for a in node.names if a.name.startswith("_") and a.name != "__version__"]
+    return out
+
+
+def test_no_module_imports_another_modules_private_names():
+    assert not private_imports(), private_imports()
+
+
+def test_every_cuda_source_generator_lives_in_the_cuda_room():
+    """CUDA text (an extern "C" __global__ kernel) appears in run/backends/cuda alone."""
+    outside = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+               if "__global__" in p.read_text() and "run/backends/cuda" not in p.as_posix()]
+    assert not outside, outside

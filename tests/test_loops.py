@@ -4,13 +4,12 @@ import pytest
 
 from numerics import close, directional
 from rnngraph import Cell, RnnGraphError, build_schedule, load_cell
-from rnngraph.plan.items import ElementwiseLoop, ScanLoop, StagesLoop
+from rnngraph.plan.loops import STRATEGIES, ElementwiseLoop, ScanLoop, StagesLoop
 from rnngraph.lab.cli import main
-from rnngraph.plan.schedule import LOOP_TITLES
 from rnngraph.nn.recurrent import Recurrent
 from rnngraph.run.backends import get_backend
-from rnngraph.run.backends.base import scan_forward
-from rnngraph.run.backends.cupy_backend import CupyBackend
+from rnngraph.plan.loops.scan import scan_forward
+from rnngraph.run.backends.cuda.backend import CupyBackend
 from rnngraph.run.backends.numpy_backend import NumpyBackend
 from rnngraph.run.executor import Executor
 from test_classify import LINEAR_FORMS, one_state
@@ -129,7 +128,7 @@ def test_a_backend_that_does_not_run_a_strategy_says_so(loop):
 
 def test_naive_mode_runs_stages_only():
     with pytest.raises(RnnGraphError, match=r"^loop strategy 'scan' runs the staged schedule .* mode 'naive' runs "):
-        Executor(load_cell("min_gru", 4, 6), get_backend("numpy"), "naive", loop="scan")
+        Executor(load_cell("min_gru", 4, 6), get_backend("numpy", "naive"), loop="scan")
 
 
 AUTO = {"min_gru": "scan", "min_lstm": "scan", "qrnn": "scan", "indrnn": "elementwise", "sru": "elementwise",
@@ -157,9 +156,9 @@ def test_schedule_prints_each_strategy(capsys):
     assert "      dscan  dh += one_minus5@t+1 ⊙ dh@t+1, reverse scan; done_minus5, dmul7, dh@t-1" in scan
     sru, elementwise = (build_schedule(load_cell("sru", 4, 8), loop=loop) for loop in ("stages", "elementwise"))
     assert "strategy elementwise" in str(elementwise)
-    assert f"    {LOOP_TITLES['scan']}: 1 stage items" in scan
+    assert f"    {STRATEGIES['scan'].title}: 1 stage items" in scan
     same = str(elementwise).replace("strategy elementwise)", "strategy stages)").replace(
-        LOOP_TITLES["elementwise"], LOOP_TITLES["stages"])
+        STRATEGIES["elementwise"].title, STRATEGIES["stages"].title)
     assert same == str(sru)     # the same items, one loop
 
 

@@ -12,7 +12,7 @@ from rnngraph.nn import Recurrent
 from rnngraph.plan.items import Fused
 from rnngraph.plan.loops import gemm_fused_pairs
 from rnngraph.plan.schedule import build_schedule
-from rnngraph.run.row_kernels import row_group
+from rnngraph.run.backends.cuda.rows import row_group
 
 TOL = 1e-10
 

@@ -9,7 +9,7 @@ from rnngraph.ir import ops
 from rnngraph.ir.ops import OpKind
 from rnngraph.lab.cli import main
 from rnngraph.plan.schedule import schedule_flops
-from rnngraph.run.kernels import fused_backward_kernel, fused_forward_kernel
+from rnngraph.run.backends.cuda.fused import fused_backward_kernel, fused_forward_kernel
 from test_gradcheck import gradcheck
 
 OPS = set(OpKind) - ops.SOURCES

@@ -5,11 +5,12 @@ import pytest
 
 from rnngraph import CELLS, build_schedule, load_cell
 from rnngraph.errors import RnnGraphError
-from rnngraph.plan.loops import persistent_loop
+from rnngraph.plan.loops.persistent import persistent_plan
 from rnngraph.plan.items import Fused
-from rnngraph.run.kernels import fused_backward_kernel, fused_forward_kernel, param_grad_kernel
-from rnngraph.run.persistent_kernels import persistent_kernel
-from rnngraph.run.persistent_phases import THREADS, problem
+from rnngraph.run.backends.cuda.fused import fused_backward_kernel, fused_forward_kernel
+from rnngraph.run.backends.cuda.param_grad import param_grad_kernel
+from rnngraph.run.backends.cuda.persistent.kernels import persistent_kernel
+from rnngraph.run.backends.cuda.persistent.phases import THREADS, problem
 from nvrtc import nvrtc_compile
 
 GEMM_CORES = [c for c in CELLS if "persistent" in build_schedule(load_cell(c, 4, 8)).loop_strategies]
@@ -94,7 +95,7 @@ def test_what_a_persistent_kernel_cannot_run_is_said_by_name():
     with pytest.raises(RnnGraphError, match=r"^cell 'layernorm_lstm' does not admit loop strategy 'persistent': op mean10 "
                                             r"\(mean\) reduces over features inside the loop, .*; it admits stages$"):
         build_schedule(cell, loop="persistent")
-    (by_hand,), _ = persistent_loop(build_schedule(cell, loop="stages"))
+    (by_hand,), _ = persistent_plan(build_schedule(cell, loop="stages"))
     assert "op mean10 (mean) reduces over features" in problem(cell, by_hand)
     assert problem(load_cell("lstm", 8, 16), loops(load_cell("lstm", 8, 16))[0]) is None
 

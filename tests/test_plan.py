@@ -7,9 +7,10 @@ import pytest
 
 import rnngraph.nn as rnn
 from rnngraph import CELLS, Cell, RnnGraphError, build_schedule, load_cell
-from rnngraph.plan.items import FusedGrad, GemmGrad, ParamSum, PersistentLoop, SharedWeight, StagesLoop, WeightGrad
-from rnngraph.plan.schedule import LOOP_TITLES
+from rnngraph.plan.items import FusedGrad, GemmGrad, ParamSum, SharedWeight, WeightGrad
+from rnngraph.plan.loops import STRATEGIES, PersistentLoop, StagesLoop
 from rnngraph.run.backends import get_backend
+from rnngraph.run.backends.numpy_backend import NumpyBackend
 from rnngraph.run.executor import HANDLERS, Executor
 
 LSTM_FUSED = "add4, add8, add12, add16, add17, i, add18, f, add19, g, add20, o, mul21, mul22, c, tanh24, h"
@@ -71,7 +72,7 @@ def test_backward_plan_printed_in_order(name):
         default.index("  post (once over all frames): 0 kernels") - 1)
     n = 4 if name == "mgu" else 2
     assert default == [ln.replace(f"strategy stages): {n}", f"strategy persistent): {n}")
-                       .replace(f"{LOOP_TITLES['stages']}: {n} stage", f"{LOOP_TITLES['persistent']}: {n} stage")
+                       .replace(f"{STRATEGIES['stages'].title}: {n} stage", f"{STRATEGIES['persistent'].title}: {n} stage")
                        for ln in lines]
 
 
@@ -177,14 +178,22 @@ def test_loop_override_runs_the_same_numbers():
     assert stages.loop == "stages" and stages._stack.runs[0][0].ex.sched.loop_strategy == "stages"
 
 
-# -- one factory sets capture ------------------------------------------------------------------------
-def test_graph_mode_needs_a_recording_backend_in_one_place():
-    with pytest.raises(RnnGraphError, match=r"mode 'graph' runs on a cupy backend made for it, get_backend\('cupy', 'graph'\)"):
+# -- the mode is resolved once, into the backend ---------------------------------------------------
+def test_the_mode_lives_in_the_backend():
+    with pytest.raises(RnnGraphError, match=r"^mode 'graph' runs on the cupy backend, not on numpy; use 'staged'"):
         get_backend("numpy", "graph")
-    with pytest.raises(RnnGraphError, match=r"mode 'graph' runs on a cupy backend made for it, get_backend\('cupy', 'graph'\)"):
-        Executor(load_cell("gru", 4, 6), get_backend("numpy"), "graph")
-    with pytest.raises(RnnGraphError, match=r"mode 'graph' runs on a cupy backend made for it, get_backend\('cupy', 'graph'\)"):
+    with pytest.raises(RnnGraphError, match=r"^the numpy backend runs mode 'naive' or 'staged', not 'graph'$"):
+        NumpyBackend("graph")
+    assert get_backend("numpy").mode == "staged" and get_backend("numpy").records is None
+    naive = Executor(load_cell("gru", 4, 6), get_backend("numpy", "naive"))
+    assert not naive.sched.hoist_param_grads and not naive.sched.pre          # the naive schedule
+    assert Executor(load_cell("gru", 4, 6), get_backend("numpy")).sched.hoist_param_grads
+    with pytest.raises(RnnGraphError, match=r"^the backend object was made for mode 'staged', not 'graph': pass one "
+                                            r"made for it, get_backend\(name, 'graph'\), or leave mode out$"):
         rnn.GRU(4, 6, backend=get_backend("numpy"), mode="graph")
-    assert get_backend("numpy").records is None
+    assert rnn.GRU(4, 6, backend=get_backend("numpy", "naive")).mode == "naive"      # the object's own mode
     with pytest.raises(RnnGraphError, match=r"get_backend takes the mode, not capture=: get_backend\('cupy', 'graph'\)"):
         get_backend("cupy", capture=True)
+    with pytest.raises(RnnGraphError, match=r"^the numpy backend takes no option lanes; it takes none$"):
+        get_backend("numpy", lanes=2)
+    assert get_backend("auto", lanes=2).name in ("numpy", "cupy")     # auto passes each backend only its options

@@ -168,7 +168,7 @@ def test_what_cannot_run_is_one_line_before_any_rank_starts(tmp_path, args, says
 
 
 def test_gpus_without_a_usable_gpu_says_so(tmp_path):
-    from rnngraph.run.backends.cupy_backend import gpu_problem
+    from rnngraph.run.backends import gpu_problem
     if gpu_problem() is None:
         pytest.skip("a GPU is usable here")
     p = rnngraph(*RUN, "--gpus", "2", cwd=tmp_path, check=False)

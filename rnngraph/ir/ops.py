@@ -219,7 +219,7 @@ VJP = {
 # Kernel rules of the elementwise ops: (C expression of the value, C expression of each operand's
 # gradient contribution). {0}, {1}: operands; {y}: the op's value; {g}: the gradient arriving at the
 # op; {a0}, {a1}: its attrs (SCALE's constant). LINEAR runs as a GEMM and CONCAT as column copies;
-# SUM and MEAN, which read a whole row, in a group's row kernel (run/row_kernels.py: a block per row).
+# SUM and MEAN, which read a whole row, in a group's row kernel (run/backends/cuda/rows.py: a block per row).
 
 KERNEL = {
     OpKind.ADD: ("{0} + {1}", ("{g}", "{g}")),

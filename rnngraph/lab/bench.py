@@ -89,9 +89,9 @@ def _time_torch(fn, repeats):
 
 @functools.lru_cache(maxsize=None)
 def gpu_problem() -> str | None:
-    """cupy_backend.gpu_problem(), asked once per process."""
-    from ..run.backends import cupy_backend
-    return cupy_backend.gpu_problem()
+    """run.backends.gpu_problem(), asked once per process."""
+    from ..run import backends
+    return backends.gpu_problem()
 
 
 @functools.lru_cache(maxsize=None)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .options import LOOP_CHOICES, positive_int
 from ..errors import Interrupted, RnnGraphError
+from ..run.backends import CHOICES as BACKEND_CHOICES
 from ..train import sample
 from ..train.distributed import World, share
 from ..train.loop import TrainConfig, Trainer, config_for_resume
@@ -45,7 +46,7 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--max-steps", type=positive_int, metavar="N", help="stop after N steps in total (default: all epochs)")
     o.add_argument("--seed", type=int, help=f"initialisation and dropout seed (default: {D.seed})")
     r = p.add_argument_group("run")
-    r.add_argument("--backend", choices=("auto", "numpy", "cupy"),
+    r.add_argument("--backend", choices=BACKEND_CHOICES,
                    help=f"auto takes the GPU when cupy finds one (default: {D.backend})")
     r.add_argument("--mode", choices=("naive", "staged", "graph"),
                    help=f"executor mode; graph (CUDA-graph replay) needs cupy (default: {D.mode})")
@@ -155,7 +156,7 @@ def sample_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.8, metavar="T",
                    help="softmax temperature; 0 picks the most likely character (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
-    p.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto",
+    p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
                    help="auto takes the GPU when cupy finds one (default: %(default)s)")
     p.add_argument("--mode", choices=("naive", "staged", "graph"), default="staged",
                    help="executor mode; graph needs cupy (default: %(default)s)")

@@ -11,6 +11,7 @@ from functools import partial
 from pathlib import Path
 
 from ..ir.cells import load_cell
+from ..run.backends import CHOICES as BACKEND_CHOICES
 from ..train.data import Vocab, read_text
 from ..errors import Interrupted
 from ..train.lock import hold_folder
@@ -33,7 +34,7 @@ def backend_line(backend: str) -> tuple[str, str]:
         name = name.decode() if isinstance(name, bytes) else name
         return "cupy", f"running on the GPU ({name}, cupy backend)"
     if backend == "auto":
-        from ..run.backends.cupy_backend import gpu_problem
+        from ..run.backends import gpu_problem
         return "numpy", f"running on the CPU (numpy backend); no GPU: {gpu_problem()}"
     return "numpy", "running on the CPU (numpy backend)"
 
@@ -92,7 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="a few seconds' version, for tests")
     p.add_argument("--out", default="rnngraph-demo", metavar="DIR",
                    help="where the checkpoint, logs and figure go (default: %(default)s)")
-    p.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto",
+    p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
                    help="auto takes the GPU when cupy finds one (default: %(default)s)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the checkpoint and logs of a training run in --out (an earlier demo's always are)")

@@ -2,7 +2,7 @@
 
 Every available backend and mode runs a 2-layer LSTM (T=5, B=3) forward and backward, and its
 outputs, final states and all gradients are compared with the numpy float64 naive run (the spec).
-A GPU that cupy cannot use is reported in one line with the fix (cupy_backend.gpu_problem()).
+A GPU that cupy cannot use is reported in one line with the fix (run.backends.gpu_problem()).
 """
 from __future__ import annotations
 
@@ -58,13 +58,13 @@ def _try(fn):
 def cuda_info() -> dict:
     """CUDA runtime and driver versions, GPU name and memory (GiB): from cupy, else from nvidia-smi
     (then cuda_driver is the NVIDIA driver's version); None where unknown."""
-    from ..run.backends.cupy_backend import _ver
+    from ..run.backends.cuda.backend import cuda_version
     info = {"cuda_runtime": None, "cuda_driver": None, "gpu": None, "gpu_memory_gib": None}
     cp = _try(lambda: __import__("cupy")) if cupy_installed() else None
     if cp is not None:
         rt = cp.cuda.runtime
-        info["cuda_runtime"] = _try(lambda: _ver(rt.runtimeGetVersion()))
-        info["cuda_driver"] = _try(lambda: _ver(rt.driverGetVersion()))
+        info["cuda_runtime"] = _try(lambda: cuda_version(rt.runtimeGetVersion()))
+        info["cuda_driver"] = _try(lambda: cuda_version(rt.driverGetVersion()))
         props = _try(lambda: rt.getDeviceProperties(0))
         if props:
             info["gpu"] = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
@@ -145,7 +145,7 @@ def run(args) -> int:
     """Prints versions and one line per check; 0 when every available check passes, else 1.
     No usable GPU is reported in one line and fails only with --require-gpu."""
     from ..version import __version__
-    from ..run.backends import cupy_backend
+    from ..run.backends import gpu_problem
     v, c = versions(), cuda_info()
     print(f"rnngraph {__version__} doctor (commit {git_commit() or 'unknown'})")
     for k in ("python", "numpy", "networkx", "cupy", "torch"):
@@ -153,7 +153,7 @@ def run(args) -> int:
     print(f"  {'CUDA':<9} runtime {c['cuda_runtime'] or '-'}, driver {c['cuda_driver'] or '-'}")
     gpu = f"{c['gpu']} ({c['gpu_memory_gib']} GiB)" if c["gpu"] else "none found"
     print(f"  {'GPU':<9} {gpu}")
-    problem = cupy_backend.gpu_problem()
+    problem = gpu_problem()
     if problem:
         print(f"GPU not usable: {problem}")
     failed = bool(problem) and getattr(args, "require_gpu", False)

@@ -118,7 +118,7 @@ def _lanes(cfg: dict, opts: dict) -> dict:
     """Forward and training step of an nn.Recurrent on a cupy backend with cfg['lanes'] streams (on
     the CPU: numpy, one stream)."""
     from ..run.backends import get_backend
-    from ..run.backends.cupy_backend import gpu_problem
+    from ..run.backends import gpu_problem
     from ..nn.recurrent import Recurrent
     if opts["quick"] or gpu_problem():     # the CPU: one stream, eager numpy
         if cfg["lanes"] > 1 or cfg["impl"] == "graph":
@@ -186,7 +186,7 @@ def _breakdown(cfg: dict, opts: dict) -> dict:
             continue
         params, inputs = _random_run(cell, be, T, cfg["B"])
         for name, sched in variants.items():
-            ex = Executor(cell, be, mode, schedule=sched)
+            ex = Executor(cell, be, schedule=sched)
             times[f"{mode}/{name}"] = median(bench.time_ms(
                 lambda: ex.forward(params, inputs, {}), repeats=opts["repeats"], warmup=opts["warmup"],
                 device="gpu" if be.name == "cupy" else "cpu"))

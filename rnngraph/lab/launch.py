@@ -47,7 +47,7 @@ def as_rank() -> None:
 
 def check_gpus(n: int) -> None:
     """One line when this machine cannot run n ranks on n GPUs."""
-    from ..run.backends.cupy_backend import gpu_problem
+    from ..run.backends import gpu_problem
     problem = gpu_problem()
     if problem is not None:
         raise RnnGraphError(f"--gpus {n} needs GPUs: {problem}; on the CPU, --procs {n} runs {n} processes")

@@ -9,9 +9,9 @@ from pathlib import Path
 from ..errors import RnnGraphError
 from ..ir.cells import load_cell
 from ..ir.graph import CellGraph
-from ..plan.classify import ADMITS
+from ..plan.loops import NAMES
 
-LOOP_CHOICES = ("auto", *ADMITS)     # --loop of train and bench: auto, then each strategy best first
+LOOP_CHOICES = NAMES     # --loop of train and bench: auto, then each strategy best first
 
 
 def positive_int(text: str) -> int:

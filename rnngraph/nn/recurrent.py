@@ -21,7 +21,7 @@ import numpy as np
 from ..arrays import HALF_DTYPES, check_state_dict, element_offsets, float_dtype, make_rng
 from ..errors import RnnGraphError
 from ..ir.cells import load_cell
-from ..run.backends import check_mode, get_backend
+from ..run.backends import get_backend
 from . import checks as chk
 from .checks import check_finite
 from .init import init_orthogonal, init_uniform
@@ -51,9 +51,9 @@ class Recurrent(Parameterized):
     whose inputs have the cell's input size) or a list of CellGraphs, one per layer (as a checkpoint
     stores them). Keyword options: ``backend`` 'numpy' | 'cupy' | 'auto' or a backend object
     (``layer.backend_name`` says which was picked), ``dtype`` 'float32' (default, as torch) or 'float64',
-    ``mode`` 'staged' | 'naive' | 'graph' (cupy only), ``loop`` the loop strategy ('auto' | 'stages' |
-    'elementwise' | 'scan' | 'persistent'; ``layer.loop_strategy`` says what the last call ran and
-    ``layer.loop_note`` why a persistent loop ran frame by frame), ``seed`` for
+    ``mode`` 'staged' | 'naive' | 'graph' (cupy only; with a backend object, its own mode), ``loop`` the
+    loop strategy ('auto' | 'stages' | 'elementwise' | 'scan' | 'persistent'; ``layer.loop_strategy`` says
+    what the last call ran and ``layer.loop_note`` why a persistent loop ran frame by frame), ``seed`` for
     the layer's generator (initialisation and dropout masks), ``init`` 'uniform' (torch's U(±1/√H)) |
     'orthogonal' | a function of the layer, ``buckets`` pads calls to a (T, B) from a small ladder
     (rnngraph.nn.buckets) so that a few recorded graphs serve every shape: True, False, or None (default:
@@ -68,7 +68,7 @@ class Recurrent(Parameterized):
 
     def __init__(self, cell, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, *,
-                 backend: str = "numpy", dtype="float32", mode: str = "staged", loop: str = "auto",
+                 backend: str = "numpy", dtype="float32", mode: str | None = None, loop: str = "auto",
                  seed: int = 0, init="uniform", buckets: bool | None = None):
         super().__init__()
         chk.check_config(input_size, hidden_size, num_layers, dropout)
@@ -80,10 +80,10 @@ class Recurrent(Parameterized):
         self.dtype = float_dtype(dtype, half=True)
         if self.dtype.name in HALF_DTYPES and (why := self.backend.half_problem(self.dtype)):
             raise RnnGraphError(f"dtype {self.dtype.name} does not run here: {why}")
-        self.mode, self.loop = mode, loop
+        self.mode, self.loop = self.backend.mode, loop
         if buckets not in (None, True, False):
             raise RnnGraphError(f"buckets must be True, False or None (automatic in graph mode), got {buckets!r}")
-        self.buckets = buckets if buckets is not None or mode == "graph" else False
+        self.buckets = buckets if buckets is not None or self.mode == "graph" else False
         self._shapes = Policy(self.buckets)
         self.rng = make_rng(seed)
         self.stream_window = None       # (offset, total): dropout as the part of a larger batch (a rank's)
@@ -92,7 +92,7 @@ class Recurrent(Parameterized):
         self.cells = self._load_cells(cell)
         self.cell = self.cells[0]
         self.state_names = tuple(self.cell.states)
-        self._stack = Stack(self.cells, self.backend, mode, self.num_directions, loop)
+        self._stack = Stack(self.cells, self.backend, self.num_directions, loop)
         self._layout = [[_param_layout(c, _suffix(l, d)) for d in range(self.num_directions)]
                         for l, c in enumerate(self.cells)]
         self._params = {name: self.backend.zeros(shape, self.dtype)
@@ -333,12 +333,15 @@ def _check_history_shape(name: str, got: tuple, expected: tuple, cell: str, ever
                             f"oldest first; got {list(got)}")
 
 
-def _make_backend(backend, mode: str):
-    """A backend object for `mode` from a name, or an object checked against it."""
-    if not isinstance(backend, str):
-        check_mode(mode, backend)
-        return backend
-    return get_backend(backend, mode)
+def _make_backend(backend, mode: str | None):
+    """A backend object made for `mode` ('staged' where None) from a name, or an object, whose own mode a
+    given `mode` must be."""
+    if isinstance(backend, str):
+        return get_backend(backend, mode or "staged")
+    if mode not in (None, backend.mode):
+        raise RnnGraphError(f"the backend object was made for mode {backend.mode!r}, not {mode!r}: pass one made "
+                            f"for it, get_backend(name, {mode!r}), or leave mode out")
+    return backend
 
 
 # -- parameter layout and initialisation ------------------------------------------------------

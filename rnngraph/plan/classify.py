@@ -15,18 +15,9 @@ from dataclasses import dataclass
 import networkx as nx
 
 from ..ir.graph import CellGraph
-from ..ir.ops import KERNEL, REDUCE, OpKind
+from ..ir.ops import REDUCE, OpKind
 
 CROSS_FEATURE = {OpKind.LINEAR, OpKind.CONCAT, OpKind.SLICE} | REDUCE
-# A loop strategy and what the classes of a cell's states must be for it, best first: 'scan' scans every
-# linear-diagonal state and runs the rest of the loop after it (frame by frame); 'elementwise' walks
-# the whole loop per feature; 'persistent' runs a general state's frames in one kernel (where the GPU
-# backend fits its weights on chip: else frame by frame, as 'stages').
-ADMITS = {"scan": ("a linear_diagonal state", lambda kinds: "linear_diagonal" in kinds),
-          "elementwise": ("every state linear_diagonal or elementwise",
-                          lambda kinds: kinds <= {"linear_diagonal", "elementwise"}),
-          "persistent": ("a general state (a GEMM on the state)", lambda kinds: "general" in kinds),
-          "stages": ("nothing", lambda kinds: True)}
 
 
 @dataclass(frozen=True)
@@ -78,24 +69,3 @@ def _linear_diagonal(cell, p: str, cycle: set, free: set) -> StateClass | None:
 
 def _both_orders(reads: list) -> list:
     return [(reads[0], reads[1]), (reads[1], reads[0])] if len(reads) == 2 else []
-
-
-def admitted(classes: dict, blocked: dict | None = None) -> tuple:
-    """The loop strategies whose requirement the states' classes meet and no op of the loop blocks
-    (`blocked`: strategy -> why), best first (stages always)."""
-    kinds = {c.kind for c in classes.values()}
-    return tuple(name for name, (_, ok) in ADMITS.items() if ok(kinds) and name not in (blocked or {}))
-
-
-def blocked(cell: CellGraph, loop_nodes) -> dict:
-    """{strategy: why} for the strategies an op of the loop rules out whatever the states' classes: a
-    persistent kernel splits features over blocks, so it runs no row reduction, concat or slice."""
-    inside = set(loop_nodes)
-    for n in (n for n in cell.graph if n in inside):        # in creation order
-        kind = cell.op(n).kind
-        if kind in REDUCE:
-            return {"persistent": f"op {n} ({kind.value}) reduces over features inside the loop, and a "
-                                  "persistent kernel splits features over blocks"}
-        if kind in (OpKind.CONCAT, OpKind.SLICE) or kind not in KERNEL and kind is not OpKind.LINEAR:
-            return {"persistent": f"op {n} ({kind.value}) in the loop has no rule a persistent kernel runs"}
-    return {}

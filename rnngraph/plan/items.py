@@ -83,43 +83,6 @@ class Stage:
 
 
 @dataclass(frozen=True)
-class StagesLoop:
-    """Loop strategy 'stages': frame by frame (in reverse time when reverse), stage by stage."""
-    stages: tuple       # Stage, in run order
-    reverse: bool
-    strategy = "stages"
-
-
-@dataclass(frozen=True)
-class ElementwiseLoop:
-    """Loop strategy 'elementwise': the stages' items as one loop (one kernel where a backend compiles
-    it, each thread walking time for its features); a backend that does not runs them frame by frame."""
-    stages: tuple       # Stage, in run order, as StagesLoop's
-    reverse: bool
-    strategy = "elementwise"
-
-
-@dataclass(frozen=True)
-class PersistentLoop:
-    """Loop strategy 'persistent': the stages' items as one loop, on the GPU one cooperative kernel that
-    holds the per-frame GEMMs' weights in shared memory across all frames (run/persistent_kernels.py);
-    where a backend cannot (the weights do not fit on chip, B too large, no cooperative launch) it
-    runs them frame by frame, as 'stages'."""
-    stages: tuple       # Stage, in run order, as StagesLoop's
-    reverse: bool
-    strategy = "persistent"
-
-
-@dataclass(frozen=True)
-class ScanLoop:
-    """Loop strategy 'scan': each state s = a ⊙ s@t-d + b over all frames at once, a log-depth prefix
-    scan (backward: the reverse scan, then the gradients of a, b and the history over all frames)."""
-    chains: tuple       # (producer p, its product m = a ⊙ p@t-d, a, b, d) per state
-    reverse: bool
-    strategy = "scan"
-
-
-@dataclass(frozen=True)
 class Section:
     """A named run of items; a per-frame section holds one loop item (its strategy's)."""
     name: str
@@ -172,13 +135,5 @@ def _shared(it, cell):
     return f"d{it.weight} += rows {it.start}:{it.stop} of d[{'; '.join(it.item.weights)}]"
 
 
-def _scan(it, cell):
-    if it.reverse:
-        return "dscan  " + "; ".join(f"d{p} += {a}@t+{d} ⊙ d{p}@t+{d}, reverse scan; d{a}, d{b}, d{fmt_read(p, d)}"
-                                     for p, m, a, b, d in it.chains)
-    return "scan   " + "; ".join(f"{p} = {a} ⊙ {fmt_read(p, d)} + {b} ({m} too), over all frames"
-                                 for p, m, a, b, d in it.chains)
-
-
 TEXT = {Gemm: _gemm, Fused: _fused, Pair: _pair, GemmGrad: _gemm_grad, FusedGrad: _fused_grad,
-        WeightGrad: _weight_grad, ParamSum: _param_sum, SharedWeight: _shared, ScanLoop: _scan}
+        WeightGrad: _weight_grad, ParamSum: _param_sum, SharedWeight: _shared}

@@ -7,7 +7,7 @@ Sections (a dependence pass, as in partial evaluation):
   post — ops that depend on a delayed value but feed nothing back: run once over all frames.
 Items (each a future kernel): a Gemm merges linear ops reading one operand (concatenated weights);
 a Fused group joins connected elementwise ops and row reductions (SUM, MEAN) of one size: a group with
-a reduction runs one block per row (run/row_kernels.py), so no reduction is split across blocks and
+a reduction runs one block per row (run/backends/cuda/rows.py), so no reduction is split across blocks and
 every op of the group works on the block's own row. Loop stages are topological generations of the
 item DAG.
 """
@@ -21,9 +21,9 @@ import networkx as nx
 from ..ir.graph import CellGraph, fmt_read, same_frame, topo_order
 from ..ir.ops import ELEMENTWISE, FLOPS, REDUCE, OpKind
 from .backward import backward_sections, capture_problem
-from .classify import admitted, blocked, classify
+from .classify import classify
 from .items import Fused, Gemm, Pair, Section, describe
-from .loops import LOOPS, resolve_loop
+from .loops import STRATEGIES, admitted, blocked, resolve_loop, strategy_of
 
 
 FUSES = ELEMENTWISE | REDUCE       # the ops a Fused group takes
@@ -44,8 +44,8 @@ class Schedule:
     backward: tuple = field(init=False, compare=False)   # Sections: post, loop, reduce, pre, shared
 
     def __post_init__(self):
-        fwd_loop, bwd_loop = LOOPS[resolve_loop(self.loop_strategy, self.state_classes, self.cell.name,
-                                                blocked=self.blocked_loops)](self)
+        fwd_loop, bwd_loop = STRATEGIES[resolve_loop(self.loop_strategy, self.state_classes, self.cell.name,
+                                                     blocked=self.blocked_loops)].plan(self)
         object.__setattr__(self, "forward", (Section("pre", self.pre), Section("loop", fwd_loop, per_frame=True),
                                              Section("post", self.post)))
         object.__setattr__(self, "backward", backward_sections(self, bwd_loop))
@@ -78,9 +78,11 @@ class Schedule:
             lines = []
             for it in sec.items:
                 stages = getattr(it, "stages", None)
-                lines += [describe(it, self.cell)] if stages is None else \
-                    [f"{_stage_label(k, st)}: {describe(x, self.cell)}"
-                     for k, st in zip(_stage_numbers(self, it), stages) for x in st.items]
+                if stages is None:      # a plan item, or a loop item that describes itself (the scan)
+                    lines.append((strategy_of(it).describe if sec.per_frame else describe)(it, self.cell))
+                else:
+                    lines += [f"{_stage_label(k, st)}: {describe(x, self.cell)}"
+                              for k, st in zip(_stage_numbers(self, it), stages) for x in st.items]
             out.append((sec.name, lines))
         return out
 
@@ -128,16 +130,15 @@ class Schedule:
         out += [f"    not {name}: {why}" for name, why in self.blocked_loops.items()]
         for k, st in enumerate(self.loop):
             out += [f"    stage {k}: {describe(it, cell)}" for it in st]
+        strategy = STRATEGIES[self.loop_strategy]
         out += [f"    runs {line}" for line in s["forward_loop"]       # what differs from the stages listed
-                if self.loop_strategy == "scan" or ": pair" in line or not line.startswith("stage")]
-        if self.loop_strategy == "persistent":
-            out.append("    runs all stages as one cooperative kernel a direction on the GPU, the weights held on chip "
-                       "(B ≤ 8, where they fit); else frame by frame, as stages")
+                if strategy.describe or ": pair" in line or not line.startswith("stage")]
+        out += [f"    {strategy.note}"] if strategy.note else []
         out.append(f"  post (once over all frames): {len(self.post)} kernels")
         out += [f"    {describe(it, cell)}" for it in self.post]
         out.append("  backward:")
         for name, lines in self.plan_lines(self.backward):
-            title = LOOP_TITLES[self.loop_strategy] if name == "loop" else BACKWARD_TITLES[name]
+            title = strategy.title if name == "loop" else BACKWARD_TITLES[name]
             out.append(f"    {title}: {len(lines)} {'stage items' if name == 'loop' else 'kernels'}")
             out += [f"      {line}" for line in lines]
         k = s["kernels_per_frame"]
@@ -146,9 +147,6 @@ class Schedule:
         return "\n".join(out)
 
 
-LOOP_TITLES = {"stages": "loop in reverse time, stages reversed", "elementwise": "loop in reverse time, each "
-               "feature on its own (stages listed)", "scan": "loop: the rest in reverse time (if any), then one reverse scan over all frames",
-               "persistent": "loop in reverse time, stages reversed, in one kernel where the GPU fits the weights on chip"}
 BACKWARD_TITLES = {"post": "post reversed, over all frames",
                    "reduce": "parameter gradients of loop and post, reduced once over all frames",
                    "pre": "pre reversed, over all T·B rows", "shared": "weights shared by several ops"}
@@ -249,7 +247,7 @@ def build_schedule(cell: CellGraph, optimize: bool = True, loop: str = "auto", r
     backend runs; all of them when None)."""
     pre, core, post = sections(cell)
     classes, no = classify(cell, pre), blocked(cell, core)
-    strategy = resolve_loop(loop, classes, cell.name, runs or LOOPS, optimize, no)
+    strategy = resolve_loop(loop, classes, cell.name, runs or STRATEGIES, optimize, no)
     if not optimize:
         stages = tuple((it,) for it in _singletons(cell, cell.frame_order()))
         return Schedule(cell, (), stages, (), hoist_param_grads=False, loop_strategy=strategy, state_classes=classes,

@@ -1,2 +1,3 @@
-"""Running a plan: preallocated buffers (workspace), the interpreter (executor), the backends (numpy, cupy,
-cuBLAS) and CUDA source generation for fused groups (kernels)."""
+"""Running a plan, backend-neutral: preallocated buffers (workspace), chunks of time (chunks), the interpreter
+(executor); the backends (backends/: the registry, numpy, and the cuda/ room with every CUDA source
+generator and its runners) own their kernels."""

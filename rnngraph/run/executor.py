@@ -1,10 +1,10 @@
 """Interprets a Schedule's forward and backward plans on a backend, over a preallocated Workspace.
 
-Every plan item runs through one table, HANDLERS, keyed by its kind; a loop strategy is a loop item
-kind there too. Each handler asks the backend to compile the item on its views once (memoised in the
-workspace) and launches that, or runs the reference interpreter (run/backends/base.py) where the
-backend compiled nothing. `naive` and `staged` differ only in the schedule they run; `graph` runs the
-staged one on a backend that records (get_backend(..., mode="graph")).
+Every plan item runs through one table, HANDLERS, keyed by its kind; every loop item through one handler
+and its strategy's record (plan/loops). Each asks the backend to compile the item on its views once
+(memoised in the workspace) and launches that, or runs the reference (run/backends/base.py, or the loop
+strategy's own) where the backend compiled nothing. The backend's mode decides the schedule: 'naive'
+runs the naive one, 'staged' and 'graph' the staged one ('graph' on a backend that records).
 """
 from __future__ import annotations
 
@@ -14,21 +14,19 @@ from dataclasses import replace
 from ..arrays import array_module
 from ..errors import RnnGraphError
 from ..ir.ops import OpKind
-from ..plan.classify import ADMITS
-from ..plan.items import (ElementwiseLoop, Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, PersistentLoop, ScanLoop,
-                          SharedWeight, StagesLoop, WeightGrad)
+from ..plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, SharedWeight, WeightGrad
+from ..plan.loops import STRATEGIES, strategy_of
 from ..plan.schedule import Schedule, build_schedule
-from .backends import check_mode
-from .backends.base import run_fused_backward, run_fused_forward, run_param_grad, scan_backward, scan_forward
+from .backends.base import run_fused_backward, run_fused_forward, run_param_grad
 from .chunks import Chunked
 from .workspace import ALL, SERIAL, Arenas, Workspace
 
 
 class Executor:
-    """Forward and BPTT of one cell on one backend in one mode: 'naive' (node by node, frame by
+    """Forward and BPTT of one cell on one backend, in the backend's mode: 'naive' (node by node, frame by
     frame), 'staged' (the schedule) or 'graph' (the schedule on a backend that records CUDA graphs);
-    loop names the loop strategy ('auto', 'stages', 'elementwise', 'scan' or 'persistent'; the backend must
-    run it; `loop_runs` says what the last forward ran, `loop_note` why a persistent loop ran frame by frame). Example::
+    loop names the loop strategy ('auto' or one of plan.loops.STRATEGIES; the backend must run it;
+    `loop_runs` says what the last forward ran, `loop_note` why a loop ran as another strategy). Example::
 
         ex = Executor(rnngraph.load_cell("lstm", 8, 16), get_backend("numpy"))
         outputs, finals = ex.forward(params, {"x": x}, {})          # x [T, B, 8]
@@ -37,18 +35,16 @@ class Executor:
 
     max_workspaces = 1024    # views into the shared arenas: cheap; the backend bounds the recorded graphs
 
-    def __init__(self, cell, backend, mode: str = "staged", schedule: Schedule | None = None, loop: str = "auto",
-                 chunk: int | None = None):
-        check_mode(mode, backend)
-        self.cell, self.backend, self.mode = cell, backend, mode
+    def __init__(self, cell, backend, schedule: Schedule | None = None, loop: str = "auto", chunk: int | None = None):
+        self.cell, self.backend = cell, backend
         if schedule is None:
-            schedule = build_schedule(cell, optimize=(mode != "naive"), loop=loop, runs=backend.auto_loops)
+            schedule = build_schedule(cell, optimize=backend.mode != "naive", loop=loop, runs=backend.auto_loops)
         elif loop != "auto":
             schedule = replace(schedule, loop_strategy=loop)
         self.sched = schedule      # a variant may be given, for experiments
         if schedule.loop_strategy not in backend.loops:
             raise RnnGraphError(f"backend '{backend.name}' does not run loop strategy {schedule.loop_strategy!r}; "
-                                f"it runs {', '.join(s for s in ADMITS if s in backend.loops)}")
+                                f"it runs {', '.join(s for s in STRATEGIES if s in backend.loops)}")
         kinds = {type(it) for sec in schedule.forward + schedule.backward for it in sec.items}
         if kinds - HANDLERS.keys():
             raise RnnGraphError(f"loop strategy {schedule.loop_strategy!r} has no runner in this executor")
@@ -207,61 +203,30 @@ class Executor:
             ws.memo[key] = (v, self.backend.compile(self.cell, it, v, t is not ALL) if compile else None)
         return ws.memo[key]
 
-    def _stages(self, loop, ws, _):
-        """Loop strategy 'stages': every frame (in reverse time for the backward), stage by stage."""
-        self._walk(loop, ws, overlap=True)
-
-    def _elementwise(self, loop, ws, _):
-        """Loop strategy 'elementwise': one kernel walking time per feature where the backend compiles
-        it, else the stages' items frame by frame, in order (on numpy, bit for bit what 'stages' computes)."""
-        _, launch = self._prepared(loop, ws, ALL, lambda: (ws.vals, ws.grads, ws.P, ws.T, ws.B))
-        if launch:
-            self.backend.launch(launch)
-        else:
-            self._walk(loop, ws, overlap=False)
-
-    def _persistent(self, loop, ws, _):
-        """Loop strategy 'persistent': one cooperative kernel for the whole loop where the backend compiles
-        it (the weights fit on chip at this B and dtype), else the stages frame by frame."""
-        _, launch = self._prepared(loop, ws, ALL, lambda: (ws.vals, ws.grads, ws.cat, ws.wcat, ws.P, ws.T, ws.B))
-        if not loop.reverse:
+    def _loop(self, loop, ws, _):
+        """A loop item, by its strategy's record: the backend's kernels for it where it compiles them on the
+        strategy's views, else the strategy's reference. The forward of the schedule's own strategy says
+        what ran (loop_runs) and, where the reference is another strategy, why (loop_note)."""
+        strategy = strategy_of(loop)
+        views, launch = self._prepared(loop, ws, ALL, lambda: strategy.views(ws, loop))
+        if not loop.reverse and strategy.name == self.sched.loop_strategy and strategy.runs_as:
             if (loop, "why") not in ws.memo:
-                ws.memo[loop, "why"] = None if launch else self.backend.persistent_problem(self.cell, loop, ws.B, ws.dtype)
-            self.loop_runs, self.loop_note = "persistent" if launch else "stages", ws.memo[loop, "why"]
+                ws.memo[loop, "why"] = None if launch else self.backend.loop_problem(self.cell, loop, ws.B, ws.dtype)
+            self.loop_runs, self.loop_note = strategy.name if launch else strategy.runs_as, ws.memo[loop, "why"]
         if launch:
             self.backend.launch(launch)
         else:
-            self._walk(loop, ws, overlap=True)
+            strategy.reference(self, loop, ws, views)
 
-    def _walk(self, loop, ws, overlap: bool):
+    def walk(self, loop, ws, overlap: bool):
+        """Every frame (in reverse time for a backward loop), the loop's stages in order; a stage's items
+        overlapped where `overlap` and the stage allow."""
         for t in (reversed(range(ws.T)) if loop.reverse else range(ws.T)):
             for st in loop.stages:
                 if overlap and st.overlap:
                     self.backend.overlap([lambda it=it: HANDLERS[type(it)](self, it, ws, t) for it in st.items])
                 else:
                     self._run(st.items, ws, t)
-
-    def _scan(self, loop, ws, _):
-        """Loop strategy 'scan': per state p = a ⊙ p@t-d + b, the forward scan over all frames, or the
-        reverse scan writing the gradients of p (history rows included), of its product m, and of a
-        and b where they are not parameters (the reduce section sums those)."""
-        def views():
-            out = []
-            for p, m, a, b, d in loop.chains:
-                ab = [ws.vals[n] if ws.vals[n].ndim == 1 else ws.frames(ws.vals[n]) for n in (a, b)]
-                g = [None if ws.grads[n].ndim == 1 else ws.frames(ws.grads[n]) for n in (a, b)]
-                out.append((*ab, ws.vals[p][ws.P - d:], ws.frames(ws.vals[m]), ws.grads[p][ws.P - d:],
-                            ws.frames(ws.grads[m]), *g))
-            return out
-        chains, launch = self._prepared(loop, ws, ALL, views)
-        if launch:
-            self.backend.launch(launch)
-            return
-        for a, b, s, m, gs, gm, ga, gb in chains:     # [T, B, F] or [F]; s, gs: [d+T, B, F]
-            if loop.reverse:
-                scan_backward(self.backend.xp, a, s, gs, gm, ga, gb)
-            else:
-                scan_forward(self.backend.xp, a, b, s, m)
 
     def _gemm(self, it, ws, t):
         (x, w, out), launch = self._prepared(it, ws, t, lambda: self._gemm_views(it, ws, t))
@@ -351,10 +316,9 @@ class Executor:
         ws.grads[step.weight] += ws.wcat[step.item][1][step.start:step.stop]
 
 
-HANDLERS = {Gemm: Executor._gemm, Fused: Executor._fused, Pair: Executor._pair, StagesLoop: Executor._stages,
-            ElementwiseLoop: Executor._elementwise, ScanLoop: Executor._scan, PersistentLoop: Executor._persistent,
-            GemmGrad: Executor._gemm_grad, FusedGrad: Executor._fused_grad, WeightGrad: Executor._weight_grad,
-            ParamSum: Executor._param_sum, SharedWeight: Executor._shared}
+HANDLERS = {Gemm: Executor._gemm, Fused: Executor._fused, Pair: Executor._pair, GemmGrad: Executor._gemm_grad,
+            FusedGrad: Executor._fused_grad, WeightGrad: Executor._weight_grad, ParamSum: Executor._param_sum,
+            SharedWeight: Executor._shared, **{s.item: Executor._loop for s in STRATEGIES.values()}}
 
 
 def _call(name, fn):

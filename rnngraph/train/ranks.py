@@ -45,7 +45,7 @@ class Ranks:
             return cls(world)
         gpu = backend == "cupy"
         if backend == "auto":
-            from ..run.backends.cupy_backend import gpu_problem
+            from ..run.backends import gpu_problem
             gpu = gpu_problem() is None
         return cls(world, communicator(world, gpu, timeout_s))
 

@@ -1,39 +1,82 @@
-"""Backends: one factory that picks the array library and sets its one option that modes imply (capture)."""
+"""Backends: one registry of their names, and one factory that resolves a mode into the backend it makes.
+
+A mode is resolved here, once: 'naive' and 'staged' are eager, 'graph' records CUDA graphs; the backend
+carries it (`backend.mode`), and every executor and layer over it reads it from there.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 from ...errors import RnnGraphError
 
 MODES = ("naive", "staged", "graph")    # graph: the staged schedule, recorded once as CUDA graphs and replayed
-GRAPH_ONLY = ("mode 'graph' runs on a cupy backend made for it, get_backend('cupy', 'graph'), and only "
-              "there; use 'staged' for eager execution")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One backend: how to make it for a mode, why it cannot run here (None: it can), the modes it runs and
+    the options it takes."""
+    make: Callable          # (mode, **options) -> backend
+    problem: Callable       # () -> str | None
+    modes: tuple
+    options: tuple = ()
+
+
+def _numpy(mode: str):
+    from .numpy_backend import NumpyBackend
+    return NumpyBackend(mode)
+
+
+def _cupy(mode: str, **options):
+    from .cuda.backend import CupyBackend
+    return CupyBackend(mode, **options)
+
+
+def gpu_problem() -> str | None:
+    """None when cupy and a GPU are usable, else one line saying what is wrong and how to fix it."""
+    from .cuda import backend
+    return backend.gpu_problem()
+
+
+# by name, in the order 'auto' tries them: the first that runs here and runs the mode
+BACKENDS = {"cupy": Entry(_cupy, gpu_problem, MODES, ("matmul", "lanes", "max_graphs", "max_graph_bytes", "chunk_frames")),
+            "numpy": Entry(_numpy, lambda: None, ("naive", "staged"))}
+CHOICES = ("auto", *sorted(BACKENDS))       # what `backend=` and `--backend` take
 
 
 def get_backend(name: str = "numpy", mode: str = "staged", **options):
-    """'numpy', 'cupy', or 'auto' (cupy when a usable GPU is present, else numpy), set up for `mode`:
-    'graph' means a cupy backend that records CUDA graphs (capture=True); this is the one place that
-    rule lives. Options go to the cupy backend: matmul ('cublas' | 'own'), lanes (CUDA streams)."""
-    check_mode(mode)
+    """The backend `name` ('auto': the first of BACKENDS usable here that runs `mode`) made for `mode`:
+    'naive', 'staged' or 'graph' (a cupy backend that records CUDA graphs). Options go to that backend
+    (cupy: matmul 'cublas' | 'own', lanes, chunk_frames, max_graphs, max_graph_bytes; 'auto' passes each
+    only those it takes). Example::
+
+        be = get_backend("auto", "graph")       # cupy recording CUDA graphs; an error naming why without a GPU
+    """
+    if mode not in MODES:
+        raise RnnGraphError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     if "capture" in options:
         raise RnnGraphError("get_backend takes the mode, not capture=: get_backend('cupy', 'graph') records "
                             "CUDA graphs")
-    if name not in ("numpy", "cupy", "auto"):
-        raise RnnGraphError(f"unknown backend {name!r}; choose 'numpy', 'cupy' or 'auto'")
-    if name != "numpy":
-        from .cupy_backend import CupyBackend, gpu_problem
-        problem = gpu_problem()
-        if problem is None:
-            return CupyBackend(capture=mode == "graph", **options)
-        if name == "cupy":
-            raise RnnGraphError(problem)
-    if mode == "graph":
-        raise RnnGraphError(GRAPH_ONLY)
-    from .numpy_backend import NumpyBackend
-    return NumpyBackend()
-
-
-def check_mode(mode: str, backend=None) -> None:
-    """Raises unless `mode` is known and (given a backend) the backend records exactly when mode is 'graph'."""
-    if mode not in MODES:
-        raise RnnGraphError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
-    if backend is not None and (mode == "graph") != (backend.records is not None):
-        raise RnnGraphError(GRAPH_ONLY)
+    if name not in CHOICES:
+        raise RnnGraphError(f"unknown backend {name!r}; choose one of {', '.join(repr(c) for c in CHOICES)}")
+    if name == "auto":
+        usable = [n for n, e in BACKENDS.items() if e.problem() is None]
+        name = next((n for n in usable if mode in BACKENDS[n].modes), None)
+        if name is None:
+            why = "; ".join(f"{n}: {e.problem()}" for n, e in BACKENDS.items() if mode in e.modes and e.problem())
+            raise RnnGraphError(f"mode {mode!r} needs a backend that runs it, and none can run here ({why})")
+        options = {k: v for k, v in options.items() if k in BACKENDS[name].options}
+    entry = BACKENDS[name]
+    unknown = sorted(set(options) - set(entry.options))
+    if unknown:
+        raise RnnGraphError(f"the {name} backend takes no option {', '.join(unknown)}; it takes "
+                            f"{', '.join(entry.options) or 'none'}")
+    if mode not in entry.modes:
+        runs = [n for n, e in BACKENDS.items() if mode in e.modes]
+        raise RnnGraphError(f"mode {mode!r} runs on the {', '.join(runs)} backend, not on {name}; use 'staged' for "
+                            "eager execution")
+    problem = entry.problem()
+    if problem:
+        raise RnnGraphError(problem)
+    return entry.make(mode, **options)

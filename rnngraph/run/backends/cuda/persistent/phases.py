@@ -1,6 +1,6 @@
 """How loop strategy 'persistent' splits a loop over the blocks of one cooperative kernel: its phases and
 their units, where a grid barrier must separate them (or tagged words replace it), and the shared memory
-each block holds. Plain data and checks, no source text (that is persistent_kernels.py).
+each block holds. Plain data and checks, no source text (that is kernels.py).
 
 The loop's items become phases, each split over the G blocks by units, contiguous and balanced (block k
 owns units [U·k/G, U·(k+1)/G)):
@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..plan.classify import blocked
-from ..plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair
-from .kernels import fused_backward_kernel, fused_forward_kernel, math_type
+from .....plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair
+from .....plan.loops.persistent import blocks
+from ..fused import fused_backward_kernel, fused_forward_kernel
+from ..source import math_type
 
 THREADS = 512               # threads per block: 16 warps, one weight row each at a time
 MAX_ROWS = 8                # the batch rows a persistent kernel takes (its accumulators live in registers)
@@ -44,14 +45,14 @@ class Phase:
 
 def problem(cell, loop) -> str | None:
     """Why a persistent kernel cannot run this loop, whatever the sizes, or None (the plan does not pick
-    'persistent' for a loop plan.classify.blocked rules out; a schedule given by hand may still hold one)."""
+    'persistent' for a loop its strategy's `blocks` rules out; a schedule given by hand may still hold one)."""
     nodes = []
     for st in loop.stages:
         for it in st.items:
             if _nodes(it) is None:
                 return f"its loop has a {type(it).__name__} item, which a persistent kernel does not run"
             nodes += _nodes(it)
-    return blocked(cell, nodes).get("persistent")
+    return blocks(cell, nodes)
 
 
 def _nodes(it):

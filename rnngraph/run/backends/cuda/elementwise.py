@@ -1,6 +1,5 @@
-"""CUDA source of the loop strategies that run time inside kernels: the chunked scan of a
-linear-diagonal state, and the elementwise time loop generated from the loop's fused groups. Pure
-strings: this module runs without a GPU.
+"""Loop strategy 'elementwise' on the GPU: one kernel walking time per feature, generated from the loop's
+fused groups, and its runner.
 
 Every array is addressed by frame: element (t, b, f) of a [T, B, F] view with row stride ld is
 p[(t·B + b)·ld + f]; a vector parameter [F] has ld = 0. A node's buffer [P+T, B, F] holds frame t at
@@ -8,141 +7,10 @@ row P + t (the P rows before it: the frames before the call), so a read with del
 """
 from __future__ import annotations
 
-from ..ir.ops import KERNEL, OpKind
-from ..plan.items import Fused
-from .kernels import HALF_TYPES, kernel_name, math_type, op_expr
+from ....ir.ops import KERNEL, OpKind
+from ....plan.items import Fused
+from .source import CTYPES, HALF_TYPES, kernel_name, op_expr
 
-# -------------------------------------------------------------------------------------------------
-# The scan: s_t = A_t ⊙ s_{t-d} + C_t over d interleaved chains (chain j: frames j, j+d, j+2d, ...)
-# per column (b, f). Three kernels: each chunk of a chain composes its (A, C) (part), one thread per
-# chain combines the chunks' composites in order into each chunk's carry-in (carry), each chunk
-# re-walks its frames from its carry-in, writing the results (out); with one chunk per chain (many
-# columns) part is skipped and carry only writes each chain's start. The backward runs the same
-# three over reversed chains: H_t = (gm_t + gs_t) + a_{t+d} ⊙ H_{t+d}, H the total gradient of m_t.
-# Grid: x over the B·F columns (coalesced), y over (chunk k, chain j) as k·d + j.
-
-SCAN_SOURCE = r"""
-#define IDX(ld, t) (((long long)(t) * B + b) * (ld) + f)
-#define COLUMN long long col = (long long)blockIdx.x * blockDim.x + threadIdx.x; \
-    if (col >= (long long)B * F) return; \
-    int b = (int)(col / F), f = (int)(col - (long long)b * F);
-#define FRAME(q) int i = {REV} ? k * L + L - 1 - (q) : k * L + (q); int t = j + d * i; if (t >= T) continue;
-
-extern "C" __global__ void rg_scan_{DIR}_part_{TY}({ARGS}int T, int B, int F, int d, int L,
-        {TY}* PA, {TY}* PC) {
-    COLUMN
-    int j = blockIdx.y % d, k = blockIdx.y / d;
-    {TY} A = 1, C = 0;
-    #pragma unroll 8
-    for (int q = 0; q < L; ++q) {
-        FRAME(q)
-        {TY} x, y;
-        {COEF}
-        C = x * C + y;
-        A = x * A;
-    }
-    PA[blockIdx.y * (long long)B * F + col] = A;
-    PC[blockIdx.y * (long long)B * F + col] = C;
-}
-
-extern "C" __global__ void rg_scan_{DIR}_carry_{TY}({ARGS}int T, int B, int F, int d, int NC,
-        const {TY}* __restrict__ PA, {TY}* PC) {
-    // PC[k, j] becomes chunk k's carry-in: the chain's value just before (backward: after) the chunk.
-    // A block of 32 columns (threadIdx.x) × 32 segments of the chunks (threadIdx.y): each segment
-    // composes its chunks, one thread per column combines the 32 segments in shared memory, then each
-    // segment re-walks its chunks from its own carry-in.
-    __shared__ {TY} SA[32][33], SC[32][33];
-    long long col = (long long)blockIdx.x * 32 + threadIdx.x;
-    bool live = col < (long long)B * F;
-    int b = live ? (int)(col / F) : 0, f = live ? (int)(col - (long long)b * F) : 0;
-    int j = blockIdx.y, y = threadIdx.y, per = (NC + 31) / 32;
-    {TY} A = 1, C = 0;
-    for (int q = y * per; live && q < min(NC, (y + 1) * per); ++q) {
-        long long o = (({REV} ? NC - 1 - q : q) * (long long)d + j) * B * F + col;
-        C = PA[o] * C + PC[o];
-        A = PA[o] * A;
-    }
-    SA[y][threadIdx.x] = A;
-    SC[y][threadIdx.x] = C;
-    __syncthreads();
-    if (y == 0 && live) {
-        {TY} v = {INIT};
-        for (int k = 0; k < 32; ++k) {
-            {TY} a = SA[k][threadIdx.x], c = SC[k][threadIdx.x];
-            SC[k][threadIdx.x] = v;
-            v = a * v + c;
-        }
-    }
-    __syncthreads();
-    {TY} v = SC[y][threadIdx.x];
-    for (int q = y * per; live && q < min(NC, (y + 1) * per); ++q) {
-        long long o = (({REV} ? NC - 1 - q : q) * (long long)d + j) * B * F + col;
-        {TY} a = PA[o], c = PC[o];
-        PC[o] = v;
-        v = a * v + c;
-    }
-}
-
-extern "C" __global__ void rg_scan_{DIR}_out_{TY}({ARGS}int T, int B, int F, int d, int L,
-        const {TY}* __restrict__ PC) {
-    COLUMN
-    int j = blockIdx.y % d, k = blockIdx.y / d;
-    {TY} y = PC[blockIdx.y * (long long)B * F + col];
-    #pragma unroll 8
-    for (int q = 0; q < L; ++q) {
-        FRAME(q)
-        {STEP}
-    }
-}
-"""
-
-# a, b: the coefficient and offset; s [d+T] rows: frame t at row d + t, so s_{t-d} is row t; m = a ⊙ s_{t-d}
-SCAN_FORWARD = dict(
-    DIR="fwd", REV="0",
-    ARGS="const {S}* __restrict__ a, long long la, const {S}* __restrict__ c, long long lc, {S}* s, long long ls, "
-         "{S}* m, long long lm, ",
-    COEF="x = a[IDX(la, t)]; y = c[IDX(lc, t)];",
-    INIT="s[IDX(ls, j)]",
-    STEP="{TY} p = a[IDX(la, t)] * y; y = p + c[IDX(lc, t)]; m[IDX(lm, t)] = p; s[IDX(ls, d + t)] = y;")
-
-# gs [d+T] rows: ∂L/∂s from other readers, overwritten with the totals G_t (its first d rows, the history's,
-# get theirs added); gm += G; ga += H ⊙ s_{t-d} and gb += G where those are arrays (has_ga, has_gb)
-SCAN_BACKWARD = dict(
-    DIR="bwd", REV="1",
-    ARGS="const {S}* __restrict__ a, long long la, const {S}* __restrict__ s, long long ls, {S}* gs, long long lgs, "
-         "{S}* gm, long long lgm, {S}* ga, long long lga, {S}* gb, long long lgb, int has_ga, int has_gb, ",
-    COEF="x = t + d < T ? ({TY})a[IDX(la, t + d)] : 0; y = gm[IDX(lgm, t)] + gs[IDX(lgs, d + t)];",
-    INIT="0",
-    STEP="{TY} an = t + d < T ? ({TY})a[IDX(la, t + d)] : 0; {TY} G = gs[IDX(lgs, d + t)] + an * y; "
-         "{TY} H = gm[IDX(lgm, t)] + G; gs[IDX(lgs, d + t)] = G; gm[IDX(lgm, t)] = H; "
-         "if (has_ga) ga[IDX(lga, t)] = ga[IDX(lga, t)] + H * s[IDX(ls, t)]; "
-         "if (has_gb) gb[IDX(lgb, t)] = gb[IDX(lgb, t)] + G; "
-         "if (t < d) gs[IDX(lgs, t)] = gs[IDX(lgs, t)] + a[IDX(la, t)] * H; y = H;")
-
-SCAN_THREADS = 1 << 18      # chunks per chain are chosen so that about this many threads walk frames
-SCAN_MIN_FRAMES = 8         # ... each at least this many frames (its loads in flight together)
-
-
-def scan_source(direction: str, ctype: str) -> tuple[str, dict]:
-    """(CUDA source, {phase: kernel name}) of the forward ('fwd') or backward ('bwd') scan kernels for
-    arrays of element type ctype; the chunks' composites PA, PC and every carry have its math type."""
-    parts = SCAN_FORWARD if direction == "fwd" else SCAN_BACKWARD
-    text = SCAN_SOURCE
-    for key in ("ARGS", "COEF", "INIT", "STEP", "DIR", "REV"):
-        text = text.replace("{" + key + "}", parts[key])
-    text = text.replace("_{TY}(", f"_{ctype}(").replace("{S}", ctype).replace("{TY}", math_type(ctype))
-    return text, {ph: f"rg_scan_{parts['DIR']}_{ph}_{ctype}" for ph in ("part", "carry", "out")}
-
-
-def scan_chunks(T: int, d: int, columns: int) -> tuple[int, int]:
-    """(chunks per chain NC, frames per chunk L) for chains of ⌈T/d⌉ frames over `columns` columns."""
-    n = -(-T // d)
-    want = max(1, min(-(-n // SCAN_MIN_FRAMES), -(-SCAN_THREADS // (columns * d))))
-    L = -(-n // want)
-    return -(-n // L), L
-
-
-# -------------------------------------------------------------------------------------------------
 # The elementwise time loop: one thread per (b, f) walks every frame of the loop's fused groups, member
 # values read at a delay carried in registers (forward), gradients owed to earlier frames likewise
 # (backward). Frames go in blocks of U whose loads are issued before any of their arithmetic.
@@ -265,3 +133,18 @@ def elementwise_kernel(cell, nodes, direction: str, ctype: str, U: int = 8):
 
 def _indent(lines, level: int) -> str:
     return "\n".join("    " * level + ln for ln in lines)
+
+
+def compile(be, cell, loop, views):
+    """The whole loop as one kernel walking time per (b, f), or None where it cannot (a GEMM in the loop,
+    half storage)."""
+    vals, grads, P, T, B = views
+    nodes = elementwise_nodes(loop)
+    made = nodes and elementwise_kernel(cell, nodes, "bwd" if loop.reverse else "fwd", CTYPES[str(vals[nodes[0]].dtype)])
+    if not made:
+        return None
+    name, src, keys = made
+    cp, F = be.xp, cell.op(nodes[0]).size
+    args = be.frame_args([(vals if kind == "val" else grads)[n] for kind, n in keys], B)
+    return ((be.raw(name, src), ((B * F + 127) // 128,), (128,),
+             (*args, cp.int32(T), cp.int32(B), cp.int32(F), cp.int32(P))),)

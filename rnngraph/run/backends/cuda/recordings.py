@@ -7,7 +7,7 @@ import os
 import warnings
 from collections import OrderedDict
 
-from ...errors import RnnGraphError, RnnGraphWarning
+from ....errors import RnnGraphError, RnnGraphWarning
 
 
 class Recordings:

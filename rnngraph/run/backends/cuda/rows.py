@@ -1,6 +1,6 @@
 """CUDA source of a fused group that holds a row reduction (SUM, MEAN: a layer norm's mean and variance):
 one block per row, so the reduction never leaves the block and the group's per-feature work runs beside
-it, in one kernel. Pure strings: this module runs without a GPU.
+it, in one kernel.
 
 The block's NT threads own the row's features f = tid + q·NT, q < Q (Q·NT ≥ F, both fixed when the
 source is made from the group's size F), each member value a register array [Q]. An elementwise member
@@ -9,14 +9,15 @@ then the block's partial sums in a fixed order (warp shuffles, then warps in tur
 bit reproducible, and the value is broadcast back to every feature, as the op keeps its operand's size.
 The backward is the reverse: an elementwise member's rule per q; a reduction's operand gets the block
 sum of the reduction's gradient (its VJP broadcasts it back). Arguments and names are the per-element
-fused kernel's (kernels.py), so the backends pass the same arrays.
+fused kernel's (fused.py), so the backends pass the same arrays.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir.ops import KERNEL, REDUCE, OpKind
-from .kernels import KernelSpec, _externals, _operands, backward_io, kernel_name, math_type, op_expr
+from ....ir.ops import KERNEL, REDUCE, OpKind
+from .fused import KernelSpec, backward_io, externals, operands
+from .source import kernel_name, math_type, op_expr
 
 ROW_THREADS = 256           # a block's threads at most; fewer (a multiple of 32) for rows narrower than that
 
@@ -102,10 +103,10 @@ def _reduce(cell, n, operand: str, out: str, add: bool = False) -> list:
 
 def row_forward_kernel(cell, nodes) -> RowSpec:
     idx = {n: k for k, n in enumerate(nodes)}
-    ext = _externals(cell, nodes)
+    ext = externals(cell, nodes)
     body = []
     for n in nodes:
-        k, names = idx[n], _operands(cell, n, idx, ext)
+        k, names = idx[n], operands(cell, n, idx, ext)
         body.append(f"T v{k}[Q];")
         if cell.op(n).kind in REDUCE:
             body += _reduce(cell, n, names[0], f"v{k}")
@@ -124,7 +125,7 @@ def row_backward_kernel(cell, nodes, param_names, atomic: bool = False) -> RowSp
     body = [ln for k in range(len(nodes)) for ln in (f"T d{k}[Q];", FOR_Q + f"d{k}[q] = gm{k}[q];")]
     body += [ln for j in gext for ln in (f"T a{j}[Q];", FOR_Q + f"a{j}[q] = 0;")]
     for n in reversed(nodes):
-        op, names = cell.op(n), _operands(cell, n, idx, ext)
+        op, names = cell.op(n), operands(cell, n, idx, ext)
         for slot, ((u, _), name) in enumerate(zip(cell.reads(n), names)):
             if u in param_names:
                 continue

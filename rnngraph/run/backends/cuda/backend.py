@@ -1,23 +1,26 @@
-"""The GPU backend on CuPy: generated fused kernels, capturable GEMMs, CUDA-graph replay.
+"""The GPU backend on CuPy: generated fused kernels, capturable GEMMs, CUDA-graph replay, and the loop
+strategies' kernels through their runner modules in this room.
 
 cupy is imported lazily, so rnngraph works without it. Any CUDA build of cupy (cupy-cuda12x,
 cupy-cuda13x) works: only the generic `cupy` module is used.
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import warnings
 
-import numpy
-
-from ...errors import RnnGraphError, RnnGraphWarning
-from ..kernels import (CTYPES, GEMV_FUSED_ROWS, GEMV_ROWS, PAIR_MAX_BYTES, complete, fusable, fused_backward_kernel,
-                       fused_forward_kernel, gemv_fused_kernel, matmul_source, param_grad_kernel)
-from ..row_kernels import row_backward_kernel, row_forward_kernel, row_group
-from ..loop_kernels import elementwise_kernel, elementwise_nodes, scan_chunks, scan_source
-from ...plan.items import ElementwiseLoop, Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, PersistentLoop, ScanLoop
-from . import persistent
-from .base import ArrayBackend
+from ....errors import RnnGraphError, RnnGraphWarning
+from ....plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum
+from ....plan.loops import STRATEGIES
+from ..base import ArrayBackend
+from .fused import fusable, fused_backward_kernel, fused_forward_kernel
+from .matmul import GEMV_ROWS, matmul_source
+from .pair import GEMV_FUSED_ROWS, PAIR_MAX_BYTES, gemv_fused_kernel
+from .param_grad import param_grad_kernel
 from .recordings import Recordings, chunk_frames_setting
+from .rows import row_backward_kernel, row_forward_kernel, row_group
+from .source import CTYPES, complete
 
 _KERNELS: dict = {}      # process-wide cache: (kernel name, generated source) -> compiled kernel object
 
@@ -36,7 +39,7 @@ def gpu_problem() -> str | None:
     if driver == 0:
         return "no NVIDIA driver found (cupy is installed); install the NVIDIA driver, or use backend='numpy'"
     if driver // 1000 < runtime // 1000:   # minor versions are compatible within one major version
-        return (f"cupy's CUDA runtime {_ver(runtime)} is newer than the driver supports (CUDA {_ver(driver)}); "
+        return (f"cupy's CUDA runtime {cuda_version(runtime)} is newer than the driver supports (CUDA {cuda_version(driver)}); "
                 f"install the cupy build for CUDA {driver // 1000} (pip install cupy-cuda{driver // 1000}x) "
                 "or update the NVIDIA driver")
     try:
@@ -48,29 +51,45 @@ def gpu_problem() -> str | None:
     return None
 
 
-def _ver(v: int) -> str:
+def cuda_version(v: int) -> str:
     return f"{v // 1000}.{v % 1000 // 10}"
 
 
+def _runners() -> dict:
+    """loop item kind -> the module of this room that runs its strategy's kernels: the one named as the
+    strategy (plan/loops), where there is one. It has compile(backend, cell, loop, views) -> launches or
+    None, and may have why_not(backend, cell, loop, B, dtype) -> why its kernel does not run, or None."""
+    out = {}
+    for s in STRATEGIES.values():
+        if importlib.util.find_spec(f"{__package__}.{s.name}"):
+            out[s.item] = importlib.import_module(f"{__package__}.{s.name}")
+    return out
+
+
+RUNNERS = _runners()
+
+
 class CupyBackend(ArrayBackend):
-    """cupy arrays. With capture=True, each forward and backward body (or, where that is not
-    capturable, each time loop) is recorded once as a CUDA graph and replayed.
+    """cupy arrays. In mode 'graph', each forward and backward body (or, where that is not capturable,
+    each time loop) is recorded once as a CUDA graph and replayed.
 
     matmul: 'cublas' runs every GEMM through cuBLAS's C API, which can be recorded, so whole bodies
     are captured; 'own' (with capture) compiles the per-frame GEMMs into our capturable GEMV (B ≤ 8)
     and tiled GEMM kernels and runs CuPy's cuBLAS eagerly around the loop, so only time loops are captured.
     """
     name = "cupy"
-    loops = frozenset({"stages", "elementwise", "scan", "persistent"})
+    modes = ("naive", "staged", "graph")
+    kernel_loops = frozenset(s.name for s in STRATEGIES.values() if s.item in RUNNERS)
 
-    def __init__(self, capture: bool = False, matmul: str = "cublas", lanes: int = 1, max_graphs: int = 1024,
+    def __init__(self, mode: str = "staged", matmul: str = "cublas", lanes: int = 1, max_graphs: int = 1024,
                  max_graph_bytes: int | None = None, chunk_frames: int | None = None):
         import cupy
         from .cublas import Cublas
+        super().__init__(mode)
         if matmul not in ("cublas", "own"):
             raise RnnGraphError(f"unknown matmul {matmul!r}; choose 'cublas' or 'own'")
         self.xp = cupy
-        self.capture = capture
+        capture = self.capture = mode == "graph"
         self.chunk_frames = chunk_frames_setting(chunk_frames) if capture else 0   # graph mode: recordings of K frames
         self.graphs = Recordings(cupy, max_graphs, max_graph_bytes) if capture else None
         self._transposed: dict = {}       # id(packed per-frame W) -> (W, its transpose [K, M])
@@ -134,9 +153,9 @@ class CupyBackend(ArrayBackend):
         return tuple(self._param_grad_launch(cell, n, slot, g, ins, y, out) for n, slot, g, ins, y in terms)
 
     def _param_grad_launch(self, cell, n, slot, g, ins, y, out):
-        kernel = self._raw(*param_grad_kernel(cell, n, slot, CTYPES[str(out.dtype)]))
+        kernel = self.raw(*param_grad_kernel(cell, n, slot, CTYPES[str(out.dtype)]))
         cp, N, F = self.xp, g.shape[0], out.shape[0]
-        return kernel, ((F + 31) // 32,), (32, 32), (*self._row_args([g, *ins, y]), out, cp.int32(N), cp.int32(F))
+        return kernel, ((F + 31) // 32,), (32, 32), (*self.row_args([g, *ins, y]), out, cp.int32(N), cp.int32(F))
 
     def matmul_launch(self, a, w, c, accumulate: bool):
         """c [N, M] (+)= a [N, K] · w [M, K]ᵀ with our own kernels (capturable without cuBLAS): one launch."""
@@ -153,7 +172,7 @@ class CupyBackend(ArrayBackend):
 
     def _matmul_kernel(self, kind, dtype):
         ctype = CTYPES[str(dtype)]
-        return self._raw(f"rg_{kind}_{ctype}", matmul_source(kind, ctype))
+        return self.raw(f"rg_{kind}_{ctype}", matmul_source(kind, ctype))
 
     # -- fused elementwise groups --------------------------------------------------------------
     def _compile_fused(self, cell, item, env, per_frame):
@@ -179,7 +198,7 @@ class CupyBackend(ArrayBackend):
             return None
         spec = _spec(cell, fused, "fwd")
         offsets = [sum(gemm.sizes[:j]) for j in range(len(gemm.nodes))]
-        kernel = self._raw(*gemv_fused_kernel(spec, list(gemm.nodes), offsets, CTYPES[str(out.dtype)]))
+        kernel = self.raw(*gemv_fused_kernel(spec, list(gemm.nodes), offsets, CTYPES[str(out.dtype)]))
         return ((kernel, (out.shape[1] // len(gemm.nodes),), (128,),
                  self._pair_args(x, w, out, spec, _fused_arrays(spec, env))),)
 
@@ -192,15 +211,15 @@ class CupyBackend(ArrayBackend):
 
     def _fused_launch(self, spec, arrays):
         out = arrays[len(spec.in_names)]
-        kernel = self._raw(*spec.source(CTYPES[str(out.dtype)]))
+        kernel = self.raw(*spec.source(CTYPES[str(out.dtype)]))
         return (kernel, *spec.launch_shape(*out.shape), self._fused_args(spec, arrays))
 
     def _fused_args(self, spec, arrays):
         """Pointer and row-stride pairs of a fused kernel's arrays, then its rows and features."""
         rows, F = arrays[len(spec.in_names)].shape
-        return tuple(self._row_args(arrays) + [self.xp.int64(rows), self.xp.int32(F)])
+        return tuple(self.row_args(arrays) + [self.xp.int64(rows), self.xp.int32(F)])
 
-    def _row_args(self, arrays) -> list:
+    def row_args(self, arrays) -> list:
         """Pointer and row-stride pairs: rows [N, F] with unit column stride, or vectors [F] (stride 0)."""
         args = []
         for a in arrays:
@@ -208,46 +227,6 @@ class CupyBackend(ArrayBackend):
                 raise RnnGraphError("internal: kernel operands need unit column stride")
             args += [a, self.xp.int64(0 if a.ndim == 1 else a.strides[0] // a.itemsize)]
         return args
-
-    # -- loop strategies that run time inside kernels ------------------------------------------------
-    def _compile_scan(self, cell, loop, chains, per_frame):
-        """Per state, the three chunked-scan kernels (loop_kernels.py) over all frames, forward or reverse;
-        the chunks' composites live in two buffers made here. chains: the executor's views per state."""
-        cp, out = self.xp, []
-        for a, b, s, m, gs, gm, ga, gb in chains:     # [T, B, F] or a vector [F]; s, gs: [d+T, B, F]
-            (T, B, F), d = m.shape, s.shape[0] - m.shape[0]
-            src, names = scan_source("bwd" if loop.reverse else "fwd", CTYPES[str(m.dtype)])
-            NC, L = scan_chunks(T, d, B * F)
-            PA, PC = (cp.empty((NC * d, B * F), _math(m.dtype)) for _ in range(2))
-            if loop.reverse:
-                head = self._frame_args([a, s, gs, gm, gm if ga is None else ga, gm if gb is None else gb], B)
-                head += [cp.int32(ga is not None), cp.int32(gb is not None)]
-            else:
-                head = self._frame_args([a, b, s, m], B)
-            dims, grid = [cp.int32(T), cp.int32(B), cp.int32(F), cp.int32(d)], (B * F + 127) // 128
-            k = {ph: self._raw(nm, src) for ph, nm in names.items()}
-            out += [(k["part"], (grid, NC * d), (128,), (*head, *dims, cp.int32(L), PA, PC))] * (NC > 1)
-            out += [(k["carry"], ((B * F + 31) // 32, d), (32, 32), (*head, *dims, cp.int32(NC), PA, PC)),
-                    (k["out"], (grid, NC * d), (128,), (*head, *dims, cp.int32(L), PC))]
-        return tuple(out)
-
-    def _compile_elementwise(self, cell, loop, views, per_frame):
-        """The whole loop as one kernel walking time per (b, f), or None where it cannot (a GEMM in the loop)."""
-        vals, grads, P, T, B = views
-        nodes = elementwise_nodes(loop)
-        made = nodes and elementwise_kernel(cell, nodes, "bwd" if loop.reverse else "fwd",
-                                            CTYPES[str(vals[nodes[0]].dtype)])
-        if not made:
-            return None
-        name, src, keys = made
-        cp, F = self.xp, cell.op(nodes[0]).size
-        args = self._frame_args([(vals if kind == "val" else grads)[n] for kind, n in keys], B)
-        return ((self._raw(name, src), ((B * F + 127) // 128,), (128,),
-                 (*args, cp.int32(T), cp.int32(B), cp.int32(F), cp.int32(P))),)
-
-    def _compile_persistent(self, cell, loop, views, per_frame):
-        """The whole loop as one cooperative kernel (backends/persistent.py), or None where it cannot."""
-        return persistent.launches(self, cell, loop, views)
 
     def half_problem(self, dtype) -> str | None:
         """Why half-precision `dtype` cannot run on this GPU and cupy, or None. bfloat16 needs cupy's
@@ -264,10 +243,14 @@ class CupyBackend(ArrayBackend):
                     "use float16 or float32")
         return None
 
-    def persistent_problem(self, cell, loop, B: int, dtype) -> str | None:
-        return persistent.why_not(self, cell, loop, B, dtype)
+    def loop_problem(self, cell, loop, B: int, dtype) -> str | None:
+        """Why the kernel of a loop's strategy does not run here at B rows of dtype (its runner's why_not)."""
+        runner = RUNNERS.get(type(loop))
+        if runner is None:
+            return super().loop_problem(cell, loop, B, dtype)
+        return getattr(runner, "why_not", lambda *args: None)(self, cell, loop, B, dtype)
 
-    def _frame_args(self, arrays, B: int) -> list:
+    def frame_args(self, arrays, B: int) -> list:
         """Pointer and stride pairs of arrays addressed by frame: [N, B, F] views whose element (t, b, f)
         is at (t·B + b)·ld + f, or vectors [F] (ld = 0)."""
         args = []
@@ -279,19 +262,22 @@ class CupyBackend(ArrayBackend):
             args += [a, self.xp.int64(ld)]
         return args
 
-    def _raw(self, name: str, src: str, cooperative: bool = False):
+    def raw(self, name: str, src: str, cooperative: bool = False):
         """The compiled kernel `name` of `src`, built once per process (cooperative: launched so)."""
         if (name, src) not in _KERNELS:
             _KERNELS[name, src] = self.xp.RawKernel(complete(src), name, enable_cooperative_groups=cooperative)
         return _KERNELS[name, src]
 
     COMPILE = {Gemm: _compile_gemm, GemmGrad: _compile_gemm_grad, Fused: _compile_fused,
-               FusedGrad: _compile_fused_grad, Pair: _compile_pair, ParamSum: _compile_param_sum,
-               ScanLoop: _compile_scan, ElementwiseLoop: _compile_elementwise, PersistentLoop: _compile_persistent}
+               FusedGrad: _compile_fused_grad, Pair: _compile_pair, ParamSum: _compile_param_sum}
 
     def compile(self, cell, item, views, per_frame: bool):
+        """The launches of a plan item (COMPILE, by its kind) or of a loop item (its strategy's runner)."""
         make = self.COMPILE.get(type(item))
-        return None if make is None else make(self, cell, item, views, per_frame)
+        if make is not None:
+            return make(self, cell, item, views, per_frame)
+        runner = RUNNERS.get(type(item))
+        return None if runner is None else runner.compile(self, cell, item, views)
 
     def overlap(self, fns):
         """With lanes > 1: the stage's items fork onto the lane streams and join back (events);
@@ -323,11 +309,6 @@ class CupyBackend(ArrayBackend):
 
     def cache_info(self) -> dict:
         return self.graphs.info() if self.capture else super().cache_info()
-
-
-def _math(dtype):
-    """The dtype kernels compute in for arrays of `dtype`: float32 for half storage (kernels.math_type)."""
-    return numpy.dtype(numpy.float32) if dtype.itemsize == 2 else numpy.dtype(dtype)
 
 
 _BLAS_FORMS = {(False, True, False): lambda blas, x, w, out: blas.nt(x, w, out),     # forward

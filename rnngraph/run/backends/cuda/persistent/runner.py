@@ -1,20 +1,20 @@
 """Loop strategy 'persistent' on the cupy backend: whether this GPU runs a loop's cooperative kernel
-(run/persistent_kernels.py) at this B and dtype, else why not, and the launches that run it."""
+(kernels.py) at this B and dtype, else why not, and the launches that run it."""
 from __future__ import annotations
 
 import functools
 import warnings
 
-from ...errors import RnnGraphWarning
-from ..kernels import CTYPES
-from ..persistent_kernels import ZERO_SOURCE, persistent_kernel
-from ..persistent_phases import MAX_ROWS, phases, problem
+from .....errors import RnnGraphWarning
+from ..source import CTYPES
+from .kernels import ZERO_SOURCE, persistent_kernel
+from .phases import MAX_ROWS, phases, problem
 
 _KERNELS: dict = {}      # (id(cell), loop, ctype, B, blocks) -> (cell, persistent_kernels.Persistent)
 _REFUSED: set = set()
 
 
-def launches(be, cell, loop, views):
+def compile(be, cell, loop, views):
     """The launches running `loop` on the executor's views: zeroing the barrier counter (and numbering the
     launch), then the cooperative kernel; None where why_not() says why not."""
     vals, grads, cat, wcat, P, T, B = views
@@ -28,11 +28,11 @@ def launches(be, cell, loop, views):
     args = []
     for kind, key in k.args:
         a = pick[kind](key)
-        args += [a] if kind in ("w", "xb") else be._frame_args([a], B)
+        args += [a] if kind in ("w", "xb") else be.frame_args([a], B)
     bar = cp.zeros(2, cp.uint32)            # barrier count, launch number; kept with the launch (the memo)
-    raw = be._raw(k.name, k.source, cooperative=True)
+    raw = be.raw(k.name, k.source, cooperative=True)
     raw.max_dynamic_shared_size_bytes = k.smem
-    return ((be._raw("rg_persist_zero", ZERO_SOURCE), (1,), (1,), (bar,)),
+    return ((be.raw("rg_persist_zero", ZERO_SOURCE), (1,), (1,), (bar,)),
             (functools.partial(raw, shared_mem=k.smem), (k.blocks,), (k.threads,), (bar, *args, cp.int32(T), cp.int32(P))))
 
 

@@ -1,6 +1,6 @@
 """CUDA source of loop strategy 'persistent': one cooperative kernel runs the whole time loop of the
-core, forward or backward, with the per-frame GEMMs' weights held in shared memory. Pure strings:
-this module runs without a GPU; persistent_phases.py decides the phases, barriers and layout.
+core, forward or backward, with the per-frame GEMMs' weights held in shared memory; phases.py
+decides the phases, barriers and layout.
 
 G blocks (at most one per SM, all resident: a cooperative launch) of NT threads. A GEMM phase's block
 loads its weight rows (dgemm: columns) into shared memory once, before frame 0; per frame it stages
@@ -14,15 +14,15 @@ float32 (float32 or half storage), where each x value travels with its frame's t
 needs no barrier, its backward one a frame (before the dgemm). Weights sit in shared memory in their
 storage type (half: twice float32's rows); x rows and sums in the math type.
 
-Arrays are addressed by frame as in loop_kernels.py: element (t, b, f) of a node's [P+T, B, F]
+Arrays are addressed by frame as in ../scan.py: element (t, b, f) of a node's [P+T, B, F]
 buffer (row stride ld; a vector parameter has ld = 0) is p[((P + t - delay)·B + b)·ld + f].
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .kernels import CTYPES, kernel_name, math_type, rounded
-from .persistent_phases import THREADS, barriers, exchanges, nodes_of, own, phases, shared_layout, sources
+from ..source import CTYPES, kernel_name, math_type, rounded
+from .phases import THREADS, barriers, exchanges, nodes_of, own, phases, shared_layout, sources
 
 SOURCE = r"""
 #define AT(p, ld, lag, col) p[((long long)(P + t - (lag)) * NB + b) * (ld) + (col)]

@@ -1,0 +1,49 @@
+"""Loop strategy 'persistent': a GEMM on a state whose weights fit on chip; on the GPU one cooperative
+kernel a direction holds them in shared memory across all frames."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...ir.ops import KERNEL, REDUCE, OpKind
+from .stages import stages_plan, staged_only, walk
+from .strategy import LoopStrategy
+
+
+@dataclass(frozen=True)
+class PersistentLoop:
+    """The stages' items as one loop, on the GPU one cooperative kernel that holds the per-frame GEMMs'
+    weights in shared memory across all frames (run/backends/cuda/persistent/); where a backend cannot
+    (the weights do not fit on chip, B too large, no cooperative launch) it runs them frame by frame, as
+    'stages'."""
+    stages: tuple       # Stage, in run order, as StagesLoop's
+    reverse: bool
+
+
+def persistent_plan(sched, loop=None) -> tuple:
+    """(forward, backward) loop items: the stages' items, each direction one PersistentLoop."""
+    staged_only(sched, "persistent")
+    return stages_plan(sched, loop, PersistentLoop)
+
+
+def blocks(cell, loop_nodes) -> str | None:
+    """Why an op of the loop rules a persistent kernel out whatever the states' classes: it splits features
+    over blocks, so it runs no row reduction, concat or slice."""
+    inside = set(loop_nodes)
+    for n in (n for n in cell.graph if n in inside):        # in creation order
+        kind = cell.op(n).kind
+        if kind in REDUCE:
+            return (f"op {n} ({kind.value}) reduces over features inside the loop, and a persistent kernel "
+                    "splits features over blocks")
+        if kind in (OpKind.CONCAT, OpKind.SLICE) or kind not in KERNEL and kind is not OpKind.LINEAR:
+            return f"op {n} ({kind.value}) in the loop has no rule a persistent kernel runs"
+    return None
+
+
+STRATEGY = LoopStrategy(
+    name="persistent", item=PersistentLoop, needs="a general state (a GEMM on the state)",
+    admits=lambda kinds: "general" in kinds, plan=persistent_plan, blocks=blocks,
+    title="loop in reverse time, stages reversed, in one kernel where the GPU fits the weights on chip",
+    views=lambda ws, loop: (ws.vals, ws.grads, ws.cat, ws.wcat, ws.P, ws.T, ws.B), reference=walk,
+    note="runs all stages as one cooperative kernel a direction on the GPU, the weights held on chip "
+         "(B ≤ 8, where they fit); else frame by frame, as stages",
+    runs_as="stages", auto_by_reference=False)

@@ -1,0 +1,28 @@
+"""The record of one loop strategy: everything about it that is not a backend's kernel, in one place."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class LoopStrategy:
+    """How one loop strategy runs the recurrent core over time.
+
+    A strategy's module (plan/loops/<name>.py) defines its loop item and this record; plan/loops/__init__.py
+    registers it, best first; a backend that has kernels for it runs them (the cupy backend: its module of
+    the same name in run/backends/cuda/), every other backend runs `reference`.
+    """
+    name: str
+    item: type                      # the loop item kind the planner emits (forward and backward alike)
+    needs: str                      # what the states' classes must be, as an error message says it
+    admits: Callable                # (set of the states' class kinds) -> bool
+    plan: Callable                  # (schedule) -> (forward loop items, backward loop items)
+    title: str                      # the backward loop's heading in `rnngraph schedule`
+    views: Callable                 # (workspace, loop item) -> what the kernels and the reference run on
+    reference: Callable             # (executor, loop item, workspace, views): the run without a kernel
+    blocks: Callable = lambda cell, loop_nodes: None   # -> why an op of the loop rules it out, or None
+    describe: Callable | None = None    # (loop item, cell) -> its one line; None: its stages' items, listed
+    note: str | None = None         # a line `rnngraph schedule` adds under the forward loop
+    runs_as: str | None = None      # what the reference amounts to, where it is another strategy ('stages')
+    auto_by_reference: bool = True  # whether 'auto' picks it where a backend runs only the reference

@@ -1,0 +1,140 @@
+"""One generated kernel per fused elementwise group, forward and backward, built from the op table's
+kernel rules (ir/ops.py KERNEL).
+
+A fused kernel runs one thread per element (row r, feature f) of the group's [N, F] values. Every
+argument is a pointer with a row stride (0 for a vector parameter [F], which broadcasts). Names:
+  x<k>  external operand values        v<k>  member values (inputs of the backward kernel)
+  y<k>  member values written (fwd)    gm<k> member gradients, read, then overwritten with the total
+  gx<k> gradients of external operands, accumulated (+=, or atomicAdd where frames meet)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ....ir.ops import KERNEL, OpKind
+from .source import kernel_name, math_type, op_expr
+
+FUSED_SOURCE = r"""
+extern "C" __global__ void {name}({args}long long rows, int F) {{
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= rows * F) return;
+    long long r = e / F;
+    int f = (int)(e - r * F);
+{body}
+}}
+"""
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A generated fused kernel: argument names and the arrays that feed them, body and stores."""
+    inputs: tuple      # keys: ("val", node) member value, or ("ext", (u, d, cols)) external value
+    outputs: tuple     # keys: ("out", node) / ("grad", node) / ("gext", (u, d, cols))
+    in_names: tuple
+    out_names: tuple
+    body: tuple        # C statements over locals
+    stores: tuple      # (output name, local, "=" or "+=")
+
+    def olds(self, at, ctype: str, loaded: dict | None = None) -> list:
+        """Loads of what the '+=' stores add to, issued with the other loads: after each other's stores
+        (which the compiler keeps in order: the pointers may alias) they would wait a load latency each.
+        loaded: '<name>_old' -> a register already holding one."""
+        return [f"{ctype} {nm}_old = {(loaded or {}).get(nm + '_old') or at(nm)};"
+                for nm, _, op in self.stores if op == "+="]
+
+    def writes(self, at) -> list:
+        """The stores: '=', '+=' (onto the value olds() loaded) or an atomic add."""
+        return [f"atomicAdd(&{at(nm)}, {v});" if op == "atomic" else f"{at(nm)} = {nm}_old + {v};" if op == "+="
+                else f"{at(nm)} = {v};" for nm, v, op in self.stores]
+
+    def launch_shape(self, rows: int, F: int) -> tuple:
+        """(grid, block): a thread per element."""
+        return ((rows * F + 127) // 128,), (128,)
+
+    def args(self, ctype: str) -> str:
+        """The kernel's parameters: a pointer to element type ctype and a row stride per name, inputs read-only."""
+        return ("".join(f"const {ctype}* __restrict__ p_{nm}, long long s_{nm}, " for nm in self.in_names)
+                + "".join(f"{ctype}* p_{nm}, long long s_{nm}, " for nm in self.out_names))
+
+    def source(self, ctype: str) -> tuple[str, str]:
+        """(kernel name, CUDA source) for element type ctype (CTYPES' values)."""
+        at, mt, args = (lambda nm: f"p_{nm}[r * s_{nm} + f]"), math_type(ctype), self.args(ctype)
+        lines = [f"{mt} {nm} = {at(nm)};" for nm in self.in_names]
+        lines += [f"{mt} {nm} = {at(nm)};" for nm in self.out_names if nm.startswith("gm")]
+        lines += self.olds(at, mt) + [ln.replace("T ", f"{mt} ") for ln in self.body] + self.writes(at)
+        text = FUSED_SOURCE.format(name="{name}", args=args, body="\n".join("    " + ln for ln in lines))
+        name = kernel_name("fused", text)
+        return name, text.replace("{name}", name)
+
+
+def externals(cell, nodes):
+    """Ordered external reads (u, delay, cols) of a group; cols is the (start, stop) of a slice read."""
+    members, out = set(nodes), []
+    for n in nodes:
+        op = cell.op(n)
+        for u, d in cell.reads(n):
+            if u in members and d == 0:
+                continue
+            key = (u, d, op.attrs if op.kind is OpKind.SLICE else None)
+            if key not in out:
+                out.append(key)
+    return out
+
+
+def operands(cell, n, idx, ext):
+    """C names of node n's operands: member values v<k> or external values x<k>."""
+    op, names = cell.op(n), []
+    for u, d in cell.reads(n):
+        if u in idx and d == 0:
+            names.append(f"v{idx[u]}")
+        else:
+            names.append(f"x{ext.index((u, d, op.attrs if op.kind is OpKind.SLICE else None))}")
+    return names
+
+
+def fusable(cell, nodes) -> bool:
+    """Whether a group becomes one generated kernel (every op has an expression rule)."""
+    return all(cell.op(n).kind in KERNEL for n in nodes)
+
+
+def fused_forward_kernel(cell, nodes) -> KernelSpec:
+    idx = {n: k for k, n in enumerate(nodes)}
+    ext = externals(cell, nodes)
+    body = tuple(f"T v{idx[n]} = {op_expr(KERNEL[cell.op(n).kind][0], cell, n, operands(cell, n, idx, ext))};"
+                 for n in nodes)
+    return KernelSpec(tuple(("ext", e) for e in ext), tuple(("out", n) for n in nodes),
+                      tuple(f"x{k}" for k in range(len(ext))), tuple(f"y{k}" for k in range(len(nodes))),
+                      body, tuple((f"y{k}", f"v{k}", "=") for k in range(len(nodes))))
+
+
+def backward_io(cell, nodes, param_names, atomic: bool) -> dict:
+    """What a group's reverse-mode kernel reads and writes (the KernelSpec fields but its body), and
+    idx (member -> k), ext (external reads) and gext (the externals that get gradients, by index)."""
+    idx = {n: k for k, n in enumerate(nodes)}
+    ext = externals(cell, nodes)
+    gext = [k for k, e in enumerate(ext) if e[0] not in param_names]
+    several = {u for u, _, _ in ext if sum(e[0] == u for e in ext) > 1} if atomic else set()
+    stores = [(f"gm{k}", f"d{k}", "=") for k in range(len(nodes))]
+    stores += [(f"gx{k}", f"a{k}", "atomic" if ext[k][0] in several else "+=") for k in gext]
+    spec = dict(inputs=tuple([("ext", e) for e in ext] + [("val", n) for n in nodes]),
+                outputs=tuple([("grad", n) for n in nodes] + [("gext", ext[k]) for k in gext]),
+                in_names=tuple([f"x{k}" for k in range(len(ext))] + [f"v{k}" for k in range(len(nodes))]),
+                out_names=tuple([f"gm{k}" for k in range(len(nodes))] + [f"gx{k}" for k in gext]), stores=tuple(stores))
+    return {"spec": spec, "idx": idx, "ext": ext, "gext": gext}
+
+
+def fused_backward_kernel(cell, nodes, param_names, atomic: bool = False) -> KernelSpec:
+    """Reverse-mode kernel of a group; gradients of parameters are left to hoisted reductions. atomic:
+    gradients of a node read at several delays are added atomically (threads of two frames meet)."""
+    io = backward_io(cell, nodes, param_names, atomic)
+    idx, ext, gext = io["idx"], io["ext"], io["gext"]
+    body = [f"T d{idx[n]} = gm{idx[n]};" for n in nodes]
+    body += [f"T a{k} = 0;" for k in gext]
+    for n in reversed(nodes):
+        op, ops = cell.op(n), operands(cell, n, idx, ext)
+        for slot, ((u, d), name) in enumerate(zip(cell.reads(n), ops)):
+            if u in param_names:
+                continue
+            e = op_expr(KERNEL[op.kind][1][slot], cell, n, ops, g=f"d{idx[n]}", y=f"v{idx[n]}")
+            body.append(f"{'d' if name[0] == 'v' else 'a'}{name[1:]} += {e};")
+    return KernelSpec(body=tuple(body), **io["spec"])
