@@ -201,8 +201,10 @@ def test_ranks_a_held_folder_is_refused_before_any_rank_starts_and_rank_0_holds_
 
 @pytest.mark.parametrize("args", [("schedule", "lstm"), ("schedule", "lstm", "--json"), ("cells",), ("doctor",),
                                   ("sample", "run", "--length", "2000", "--backend", "numpy"),
-                                  (*TRAIN, "--out", "piped", "--max-steps", "3")],
-                         ids=lambda a: " ".join(a[:3]))
+                                  (*TRAIN, "--out", "piped", "--max-steps", "3"),
+                                  pytest.param((*TRAIN, "--out", "piped", "--max-steps", "3", "--procs", "2"),
+                                               marks=pytest.mark.skipif(not gloo(), reason="no gloo"))],
+                         ids=lambda a: " ".join(a[:3]) + (" --procs" if "--procs" in a else ""))
 def test_a_closed_pipe_ends_a_command_quietly_with_status_141(work, args):
     p = start(*args, cwd=work)
     p.stdout.close()                                               # the reader left (as `| head` does)

@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
 # -- signals and pipes ---------------------------------------------------------------------------
 
 ENDING_SIGNALS = ("SIGTERM", "SIGHUP")      # raise KeyboardInterrupt, as Ctrl-C does; status 128 + the number
-PIPE_STATUS = 141                           # 128 + SIGPIPE: what a shell shows for a command whose reader left
+PIPE_STATUS = 128 + signal.SIGPIPE          # 141: what a shell shows for a command whose reader left
 
 
 @contextlib.contextmanager
@@ -214,8 +214,6 @@ def _quiet_pipe() -> int:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
-    from .launch import write_fault
-    write_fault("", PIPE_STATUS, False)        # in a launched rank: tell the launcher, which ends quietly too
     return PIPE_STATUS
 
 

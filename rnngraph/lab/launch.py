@@ -85,8 +85,7 @@ def launch(n: int, argv: list, out: Path, flag: str) -> int:
         if failed is None:
             return 0
         _stop(procs, GRACE_S)
-        from .cli import PIPE_STATUS
-        if (_fault(faults, failed) or {}).get("status") == PIPE_STATUS:
+        if procs[failed].returncode == 128 + signal.SIGPIPE:    # cli.py's status for a closed stdout: ours too
             raise BrokenPipeError("the reader of rank 0's output (this process's stdout) has gone")
         raise RnnGraphError(f"rank {failed}: {_cause(procs[failed], _fault(faults, failed))}; the other ranks were "
                             f"stopped; {_kept(out)}")
