@@ -77,11 +77,23 @@ def test_chunking_is_off_by_default_on_numpy_and_can_be_asked_for():
 
 def test_the_chunk_setting_and_its_error(monkeypatch):
     from rnngraph.errors import RnnGraphError
-    from rnngraph.run.backends.cuda.recordings import CHUNK_FRAMES, chunk_frames_setting
+    from rnngraph.run.backends.cuda.recordings import chunk_frames_setting
     monkeypatch.delenv("RNNGRAPH_CHUNK_FRAMES", raising=False)
-    assert chunk_frames_setting(None) == CHUNK_FRAMES and chunk_frames_setting(0) == 0
+    assert chunk_frames_setting(None) is None and chunk_frames_setting(0) == 0      # None: each strategy's
     monkeypatch.setenv("RNNGRAPH_CHUNK_FRAMES", "64")
     assert chunk_frames_setting(None) == 64 and chunk_frames_setting(32) == 32
     monkeypatch.setenv("RNNGRAPH_CHUNK_FRAMES", "many")
     with pytest.raises(RnnGraphError, match="must be a whole number of frames >= 0 .0: no chunks., got 'many'"):
         chunk_frames_setting(None)
+
+
+def test_graph_modes_chunk_is_each_strategys_measured_one(monkeypatch):
+    """Where the backend leaves the chunk to the strategy (None: graph mode without a setting), an
+    executor takes the loop strategy's, as measured: whole calls for the scan, 512 frames for the rest."""
+    from rnngraph.plan.loops import STRATEGIES
+    backend = get_backend("numpy")
+    monkeypatch.setattr(backend, "chunk_frames", None)
+    for cell, loop, K in (("lstm", "stages", 512), ("min_gru", "scan", 0), ("sru", "elementwise", 512)):
+        ex = Executor(load_cell(cell, 3, 4), backend, loop=loop)
+        assert ex.chunk_frames == STRATEGIES[loop].chunk_frames == K
+        assert Executor(load_cell(cell, 3, 4), backend, loop=loop, chunk=7).chunk_frames == 7

@@ -45,7 +45,43 @@ def test_recordings_do_not_grow_with_t():
 
 def test_graph_mode_chunks_by_default_and_staged_mode_does_not(monkeypatch):
     from rnngraph.run.backends import get_backend
-    from rnngraph.run.backends.cuda.recordings import CHUNK_FRAMES
-    assert get_backend("cupy", "graph").chunk_frames == CHUNK_FRAMES and get_backend("cupy").chunk_frames == 0
+    monkeypatch.delenv("RNNGRAPH_CHUNK_FRAMES", raising=False)
+    assert get_backend("cupy", "graph").chunk_frames is None and get_backend("cupy").chunk_frames == 0    # None: the strategy's
+    assert Recurrent("lstm", 4, 8, backend="cupy", mode="graph", loop="stages")._stack.runs[0][0].ex.chunk_frames == 512
+    assert Recurrent("min_gru", 4, 8, backend="cupy", mode="graph")._stack.runs[0][0].ex.chunk_frames == 0
     monkeypatch.setenv("RNNGRAPH_CHUNK_FRAMES", "64")
     assert get_backend("cupy", "graph").chunk_frames == 64
+
+
+@pytest.mark.parametrize("cell,loop", [("lstm", "persistent"), ("lstm", "stages"), ("gru", "auto"),
+                                       ("min_gru", "scan"), ("sru", "elementwise"), ("layernorm_lstm", "auto")])
+def test_recomputed_chunks_equal_staged(cell, loop):
+    """Graph mode recomputing each chunk in the backward, against staged mode storing every value."""
+    import cupy
+    kw = dict(num_layers=2, bidirectional=True, dtype="float64", seed=2, buckets=False, loop=loop)
+    graph = Recurrent(cell, 3, 6, backend="cupy", mode="graph", recompute=True, **kw)
+    staged = Recurrent(cell, 3, 6, backend="cupy", mode="staged", recompute=False, **kw)
+    graph.backend.chunk_frames = K
+    rng = np.random.default_rng(1)
+    for T in (K + 1, 3 * K + 2):
+        for lengths in (None, np.array([T, max(T - K - 1, 0), int(rng.integers(0, T + 1))])):
+            x = cupy.asarray(rng.standard_normal((T, 3, 3)))
+            for a, b in zip(step(graph, x, lengths), step(staged, x, lengths), strict=True):
+                assert rel(a, b) <= TOL, (T, lengths)
+            assert graph.recomputed and not staged.recomputed
+
+
+def test_a_million_frames_within_device_memory():
+    """LSTM H = 128, B = 1, T = 1,000,000, float32, a training step in graph mode: recomputation keeps the
+    device memory near x, y and their gradients (4 × 512 MB), where storing every value needs ~40 GB."""
+    import cupy
+    T, H = 1_000_000, 128
+    layer = Recurrent("lstm", H, H, backend="cupy", mode="graph")
+    pool = cupy.get_default_memory_pool()
+    pool.free_all_blocks()
+    x = cupy.ones((T, 1, H), np.float32) * 0.01
+    y, _ = layer(x)
+    gx, _, _ = layer.backward(cupy.ones_like(y))
+    cupy.cuda.get_current_stream().synchronize()
+    assert layer.recomputed and bool(cupy.isfinite(gx).all())
+    assert pool.total_bytes() <= 3 * 2 ** 30, pool.total_bytes() / 2 ** 30

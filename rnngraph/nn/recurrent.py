@@ -57,7 +57,10 @@ class Recurrent(Parameterized):
     the layer's generator (initialisation and dropout masks), ``init`` 'uniform' (torch's U(±1/√H)) |
     'orthogonal' | a function of the layer, ``buckets`` pads calls to a (T, B) from a small ladder
     (rnngraph.nn.buckets) so that a few recorded graphs serve every shape: True, False, or None (default:
-    in graph mode, after 8 distinct shapes ran as they are).
+    in graph mode, after 8 distinct shapes ran as they are), ``recompute`` keeps memory bounded over long
+    sequences: the backward runs the forward again chunk by chunk instead of storing every value (True,
+    False, or None (default): where the values a call stores would exceed RNNGRAPH_STORE_BYTES, 2 GiB by
+    default; ``layer.recomputed`` says whether the last call did).
 
     Example::
 
@@ -69,7 +72,7 @@ class Recurrent(Parameterized):
     def __init__(self, cell, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, *,
                  backend: str = "numpy", dtype="float32", mode: str | None = None, loop: str = "auto",
-                 seed: int = 0, init="uniform", buckets: bool | None = None):
+                 seed: int = 0, init="uniform", buckets: bool | None = None, recompute: bool | None = None):
         super().__init__()
         chk.check_config(input_size, hidden_size, num_layers, dropout)
         self.input_size, self.hidden_size, self.num_layers = int(input_size), int(hidden_size), int(num_layers)
@@ -92,7 +95,10 @@ class Recurrent(Parameterized):
         self.cells = self._load_cells(cell)
         self.cell = self.cells[0]
         self.state_names = tuple(self.cell.states)
-        self._stack = Stack(self.cells, self.backend, self.num_directions, loop)
+        if recompute not in (None, True, False):
+            raise RnnGraphError(f"recompute must be True, False or None (where a call's values exceed "
+                                f"RNNGRAPH_STORE_BYTES), got {recompute!r}")
+        self._stack = Stack(self.cells, self.backend, self.num_directions, loop, recompute)
         self._layout = [[_param_layout(c, _suffix(l, d)) for d in range(self.num_directions)]
                         for l, c in enumerate(self.cells)]
         self._params = {name: self.backend.zeros(shape, self.dtype)
@@ -105,6 +111,7 @@ class Recurrent(Parameterized):
     # the loop strategy the last call ran (before any, the plan's), and why 'persistent' ran as 'stages'
     loop_strategy = property(lambda self: self._stack.runs[0][0].ex.loop_runs)
     loop_note = property(lambda self: self._stack.runs[0][0].ex.loop_note)
+    recomputed = property(lambda self: self._stack.runs[0][0].ex.recomputed)
 
     def _load_cells(self, spec) -> list:
         """One cell per layer, built for that layer's input size, or taken from a list (one per layer)."""

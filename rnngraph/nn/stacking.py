@@ -47,9 +47,9 @@ class Frames:
 class Direction:
     """One (layer, direction): a cell and its own Executor, so its workspace is never shared."""
 
-    def __init__(self, cell, backend, reverse: bool, loop: str = "auto"):
+    def __init__(self, cell, backend, reverse: bool, loop: str = "auto", recompute: bool | None = None):
         self.cell, self.reverse = cell, reverse
-        self.ex = Executor(cell, backend, loop=loop)
+        self.ex = Executor(cell, backend, loop=loop, recompute=recompute)
         self.x_name, self.y_name = next(iter(cell.inputs)), cell.outputs[0]
         self.in_size = cell.inputs[self.x_name]
         self.out_size = cell.op(self.y_name).size
@@ -77,9 +77,9 @@ class Direction:
 class Stack:
     """num_layers × num_directions Directions, with dropout between layers (not after the last)."""
 
-    def __init__(self, cells: list, backend, num_directions: int, loop: str = "auto"):
+    def __init__(self, cells: list, backend, num_directions: int, loop: str = "auto", recompute: bool | None = None):
         self.backend, self.nd = backend, num_directions
-        self.runs = [[Direction(c, backend, d == 1, loop) for d in range(num_directions)] for c in cells]
+        self.runs = [[Direction(c, backend, d == 1, loop, recompute) for d in range(num_directions)] for c in cells]
         self.states = dict(cells[0].states)     # name -> (producer, features); the same in every layer
         self.depths = cells[0].depths           # name -> frames carried (1: PyTorch's [L·dirs, B, S])
         self.masks: list = []

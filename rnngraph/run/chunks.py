@@ -10,6 +10,12 @@ the chunk's values are copied back, its backward runs with the gradient of its f
 the chunk after it (the gradient of that chunk's initial states), and the parameter gradients add up.
 The result equals one pass over all T frames up to the order of the parameter gradients' sums.
 
+With recomputation (Executor's recompute: long sequences within memory) nothing is set aside but each
+chunk's initial states: the backward runs each chunk's forward again, from its initial states and
+inputs (the caller's arrays, referenced, not copied: they must not change before the backward), then
+its backward. Memory is then one chunk's workspace plus the states at the chunks' boundaries, for one
+more forward pass; the results are the same (the forward is deterministic).
+
 Everything a call needs beyond the workspaces (outputs, input gradients, parameter gradients, the values
 set aside) lives in one Arenas, which grows with the longest call and is reused by every shorter one.
 """
@@ -25,19 +31,22 @@ class Chunked:
         self.ex, self.K = ex, K
         self.bufs = Arenas(ex.backend)
         self.grad_flat = None   # [N]: the last backward's parameter gradients, carved (Executor.grad_source)
-        self.last = None        # the last forward: its chunks [(t0, n, lengths [B] or None, stash offset)], stash, B
+        self.last = None        # the last forward: its chunks [(t0, n, lengths [B] or None, stash offset,
+                                # (params, inputs, initial states) to recompute it, or None)], stash, B
 
     def spans(self, T: int) -> list:
         """[(t0, n)]: chunks of K frames from frame 0, the last one holding what remains."""
         return [(t0, min(self.K, T - t0)) for t0 in range(0, T, self.K)]
 
-    def forward(self, params: dict, inputs: dict, init: dict, lengths):
-        """As Executor.forward; outputs are views of this object's buffers (the next call reuses them)."""
+    def forward(self, params: dict, inputs: dict, init: dict, lengths, recompute: bool = False):
+        """As Executor.forward; outputs are views of this object's buffers (the next call reuses them).
+        recompute: keep each chunk's initial states only, and run its forward again in the backward."""
         ex, be, cell = self.ex, self.ex.backend, self.ex.cell
         x0 = inputs[next(iter(cell.inputs))]
         T, B, dtype = x0.shape[0], x0.shape[1], x0.dtype
         spans = self.spans(T)
-        sizes = [ex.workspace(n, B, dtype).val_arena.size for _, n in spans[:-1]] + [0]   # the last stays in place
+        sizes = [0] * len(spans) if recompute else \
+            [ex.workspace(n, B, dtype).val_arena.size for _, n in spans[:-1]] + [0]   # the last stays in place
         stash = self.bufs.take("stash", sum(sizes), dtype)
         _, ys = carve(self.bufs, "y", dtype, [(T, B, cell.op(o).size) for o in cell.outputs])
         outs = dict(zip(cell.outputs, ys))
@@ -46,13 +55,15 @@ class Chunked:
         for (t0, n), size in zip(spans, sizes):
             whole = ends is None or ends.min() >= t0 + n          # no sequence ends before the chunk does
             part = None if whole else be.xp.clip(lengths - t0, 0, n)                 # [B]
-            o, finals = ex._forward(params, {k: v[t0:t0 + n] for k, v in inputs.items()}, init, part)
+            x = {k: v[t0:t0 + n] for k, v in inputs.items()}
+            again = (params, x, init) if recompute else None
+            o, finals = ex._forward(params, x, init, part)
             for name, y in o.items():
                 be.copy(outs[name][t0:t0 + n], y)
             if size:
                 be.copy(stash[off:off + size], ex.ws.val_arena)
-                init = {s: f.copy() for s, f in finals.items()}    # the next chunk's workspace may overlap these
-            chunks.append((t0, n, part, off))
+            init = {s: f.copy() for s, f in finals.items()}    # the next chunk's workspace may overlap these
+            chunks.append((t0, n, part, off, again))
             off += size
         self.last = (chunks, stash, B)
         return outs, finals
@@ -65,10 +76,12 @@ class Chunked:
         _, gxs = carve(self.bufs, "gx", dtype, [(T, B, f) for f in cell.inputs.values()])
         gins, acc = dict(zip(cell.inputs, gxs)), None
         for i in reversed(range(len(chunks))):
-            t0, n, part, off = chunks[i]
+            t0, n, part, off, again = chunks[i]
             ws = ex.ws = ex.workspace(n, B, dtype)
             ex.lengths = part
-            if i < len(chunks) - 1:         # the last chunk's values are still in place
+            if i < len(chunks) - 1 and again:       # the last chunk's values are still in place
+                ex._forward(*again, part)
+            elif i < len(chunks) - 1:
                 be.copy(ws.val_arena, stash[off:off + ws.val_arena.size])
             gy = {o: None if g is None else g[t0:t0 + n] for o, g in (grad_outputs or {}).items()}
             gi, g0, gp = ex._backward(gy, grad_finals)

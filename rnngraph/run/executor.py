@@ -19,7 +19,8 @@ from ..plan.loops import STRATEGIES, strategy_of
 from ..plan.schedule import Schedule, build_schedule
 from .backends.base import run_fused_backward, run_fused_forward, run_param_grad
 from .chunks import Chunked
-from .workspace import ALL, SERIAL, Arenas, Workspace
+from .settings import byte_count
+from .workspace import ALL, SERIAL, Arenas, Workspace, stored_bytes
 
 
 class Executor:
@@ -35,7 +36,8 @@ class Executor:
 
     max_workspaces = 1024    # views into the shared arenas: cheap; the backend bounds the recorded graphs
 
-    def __init__(self, cell, backend, schedule: Schedule | None = None, loop: str = "auto", chunk: int | None = None):
+    def __init__(self, cell, backend, schedule: Schedule | None = None, loop: str = "auto", chunk: int | None = None,
+                 recompute: bool | None = None):
         self.cell, self.backend = cell, backend
         if schedule is None:
             schedule = build_schedule(cell, optimize=backend.mode != "naive", loop=loop, runs=backend.auto_loops)
@@ -54,7 +56,9 @@ class Executor:
         self.ws: Workspace | None = None
         self.serial = next(SERIAL)
         self.loop_runs, self.loop_note = schedule.loop_strategy, None
-        self.chunk = chunk          # frames per chunk of a longer call; None: the backend's chunk_frames; 0: never
+        self.chunk = chunk          # frames per chunk of a longer call; None: chunk_frames; 0: never
+        self.recompute = recompute  # recompute chunks in the backward: True, False, or None (where storing
+        self.recomputed = False     # every value would exceed store_limit()); whether the last forward did
         self.chunks, self.chunked = None, False
 
     def workspace(self, T: int, B: int, dtype) -> Workspace:
@@ -83,6 +87,13 @@ class Executor:
         return ("whole", self.serial, self.arenas.generation), self.ws.grad_arena
 
     @property
+    def chunk_frames(self) -> int:
+        """Frames per chunk of a longer call (0: whole calls): the executor's chunk, else the backend's, else
+        (graph mode) the loop strategy's, as measured for it."""
+        K = self.backend.chunk_frames if self.chunk is None else self.chunk
+        return STRATEGIES[self.sched.loop_strategy].chunk_frames if K is None else K
+
+    @property
     def whole_capture(self) -> bool:
         """Whether the backend records whole forward/backward bodies (else only the time loops)."""
         return self.backend.records == "all" and self.sched.capture_problem is None
@@ -94,14 +105,24 @@ class Executor:
         or None (zeros). Returns (outputs: name -> [T, B, F], finals: state -> its last D frames,
         [B, F] where D is 1 and [D, B, F] otherwise), views that the next call overwrites; finals end
         at each sequence's own last frame when lengths [B] is given. Parameters are used in place, not
-        copied. T longer than the executor's chunk runs in chunks of that many frames (chunks.py)."""
-        T = inputs[next(iter(self.cell.inputs))].shape[0]
-        K = self.backend.chunk_frames if self.chunk is None else self.chunk
+        copied. T longer than the executor's chunk runs in chunks of that many frames (chunks.py); where
+        the values of a call would not fit in store_limit() (or recompute=True), in chunks that the
+        backward runs again instead of storing their values (the inputs are then referenced until it)."""
+        x0 = inputs[next(iter(self.cell.inputs))]
+        (T, B), K = x0.shape[:2], self.chunk_frames
+        limit = store_limit()
+        recompute = self.recompute
+        if recompute is None:
+            recompute = stored_bytes(self.sched, T, B, x0.dtype) > limit
+        if recompute and not K:      # a chunk's values within a quarter of the limit
+            per_frame = stored_bytes(self.sched, 1, B, x0.dtype) - stored_bytes(self.sched, 0, B, x0.dtype)
+            K = max(1, limit // (4 * per_frame))
         self.chunked = bool(K) and T > K
+        self.recomputed = self.chunked and recompute
         if self.chunked:
             if self.chunks is None or self.chunks.K != K:
                 self.chunks = Chunked(self, K)
-            return self.chunks.forward(params, inputs, init, lengths)
+            return self.chunks.forward(params, inputs, init, lengths, self.recomputed)
         return self._forward(params, inputs, init, lengths)
 
     def backward(self, grad_outputs: dict, grad_finals: dict | None = None):
@@ -323,3 +344,9 @@ HANDLERS = {Gemm: Executor._gemm, Fused: Executor._fused, Pair: Executor._pair, 
 
 def _call(name, fn):
     fn()
+
+
+def store_limit() -> int:
+    """RNNGRAPH_STORE_BYTES (suffixes K, M, G), else 2 GiB: the values and gradients a call may keep for its
+    backward; a longer call recomputes its chunks instead (Executor.forward)."""
+    return byte_count("RNNGRAPH_STORE_BYTES", "2G")

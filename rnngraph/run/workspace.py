@@ -13,6 +13,8 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy
+
 from ..errors import RnnGraphError
 from ..ir.ops import OpKind, accumulate
 from ..plan.backward import shared_weights
@@ -34,12 +36,7 @@ class Workspace:
         self.P = max(cell.depths.values(), default=1)       # history rows before frame 0
         self.vals, self.grads, self.cat, self.wcat, self.memo = {}, {}, {}, {}, {}
         self.shared_weights = shared_weights(cell)
-        gemms = [it for it in sched.items if isinstance(it, Gemm)]
-        blocks = [((self.P + T, B, sum(it.sizes)), it) for it in gemms]
-        blocks += [((self.P + T, B, cell.op(n).size), n) for n in cell.graph
-                   if cell.op(n).kind is not OpKind.PARAM and n not in {m for it in gemms for m in it.nodes}]
-        wblocks = [((sum(it.sizes), cell.op(it.operand).size), it) for it in gemms]
-        pblocks = [(cell.params[p], p) for p in cell.params]
+        blocks, wblocks, pblocks = _blocks(sched, self.P + T, B)
         self.val_arena, vals = carve(arenas, "values", dtype, [s for s, _ in blocks + wblocks])
         # the weights' gradients first: at the same offsets whatever T and B (Executor.grad_source)
         self.grad_arena, grads = carve(arenas, "grads", dtype, [s for s, _ in wblocks + pblocks + blocks])
@@ -98,6 +95,26 @@ class Workspace:
             g[self.P + t - d][:, cols] += v
         else:
             self.frames(g, d)[:, :, cols] += v.reshape(self.T, self.B, v.shape[-1])
+
+
+def _blocks(sched: Schedule, rows: int, B: int) -> tuple:
+    """(shape, key) of every buffer a workspace carves: frame buffers [rows, B, F] (a merged GEMM's output,
+    every other node's value), the merged weights [ΣF, K] and the parameters."""
+    cell = sched.cell
+    gemms = [it for it in sched.items if isinstance(it, Gemm)]
+    blocks = [((rows, B, sum(it.sizes)), it) for it in gemms]
+    blocks += [((rows, B, cell.op(n).size), n) for n in cell.graph
+               if cell.op(n).kind is not OpKind.PARAM and n not in {m for it in gemms for m in it.nodes}]
+    wblocks = [((sum(it.sizes), cell.op(it.operand).size), it) for it in gemms]
+    return blocks, wblocks, [(cell.params[p], p) for p in cell.params]
+
+
+def stored_bytes(sched: Schedule, T: int, B: int, dtype) -> int:
+    """The bytes a workspace of (T, B) holds for a call and its backward: every value and its gradient."""
+    P = max(sched.cell.depths.values(), default=1)
+    blocks, wblocks, pblocks = _blocks(sched, P + T, B)
+    values = sum(math.prod(s) for s, _ in blocks + wblocks)
+    return (2 * values + sum(math.prod(s) for s, _ in pblocks)) * numpy.dtype(dtype).itemsize
 
 
 class Arenas:

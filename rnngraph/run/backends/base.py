@@ -25,7 +25,8 @@ class ArrayBackend:
     records = None      # what the backend records as CUDA graphs: None, "all" (whole bodies) or "loops"
     loops = frozenset(STRATEGIES)   # the loop strategies it runs: every one, by its reference at least
     kernel_loops = frozenset()      # those it has kernels for
-    chunk_frames = 0    # executors run longer calls in chunks of this many frames (run/chunks.py); 0: never
+    chunk_frames = 0    # executors run longer calls in chunks of this many frames (run/chunks.py); 0: never;
+                        # None: as many as the loop strategy's record says
 
     def __init__(self, mode: str = "staged"):
         if mode not in self.modes:

@@ -91,6 +91,7 @@ class CupyBackend(ArrayBackend):
         self.xp = cupy
         capture = self.capture = mode == "graph"
         self.chunk_frames = chunk_frames_setting(chunk_frames) if capture else 0   # graph mode: recordings of K frames
+                                                                                   # (None: each strategy's)
         self.graphs = Recordings(cupy, max_graphs, max_graph_bytes) if capture else None
         self._transposed: dict = {}       # id(packed per-frame W) -> (W, its transpose [K, M])
         self.blas = None

@@ -8,6 +8,7 @@ import warnings
 from collections import OrderedDict
 
 from ....errors import RnnGraphError, RnnGraphWarning
+from ...settings import byte_count
 
 
 class Recordings:
@@ -71,20 +72,15 @@ class Recordings:
 
 def graph_bytes_limit() -> int:
     """RNNGRAPH_GRAPH_CACHE_BYTES (bytes; suffixes K, M, G), else 2 GiB."""
-    text = os.environ.get("RNNGRAPH_GRAPH_CACHE_BYTES", "2G").strip().upper()
-    scale = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}.get(text[-1:], 1)
-    try:
-        return int(float(text.rstrip("KMG")) * scale)
-    except ValueError:
-        raise RnnGraphError(f"RNNGRAPH_GRAPH_CACHE_BYTES must be a byte count such as 2G or 500M, got {text!r}") from None
+    return byte_count("RNNGRAPH_GRAPH_CACHE_BYTES", "2G")
 
 
-CHUNK_FRAMES = 512      # graph mode's default chunk (run/chunks.py): measured in README "Graph mode on data of many shapes"
-
-
-def chunk_frames_setting(given: int | None) -> int:
-    """Frames per recorded chunk: `given`, else RNNGRAPH_CHUNK_FRAMES, else CHUNK_FRAMES; 0 turns chunks off."""
-    text = str(given) if given is not None else os.environ.get("RNNGRAPH_CHUNK_FRAMES", str(CHUNK_FRAMES))
+def chunk_frames_setting(given: int | None) -> int | None:
+    """Frames per recorded chunk: `given`, else RNNGRAPH_CHUNK_FRAMES, else None: each loop strategy's own
+    (plan/loops, LoopStrategy.chunk_frames); 0 turns chunks off."""
+    text = str(given) if given is not None else os.environ.get("RNNGRAPH_CHUNK_FRAMES")
+    if text is None:
+        return None
     try:
         k = int(text)
     except ValueError:
