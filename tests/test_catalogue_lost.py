@@ -14,13 +14,14 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rnngraph import RnnGraphError
 from rnngraph.lab.cli import main
 from rnngraph.lab.outputs import MANIFEST, write_text_output
 from rnngraph.nn.optim import Adam
-from rnngraph.train.checkpoint import load_checkpoint
+from rnngraph.train.checkpoint import load_checkpoint, save_checkpoint
 from rnngraph.train.lock import LOCK_FILE, hold_folder
 from rnngraph.train.logs import LOG_COLUMNS
 from rnngraph.train.loop import DIVERGED, TrainConfig, train
@@ -135,7 +136,7 @@ def test_resume_of_a_running_run_refuses_sigterm_ends_it_with_the_command_to_con
              "; wait for it to end or stop it, or pass another --out")
     p.send_signal(signal.SIGTERM)
     rc, _, err = finish(p)
-    assert rc == 143
+    assert rc == 143, err
     line = one_line(err, "rnngraph: stopped by SIGTERM; checkpoint live/checkpoint.npz holds step ",
                     "; continue with rnngraph train --resume live/checkpoint.npz")
     step = int(line.split("holds step ")[1].split(";")[0])
@@ -146,12 +147,33 @@ def test_resume_of_a_running_run_refuses_sigterm_ends_it_with_the_command_to_con
     assert log_steps(work / "live") == list(range(1, step + 6))
 
 
+def test_a_signal_during_a_checkpoints_write_takes_effect_once_it_is_complete(tmp_path, monkeypatch):
+    """An interrupt inside zipfile's writer could leave it unable to close (a ValueError, not the interrupt)."""
+    real, writes = np.lib.format.write_array, []
+
+    def write_array(*args, **kw):
+        writes.append(1)
+        if len(writes) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)                   # handled now, were it not held
+        return real(*args, **kw)
+    monkeypatch.setattr(np.lib.format, "write_array", write_array)
+    old = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            save_checkpoint(tmp_path / "checkpoint.npz", {"step": 1}, {f"model/w{i}": np.ones(3) for i in range(4)})
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert len(writes) == 4 and sorted(load_checkpoint(tmp_path / "checkpoint.npz").arrays) == [
+        f"model/w{i}" for i in range(4)]
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.npz"]
+
+
 def test_sighup_ends_a_run_as_ctrl_c_does(work):
     p = start(*LONG, "--out", "hup", cwd=work)
     wait_for_steps(work / "hup", 25, p)
     p.send_signal(signal.SIGHUP)
     rc, _, err = finish(p)
-    assert rc == 129
+    assert rc == 129, err
     one_line(err, "rnngraph: stopped by SIGHUP; checkpoint hup/checkpoint.npz holds step ", "--resume")
 
 
@@ -191,7 +213,7 @@ def test_ranks_a_held_folder_is_refused_before_any_rank_starts_and_rank_0_holds_
     assert holder != launcher.pid                                  # rank 0, the process that writes
     launcher.send_signal(signal.SIGTERM)
     rc, _, err = finish(launcher)
-    assert rc == 143
+    assert rc == 143, err
     one_line(err, "rnngraph: stopped by SIGTERM; checkpoint ranks/checkpoint.npz holds step ",
              "; continue with rnngraph train --resume ranks/checkpoint.npz --procs 2")
     assert sorted(p.name for p in (work / "ranks").iterdir()) == ["checkpoint.npz", "log.csv", "log.json"]

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import RnnGraphError
+from .held import signals_held
 
 LOG_COLUMNS = ("step", "epoch", "loss", "bpc", "val_bpc", "lr", "grad_norm", "frames_per_s", "elapsed_s")
 
@@ -51,8 +52,9 @@ class RunLog:
         body = {"config": config, "model": model, "backend": backend, "columns": list(LOG_COLUMNS),
                 "rows": [[r[c] for c in LOG_COLUMNS] for r in history]}
         tmp = self.json_path.with_name(self.json_path.name + ".tmp")
-        tmp.write_text(json.dumps(body))
-        tmp.replace(self.json_path)
+        with signals_held():
+            tmp.write_text(json.dumps(body))
+            tmp.replace(self.json_path)
 
 
 def _csv_row(row: dict) -> list:

@@ -29,6 +29,7 @@ from ..arrays import HALF_DTYPES
 from ..errors import RnnGraphError
 from ..nn.layers import CrossEntropyLoss
 from ..nn.optim import SGD, Adam, CosineLR, StepLR, clip_grad_norm
+from .held import signals_held
 from .lock import hold_folder
 from .logs import RunLog, read_log
 from .mixed import Precision
@@ -223,9 +224,10 @@ class Trainer:
                   "precision": None if self.precision is None else self.precision.state_dict()}
         weights = self.lm.state_dict() if self.precision is None else self.precision.masters     # float32 masters
         arrays = {f"model/{k}": self.lm.backend.to_numpy(v) for k, v in weights.items()}
-        save_checkpoint(self.ckpt_path, config, {**arrays, **opt_arrays, **st_arrays})
-        self.saved_step, self.saved_path = self.step, self.ckpt_path
-        self.logs.write_json(asdict(self.cfg), self.model_config, self.lm.backend.name, self.history)
+        with signals_held():                 # a Ctrl-C now comes once the step saved is the step reported
+            save_checkpoint(self.ckpt_path, config, {**arrays, **opt_arrays, **st_arrays})
+            self.saved_step, self.saved_path = self.step, self.ckpt_path
+            self.logs.write_json(asdict(self.cfg), self.model_config, self.lm.backend.name, self.history)
         return self.ckpt_path
 
     def check_ranks(self) -> None:
