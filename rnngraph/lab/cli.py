@@ -214,6 +214,8 @@ def _quiet_pipe() -> int:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
+    from .launch import write_fault
+    write_fault("stdout closed", PIPE_STATUS, False)    # in a launched rank: the launcher ends quietly too
     return PIPE_STATUS
 
 

@@ -85,8 +85,8 @@ def launch(n: int, argv: list, out: Path, flag: str) -> int:
         if failed is None:
             return 0
         _stop(procs, GRACE_S)
-        if any(p.returncode == 128 + signal.SIGPIPE for p in procs):   # cli.py's status for a closed stdout:
-            raise BrokenPipeError("the reader of rank 0's output (this process's stdout) has gone")   # ours too
+        if any((_fault(faults, r) or {}).get("status") == 128 + signal.SIGPIPE for r in range(n)):
+            raise BrokenPipeError("the reader of rank 0's output has gone")   # cli.py's closed stdout: ours too
         raise RnnGraphError(f"rank {failed}: {_cause(procs[failed], _fault(faults, failed))}; the other ranks were "
                             f"stopped; {_kept(out)}")
     finally:
