@@ -27,7 +27,8 @@ from rnngraph.run.backends.cuda.source import CTYPES
 
 STORED = Path(__file__).with_name("kernel_sources.json")
 SIZES = (8, 64)             # input size, hidden size of every cell in the census
-ROWS = (1, 3, 8)            # B of the persistent kernels
+ROWS = (1, 3, 8)            # B of the persistent kernels; half storage also on tensor cores:
+MMA_ROWS = (64,)
 BLOCKS = 132                # SMs of the H200: the persistent kernels' block count at most
 
 
@@ -76,7 +77,7 @@ def _sources(name: str, cell, sched, ctype: str):
                 yield f"elementwise {'bwd' if it.reverse else 'fwd'}", made[1]
         elif isinstance(it, PersistentLoop) and problem(cell, it) is None:
             G = min(BLOCKS, max(p.units for g in phases(cell, it) for p in g))
-            for B in ROWS:
+            for B in ROWS + (MMA_ROWS if ctype.startswith('rg_') else ()):
                 yield f"persistent {'bwd' if it.reverse else 'fwd'} B={B}", persistent_kernel(cell, it, ctype, B, G).source
         elif isinstance(it, ScanLoop):
             yield f"scan {'bwd' if it.reverse else 'fwd'}", scan_source("bwd" if it.reverse else "fwd", ctype)[0]

@@ -65,8 +65,9 @@ def test_flatten_parameters_and_proj_size():
     assert ours.flatten_parameters() is None
     x = randn(5, 2, 3, seed=1)
     assert_same([ours(x)[0]], [ref(x)[0]])
-    with pytest.raises(RnnGraphError, match="proj_size"):
-        rt.LSTM(3, 4, proj_size=2)
+    for bad in (4, -1, 1.5):            # torch's rule: 0 <= proj_size < hidden_size (tests/test_torch_proj.py)
+        with pytest.raises(RnnGraphError, match=r"proj_size must be an integer in \[0, hidden_size=4\)"):
+            rt.LSTM(3, 4, proj_size=bad)
 
 
 # -- 6. several calls before one backward (the recompute path) -----------------------------------

@@ -5,6 +5,7 @@ PyTorch's parameter names to the cell parameters stacked along rows, in PyTorch'
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -13,6 +14,7 @@ import os
 import sys
 import sysconfig
 import traceback
+from numbers import Integral
 from typing import Callable
 
 from ..errors import RnnGraphError
@@ -40,17 +42,40 @@ def _torch_layout(names, bias: bool) -> dict:
     return lay
 
 
-def lstm(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
-    c, H = Cell("lstm"), hidden_size
-    x, h, cs = c.input("x", input_size), c.state("h", H), c.state("c", H)
+def lstm(input_size: int, hidden_size: int, bias: bool = True, proj_size: int = 0) -> CellGraph:
+    """PyTorch's LSTM. proj_size > 0 is torch.nn.LSTM(proj_size=...)'s projected LSTM ('lstm_proj'): the
+    state and output h [proj_size] = W_hr·(o ⊙ tanh c), with W_hr (weight_hr) [proj_size, hidden_size] and
+    no bias; the gates read that h (weight_hh [4·hidden_size, proj_size]); c keeps hidden_size features."""
+    P = _size_below(proj_size, hidden_size)
+    c, H = Cell("lstm_proj" if P else "lstm"), hidden_size
+    x, h, cs = c.input("x", input_size), c.state("h", P or H), c.state("c", H)
     a = _gates(c, x, h, H, GATE_ORDER, bias)
     i = c.sigmoid(a["i"][0] + a["i"][1], name="i")
     f = c.sigmoid(a["f"][0] + a["f"][1], name="f")
     g = c.tanh(a["g"][0] + a["g"][1], name="g")
     o = c.sigmoid(a["o"][0] + a["o"][1], name="o")
     c_new = c.bind(cs, f * cs + i * g, name="c")
-    c.output(c.bind(h, o * c.tanh(c_new), name="h"))
-    return c.build().with_layout(_torch_layout(GATE_ORDER, bias))
+    out = o * c.tanh(c_new)
+    c.output(c.bind(h, c.linear(out, "W_hr", P) if P else out, name="h"))
+    layout = _torch_layout(GATE_ORDER, bias)
+    if P:
+        layout["weight_hr"] = ("W_hr",)
+    return c.build().with_layout(layout)
+
+
+def lstm_cell(proj_size: int = 0):
+    """The cell spec of torch.nn.LSTM(proj_size=...): 'lstm', or the projected LSTM's cell function."""
+    return functools.partial(lstm, proj_size=proj_size) if proj_size else "lstm"
+
+
+def _size_below(proj_size, hidden_size: int) -> int:
+    """proj_size as an int in [0, hidden_size), torch.nn.LSTM's rule, or one clear error."""
+    if proj_size == 0 and not isinstance(proj_size, bool):
+        return 0
+    if isinstance(proj_size, bool) or not isinstance(proj_size, Integral) or not 0 < proj_size < hidden_size:
+        raise RnnGraphError(f"proj_size must be an integer in [0, hidden_size={hidden_size}) (0: no projection), "
+                            f"got {proj_size!r}")
+    return int(proj_size)
 
 
 def layernorm_lstm(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:

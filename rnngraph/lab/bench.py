@@ -105,8 +105,8 @@ def torch_problem() -> str | None:
 
 
 def set_tf32(on: bool) -> None:
-    """TF32 for float32 matmuls: torch's allow_tf32 flags and CUPY_TF32 (which cupy reads when it is
-    imported, so call this first). rnngraph's own cuBLAS handle keeps full fp32 either way."""
+    """TF32 for float32 matmuls: torch's allow_tf32 flags (which rnngraph.torch follows), CUPY_TF32 (which cupy
+    reads when it is imported, so call this first) and rnngraph's own cuBLAS handle (Cublas.tf32)."""
     _TF32["on"] = bool(on)
     os.environ["CUPY_TF32"] = "1" if on else "0"
     if torch_problem() is None:
@@ -213,6 +213,8 @@ def _backend(impl: str):
 def _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed, loop="auto"):
     from ..nn.recurrent import Recurrent
     be = _backend(impl)
+    if getattr(be, "blas", None) is not None:
+        be.blas.tf32 = _TF32["on"]            # --tf32: rnngraph's float32 GEMMs as torch's
     layer = Recurrent(cell, D, H, num_layers=layers, backend=be, mode=impl, dtype=dtype, seed=seed, loop=loop)
     rng = np.random.default_rng(seed)
     x = be.asarray(rng.standard_normal((T, B, D)), dtype=dtype)
@@ -270,31 +272,44 @@ def add_arguments(p) -> None:
     p.add_argument("-B", action="extend", type=_list(int), metavar="N", help="streams, i.e. batch (default: 1)")
     p.add_argument("-H", action="extend", type=_list(int), metavar="N", help="hidden sizes (default: 512)")
     p.add_argument("-D", type=int, metavar="N", help="input features (default: H)")
-    p.add_argument("--layers", type=int, default=1, metavar="N", help="stacked layers (default: 1)")
+    p.add_argument("--layers", type=int, metavar="N", help="stacked layers (default: 1; with --model: 2)")
     p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--loop", action="extend", type=_list(str), metavar="LIST",
                    help=f"loop strategies of rnngraph's modes, each timed, of {','.join(LOOP_CHOICES)} (default: auto, "
                         "the best one the cell admits); with several, a cell skips those it does not admit")
-    p.add_argument("--impls", type=_list(str), default=list(DEFAULT_IMPLS), metavar="LIST",
+    p.add_argument("--impls", type=_list(str), metavar="LIST",
                    help=f"implementations to time, of {','.join(IMPLS)} (default: {','.join(DEFAULT_IMPLS)}); "
                         "impl@dtype runs one in another dtype than --dtype, e.g. cudnn@float16")
     p.add_argument("--repeats", type=int, metavar="N", help="timed calls; the median is reported (default: 20)")
     p.add_argument("--warmup", type=int, metavar="N", help="untimed calls first (default: 3)")
-    p.add_argument("--tf32", action="store_true", help="allow TF32 in torch and cupy matmuls (default: off)")
+    p.add_argument("--tf32", action="store_true", help="allow TF32 in torch, cupy and rnngraph float32 matmuls "
+                   "(default: off)")
     p.add_argument("--json", metavar="FILE", help="write every measurement and machine_info() to FILE (in a "
                    "folder that exists: checked before measuring)")
     p.add_argument("--overwrite", action="store_true",
                    help="let --json replace a file rnngraph did not write (its own earlier results it always may)")
     p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke test: T=8, B=2, H=16, 3 repeats")
+    p.add_argument("--model", choices=("charlm",), help="time a whole model's training step instead of one layer: "
+                   "charlm is Embedding, --layers layers of --cell (default lstm), a Linear head, cross-entropy, "
+                   "clip_grad_norm_ and AdamW (T=128, B=1,32,128, H=512 unless given), --impls of torch (torch.nn's "
+                   "layer, cuDNN on CUDA), default (rnngraph.torch as it ships), staged, graph; --repeats steps timed")
+    p.add_argument("--precision", type=_list(str), metavar="LIST", help="with --model: fp32, bf16 and/or fp16, the "
+                   "last two under torch.autocast (default: fp32,bf16)")
 
 
 def run(args) -> int:
     """Times every (cell, T, B, H) × implementation in one process; prints a table; 1 if any failed."""
     set_tf32(args.tf32)                       # before anything imports cupy
+    if args.model:
+        if torch_problem():
+            raise RnnGraphError(f"--model {args.model} times torch models: {torch_problem()}")
+        from .bench_model import run_model
+        return run_model(args, machine_info)
     q = QUICK if args.quick else {}
     st = {"cells": args.cell or list(DEFAULT_CELLS), "T": args.T or q.get("T", [100]),
-          "B": args.B or q.get("B", [1]), "H": args.H or q.get("H", [512]), "D": args.D, "layers": args.layers,
-          "dtype": args.dtype, "impls": args.impls, "repeats": args.repeats or q.get("repeats", 20),
+          "B": args.B or q.get("B", [1]), "H": args.H or q.get("H", [512]), "D": args.D, "layers": args.layers or 1,
+          "dtype": args.dtype, "impls": args.impls or list(DEFAULT_IMPLS),
+          "repeats": args.repeats or q.get("repeats", 20),
           "warmup": args.warmup or q.get("warmup", 3), "tf32": args.tf32, "loops": args.loop or ["auto"]}
     for i in st["impls"]:
         _impl_dtype(i, args.dtype)

@@ -13,7 +13,7 @@ def header(info: dict) -> str:
     lines = [f"rnngraph {info['rnngraph']} bench  {info['date']}  commit {info.get('commit') or 'unknown'}",
              f"device: {info['device']}" + (f" ({info['gpu_memory_gib']} GiB)" if info.get("gpu_memory_gib") else ""),
              f"{cuda}", libs, f"TF32 {tf32} (torch allow_tf32: {tt}; CUPY_TF32={info['cupy_tf32']}; "
-             "rnngraph's own cuBLAS sgemm calls: default math mode, no TF32)"]
+             "rnngraph's own cuBLAS calls alike)"]
     if info.get("gpu_problem"):
         lines.append(f"no GPU for rnngraph: {info['gpu_problem']}; naive and staged run on numpy")
     return "\n".join(lines)

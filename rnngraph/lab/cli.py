@@ -119,6 +119,8 @@ COMMANDS: dict[str, Command] = {
                                       "(--quick: a CPU sample)"),
     "figures": Command("rebuild every evaluation figure from stored results (no GPU, nothing re-measured)",
                        _figures_arguments, _figures_run),
+    "report": _lazy("lab.report", "render docs/performance.md and the README's headline table from stored results "
+                    "(--check: exit 1 if they differ)"),
 }
 
 

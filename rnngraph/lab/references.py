@@ -264,10 +264,9 @@ def torch_fns(spec, impl, T, B, H, D, layers, dtype, seed):
         torch.manual_seed(seed)
         if impl == "cudnn":
             model = cudnn_layer(load_cell(spec, D, H).name, D, H, layers, tdt, dev)
-        else:                   # what a PyTorch user sees: the torch module, autograd, graph mode on CUDA
+        else:                   # what a PyTorch user sees: the torch module, autograd, its default mode
             import rnngraph.torch as rt
-            model = rt.Recurrent(spec, D, H, layers, mode="graph" if dev.type == "cuda" else "staged",
-                                 device=dev, dtype=tdt)
+            model = rt.Recurrent(spec, D, H, layers, device=dev, dtype=tdt)
         params, F, extra = list(model.parameters()), model(torch.zeros(1, 1, D, device=dev, dtype=tdt))[0].shape[-1], {}
 
         def run(x):

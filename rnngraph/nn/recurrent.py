@@ -20,7 +20,7 @@ import numpy as np
 
 from ..arrays import HALF_DTYPES, check_state_dict, element_offsets, float_dtype, make_rng
 from ..errors import RnnGraphError
-from ..ir.cells import load_cell
+from ..ir.cells import load_cell, lstm_cell
 from ..run.backends import get_backend
 from . import checks as chk
 from .checks import check_finite
@@ -67,6 +67,7 @@ class Recurrent(Parameterized):
         layer = Recurrent("gru", 8, 16, num_layers=2, bidirectional=True, dtype="float64")
         y, h_n = layer(x)                       # x [T, B, 8] -> y [T, B, 32], h_n [4, B, 16]
         grad_x, grad_h0, grads = layer.backward(grad_y)
+        y_t, h = Recurrent("gru", 8, 16).step(x_t, h)   # one frame (one direction): x_t [B, 8] -> y_t [B, 16]
     """
 
     def __init__(self, cell, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
@@ -207,14 +208,41 @@ class Recurrent(Parameterized):
         x = chk.check_array("x", x, self.backend, self.dtype)
         chk.check_input(x, self.input_size, self.batch_first)
         xt = x.transpose(1, 0, 2) if self.batch_first else x
+        y, finals = self._run(xt, state, lengths, self._shapes.pads(*xt.shape[:2]), step=False)
+        return self._to_user(y), self._pack(finals)
+
+    def step(self, x, state=None):
+        """One frame, for loops that feed outputs back (sampling, decoding, streaming): x [B, D] ->
+        (y [B, F], state_n), the same numbers as ``forward(x[None], state)`` with y[0]; never padded to a
+        shape bucket, so graph mode replays one recording of T = 1. ``backward(grad_y [B, F],
+        grad_state_n)`` then gives grad_x [B, D]. A bidirectional layer has no one-frame step.
+
+        Example::
+
+            y, state = layer.step(x_t)             # x_t [B, D]
+            y, state = layer.step(y_to_x(y), state)
+        """
+        if self.bidirectional:
+            raise RnnGraphError("step() advances a layer one frame forward in time; a bidirectional layer also "
+                                "reads the frames after it: call the layer on the whole sequence instead")
+        x = chk.check_array("x", x, self.backend, self.dtype)
+        if x.ndim != 2 or x.shape[1] != self.input_size:
+            raise RnnGraphError(f"step() takes one frame x [B, input_size={self.input_size}], got shape "
+                                f"{list(x.shape)}; for a sequence call the layer itself")
+        y, finals = self._run(x[None], state, None, False, step=True)
+        return y[0], self._pack(finals)
+
+    def _run(self, xt, state, lengths, may_pad: bool, step: bool):
+        """The forward of time-major xt [T, B, D], padded to a shape bucket where may_pad says; keeps what
+        backward needs. Returns (y [T, B, dirs·F], state -> final)."""
         T, B = xt.shape[:2]
         init = self._unpack(state, "{}0", T, B, every_frame=True)
         lengths = chk.check_lengths(lengths, T, B)
         if self.check_finite:
-            for name, a in [("x", x)] + [(f"{s}0", a) for s, a in init.items() if a is not None]:
+            for name, a in [("x", xt)] + [(f"{s}0", a) for s, a in init.items() if a is not None]:
                 check_finite(name, a)
         spread = {s for s, a in init.items() if a is not None and a.ndim < len(self._stack.shape(s, B))}
-        pad = Padding(self.backend.xp, T, B) if self._shapes.pads(T, B) else None
+        pad = Padding(self.backend.xp, T, B) if may_pad else None
         if pad:
             xt, init, lengths = pad.frames(xt), pad.states(init), pad.lengths(lengths)
         frames = Frames(self.backend.xp, *xt.shape[:2], lengths)
@@ -224,22 +252,21 @@ class Recurrent(Parameterized):
                                           None if pad else self.stream_window)
         if pad:
             y, finals = pad.unframes(y), pad.unstates(finals)
-        self._last = (frames, y.shape, spread, pad)
-        y = self._to_user(y)
+        self._last = (frames, y.shape, spread, pad, step)
         if self.check_finite:
             chk.check_stored(self._stack.runs, self.dtype)
             for n, a in [("output y", y)] + [(f"final state {s}_n", a) for s, a in finals.items()]:
                 check_finite(n, a)
-        return y, self._pack(finals)
+        return y, finals
 
     def backward(self, grad_y, grad_state_n=None):
-        """Gradients of the most recent call. grad_y: like y (or None); grad_state_n: like state_n
-        (or None; entries may be None). Returns (grad_x like x, grad_state0 like state, grads: name ->
-        array keyed like parameters()); grads are also kept in ``layer.grads``."""
+        """Gradients of the most recent call (or step). grad_y: like y (or None); grad_state_n: like
+        state_n (or None; entries may be None). Returns (grad_x like x, grad_state0 like state, grads: name
+        -> array keyed like parameters()); grads are also kept in ``layer.grads``."""
         if self._last is None:
             raise RnnGraphError("backward() called before the layer was called on an input")
-        frames, y_shape, spread, pad = self._last
-        user_shape = (y_shape[1], y_shape[0], y_shape[2]) if self.batch_first else y_shape
+        frames, y_shape, spread, pad, step = self._last
+        user_shape = y_shape[1:] if step else (y_shape[1], y_shape[0], y_shape[2]) if self.batch_first else y_shape
         if grad_y is None:
             gy = self.backend.zeros(y_shape, self.dtype)
         else:
@@ -247,7 +274,7 @@ class Recurrent(Parameterized):
             chk.check_grad_shape("grad_y", gy.shape, user_shape, "the output y")
             if self.check_finite:
                 check_finite("grad_y", gy)
-            gy = gy.transpose(1, 0, 2) if self.batch_first else gy
+            gy = gy[None] if step else gy.transpose(1, 0, 2) if self.batch_first else gy
         gfin = self._unpack(grad_state_n, "grad_{}_n", y_shape[0], y_shape[1])
         if pad:
             gy, gfin = pad.frames(gy), pad.states(gfin)
@@ -255,7 +282,7 @@ class Recurrent(Parameterized):
         if pad:
             gx, ginit = pad.unframes(gx), pad.unstates(ginit)
         ginit = {s: g.sum(axis=0) if s in spread else g for s, g in ginit.items()}   # h0 given for every frame
-        gx, self.grads = self._to_user(gx), self._torch_grads(grads)
+        gx, self.grads = (gx[0] if step else self._to_user(gx)), self._torch_grads(grads)
         if self.check_finite:
             for n, g in [("grad_x", gx)] + [(f"gradient of {n}", g) for n, g in self.grads.items()]:
                 check_finite(n, g)
@@ -298,11 +325,14 @@ class Recurrent(Parameterized):
 
 
 class LSTM(Recurrent):
-    """torch.nn.LSTM's signature and equations (gates i, f, g, o): ``y, (h_n, c_n) = lstm(x, (h0, c0))``."""
+    """torch.nn.LSTM's signature and equations (gates i, f, g, o): ``y, (h_n, c_n) = lstm(x, (h0, c0))``.
+    proj_size > 0 projects h as torch does (weight_hr_l{k} [proj_size, hidden_size]): y and h are
+    proj_size features per direction, c hidden_size."""
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-                 bidirectional=False, **options):
-        super().__init__("lstm", input_size, hidden_size, num_layers, bias, batch_first, dropout,
+                 bidirectional=False, proj_size=0, **options):
+        self.proj_size = proj_size
+        super().__init__(lstm_cell(proj_size), input_size, hidden_size, num_layers, bias, batch_first, dropout,
                          bidirectional, **options)
 
 

@@ -5,7 +5,10 @@ rnngraph never imports torch.
     lstm = rnngraph.torch.LSTM(32, 64, num_layers=2)      # the torch.nn.LSTM signature
     y, (h_n, c_n) = lstm(x, (h0, c0))                     # x [T, B, 32] on the CPU or a CUDA device
     rnn = rnngraph.torch.Recurrent("mycells:mgu", 32, 64)  # any cell: built-in, module:function, function
+    y_t, state = rnn.step(x_t, state)                      # one frame, x_t [B, 32]
+    cell = rnngraph.torch.LSTMCell(32, 64)                 # torch.nn.LSTMCell's signature: h, c = cell(x_t, (h, c))
 """
+from .cells import GRUCell, LSTMCell, RNNCell
 from .modules import GRU, LSTM, RNN, Recurrent
 
-__all__ = ["Recurrent", "LSTM", "GRU", "RNN"]
+__all__ = ["Recurrent", "LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell"]

@@ -93,16 +93,17 @@ def _cupy_stream(cupy, index: int):
 
 
 class RecurrentFunction(torch.autograd.Function):
-    """apply(engine, lengths, names, x, *states, *params) -> (y, *final states): one state entry (a tensor
-    or None) per cell state, then the parameters named `names`. engine: an rnngraph.nn.Recurrent running
-    in place on the parameters' memory (Recurrent.share_parameters); lengths: host ints [B] or None."""
+    """apply(engine, lengths, step, names, x, *states, *params) -> (y, *final states): one state entry (a
+    tensor or None) per cell state, then the parameters named `names` (the engine's names). engine: an
+    rnngraph.nn.Recurrent running on the parameters' memory, or on a copy in its own dtype (bind);
+    lengths: host ints [B] or None; step: x is one frame [B, D] and runs as engine.step."""
 
     @staticmethod
-    def forward(ctx, engine, lengths, names, x, *rest):
+    def forward(ctx, engine, lengths, step, names, x, *rest):
         n_states = len(engine.state_names)
         states, params = rest[:n_states], rest[n_states:]
         ctx.set_materialize_grads(False)
-        ctx.engine, ctx.lengths, ctx.names = engine, lengths, names
+        ctx.engine, ctx.lengths, ctx.step, ctx.names = engine, lengths, step, names
         ctx.training = engine.training
         masks = engine.training and engine.dropout > 0 and engine.num_layers > 1
         ctx.rng = copy.deepcopy(engine.rng.bit_generator.state) if masks else None   # to redraw this call's masks
@@ -110,7 +111,8 @@ class RecurrentFunction(torch.autograd.Function):
         ctx.save_for_backward(x, *(s for s in states if s is not None), *params)
         ctx.given = tuple(s is not None for s in states)
         with on_stream(x.device):
-            y, fin = engine(to_array(x), _state(states), lengths)
+            bind(engine, dict(zip(names, params)))
+            y, fin = _run(engine, x, states, lengths, step)
         fins = fin if isinstance(fin, tuple) else (fin,)
         return (to_tensor(y, x.device), *(to_tensor(f, x.device) for f in fins))
 
@@ -129,7 +131,7 @@ class RecurrentFunction(torch.autograd.Function):
                 if ctx.rng is not None:
                     engine.rng.bit_generator.state = ctx.rng
                 engine.train(ctx.training)
-                engine(to_array(x), _state(states), ctx.lengths)
+                _run(engine, x, states, ctx.lengths, ctx.step)
                 engine.rng.bit_generator.state = later
                 engine.train(mode)
                 engine.torch_serial = ctx.serial
@@ -137,18 +139,41 @@ class RecurrentFunction(torch.autograd.Function):
         dev = x.device
         g0 = g0 if isinstance(g0, tuple) else (g0,)
         g_states = tuple(to_tensor(g, dev) if given else None for g, given in zip(g0, ctx.given))
-        flat = to_tensor(engine.grad_flat, dev)            # one conversion for every parameter
+        flat = to_tensor(engine.grad_flat, dev).to(params[0].dtype)   # one conversion for every parameter (a
         views = dict(zip(grads, (t.view(a.shape) for t, a in zip(flat.split([a.size for a in grads.values()]),
-                                                                   grads.values()))))
-        return (None, None, None, to_tensor(gx, dev), *g_states, *(views[n] for n in ctx.names))
+                                                                   grads.values()))))    # cast back: autocast)
+        return (None, None, None, None, to_tensor(gx, dev), *g_states, *(views[n] for n in ctx.names))
+
+
+def _run(engine, x, states, lengths, step: bool):
+    """The engine's forward of x (tensors in, arrays out): a call over its frames, or one step."""
+    if step:
+        return engine.step(to_array(x), _state(states))
+    return engine(to_array(x), _state(states), lengths)
 
 
 def bind(engine, params: dict):
-    """Makes the engine run in place on these parameter tensors (a no-op when it already does)."""
+    """Makes the engine run on these parameter tensors: in place where they have its dtype (a no-op when it
+    already does), else (under autocast) on a copy in its dtype, one buffer the engine keeps (so recorded
+    graphs stay valid), refilled from them now by one multi-tensor copy."""
+    if next(iter(params.values())).dtype != engine.torch_dtype:
+        params = _refill_copy(engine, params)
     bound = tuple(p.data_ptr() for p in params.values())
     if engine.torch_params != bound:
         engine.share_parameters({n: to_array(p) for n, p in params.items()})
         engine.torch_params = bound
+
+
+def _refill_copy(engine, params: dict) -> dict:
+    """name -> the engine's copy of each parameter in its own dtype, filled from `params` (same names)."""
+    if engine.torch_copy is None:
+        first = next(iter(params.values()))
+        flat = torch.empty(sum(p.numel() for p in params.values()), dtype=engine.torch_dtype, device=first.device)
+        parts = flat.split([p.numel() for p in params.values()])
+        engine.torch_copy = {n: t.view(p.shape) for (n, p), t in zip(params.items(), parts)}
+    with torch.no_grad():
+        torch._foreach_copy_(list(engine.torch_copy.values()), list(params.values()))
+    return engine.torch_copy
 
 
 def _state(parts: tuple):

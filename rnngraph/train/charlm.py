@@ -145,6 +145,15 @@ class CharLM:
         x = self.onehot[self.xp.asarray(ids)]             # [T, B, V]
         return self.model(x, states)
 
+    def step(self, ids, state=None):
+        """One character per stream: ids [B] ints; state: the recurrent layers' (None, or from the last call's
+        states[0] or step). Returns (logits [B, V], state): the recurrent step (one frame, never padded: one
+        replay in graph mode), then the feed-forward modules."""
+        y, state = self.rnn.step(self.onehot[self.xp.asarray(ids)], state)      # [B, F]
+        for m in self.model.modules[1:]:
+            y = m(y)
+        return y, state
+
     def backward(self, grad_logits) -> dict:
         """Parameter gradients of the last call, name -> array (also in self.grads)."""
         self.model.backward(grad_logits)

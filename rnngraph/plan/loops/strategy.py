@@ -27,4 +27,4 @@ class LoopStrategy:
     runs_as: str | None = None      # what the reference amounts to, where it is another strategy ('stages')
     auto_by_reference: bool = True  # whether 'auto' picks it where a backend runs only the reference
     chunk_frames: int = 512         # graph mode's chunk of time for it unless the user sets one (0: whole calls),
-                                    # measured: docs/gpu.md, "Chunks of time"
+                                    # measured: docs/gpu.md, "Calls of many lengths"

@@ -13,10 +13,15 @@ _OP_N, _OP_T = 0, 1
 _WORKSPACE_BYTES = 32 << 20
 _HALF = {"float16": 2, "bfloat16": 14}    # cudaDataType CUDA_R_16F, CUDA_R_16BF
 _COMPUTE_32F, _GEMM_DEFAULT = 68, -1      # cublasComputeType_t CUBLAS_COMPUTE_32F; cublasGemmAlgo_t (tensor cores allowed)
+_R_32F, _COMPUTE_32F_FAST_TF32 = 0, 77    # cudaDataType CUDA_R_32F; float32 products on TF32 tensor cores
 
 
 class Cublas:
-    """C = op(...) products on row-major views: the three forms the executor needs."""
+    """C = op(...) products on row-major views: the three forms the executor needs. tf32: float32 products
+    may round their inputs to TF32 (10-bit mantissa) on tensor cores, as torch's allow_tf32; set it before
+    any GEMM is recorded (a recorded graph keeps the compute type it was recorded with)."""
+
+    tf32 = False
 
     def __init__(self, cupy):
         self.cp = cupy
@@ -51,11 +56,11 @@ class Cublas:
         self._check(self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(self.cp.cuda.get_current_stream().ptr)),
                     "cublasSetStream")
         ptr = lambda x: ctypes.c_void_p(x.data.ptr)
-        if dt in _HALF:
+        if dt in _HALF or (dt == "float32" and self.tf32):
             one, scale = ctypes.byref(self.scalars[("float32", 1.0)]), ctypes.byref(self.scalars[("float32", beta)])
-            h = _HALF[dt]
+            h, compute = (_HALF[dt], _COMPUTE_32F) if dt in _HALF else (_R_32F, _COMPUTE_32F_FAST_TF32)
             self._check(self.lib.cublasGemmEx(self.handle, ta, tb, m, n, k, one, ptr(a), h, max(lda, 1), ptr(b), h,
-                                              max(ldb, 1), scale, ptr(c), h, max(ldc, 1), _COMPUTE_32F, _GEMM_DEFAULT),
+                                              max(ldb, 1), scale, ptr(c), h, max(ldc, 1), compute, _GEMM_DEFAULT),
                         "cublasGemmEx")
             return
         fn = self.lib.cublasSgemm_v2 if dt == "float32" else self.lib.cublasDgemm_v2

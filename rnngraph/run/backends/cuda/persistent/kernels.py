@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..source import CTYPES, kernel_name, math_type, rounded
-from .phases import THREADS, barriers, exchanges, nodes_of, own, phases, shared_layout, sources
+from . import mma
+from .phases import MAX_ROWS, THREADS, barriers, exchanges, nodes_of, own, phases, shared_layout, sources
 
 SOURCE = r"""
 #define AT(p, ld, lag, col) p[((long long)(P + t - (lag)) * NB + b) * (ld) + (col)]
@@ -124,10 +125,20 @@ class Persistent:
 
 
 def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
-    """The kernel running `loop` (a PersistentLoop; problem() is None) for B ≤ MAX_ROWS rows on G blocks."""
+    """The kernel running `loop` (a PersistentLoop; problem() is None) for B ≤ MAX_ROWS rows on G blocks, or
+    in half storage up to mma.MMA_ROWS on tensor cores (mma.py)."""
     groups = phases(cell, loop)
-    woff, n_w, xs_off, gs_off, gp_off, total = shared_layout(groups, B, G)
-    itemsize, w_bytes = ITEMSIZE[math_type(ctype)], -(-n_w * ITEMSIZE[ctype] // 16) * 16
+    itemsize = ITEMSIZE[math_type(ctype)]
+    tc = None
+    if B > MAX_ROWS:            # tensor cores: their layout of the weights and the x slice
+        tc = mma.layout([p for g in groups for p in g if p.kind in ("gemm", "pair", "dgemm")], B, G, THREADS)
+        woff, n_w = tc.woff, tc.weights
+        xs = -(-tc.x_rows * tc.xld * ITEMSIZE[ctype] // itemsize)
+        gs = max((-(-p.units // G) * p.m * B for g in groups for p in g if id(p) in woff), default=0)
+        xs_off, gs_off, gp_off, total = 0, xs, xs + gs, xs + gs
+    else:
+        woff, n_w, xs_off, gs_off, gp_off, total = shared_layout(groups, B, G)
+    w_bytes = -(-n_w * ITEMSIZE[ctype] // 16) * 16
     args: dict = {}
 
     def arg(kind, key):
@@ -158,11 +169,11 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
             ok = (lambda kind, n, lag, p=p, gi=gi: kind == "val" or mine and kind == "grad" and (
                 p.kind == "dgemm" or n not in operands and (gi >= k or n not in late))) if loop.reverse else \
                 (lambda kind, n, lag, p=p, gi=gi: kind == "val" and own(written.get(n), p, lag, gi))
-            lines, early[pi] = _prefetch(cell, p, f"r{gi}_{pi}_", arg, ok, G)
+            lines, early[pi] = _prefetch(cell, p, f"r{gi}_{pi}_", arg, ok, G, B)
             pre += lines
         run = (["        grid_barrier(bar, ++barriers * G);"] if need[gi] else []) + \
             [ln for pi, p in enumerate(g) for ln in _phase_lines(cell, p, arg, early[pi], woff.get(id(p)), load,
-                                                                    tagged.get(swaps.get(gi)), tagged, ctype)]
+                                                                    tagged.get(swaps.get(gi)), tagged, ctype, tc)]
         if gi < k:
             prologue += pre + run
             tail_loads += pre
@@ -179,19 +190,24 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
     sig = "".join(ptr.get(kind, "ST* pp{0}, long long ld{0}, ").format(k) for k, (kind, _) in enumerate(names))
     defs = {"ST": ctype, "CT": math_type(ctype), "NB": B, "G": G, "NT": THREADS, "W_BYTES": w_bytes,
             "XS_OFF": xs_off, "GS_OFF": gs_off, "GP_OFF": gp_off}
-    text = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + SOURCE.format(
+    text = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + (mma.helpers(ctype) if tc else "") + SOURCE.format(
         name="{name}", args=sig, load="\n".join(dict.fromkeys(load)), prologue="\n".join(prologue), phases="\n".join(body),
         frame="T - 1 - s" if loop.reverse else "s")
     name = kernel_name("persist", text)
     return Persistent(name, text.replace("{name}", name), tuple(names), G, THREADS, w_bytes + total * itemsize)
 
 
-def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, st: str) -> list:
+def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, st: str, tc=None) -> list:
     """The lines running phase p at frame t (its GEMV first, with its weights' load added to `load`; its x
-    from tagged words where xb names their buffer; its members in `tagged` also written so)."""
+    from tagged words where xb names their buffer; its members in `tagged` also written so); tc: the
+    tensor cores' layout (mma.Layout), where they run the GEMMs."""
     out = [f"        {{   // {p.kind} {', '.join(nodes_of(p))}",
            f"        const int u0 = ({p.units} * blk) / G, nu = ({p.units} * (blk + 1)) / G - u0;"]
-    if woff is not None:
+    if woff is not None and tc is not None:
+        src, x, lag = _operand(p, arg)
+        load.append(mma.weights(p, woff, src, mma.padded(p.width) + 8))
+        out.append(mma.gemm(p, woff, tc, f"AT({x}, {_ld(x)}, {lag}, k)"))
+    elif woff is not None:
         load.append(_weights(p, woff, arg))
         out.append(_gemv(cell, p, woff, arg, xb))
     return out + _epilogue(cell, p, arg, early, tagged, st) + ["        __syncthreads();\n        }"]
@@ -202,15 +218,21 @@ def _ld(pointer: str) -> str:
     return "ld" + pointer[2:]
 
 
-def _weights(p, off: int, arg) -> str:
-    """Copies the block's weight rows of phase p into shared memory (row q = j·nu + u: block j's unit u)."""
+def _operand(p, arg) -> tuple:
+    """(the global element of phase p's weight row q (j, u: its merged block and unit) at column k, the
+    argument of its x, x's lag)."""
     it = p.item.gemm if p.kind == "pair" else p.item
     w, K = arg("w", it), p.width
     if p.kind == "dgemm":           # W [M, K_op]: the block's columns, each a row of M here
-        src = f"{w}[(long long)k * {p.units} + u0 + q]"
-    else:                           # W [M, K]: row (j·F + u0 + u) for a pair, (u0 + q) for a gemm
-        src = f"{w}[(long long)({p.units} * j + u0 + u) * {K} + k]" if p.kind == "pair" else \
-            f"{w}[(long long)(u0 + q) * {K} + k]"
+        return f"{w}[(long long)k * {p.units} + u0 + q]", arg("dcat", p.item), 0
+    src = f"{w}[(long long)({p.units} * j + u0 + u) * {K} + k]" if p.kind == "pair" else \
+        f"{w}[(long long)(u0 + q) * {K} + k]"      # W [M, K]: row (j·F + u0 + u) for a pair, (u0 + q) for a gemm
+    return src, arg("val", it.operand), it.delay
+
+
+def _weights(p, off: int, arg) -> str:
+    """Copies the block's weight rows of phase p into shared memory (row q = j·nu + u: block j's unit u)."""
+    src, K = _operand(p, arg)[0], p.width
     return (f"    {{   const int u0 = ({p.units} * blk) / G, nu = ({p.units} * (blk + 1)) / G - u0;\n"
             f"        for (int e = tid; e < nu * {p.m * K}; e += NT) {{\n"
             f"            const int q = e / {K}, k = e - q * {K}, j = q / nu, u = q - j * nu;\n"
@@ -232,12 +254,12 @@ def _gemv(cell, p, off: int, arg, xb) -> str:
     return GEMV.format(K=p.width, stage=stage, m=p.m, woff=off)
 
 
-def _prefetch(cell, p, prefix: str, arg, ok, G: int) -> tuple:
+def _prefetch(cell, p, prefix: str, arg, ok, G: int, B: int) -> tuple:
     """(lines, {name: register}) loading what phase p's per-element part reads (its body's inputs, a
     backward body's gradients and the old values its '+=' stores add to, a dgemm's old value) into
     registers where ok(kind, node, lag) holds, each thread its one element (b, f); none where a thread has
     several."""
-    if p.kind == "gemm" or -(-p.units // G) * 8 > THREADS:
+    if p.kind == "gemm" or -(-p.units // G) * max(B, MAX_ROWS) > THREADS:
         return [], {}
     if p.kind == "dgemm":
         wanted = [("old", ("grad", p.item.operand, p.item.delay))]

@@ -20,7 +20,8 @@ from ..fused import fused_backward_kernel, fused_forward_kernel
 from ..source import math_type
 
 THREADS = 512               # threads per block: 16 warps, one weight row each at a time
-MAX_ROWS = 8                # the batch rows a persistent kernel takes (its accumulators live in registers)
+MAX_ROWS = 8                # the batch rows a persistent kernel takes on CUDA cores (its accumulators live in
+                            # registers); half storage takes more on tensor cores (mma.MMA_ROWS)
 EXCHANGE_WORDS = 1          # tagged words a thread spins on per GEMV, at most (else barriers): measured on an
                             # H200, LSTM H=512: B=1 (1 word) 2.1 against 3.0 µs a frame, B=8 (8 words) 6.3 against 5.4
 
@@ -132,7 +133,8 @@ def exchanges(cell, groups, written, ctype: str, B: int, G: int) -> dict:
         it = p.item.gemm if p.kind == "pair" else p.item
         _, w = written.get(getattr(it, "operand", None), (None, None))
         body = w.item.fused.nodes if w is not None and w.kind == "pair" else getattr(getattr(w, "item", None), "nodes", ())
-        if math_type(ctype) != "float" or rest or p.kind not in ("pair", "gemm") or w is None or w.kind not in ("pair", "fused") \
+        if math_type(ctype) != "float" or B > MAX_ROWS or rest or p.kind not in ("pair", "gemm") or w is None \
+                or w.kind not in ("pair", "fused") \
                 or it.operand not in body or it.delay > 1 or w.units != p.width or w.units < G \
                 or B * p.width > EXCHANGE_WORDS * THREADS:
             return {}

@@ -5,9 +5,11 @@ from __future__ import annotations
 import functools
 import warnings
 
+from .....arrays import float_dtype
 from .....errors import RnnGraphWarning
 from ..source import CTYPES
 from .kernels import ZERO_SOURCE, persistent_kernel
+from .mma import MMA_ROWS
 from .phases import MAX_ROWS, phases, problem
 
 _KERNELS: dict = {}      # (id(cell), loop, ctype, B, blocks) -> (cell, persistent_kernels.Persistent)
@@ -39,24 +41,52 @@ def compile(be, cell, loop, views):
 def why_not(be, cell, loop, B: int, dtype) -> str | None:
     """Why this GPU runs `loop` frame by frame at B rows of dtype, or None: what no persistent kernel runs,
     B, no cooperative launch (said once in a warning), or shared memory too small for the weights in dtype."""
-    why = problem(cell, loop)
-    if why or B > MAX_ROWS:
-        return why or f"B={B} rows: a persistent kernel takes at most {MAX_ROWS}"
     facts = device(be.xp.cuda.Device().id)
-    if not facts.get("CooperativeLaunch", 0):
+    if not problem(cell, loop) and B <= max_rows(dtype) and not facts.get("CooperativeLaunch", 0):
         return refused("this GPU cannot launch cooperative kernels")
-    need, have = kernel(be, cell, loop, B, dtype).smem, facts["MaxSharedMemoryPerBlockOptin"]
-    if need > have:
+    return fit(cell, loop, B, dtype, facts["MultiProcessorCount"], facts["MaxSharedMemoryPerBlockOptin"])
+
+
+def fit(cell, loop, B: int, dtype, sms: int, smem: int) -> str | None:
+    """Why a GPU of `sms` SMs and `smem` bytes of shared memory per block runs `loop` frame by frame at B rows
+    of dtype, or None: what no persistent kernel runs, B, or the weights and rows exceeding shared memory."""
+    why, rows = problem(cell, loop), max_rows(dtype)
+    if why or B > rows:
+        return why or f"B={B} rows: a persistent kernel takes at most {rows} in {float_dtype(dtype, half=True).name}"
+    need = generated(cell, loop, B, dtype, blocks(cell, loop, sms)).smem
+    if need > smem:
         return (f"its weights and rows need {need / 1024:.0f} KiB of shared memory per block at B={B}, "
-                f"more than the {have / 1024:.0f} KiB the GPU has")
+                f"more than the {smem / 1024:.0f} KiB the GPU has")
     return None
 
 
+def gpu_loop(cell, loop, B: int, dtype, sms: int, smem: int) -> str:
+    """What runs `loop` (a PersistentLoop) at B rows of dtype on such a GPU, in words: 'persistent (tensor
+    cores)', 'persistent (CUDA cores)' or 'stages: <why>'."""
+    why = fit(cell, loop, B, dtype, sms, smem)
+    if why:
+        return f"stages: {why}"
+    return "persistent (tensor cores)" if B > MAX_ROWS else "persistent (CUDA cores)"
+
+
+def max_rows(dtype) -> int:
+    """The batch rows a persistent kernel takes in dtype: on tensor cores for half storage, else CUDA cores."""
+    return MMA_ROWS if float_dtype(dtype, half=True).itemsize == 2 else MAX_ROWS
+
+
+def blocks(cell, loop, sms: int) -> int:
+    """At most one block per SM, no more blocks than the largest phase's units."""
+    return min(sms, max(p.units for g in phases(cell, loop) for p in g))
+
+
 def kernel(be, cell, loop, B: int, dtype):
-    """The generated kernel for this GPU: at most one block per SM, no more blocks than the largest phase's units."""
-    sms = device(be.xp.cuda.Device().id)["MultiProcessorCount"]
-    G = min(sms, max(p.units for g in phases(cell, loop) for p in g))
-    key = (id(cell), loop, CTYPES[str(dtype)], B, G)
+    """The generated kernel for this GPU."""
+    return generated(cell, loop, B, dtype, blocks(cell, loop, device(be.xp.cuda.Device().id)["MultiProcessorCount"]))
+
+
+def generated(cell, loop, B: int, dtype, G: int):
+    """The kernel of `loop` for B rows of dtype on G blocks, generated once."""
+    key = (id(cell), loop, CTYPES[float_dtype(dtype, half=True).name], B, G)
     if key not in _KERNELS:
         _KERNELS[key] = (cell, persistent_kernel(cell, loop, key[2], B, G))
     return _KERNELS[key][1]

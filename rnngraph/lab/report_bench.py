@@ -1,0 +1,284 @@
+"""The sections of docs/performance.md read from `rnngraph bench` files (the headline table, rnngraph against
+cuDNN, torch eager, torch.compile and JAX), each table with its source and what the numbers mean."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .figures import NAMES
+from .report_data import (Findings, Results, best_val, loop, num, pair, per_frame, ratio, record, seconds, source,
+                          table, times)
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    file: str
+    ours: dict
+    peer: dict
+    peer_name: str
+
+
+HEADLINE = [
+    Row("LSTM, B = 1, bfloat16", "half", dict(B=1, impl="graph"), dict(B=1, impl="cudnn@float16"), "cuDNN, float16"),
+    Row("LSTM, B = 8", "persistent_b8", dict(impl="graph", loop_strategy="persistent"), dict(impl="cudnn"), "cuDNN"),
+    Row("LSTM, B = 64", "targets", dict(cell="lstm", B=64, impl="graph"), dict(cell="lstm", B=64, impl="cudnn"),
+        "cuDNN"),
+    Row("MGU (a user cell), B = 1", "targets", dict(cell="mgu", B=1, impl="graph"),
+        dict(cell="mgu", B=1, impl="torch_eager"), "torch eager loop"),
+    Row("LayerNorm-LSTM, B = 1", "norm", dict(impl="graph"), dict(impl="torch_compile"), "torch.compile"),
+    Row("minGRU, B = 1, T = 4096", "loops_t4096", dict(B=1, impl="graph", loop_strategy="scan"),
+        dict(B=1, impl="jax_scan"), "JAX associative scan"),
+    Row("minGRU, B = 1", "loops_t100", dict(cell="min_gru", impl="graph", loop_strategy="scan"),
+        dict(cell="min_gru", impl="jax_scan"), "JAX associative scan"),
+]
+
+
+def headline(results: Results, findings: Findings | None = None) -> str:
+    """The headline table: rnngraph against cuDNN, torch eager, torch.compile and JAX, each row with its source."""
+    files = list(dict.fromkeys(row.file for row in HEADLINE))
+    rows = []
+    for row in HEADLINE:
+        doc = results.bench(row.file)
+        ours, peer = record(doc, **row.ours), record(doc, **row.peer)
+        rows.append([row.label, f"{pair(ours)} ({loop(ours)})", row.peer_name, pair(peer),
+                     f"{times(ratio(ours, peer, 'forward'))} / {times(ratio(ours, peer))}",
+                     str(files.index(row.file) + 1)])
+        if findings is not None:
+            findings.compare("headline", row.label, ours, peer, row.peer_name)
+    head = ["workload", "rnngraph, ms (loop)", "peer", "peer, ms", "rnngraph ÷ peer", "source"]
+    notes = "\n".join(f"{k + 1}. {source(results.bench(f))}" for k, f in enumerate(files))
+    return (table(head, rows) + "\n\nMilliseconds, forward / training step (forward and backward with input and "
+            "weight gradients), medians; T = 100, H = 512, float32 with TF32 off and one layer unless the row "
+            "says otherwise; below 1× rnngraph is faster. Sources:\n\n" + notes)
+
+
+
+def _cudnn_spread(results: Results) -> str:
+    """cuDNN's LSTM forward at B = 1 in every stored file that has it: how much the reference itself moves."""
+    seen = []
+    for name in ("targets", "torch", "half"):
+        doc = results.bench(name)
+        impl = "cudnn@float32" if name == "half" else "cudnn"
+        r = record(doc, cell="lstm", B=1, impl=impl)
+        seen.append(f"{num(r['forward_ms'])} ms in `{name}.json`")
+    return ", ".join(seen)
+
+
+def against_cudnn(results: Results, findings: Findings) -> str:
+    doc = results.bench("targets")
+    rows = []
+    for cell in doc["settings"]["cells"]:
+        for B in doc["settings"]["B"]:
+            got = {i: record(doc, cell=cell, B=B, impl=i) for i in doc["settings"]["impls"]}
+            rows.append([f"{NAMES.get(cell, cell)}, {B}", *(pair(got[i]) for i in ("naive", "staged")),
+                         f"**{pair(got['graph'])}** ({loop(got['graph'])})", pair(got["cudnn"]),
+                         pair(got["torch_eager"]), times(ratio(got["graph"], got["cudnn"])),
+                         times(ratio(got["torch_eager"], got["graph"])), times(ratio(got["naive"], got["graph"]))])
+            findings.compare("Against cuDNN and torch", f"{NAMES.get(cell, cell)} at B = {B}, graph mode",
+                             got["graph"], got["cudnn"], "cuDNN")
+    head = ["cell, B", "naive", "staged", "graph (loop)", "cuDNN", "torch eager loop", "graph ÷ cuDNN, training",
+            "eager ÷ graph, training", "naive ÷ graph, training"]
+    return f"""## Against cuDNN and torch
+
+rnngraph's three modes against cuDNN and against the same cell written as a PyTorch loop on the GPU (`mgu` is
+the built-in MGU, written as the README's cell). In this file graph mode runs every loop as `stages`: the
+persistent loop's numbers are under [The persistent loop](#the-persistent-loop).
+
+{table(head, rows)}
+
+{source(doc)}
+
+cuDNN's own time moves from run to run: its LSTM forward at B = 1 is {_cudnn_spread(results)}. The eager
+`staged` mode is bound by the host and is the noisiest column."""
+
+
+def hidden_size(results: Results, findings: Findings) -> str:
+    doc, base = results.bench("sweep"), results.bench("targets")
+    rows = []
+    for H in sorted({*doc["settings"]["H"], 512}):
+        d = doc if H in doc["settings"]["H"] else base
+        g, c = record(d, cell="lstm", B=1, H=H, impl="graph"), record(d, cell="lstm", B=1, H=H, impl="cudnn")
+        rows.append([H, pair(g), pair(c), f"{times(ratio(g, c, 'forward'))} / {times(ratio(g, c))}"])
+        findings.compare("Hidden size", f"LSTM at H = {H}, B = 1, graph mode (`stages`)", g, c, "cuDNN")
+    return f"""## Hidden size
+
+The LSTM at B = 1 in graph mode (`stages`) against cuDNN, by hidden size.
+
+{table(["H", "graph", "cuDNN", "graph ÷ cuDNN"], rows)}
+
+{source(doc)} The H = 512 row is from `targets.json` (above).
+
+At H = 128 cuDNN's forward is faster: at that size it appears to run a persistent kernel, one launch for all
+frames, against one launch a frame here. At H = 2048 W_hh (64 MB in float32) no longer fits the H200's 60 MB
+L2 cache, so each frame reads it from DRAM, for rnngraph as for cuDNN."""
+
+
+def persistent(results: Results, findings: Findings) -> str:
+    rows, docs = [], [results.bench(n) for n in ("persistent_b8", "persistent_h1024")]
+    for doc in docs:
+        (B,), (H,) = doc["settings"]["B"], doc["settings"]["H"]
+        p, s = (record(doc, impl="graph", loop_strategy=v) for v in ("persistent", "stages"))
+        c = record(doc, impl="cudnn")
+        rows.append([f"{B}, {H}", f"**{pair(p)}**", pair(s), pair(c), times(ratio(p, c, "forward")), times(ratio(p, c)),
+                     times(ratio(s, p))])
+        findings.compare("The persistent loop", f"LSTM at B = {B}, H = {H}, persistent", p, c, "cuDNN")
+    head = ["B, H", "persistent", "stages", "cuDNN", "persistent ÷ cuDNN, forward", "training",
+            "stages ÷ persistent, training"]
+    return f"""## The persistent loop
+
+The LSTM in graph mode with the loop as one persistent kernel a direction ([On a GPU](gpu.md#the-persistent-kernel)),
+against the same loop run frame by frame and against cuDNN, in float32.
+
+{table(head, rows)}
+
+{chr(10).join(source(d) for d in docs)}
+
+The backward waits on a grid barrier each frame and then stages all 4H gate gradients from L2. At B = 8 the
+kernel keeps a grid barrier before each GEMM (eight tagged words a thread are slower than the barrier) and runs
+its GEMVs on CUDA cores; the kernel takes at most B = 8, since its accumulators live in registers. The LSTM at
+B = 1, H = 512 in float32 is not among the stored files; in bfloat16 it heads [Half precision](#half-precision)."""
+
+
+def loops(results: Results, findings: Findings) -> str:
+    rows, docs = [], [results.bench(n) for n in ("loops_t100", "loops_t4096")]
+    for doc in docs:
+        for cell in doc["settings"]["cells"]:
+            for B in doc["settings"]["B"]:
+                (T,) = doc["settings"]["T"]
+                got = {v: record(doc, cell=cell, B=B, impl="graph", loop_strategy=v)
+                       for v in ("stages", "elementwise", "scan") if _admits(doc, cell, v)}
+                jax = record(doc, cell=cell, B=B, impl="jax_scan")
+                best = min(got, key=lambda v: got[v]["train_ms"])
+                rows.append([NAMES.get(cell, cell), f"{T}, {B}",
+                             *(pair(got.get(v)) if v != best else f"**{pair(got[v])}**"
+                               for v in ("stages", "elementwise", "scan")), pair(jax)])
+                findings.compare("Loop strategies against JAX", f"{NAMES.get(cell, cell)} at T = {T}, B = {B}, "
+                                 f"graph mode (`{best}`)", got[best], jax, "JAX")
+    scan = results.experiment("scan")
+    Ts = sorted({r["T"] for r in scan["records"]})
+    frames = [[T, *(per_frame(record(scan, T=T, impl="graph", loop=v)) for v in ("stages", "elementwise", "scan")),
+                  per_frame(record(scan, T=T, impl="jax_scan"))] for T in Ts]
+    return f"""## Loop strategies against JAX
+
+Cells with a linear-diagonal or elementwise state in graph mode, each loop strategy they admit, against JAX's
+`lax.associative_scan` under `jit` (JAX has the linear-diagonal cells only); the fastest training step of
+rnngraph's in bold.
+
+{table(["cell", "T, B", "stages", "elementwise", "scan", "JAX"], rows)}
+
+{chr(10).join(source(d) for d in docs)}
+
+At T = 100 a training step is bound by host work, not by the GPU: issuing one graph-mode step takes Python and
+CuPy calls around four graph replays (the input in; the states, the gradients and PyTorch-layout gradients out)
+while the GPU waits, where JAX dispatches one compiled program. The same floor caps the elementwise loop's gain
+over `stages` at T = 100. At B = 64 both are bound by the hoisted GEMMs, and rnngraph adds full-size copies (the
+input gradient, the output gradient).
+
+The cost per frame (µs, forward / training step) of minGRU against T, from the `scan` experiment:
+
+{table(["T", "stages", "elementwise", "scan", "JAX"], frames)}
+
+{source(scan)}
+
+![Cost per frame of each loop strategy against sequence length](../figures/scan.png)
+
+`stages` stays flat per frame, the elementwise loop falls as one thread walks every frame (its backward kernel
+is bound by latency), and the scan falls furthest. The T = 100 row, the experiment's first configuration in a
+fresh process, is slower than the bench's numbers above for every implementation."""
+
+
+def _admits(doc: dict, cell: str, strategy: str) -> bool:
+    return any(r["cell"] == cell and loop(r) == strategy and "skipped" not in r for r in doc["records"]) \
+        or strategy == "stages"
+
+
+def half(results: Results, findings: Findings) -> str:
+    rows, docs = [], [results.bench(n) for n in ("half", "half_h2048")]
+    for doc in docs:
+        for B in doc["settings"]["B"]:
+            for H in doc["settings"]["H"]:
+                g = record(doc, B=B, H=H, impl="graph")
+                c32, c16 = (record(doc, B=B, H=H, impl=f"cudnn@{d}") for d in ("float32", "float16"))
+                rows.append([f"{B}, {H}", pair(g), loop(g), pair(c32), pair(c16), times(ratio(g, c32)), times(ratio(g, c16))])
+                findings.compare("Half precision", f"bfloat16 LSTM at B = {B}, H = {H} (`{loop(g)}`)", g, c16,
+                                 "cuDNN float16")
+    runs = results.training()
+    b16, f32 = runs["gpu_bfloat16"], runs["gpu_float32"]
+    return f"""## Half precision
+
+The LSTM in bfloat16, graph mode, against cuDNN in float32 and in float16 in the same process.
+
+{table(["B, H", "rnngraph bfloat16", "loop", "cuDNN float32", "cuDNN float16", "÷ cuDNN float32, training",
+        "÷ cuDNN float16, training"], rows)}
+
+{chr(10).join(source(d) for d in docs)}
+
+cuDNN's float16 LSTM is a persistent kernel on tensor cores; rnngraph's persistent kernel runs its GEMVs on
+CUDA cores and keeps a grid barrier per GEMM at B = 8, and at B = 64 each frame is a `GemmEx` and a fused kernel.
+At B = 1 the loop is bound by latency, not bandwidth, so half precision saves little there.
+
+The 3 × 512 char-LM of [Training](#training) reaches in bfloat16 a best validation bpc of {best_val(b16)[0]:.3f} in
+{seconds(b16):.0f} s, against {best_val(f32)[0]:.3f} in {seconds(f32):.0f} s in float32: {seconds(f32) / seconds(b16):.2f}×
+faster, within run-to-run noise of the same bpc. Its first step takes {_first_step(b16):.0f} s (compiling the half
+kernels and recording the graphs).
+
+![Training curves in bfloat16 and float32](../figures/training_h200_bf16.png)"""
+
+
+def _first_step(run: dict) -> float:
+    return float(run["log"]["elapsed_s"][0])
+
+
+def norm(results: Results, findings: Findings) -> str:
+    doc = results.bench("norm")
+    got = {i: record(doc, impl=i) for i in doc["settings"]["impls"]}
+    label = {"graph": f"rnngraph graph mode ({loop(got['graph'])})", "torch_eager": "torch eager loop with `F.layer_norm`",
+             "torch_compile": "torch.compile (reduce-overhead) of that loop"}
+    rows = [[label[i], num(r["forward_ms"]), num(r["train_ms"]), times(ratio(r, got["graph"])),
+             _first(r)] for i, r in got.items()]
+    for i in ("torch_eager", "torch_compile"):
+        findings.compare("LayerNorm cells", "LayerNorm-LSTM at B = 1", got["graph"], got[i], label[i])
+    return f"""## LayerNorm cells
+
+The built-in `layernorm_lstm` (a LayerNorm on each gate product and on c) at B = 1.
+
+{table(["", "forward", "training step", "÷ rnngraph, training", "first call or compile, s"], rows)}
+
+{source(doc)}
+
+Each normalisation runs inside a row group: one kernel, one block per row. The LayerNorm cells cannot run the
+persistent loop (a row reduction needs every feature, and the persistent kernel splits features over blocks),
+and at B = 1 a row group is one block doing the whole row's work."""
+
+
+def _first(r: dict) -> str:
+    """Seconds of rnngraph's first call (kernels built, graphs recorded) or of torch.compile's compiling."""
+    first = r.get("first_s", r.get("compile_s"))
+    return "–" if first is None else f"{first:.2f}"
+
+
+def through_torch(results: Results, findings: Findings) -> str:
+    doc = results.bench("torch")
+    rows = []
+    for cell in doc["settings"]["cells"]:
+        got = {i: record(doc, cell=cell, impl=i) for i in doc["settings"]["impls"]}
+        extra = got["rnngraph_torch"]["train_ms"] - got["graph"]["train_ms"]
+        rows.append([NAMES.get(cell, cell), f"{pair(got['graph'])} ({loop(got['graph'])})", pair(got["rnngraph_torch"]),
+                     pair(got["cudnn"]), pair(got["torch_eager"]), f"{1e3 * extra:.0f} µs",
+                     times(ratio(got["rnngraph_torch"], got["cudnn"]) if got["cudnn"] else None)])
+        if got["cudnn"]:
+            findings.compare("Through PyTorch", f"{NAMES.get(cell, cell)} through `rnngraph.torch`",
+                             got["rnngraph_torch"], got["cudnn"], "cuDNN")
+    return f"""## Through PyTorch
+
+The same layer called directly and as an `rnngraph.torch` module, its training step through `loss.backward()`,
+at B = 1.
+
+{table(["cell", "graph mode (loop)", "`rnngraph.torch`", "cuDNN", "torch eager loop",
+        "module's extra host time a training step", "module ÷ cuDNN, training"], rows)}
+
+{source(doc)}
+
+The module's extra time is host work (torch's autograd machinery and the conversions of inputs, outputs and
+gradients), counted in full because `bench` synchronises after every call; a training loop that does not
+synchronise each step hides most of it behind the previous step's GPU work."""

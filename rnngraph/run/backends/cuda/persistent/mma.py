@@ -1,0 +1,126 @@
+"""The persistent kernel's per-frame GEMMs on tensor cores, for half storage at B > MAX_ROWS (up to MMA_ROWS).
+
+A GEMM phase's block holds its weight rows in shared memory as stored (bfloat16 or float16), each row
+padded to KP = K rounded up to 16 and strided WLD = KP + 8 halves (the pad zero; the stride keeps the
+fragments' loads free of bank conflicts). Per frame it stages x's B rows, as stored, K in slices of KS
+columns ([ceil(B/16)·16, KS + 8] halves: B = 256 and K = 2048 do not fit at once), and every warp runs
+`mma.sync.m16n8k16` with float32 accumulation on its tiles of 16 rows × 8 weight rows, fixed per warp:
+no atomics, so runs are bit for bit reproducible. The sums land where the CUDA-core GEMV puts them
+(gs[q·NB + b]), so the phases' stores and fused bodies are the same code. Rows of x past B and weight
+rows past the block's are read but never stored (an MMA's output element reads only its own row and
+column); the pad columns are zero in both.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MMA_ROWS = 256              # the batch rows a tensor-core persistent kernel takes
+XS_BYTES = 96 << 10         # the staged slice of x takes at most this much shared memory
+
+PTX_TYPE = {"rg_bf16": "bf16", "rg_f16": "f16"}
+
+HELPERS = r"""
+static __device__ __forceinline__ void rg_mma(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                              unsigned b0, unsigned b1) {{
+    // D = A·B + D: A 16x16 (rows of x), B 16x8 (weight rows, k-major), D 16x8 in float32
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{ptx}.{ptx}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}}
+"""
+
+GEMM = r"""
+        {{  // tensor cores: the block's nq weight rows against x's NB rows, in tiles of 16 rows x 8 weight rows
+            ST* xh = (ST*)xs;
+            const int nq = nu * {m}, nt = (nq + 7) >> 3, tiles = {MT} * nt;
+            float acc[{TPW}][4];
+            #pragma unroll
+            for (int i = 0; i < {TPW}; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+            for (int k0 = 0; k0 < {KP}; k0 += {KS}) {{
+                const int kw = min({KS}, {KP} - k0);
+                for (int e = tid; e < NB * kw; e += NT) {{
+                    const int b = e / kw, kk = e - b * kw, k = k0 + kk;
+                    if (k < {K}) xh[b * {XLD} + kk] = {load}; else xh[b * {XLD} + kk] = 0.f;
+                }}
+                __syncthreads();
+                #pragma unroll
+                for (int i = 0; i < {TPW}; ++i) {{
+                    const int tile = warp + i * (NT / 32);
+                    if (tile < tiles) {{
+                        const int r = (tile / nt) * 16 + (lane >> 2), c = (lane & 3) * 2;
+                        const unsigned* w = (const unsigned*)(sw + {woff} + ((tile % nt) * 8 + (lane >> 2)) * {WLD} + k0 + c);
+                        const unsigned* x0 = (const unsigned*)(xh + r * {XLD} + c);
+                        const unsigned* x8 = (const unsigned*)(xh + (r + 8) * {XLD} + c);
+                        for (int h = 0; h < kw / 2; h += 8)
+                            rg_mma(acc[i], x0[h], x8[h], x0[h + 4], x8[h + 4], w[h], w[h + 4]);
+                    }}
+                }}
+                __syncthreads();
+            }}
+            #pragma unroll
+            for (int i = 0; i < {TPW}; ++i) {{
+                const int tile = warp + i * (NT / 32);
+                if (tile < tiles) {{
+                    const int b = (tile / nt) * 16 + (lane >> 2), q = (tile % nt) * 8 + (lane & 3) * 2;
+                    if (b < NB && q < nq) gs[q * NB + b] = acc[i][0];
+                    if (b < NB && q + 1 < nq) gs[(q + 1) * NB + b] = acc[i][1];
+                    if (b + 8 < NB && q < nq) gs[q * NB + b + 8] = acc[i][2];
+                    if (b + 8 < NB && q + 1 < nq) gs[(q + 1) * NB + b + 8] = acc[i][3];
+                }}
+            }}
+        }}
+        __syncthreads();"""
+
+
+def padded(K: int) -> int:
+    """K rounded up to the MMA's 16."""
+    return -(-K // 16) * 16
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Shared memory of a tensor-core kernel: per GEMM phase its weights' offset (halves), their row stride
+    WLD and rows; the x slice's columns KS per phase, its row stride XLD and rows; bytes of each part."""
+    woff: dict          # id(phase) -> offset of its weight rows, in halves
+    weights: int        # halves of all weight rows
+    ks: dict            # id(phase) -> columns of x staged at once
+    xld: int
+    x_rows: int
+    tiles_per_warp: int
+
+
+def layout(gemm_phases, B: int, G: int, threads: int) -> Layout:
+    """The layout for `gemm_phases` (each with units, m and width K) at B rows on G blocks."""
+    rows = -(-B // 16) * 16
+    cap = max(16, (XS_BYTES // (2 * rows) - 8) // 16 * 16)
+    woff, n, ks, tiles = {}, 0, {}, 1
+    for p in gemm_phases:
+        per, KP = -(-p.units // G) * p.m, padded(p.width)
+        woff[id(p)] = n
+        n += -(-per // 8) * 8 * (KP + 8)
+        ks[id(p)] = min(KP, cap)
+        tiles = max(tiles, rows // 16 * -(-per // 8))
+    xld = max(ks.values()) + 8
+    return Layout(woff, n, ks, xld, rows, -(-tiles // (threads // 32)))
+
+
+def weights(p, off: int, src: str, WLD: int) -> str:
+    """Copies the block's weight rows of phase p into shared memory, padded to KP with zeros; src: the
+    element of row q (j, u: its merged block and unit), column k."""
+    KP = padded(p.width)
+    return (f"    {{   const int u0 = ({p.units} * blk) / G, nu = ({p.units} * (blk + 1)) / G - u0;\n"
+            f"        for (int e = tid; e < nu * {p.m * KP}; e += NT) {{\n"
+            f"            const int q = e / {KP}, k = e - q * {KP}, j = q / nu, u = q - j * nu;\n"
+            f"            (void)j; (void)u;\n"
+            f"            if (k < {p.width}) sw[{off} + q * {WLD} + k] = {src}; else sw[{off} + q * {WLD} + k] = 0.f;\n"
+            f"        }}\n    }}")
+
+
+def gemm(p, off: int, lay: Layout, load: str) -> str:
+    """Phase p's GEMM on tensor cores; load: x's element (b, k) as stored."""
+    return GEMM.format(m=p.m, MT=lay.x_rows // 16, TPW=lay.tiles_per_warp, KP=padded(p.width), KS=lay.ks[id(p)],
+                       K=p.width, XLD=lay.xld, WLD=padded(p.width) + 8, woff=off, load=load)
+
+
+def helpers(ctype: str) -> str:
+    return HELPERS.format(ptx=PTX_TYPE[ctype])

@@ -1,0 +1,70 @@
+"""The persistent loop on tensor cores (run/backends/cuda/persistent/mma.py: half storage, 8 < B <= 256)
+against the CPU half-precision reference, within the bounds the half-precision tests use (test_gpu_half):
+every built-in cell with a GEMM core, batch sizes around the 16-row tiles, sizes that pad K, ragged and
+chunked calls, replays after an in-place update, bit-identical gradients run to run, and the fallbacks."""
+import numpy as np
+import pytest
+
+from test_gpu_half import PERSISTENT, agree, half_pair
+from test_gpu_loops import calls
+
+pytestmark = pytest.mark.gpu
+
+
+def on_tensor_cores(layer):
+    assert layer.loop_strategy == "persistent", layer.loop_note
+
+
+@pytest.mark.parametrize("B", [9, 64])
+@pytest.mark.parametrize("cell", PERSISTENT)
+def test_every_gemm_core_cell_on_tensor_cores(cell, B):
+    ref, gpu = half_pair(cell, "bfloat16", "graph", hidden=64, size=24, loop="persistent")
+    x = np.random.default_rng(B).standard_normal((23, B, 24))
+    lengths = np.random.default_rng(0).integers(1, 24, size=B)
+    agree(ref, gpu, [x], lengths, "bfloat16", f"{cell} B={B} ragged")
+    on_tensor_cores(gpu)
+    agree(ref, gpu, [x[:9], x[9:]], None, "bfloat16", f"{cell} B={B} chunked")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("B,H", [(16, 512), (100, 512), (256, 512), (7 * 9, 1000), (256, 1000)])
+def test_lstm_batches_and_sizes(B, H, dtype):
+    """B = 100: seven tiles, the last one padded; H = 1000: K padded to 1008 and an uneven split over blocks."""
+    ref, gpu = half_pair("lstm", dtype, "graph", hidden=H, size=32, loop="persistent")
+    x = np.random.default_rng(H + B).standard_normal((7, B, 32))
+    agree(ref, gpu, [x, x[:1]], None, dtype, f"B={B} H={H}")
+    on_tensor_cores(gpu)
+
+
+def test_a_hundred_frames_and_a_bidirectional_stack():
+    ref, gpu = half_pair("lstm", "bfloat16", "graph", hidden=512, size=64, loop="persistent", num_layers=2,
+                         bidirectional=True)
+    x = np.random.default_rng(5).standard_normal((100, 64, 64))
+    agree(ref, gpu, [x], np.array([100, 37] * 32), "bfloat16", "T=100 B=64")
+    on_tensor_cores(gpu)
+
+
+def test_gradients_are_bit_identical_run_to_run_and_replays_see_updates():
+    import cupy
+    _, gpu = half_pair("gru", "bfloat16", "graph", hidden=256, size=32, loop="persistent")
+    x = np.random.default_rng(1).standard_normal((20, 48, 32))
+    first, second = (calls(gpu, [x], None, cupy, gpu.dtype) for _ in range(2))
+    for a, b in zip(first, second, strict=True):
+        np.testing.assert_array_equal(a, b)
+    ref, gpu = half_pair("lstm", "bfloat16", "graph", hidden=128, size=32, loop="persistent")
+    agree(ref, gpu, [x], None, "bfloat16", "before")
+    for p, q in zip(ref.parameters().values(), gpu.parameters().values()):
+        p[...] = (p.astype(np.float32) * 0.5).astype(p.dtype)
+        q[...] = (q.astype(cupy.float32) * 0.5).astype(q.dtype)    # in place: the recording reads the same arrays
+    agree(ref, gpu, [x], None, "bfloat16", "after an in-place update")
+    on_tensor_cores(gpu)
+
+
+def test_beyond_the_tensor_core_limits_it_says_why():
+    import cupy
+    big = half_pair("lstm", "bfloat16", "graph", hidden=64, size=8, loop="persistent")[1]
+    big(cupy.zeros((3, 300, 8), big.dtype))
+    assert big.loop_strategy == "stages" and "at most 256 in bfloat16" in big.loop_note
+    f32 = half_pair("lstm", "float32", "graph", hidden=64, size=8, loop="persistent")[1]
+    f32(cupy.zeros((3, 16, 8), "float32"))
+    assert f32.loop_strategy == "stages" and "at most 8 in float32" in f32.loop_note

@@ -1,0 +1,123 @@
+"""`rnngraph report` and the stored results it reads: docs/performance.md and the README's headline table are
+byte for byte what experiments/results gives; every stored file carries its machine, command and date and is
+named by the page (or read by a test); a stale page or a malformed file is one clear line."""
+import json
+import shlex
+import shutil
+from dataclasses import fields, replace
+from pathlib import Path
+
+import pytest
+
+from rnngraph.lab import report
+from rnngraph.lab.bench import DEFAULT_IMPLS
+from rnngraph.lab.cli import build_parser, main
+from rnngraph.lab.report import README, with_headline
+from rnngraph.lab.report_bench import headline
+from rnngraph.lab.report_data import Results
+from rnngraph.lab.report_page import render_page
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "experiments" / "results"
+STORED = sorted(p for p in RESULTS.rglob("*") if p.is_file())
+
+
+def test_the_pages_are_what_the_stored_results_give():
+    results = Results(RESULTS)
+    assert (ROOT / "docs" / "performance.md").read_text() == render_page(results), "run `rnngraph report`"
+    readme = README.read_text()
+    assert readme == with_headline(readme, headline(results)), "run `rnngraph report`"
+
+
+def test_check_passes_here_and_names_a_stale_page(tmp_path, capsys):
+    assert main(["report", "--check"]) == 0
+    changed = tmp_path / "results"
+    shutil.copytree(RESULTS, changed)
+    path = changed / "bench" / "norm.json"
+    doc = json.loads(path.read_text())
+    doc["results"][0]["train_ms"] *= 2
+    path.write_text(json.dumps(doc))
+    assert main(["report", "--check", "--results", str(changed)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"rnngraph: {p} is out of date (stored results: {changed}); run `rnngraph report`"
+                   for p in ("docs/performance.md", "README.md")]
+
+
+def test_report_rewrites_only_stale_pages(tmp_path, monkeypatch, capsys):
+    page, readme = tmp_path / "performance.md", tmp_path / "README.md"
+    page.write_text("old\n")
+    readme.write_text(README.read_text())
+    monkeypatch.setattr(report, "PAGE", page)
+    monkeypatch.setattr(report, "README", readme)
+    assert main(["report"]) == 0
+    assert capsys.readouterr().out == f"wrote {page}\n"
+    assert page.read_text() == (ROOT / "docs" / "performance.md").read_text()
+    assert main(["report"]) == 0 and capsys.readouterr().out == "rnngraph: the pages are current\n"
+
+
+def test_a_malformed_results_file_is_one_line(tmp_path, capsys):
+    broken = tmp_path / "results"
+    shutil.copytree(RESULTS, broken)
+    (broken / "bench" / "torch.json").write_text(json.dumps({"results": []}))
+    assert main(["report", "--check", "--results", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"rnngraph: error: {broken / 'bench' / 'torch.json'} is not a bench result: it lacks machine, settings\n"
+
+
+def test_the_readme_needs_its_markers():
+    with pytest.raises(report.RnnGraphError, match="needs one <!-- headline:begin --> line"):
+        with_headline("no markers\n", "table")
+
+
+# -- the stored files ------------------------------------------------------------------------------
+
+def test_at_most_30_files_each_named_by_the_page_or_read_by_a_test():
+    assert len(STORED) <= 30, [str(p.relative_to(RESULTS)) for p in STORED]
+    page = (ROOT / "docs" / "performance.md").read_text()
+    for p in STORED:
+        name = str(p.relative_to(ROOT))
+        assert name in page or p.parent.name == "quick", f"{name} is named nowhere"   # quick/: test_figures.py
+
+
+@pytest.mark.parametrize("path", sorted((RESULTS / "bench").glob("*.json")), ids=lambda p: p.name)
+def test_a_bench_file_is_what_its_command_measures(path):
+    """The stored settings and the records' grid are what the stored command asks for (converted logs included)."""
+    doc = json.loads(path.read_text())
+    m = doc["machine"]
+    assert m["gpu"] and m["date"] and m["cuda_runtime"] and m["command"].startswith("rnngraph bench ")
+    args = build_parser().parse_args(shlex.split(m["command"])[1:])
+    st = doc["settings"]
+    asked = {"cells": args.cell, "T": args.T or [100], "B": args.B or [1], "H": args.H or [512], "dtype": args.dtype,
+             "impls": args.impls or list(DEFAULT_IMPLS), "repeats": args.repeats or 20}
+    assert {k: st[k] for k in asked} == asked
+    loops = args.loop or ["auto"]
+    grid = sorted((c, t, b, h, i) for c in asked["cells"] for t in asked["T"] for b in asked["B"] for h in asked["H"]
+                  for i in asked["impls"] for _ in (loops if i.split("@")[0] in ("staged", "graph") else ["auto"]))
+    assert sorted((r["cell"], r["T"], r["B"], r["H"], r["impl"]) for r in doc["results"]) == grid
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("*.json")), ids=lambda p: p.name)
+def test_an_experiment_or_run_file_says_where_and_how(path):
+    doc = json.loads(path.read_text())
+    if path.name == "training_runs.json":
+        for run in doc["runs"]:
+            assert {"name", "folder", "log", "command", "machine", "date"} <= set(run), run
+            assert (RESULTS / run["folder"] / run["log"]).is_file()
+        return
+    m = doc["metadata"]
+    assert m["date"] and m["command"] and (m["gpu"] or doc["experiment"] == "schedule_stats")
+
+
+def test_each_training_command_gives_the_config_its_log_holds():
+    from rnngraph.train.loop import TrainConfig
+    runs = json.loads((RESULTS / "training_runs.json").read_text())["runs"]
+    checked = 0
+    for run in (r for r in runs if r["log"] == "log.json"):
+        args = vars(build_parser().parse_args(shlex.split(run["command"])[1:]))
+        config = replace(TrainConfig(), **{f.name: args[f.name] for f in fields(TrainConfig)
+                                           if args.get(f.name) is not None})
+        stored = json.loads((RESULTS / run["folder"] / "log.json").read_text())["config"]
+        want = {k: v for k, v in vars(config).items() if k in stored and k != "run_id"}
+        assert want == {k: stored[k] for k in want}, run["name"]
+        checked += 1
+    assert checked == 3

@@ -1,0 +1,58 @@
+"""The persistent kernel on tensor cores, without a GPU: half storage at 8 < B <= 256 generates mma.sync
+GEMMs (deterministic source, compiled by NVRTC for sm_90 in bfloat16 and float16), its shared memory fits
+an H200 block at the sizes people train with, and what a GPU would run at a batch size and dtype is said."""
+import numpy as np
+import pytest
+
+from rnngraph import load_cell
+from rnngraph.run.backends.cuda.persistent.mma import MMA_ROWS
+from rnngraph.run.backends.cuda.persistent.kernels import persistent_kernel
+from rnngraph.run.backends.cuda.persistent.runner import fit, gpu_loop
+from nvrtc import nvrtc_compile
+from test_persistent import GEMM_CORES, loops
+
+H200 = dict(sms=132, smem=227 * 1024)
+
+
+@pytest.mark.parametrize("B", [9, 64, 256])
+@pytest.mark.parametrize("cell", GEMM_CORES)
+def test_tensor_core_kernels_compile(cell, B):
+    c = load_cell(cell, 24, 64)
+    for lp in loops(c):
+        k = persistent_kernel(c, lp, "rg_bf16", B, 64)
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in k.source and "acc[NB]" not in k.source
+        nvrtc_compile(k.source, k.name)
+
+
+def test_float16_and_padded_sizes_compile_and_the_source_is_deterministic():
+    c = load_cell("lstm", 30, 1000)         # K = 30 and 1000: padded to 32 and 1008
+    for lp in loops(c):
+        k = persistent_kernel(c, lp, "rg_f16", 100, 132)
+        assert ".f32.f16.f16.f32" in k.source and k == persistent_kernel(load_cell("lstm", 30, 1000), lp, "rg_f16", 100, 132)
+        nvrtc_compile(k.source, k.name)
+
+
+def test_up_to_eight_rows_stay_on_cuda_cores():
+    c = load_cell("lstm", 24, 64)
+    fwd, _ = loops(c)
+    assert "mma.sync" not in persistent_kernel(c, fwd, "rg_bf16", 8, 64).source
+    assert "mma.sync" in persistent_kernel(c, fwd, "rg_bf16", 9, 64).source
+
+
+@pytest.mark.parametrize("H,B", [(512, 256), (768, 64), (1024, 64), (1024, 256)])
+def test_the_weights_and_rows_fit_an_h200_block(H, B):
+    c = load_cell("lstm", H, H)
+    for lp in loops(c):
+        assert fit(c, lp, B, "bfloat16", **H200) is None
+
+
+def test_what_the_gpu_runs_is_said_by_batch_and_dtype():
+    import ml_dtypes
+    c = load_cell("lstm", 32, 512)
+    fwd, _ = loops(c)
+    assert gpu_loop(c, fwd, 1, np.float32, **H200) == "persistent (CUDA cores)"
+    assert gpu_loop(c, fwd, 64, ml_dtypes.bfloat16, **H200) == "persistent (tensor cores)"
+    assert gpu_loop(c, fwd, 64, np.float32, **H200) == "stages: B=64 rows: a persistent kernel takes at most 8 in float32"
+    assert gpu_loop(c, fwd, MMA_ROWS + 1, np.float16, **H200).startswith(f"stages: B={MMA_ROWS + 1} rows")
+    huge = load_cell("lstm", 32, 4096)
+    assert "KiB of shared memory" in gpu_loop(huge, loops(huge)[0], 64, np.float16, **H200)
