@@ -162,8 +162,8 @@ def test_ctrl_c_writes_nothing_and_says_so(tmp_path, monkeypatch, capsys, existi
     _stub(monkeypatch, "schedule_stats", run)
     path = tmp_path / "schedule_stats.json"
     if existing:
-        path.write_text("the previous results")
-    argv = ["--quick", "--out", str(tmp_path)]
+        path.write_text("the previous results")           # not rnngraph's: replaced only with --overwrite
+    argv = ["--quick", "--out", str(tmp_path), *(["--overwrite"] if existing else [])]
     assert (script_main("schedule_stats", argv) if script else main(["experiment", "schedule_stats", *argv])) == 130
     err = _one_line(capsys, "schedule_stats: interrupted; " if script else "rnngraph: interrupted; ")
     assert err.endswith(f"schedule_stats stopped after 1 of 3 configurations; nothing was written "

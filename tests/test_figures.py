@@ -14,7 +14,8 @@ import pytest
 from rnngraph.lab import figures
 from rnngraph.lab.cli import main
 from rnngraph.lab.experiments import EXPERIMENTS
-from rnngraph.lab.figures import _training_curves, build_figures, draw_figures, headline_table
+from rnngraph.lab.figures import _training_curves, build_figures, draw_figures, headline_table, training_curve_logs
+from rnngraph.lab.outputs import MANIFEST
 from rnngraph.train.logs import LOG_COLUMNS
 
 QUICK = Path(__file__).resolve().parents[1] / "experiments" / "results" / "quick"
@@ -79,7 +80,8 @@ def test_ctrl_c_says_which_figures_were_written(tmp_path, monkeypatch, capsys):
     assert main(["figures", "--results", str(QUICK), "--out", str(tmp_path)]) == 130
     assert _one_line(capsys) == (f"rnngraph: interrupted; wrote 2 files to {tmp_path} (single_stream_speedup); "
                                  "the others are unchanged")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["single_stream_speedup.pdf", "single_stream_speedup.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [MANIFEST, "single_stream_speedup.pdf",
+                                                          "single_stream_speedup.png"]
 
 
 def test_headline_table_says_what_it_shows(drawn):
@@ -112,7 +114,7 @@ def test_cli_draws_the_same_bytes_again_and_skips_an_empty_log(drawn, tmp_path, 
     for p in drawn[1]:                                              # the same results give the same bytes
         assert (out / p.name).read_bytes() == p.read_bytes(), p.name
     assert b"CreationDate (D:1970" in (out / "cuda_lanes.pdf").read_bytes()     # not "now"
-    assert not list(out.glob(".*"))                                             # no temporary file left
+    assert [p.name for p in out.glob(".*")] == [MANIFEST]                      # no temporary file left
 
 
 def _write_log(log, rows=5):
@@ -126,16 +128,16 @@ def _write_log(log, rows=5):
 
 def test_training_curves_are_drawn_when_there_are_logs(tmp_path):
     _write_log(tmp_path / "runs" / "small" / "log.csv")
-    assert list(_training_curves(tmp_path, tmp_path / "runs", tmp_path / "no_results")) == [
+    assert list(_training_curves(tmp_path, training_curve_logs(tmp_path / "runs", tmp_path / "no_results"))) == [
         tmp_path / "training_curves.png"]
     assert (tmp_path / "training_curves.png").read_bytes().startswith(PNG)
-    assert list(_training_curves(tmp_path, tmp_path / "no_runs", tmp_path / "no_results")) == []
+    assert training_curve_logs(tmp_path / "no_runs", tmp_path / "no_results") == {}
 
 
 def test_stored_training_logs_get_a_figure_each_and_empty_ones_a_note(tmp_path, capsys):
     _write_log(tmp_path / "results" / "training_gpu" / "log.csv")
     _write_log(tmp_path / "results" / "training_stopped" / "log.csv", rows=0)
-    assert list(_training_curves(tmp_path, tmp_path / "no_runs", tmp_path / "results")) == [
+    assert list(_training_curves(tmp_path, training_curve_logs(tmp_path / "no_runs", tmp_path / "results"))) == [
         tmp_path / "training_gpu.png"]
     assert (tmp_path / "training_gpu.png").read_bytes().startswith(PNG)
     assert "skipped" in _one_line(capsys) and not (tmp_path / "training_stopped.png").exists()
@@ -171,5 +173,6 @@ def test_stored_runs_in_subfolders_share_one_figure(tmp_path, monkeypatch):
     monkeypatch.setattr(curves, "draw_training_curves", draw)
     for run in ("bfloat16", "float32"):
         _write_log(tmp_path / "results" / "training_x" / run / "log.csv")
-    assert list(_training_curves(tmp_path, tmp_path / "no_runs", tmp_path / "results")) == [tmp_path / "training_x.png"]
+    assert list(_training_curves(tmp_path, training_curve_logs(tmp_path / "no_runs", tmp_path / "results"))) == [
+        tmp_path / "training_x.png"]
     assert drawn == [(["bfloat16", "float32"], ["bfloat16", "float32"])]

@@ -6,7 +6,9 @@ PyTorch's parameter names to the cell parameters stacked along rows, in PyTorch'
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
+import importlib.util
 import inspect
 import os
 import sys
@@ -260,7 +262,8 @@ CELLS: dict[str, tuple[Callable, str]] = {
 
 
 def load_cell(spec, input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
-    """A CellGraph from a built-in name, 'module:function', a cell function or a CellGraph.
+    """A CellGraph from a built-in name, 'module:function', 'path/to/file.py:function', a cell function or a
+    CellGraph.
 
     Whatever goes wrong in the user's function (an exception, a wrong signature, a result that is not a
     CellGraph) is one RnnGraphError naming the spec and, for an exception, the user's file:line.
@@ -296,12 +299,33 @@ def load_cell(spec, input_size: int, hidden_size: int, bias: bool = True) -> Cel
 def _import_from_cwd(mod: str):
     """Imports `mod` with the working directory first on sys.path for that import only (as `python -m`
     would find it there), so a user's cell module is found without leaving the folder on the path."""
-    cwd = os.getcwd()
-    sys.path.insert(0, cwd)
+    return _with_path(os.getcwd(), lambda: importlib.import_module(mod))
+
+
+def _import_file(path: str):
+    """The module in the .py file `path` (absolute, or relative to the working directory), run once per file
+    under a name made from its path, with the file's folder first on sys.path while it runs (for its own
+    imports)."""
+    full = os.path.abspath(path)
+    name = f"rnngraph_cells_{os.path.splitext(os.path.basename(full))[0]}_{hashlib.sha1(full.encode()).hexdigest()[:8]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, full))
+    sys.modules[name] = module
     try:
-        return importlib.import_module(mod)
+        _with_path(os.path.dirname(full), lambda: module.__spec__.loader.exec_module(module))
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _with_path(folder: str, load: Callable):
+    sys.path.insert(0, folder)
+    try:
+        return load()
     finally:
-        sys.path.remove(cwd)        # the first occurrence: the one inserted above
+        sys.path.remove(folder)        # the first occurrence: the one inserted above
 
 
 def _cell_function(spec) -> tuple[Callable, str]:
@@ -312,18 +336,20 @@ def _cell_function(spec) -> tuple[Callable, str]:
         return CELLS[spec][0], f"cell '{spec}'"
     if not isinstance(spec, str) or ":" not in spec:
         raise RnnGraphError(f"unknown cell {spec!r}; built-in cells: {', '.join(CELLS)}; "
-                            "or pass 'module:function'")
-    mod, _, attr = spec.partition(":")
+                            "or pass 'module:function' or 'path/to/file.py:function'")
+    mod, _, attr = spec.rpartition(":")
+    is_file = mod.endswith(".py") or os.sep in mod or bool(os.altsep and os.altsep in mod)
+    if is_file and not os.path.isfile(mod):
+        raise RnnGraphError(f"cell file '{mod}' not found (in {os.getcwd()}); give the path of a .py file, or "
+                            "module:function for a module in the working folder or on the path")
     try:
-        module = _import_from_cwd(mod)
+        module = _import_file(mod) if is_file else _import_from_cwd(mod)
     except Exception as e:  # show the user's own import error, not our frames
-        name = mod[:-3].replace("/", ".")
-        hint = f"; name the module, not its file: '{name}:{attr}'" if mod.endswith(".py") else ""
-        raise RnnGraphError(f"cannot import cell module '{mod}': {type(e).__name__}: {e}"
-                            f"{_user_line(e.__traceback__)}{hint}") from None
+        raise RnnGraphError(f"cannot import cell {'file' if is_file else 'module'} '{mod}': {type(e).__name__}: {e}"
+                            f"{_user_line(e.__traceback__)}") from None
     fn = getattr(module, attr, None)
     if fn is None:
-        raise RnnGraphError(f"module '{mod}' has no cell function '{attr}'")
+        raise RnnGraphError(f"{'file' if is_file else 'module'} '{mod}' has no cell function '{attr}'")
     if not callable(fn):
         raise RnnGraphError(f"'{spec}' is not callable (type {type(fn).__name__}); expected a cell function "
                             "fn(input_size, hidden_size, bias=True) -> CellGraph")

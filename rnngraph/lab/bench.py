@@ -29,6 +29,7 @@ from ..errors import Interrupted, RnnGraphError
 from ..plan.schedule import build_schedule
 from .bench_report import format_table, header
 from .options import LOOP_CHOICES, writable_folder
+from .outputs import check_replaceable, write_text_output
 
 IMPLS = ("naive", "staged", "graph", "cudnn", "torch_eager", "jax_scan", "rnngraph_torch", "torch_compile")
 MODES = IMPLS[:3]                                   # the rnngraph implementations
@@ -285,6 +286,8 @@ def add_arguments(p) -> None:
                    "(default: off)")
     p.add_argument("--json", metavar="FILE", help="write every measurement and machine_info() to FILE (in a "
                    "folder that exists: checked before measuring)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="let --json replace a file rnngraph did not write (its own earlier results it always may)")
     p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke test: T=8, B=2, H=16, 3 repeats")
     p.add_argument("--model", choices=("charlm",), help="time a whole model's training step instead of one layer: "
                    "charlm is Embedding, --layers layers of --cell (default lstm), a Linear head, cross-entropy, "
@@ -318,6 +321,7 @@ def run(args) -> int:
         writable_folder(Path(args.json).parent, "--json FILE", missing=0, raw=args.json)
         if Path(args.json).is_dir():
             raise RnnGraphError(f"--json {args.json} is a folder; give a file, e.g. {Path(args.json) / 'bench.json'}")
+        check_replaceable(args.json, args.overwrite)
     threads = _torch_threads(1 if args.quick else None)   # tiny ops: threads only contend (seen: 100x)
     try:
         info = machine_info()
@@ -333,8 +337,8 @@ def run(args) -> int:
         _torch_threads(threads)
     print(format_table(results))
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": info, "settings": st, "results": results},
-                                              indent=1, default=str) + "\n")
+        write_text_output(args.json, json.dumps({"machine": info, "settings": st, "results": results},
+                                                indent=1, default=str) + "\n", args.overwrite)
         print(f"rnngraph: wrote {args.json}", file=sys.stderr)
     return 1 if any("error" in r for r in results) else 0
 

@@ -1,4 +1,5 @@
-"""`rnngraph train` and `rnngraph sample`: their options, resume handling, Ctrl-C and closing summaries."""
+"""`rnngraph train` and `rnngraph sample`: their options, resume handling, Ctrl-C (and SIGTERM, SIGHUP) and
+closing summaries."""
 from __future__ import annotations
 
 import argparse
@@ -20,7 +21,7 @@ D = TrainConfig()   # the defaults, shown in --help
 def train_arguments(p: argparse.ArgumentParser) -> None:
     """`rnngraph train`. Every option defaults to None so that --resume can tell what was asked for from what was not."""
     m = p.add_argument_group("model")
-    m.add_argument("--cell", help=f"a built-in cell or module:function (default: {D.cell})")
+    m.add_argument("--cell", help=f"a built-in cell, module:function or path/to/file.py:function (default: {D.cell})")
     m.add_argument("--layers", type=positive_int, metavar="N", help=f"stacked recurrent layers (default: {D.layers})")
     m.add_argument("--hidden", type=positive_int, metavar="H", help=f"hidden features per layer (default: {D.hidden})")
     m.add_argument("--dropout", type=float, metavar="P",
@@ -60,7 +61,8 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
                         "evenly (--streams must be a multiple of N)")
     r.add_argument("--procs", type=positive_int, metavar="N",
                    help="the same with N processes on the CPU (numpy), communicating through gloo (needs torch)")
-    r.add_argument("--resume", metavar="CKPT", help="continue the run saved in CKPT exactly where it stopped")
+    r.add_argument("--resume", metavar="CKPT", help="continue the run saved in CKPT (a checkpoint, or the run "
+                   "folder holding it) exactly where it stopped")
     r.add_argument("--overwrite", action="store_true",
                    help="write into --out even if it holds the checkpoint and logs of another run, replacing them")
     r.add_argument("--progress", action=argparse.BooleanOptionalAction,
@@ -147,7 +149,8 @@ def nothing_trained(t: Trainer) -> str:
 
 def sample_arguments(p: argparse.ArgumentParser) -> None:
     """`rnngraph sample`."""
-    p.add_argument("checkpoint", metavar="CKPT", help="a checkpoint written by rnngraph train (checkpoint.npz)")
+    p.add_argument("checkpoint", metavar="CKPT", help="a checkpoint written by rnngraph train (checkpoint.npz), or "
+                   "the run folder holding it")
     p.add_argument("--prime", default="", help="text to start from (default: a newline)")
     p.add_argument("--length", type=int, default=500, metavar="N", help="characters to generate (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=0.8, metavar="T",

@@ -8,11 +8,13 @@ from __future__ import annotations
 import argparse
 import time
 from functools import partial
+from pathlib import Path
 
 from ..ir.cells import load_cell
 from ..run.backends import CHOICES as BACKEND_CHOICES
 from ..train.data import Vocab, read_text
 from ..errors import Interrupted
+from ..train.lock import hold_folder
 from ..train.runs import check_folder, new_run_id, out_folder, run_in
 from ..plan.schedule import build_schedule
 from ..train.loop import TrainConfig, train
@@ -39,14 +41,24 @@ def backend_line(backend: str) -> tuple[str, str]:
 
 def run_demo(quick: bool = False, out="rnngraph-demo", backend: str = "auto", echo=print,
              overwrite: bool = False) -> dict:
-    """Runs the demo and returns {"val_bpc", "sample", "figure", "checkpoint", "seconds"}. It replaces its own
-    earlier output in `out`, but another run's checkpoint only when overwrite is True."""
+    """Runs the demo and returns {"val_bpc", "sample", "figure", "checkpoint", "seconds"}. It holds `out` for
+    its whole life (a second run into it refuses) and replaces its own earlier output there, but another
+    run's checkpoint only when overwrite is True."""
+    out = out_folder(out)
+    hold = hold_folder(out)
+    try:
+        return _demo(quick, out, backend, echo, overwrite)
+    finally:
+        hold.release()
+
+
+def _demo(quick: bool, out: Path, backend: str, echo, overwrite: bool) -> dict:
     from ..train.sample import generate, load_model
     from .curves import draw_training_curves
 
     t0 = time.perf_counter()
     size = QUICK if quick else FULL
-    out, run_id = out_folder(out), new_run_id("demo")
+    run_id = new_run_id("demo")
     if not overwrite:
         check_folder(out, run_id)       # before any output: the demo may replace only an earlier demo
     name, line = backend_line(backend)

@@ -16,6 +16,7 @@ import numpy as np
 from . import bench
 from ..ir.cells import CELLS, load_cell
 from .options import positive_int, writable_folder
+from .outputs import check_replaceable, write_text_output
 from ..errors import Interrupted, RnnGraphError
 from ..run.executor import Executor
 from ..ir.builder import Cell
@@ -24,6 +25,7 @@ from ..plan.schedule import Gemm, Schedule, build_schedule, schedule_flops
 REPO = Path(__file__).resolve().parents[2]      # the checkout rnngraph runs from (site-packages if installed)
 RESULTS = REPO / "experiments" / "results"      # the committed results, found from any working directory
 SCRATCH = {False: Path("runs") / "experiments", True: Path("runs") / "experiments-quick"}   # default --out
+FIGURES = Path("figures")    # `rnngraph figures`' default --out for the committed results (runs/figures for others)
 QUICK_LABEL = "sample from a --quick run (tiny sizes, CPU-sized): not the evaluation's GPU results"
 ANALYSIS_LABEL = "schedule analysis: no timing, the same on any machine"
 TIMED_IMPLS = ("naive", "staged", "graph", "cudnn")
@@ -267,10 +269,12 @@ EXPERIMENTS = {
 
 
 def run_experiment(name: str, *, quick: bool = False, out=None, repeats: int | None = None,
-                   command: str | None = None, allow_cpu: bool = False) -> tuple[Path, int]:
+                   command: str | None = None, allow_cpu: bool = False, overwrite: bool = False) -> tuple[Path, int]:
     """Runs every configuration of experiment `name` and writes OUT/NAME.json (OUT: SCRATCH[quick] by
     default, never the committed RESULTS); returns (path, number of failed configurations). A full run of
-    a timed experiment needs a GPU unless allow_cpu. Example: ``run_experiment("schedule_stats", quick=True)``."""
+    a timed experiment needs a GPU unless allow_cpu; an existing OUT/NAME.json that rnngraph did not write
+    is replaced only with overwrite (outputs.py), and that is checked before anything runs.
+    Example: ``run_experiment("schedule_stats", quick=True)``."""
     from tqdm import tqdm
     exp = experiment(name)
     if exp.timed and not quick and not allow_cpu and bench.gpu_problem():
@@ -278,7 +282,7 @@ def run_experiment(name: str, *, quick: bool = False, out=None, repeats: int | N
                             "(20+ minutes on numpy): use --quick for a CPU sample, or --allow-cpu to run it anyway")
     folder = writable_folder(SCRATCH[quick] if out is None else out, "--out DIR", raw=out,
                              missing=None if out is None else 1)
-    path, tmp = folder / f"{name}.json", folder / f".{name}.json.tmp"
+    path = check_replaceable(folder / f"{name}.json", overwrite)
     opts = {"quick": quick, "repeats": repeats or (3 if quick else 10), "warmup": 1 if quick else 2}
     grid, records = exp.grid(quick), []
     try:
@@ -296,10 +300,8 @@ def run_experiment(name: str, *, quick: bool = False, out=None, repeats: int | N
         doc = {"experiment": name, "description": exp.description, "quick": quick, "label": label,
                "settings": {k: v for k, v in opts.items() if k != "quick"}, "metadata": meta, "records": records}
         folder.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        tmp.replace(path)
+        write_text_output(path, json.dumps(doc, indent=1) + "\n", overwrite)
     except KeyboardInterrupt:
-        tmp.unlink(missing_ok=True)
         raise Interrupted(f"{name} stopped after {len(records)} of {len(grid)} configurations; nothing was written "
                           f"({path} {'is unchanged' if path.exists() else 'was not created'})") from None
     return path, sum("failed" in r for r in records)
@@ -351,6 +353,9 @@ def _options(p: argparse.ArgumentParser) -> None:
                    help="timed repeats per configuration; the median is kept (default: 10; 3 with --quick)")
     p.add_argument("--allow-cpu", action="store_true",
                    help="run the full grid of a timed experiment without a GPU (on numpy: 20+ minutes)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT/NAME.json even if rnngraph did not write it (its own earlier results it always "
+                        "replaces)")
 
 
 def _command(argv: list, script: str | None = None) -> str:
@@ -363,7 +368,7 @@ def _command(argv: list, script: str | None = None) -> str:
 
 def _run(name: str, args: argparse.Namespace, command: str | None = None) -> int:
     path, failed = run_experiment(name, quick=args.quick, out=args.out, repeats=args.repeats, command=command,
-                                  allow_cpu=args.allow_cpu)
+                                  allow_cpu=args.allow_cpu, overwrite=args.overwrite)
     print(f"wrote {path}" + (f" ({failed} configurations failed: see 'failed' in its records)" if failed else ""))
     return 1 if failed else 0
 

@@ -14,7 +14,8 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 from . import style
 from .options import writable_folder
 from ..errors import Interrupted, RnnGraphError
-from .experiments import EXPERIMENTS, PARTS, REPO, RESULTS, SCRATCH, load_results
+from .experiments import EXPERIMENTS, FIGURES, PARTS, RESULTS, SCRATCH, load_results
+from .outputs import check_replaceable, write_output, write_text_output
 
 NAMES = {"lstm": "LSTM", "peephole_lstm": "peephole LSTM", "gru": "GRU", "min_gru": "minGRU",
          "mgu": "MGU", "cifg_lstm": "CIFG LSTM", "rnn_tanh": "RNN tanh", "rnn_relu": "RNN ReLU",
@@ -28,7 +29,7 @@ def run_figures(args) -> None:
     """`rnngraph figures`: every figure, each file named as it is written; Ctrl-C says which were."""
     written = []
     try:
-        for path in draw_figures(args.results, args.out, args.runs):
+        for path in draw_figures(args.results, args.out, args.runs, args.overwrite):
             written.append(path)
             print(f"wrote {path}", flush=True)
     except KeyboardInterrupt:
@@ -37,19 +38,20 @@ def run_figures(args) -> None:
                           if written else "no figure was written") from None
 
 
-def build_figures(results=None, out=None, runs="runs") -> list:
+def build_figures(results=None, out=None, runs="runs", overwrite: bool = False) -> list:
     """Draws every figure from the results in `results` (default: the committed RESULTS) into `out`
-    (default: the checkout's figures/ for the committed results, else runs/figures); returns the paths
-    written. Missing or malformed results and an unwritable `out` raise an RnnGraphError before drawing."""
-    return list(draw_figures(results, out, runs))
+    (default, in the working directory: figures/ for the committed results, else runs/figures); returns the
+    paths written. Missing or malformed results, an unwritable `out` and a file there that rnngraph did not
+    write (unless overwrite; outputs.py) raise an RnnGraphError before drawing."""
+    return list(draw_figures(results, out, runs, overwrite))
 
 
-def draw_figures(results=None, out=None, runs="runs"):
+def draw_figures(results=None, out=None, runs="runs", overwrite: bool = False):
     """build_figures, yielding each path once it is written (whole: files are written, then renamed)."""
     if results is None and not RESULTS.is_dir():
         raise RnnGraphError(f"no results found: searched {RESULTS}; point at a folder of NAME.json files with "
                             "--results DIR")
-    default_out = REPO / "figures" if results is None else SCRATCH[False].parent / "figures"
+    default_out = FIGURES if results is None else SCRATCH[False].parent / "figures"
     results = Path(RESULTS if results is None else results)
     missing = [f"{name}.json" for name in EXPERIMENTS if not (results / f"{name}.json").is_file()]
     if missing:
@@ -59,15 +61,19 @@ def draw_figures(results=None, out=None, runs="runs"):
                             f"`rnngraph experiment NAME` for each{samples}")
     docs = {name: load_results(results / f"{name}.json") for name in EXPERIMENTS}
     out = writable_folder(default_out if out is None else out, "--out DIR", missing=None if out is None else 1, raw=out)
+    curves = training_curve_logs(runs, results)
+    names = [f"{stem}.{ext}" for stem in (*DRAW, "lstm_schedule") for ext in ("png", "pdf")]
+    for name in (*names, *(f"{c}.png" for c in curves), "headline.md"):
+        check_replaceable(out / name, overwrite)                 # every file, before the first is drawn
     out.mkdir(parents=True, exist_ok=True)
     with style.context(), _reproducible():
         for name, draw in DRAW.items():
             fig = draw(docs[name])
             fig.text(0.0, 0.0, _footnote(docs[name]), ha="left", va="top", wrap=True, **style.FOOTNOTE)
-            yield from (_write(out / f"{name}.{ext}", fig.savefig) for ext in ("png", "pdf"))
-        yield from _schedule_diagram(out)
-        yield from _training_curves(out, runs, results)
-        yield _write(out / "headline.md", lambda tmp: tmp.write_text(headline_table(docs["single_stream_speedup"])))
+            yield from (write_output(out / f"{name}.{ext}", fig.savefig, overwrite) for ext in ("png", "pdf"))
+        yield from _schedule_diagram(out, overwrite)
+        yield from _training_curves(out, curves, overwrite)
+        yield write_text_output(out / "headline.md", headline_table(docs["single_stream_speedup"]), overwrite)
 
 
 @contextlib.contextmanager
@@ -82,44 +88,40 @@ def _reproducible():
             del os.environ["SOURCE_DATE_EPOCH"]
 
 
-def _write(path: Path, write) -> Path:
-    """write(tmp) to a hidden file beside `path`, then renamed to `path`: a Ctrl-C leaves no half-written file."""
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    try:
-        write(tmp)
-        tmp.replace(path)
-    except OSError as e:
-        raise RnnGraphError(f"cannot write {path}: {e.strerror or e}") from None
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
-def _schedule_diagram(out: Path):
+def _schedule_diagram(out: Path, overwrite: bool = False):
     """The LSTM's schedule, as `rnngraph schedule lstm --draw` draws it (D = 32, H = 64)."""
     from ..ir.cells import load_cell
     from ..plan.schedule import build_schedule
     from .drawing import draw_schedule
     schedule = build_schedule(load_cell("lstm", 32, 64))
     for ext in ("png", "pdf"):
-        yield _write(out / f"lstm_schedule.{ext}", lambda tmp: draw_schedule(schedule, tmp))
+        yield write_output(out / f"lstm_schedule.{ext}", lambda tmp: draw_schedule(schedule, tmp), overwrite)
 
 
-def _training_curves(out: Path, runs, results):
-    """Training curves (lab/curves.py): a figure per stored folder RESULTS/training*/ of its run's log
-    (log.csv, else log.json), or of the runs in its subfolders side by side (e.g. one run per dtype),
-    and the local runs RUNS/*/log.csv together, if there are any. A log without rows is skipped."""
-    from .curves import draw_training_curves, with_rows
+def training_curve_logs(runs, results) -> dict:
+    """The training-curve figures to draw, name -> (logs, labels or None): one per stored folder
+    RESULTS/training*/ of its run's log (log.csv, else log.json), or of the runs in its subfolders side by side
+    (e.g. one run per dtype), and 'training_curves' for the local runs RUNS/*/log.csv together, if there are
+    any. A log without rows is skipped, with a note."""
+    from .curves import with_rows
+    figures = {}
     for folder in sorted(Path(results).glob("training*/")):
         own = _run_log(folder)
         logs = with_rows([own] if own else [log for d in sorted(folder.glob("*/")) if (log := _run_log(d))])
-        labels = None if own else [log.parent.name for log in logs]
         if logs:
-            yield _write(out / f"{folder.name}.png",
-                         lambda tmp, logs=logs, labels=labels: draw_training_curves(logs, tmp, labels))
+            figures[folder.name] = (logs, None if own else [log.parent.name for log in logs])
     logs = with_rows(sorted(Path(runs).glob("*/log.csv")))
     if logs:
-        yield _write(out / "training_curves.png", lambda tmp: draw_training_curves(logs, tmp))
+        figures["training_curves"] = (logs, None)
+    return figures
+
+
+def _training_curves(out: Path, figures: dict, overwrite: bool = False):
+    """Draws training_curve_logs' figures (lab/curves.py) into `out`, yielding each path."""
+    from .curves import draw_training_curves
+    for name, (logs, labels) in figures.items():
+        yield write_output(out / f"{name}.png", lambda tmp, logs=logs, labels=labels:
+                           draw_training_curves(logs, tmp, labels), overwrite)
 
 
 def _run_log(folder: Path) -> Path | None:

@@ -3,11 +3,12 @@ them all together.
 
 Each rank is `python -m rnngraph` with the same arguments and the launcher's usual variables (RANK,
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT: what torchrun sets, so a run across machines starts the
-same processes with torchrun instead). Ranks run in their own sessions, so a Ctrl-C reaches this process
-alone, which passes it on once. A rank that stops with an error writes its one line to a fault file
-(cli.py) instead of printing it; the first rank to fail stops the others (SIGTERM, then SIGKILL), and this
-process prints one line naming that rank and its cause. Rank 0 writes checkpoints atomically, so the last
-one stays intact whatever is killed when.
+same processes with torchrun instead). Ranks run in their own sessions, so a Ctrl-C (or SIGTERM, SIGHUP)
+reaches this process alone, which passes it on once as SIGINT. A rank that stops with an error writes its
+one line to a fault file (cli.py) instead of printing it; the first rank to fail stops the others (SIGTERM,
+then SIGKILL), and this process prints one line naming that rank and its cause (none when rank 0's stdout,
+this process's, was a pipe its reader closed). Rank 0 holds the lock on the run's folder (train/lock.py) and
+writes checkpoints atomically, so the last one stays intact whatever is killed when.
 """
 from __future__ import annotations
 
@@ -63,6 +64,8 @@ def launch(n: int, argv: list, out: Path, flag: str) -> int:
     """Runs `rnngraph <argv>` as ranks 0 .. n-1 on this machine; returns 0 when all finish, else raises
     with one line (the first failing rank and its cause; Ctrl-C: what was kept, and how to continue with
     the option `flag`, e.g. '--gpus 2')."""
+    from ..train.lock import check_free
+    check_free(out)                             # rank 0 takes the lock; a run holding it now is one line here
     port, faults = _free_port(), Path(tempfile.mkdtemp(prefix="rnngraph-ranks-"))
     procs = []
     try:
@@ -82,6 +85,8 @@ def launch(n: int, argv: list, out: Path, flag: str) -> int:
         if failed is None:
             return 0
         _stop(procs, GRACE_S)
+        if any((_fault(faults, r) or {}).get("status") == 128 + signal.SIGPIPE for r in range(n)):
+            raise BrokenPipeError("the reader of rank 0's output has gone")   # cli.py's closed stdout: ours too
         raise RnnGraphError(f"rank {failed}: {_cause(procs[failed], _fault(faults, failed))}; the other ranks were "
                             f"stopped; {_kept(out)}")
     finally:

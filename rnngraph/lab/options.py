@@ -24,7 +24,8 @@ def positive_int(text: str) -> int:
 def add_cell_arguments(p: argparse.ArgumentParser) -> None:
     """CELL plus its sizes; for every subcommand that builds a cell."""
     p.add_argument("cell", metavar="CELL",
-                   help="a built-in cell (see `rnngraph cells`) or module:function returning a CellGraph")
+                   help="a built-in cell (see `rnngraph cells`), or module:function or path/to/file.py:function "
+                        "returning a CellGraph")
     p.add_argument("--input-size", type=positive_int, default=32, metavar="N",
                    help="input features D (default: %(default)s)")
     p.add_argument("--hidden-size", type=positive_int, default=64, metavar="N",

@@ -4,7 +4,8 @@ config (model, vocabulary, optimizer hyperparameters, RNG states, step), written
 The file is an ordinary zip that ``numpy.load`` opens: one ``NAME.npy`` member per array plus a
 ``config.json`` member (``unzip -p checkpoint.npz config.json`` shows it). It is written to a
 temporary file in the same folder, synced, then renamed over the old one with ``os.replace``, so an
-interrupted write never destroys the last good checkpoint.
+interrupted write never destroys the last good checkpoint; a Ctrl-C or SIGTERM during the write takes effect
+once it is done (held.py).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import RnnGraphError
+from .held import signals_held
 
 FORMAT = "rnngraph-checkpoint"
 VERSION = 2           # 2: the model config holds the cell graphs (cellio); 1: only the cell's name
@@ -42,16 +44,17 @@ def save_checkpoint(path, config: dict, arrays: dict) -> Path:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     body = json.dumps({"format": FORMAT, "version": VERSION, **config}, indent=1)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as z:
-                z.writestr(CONFIG, body)
-                for name, a in arrays.items():
-                    with z.open(f"{name}.npy", "w", force_zip64=True) as member:
-                        np.lib.format.write_array(member, np.ascontiguousarray(a), allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with signals_held():                 # a Ctrl-C or SIGTERM now takes effect once the file is in place
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as z:
+                    z.writestr(CONFIG, body)
+                    for name, a in arrays.items():
+                        with z.open(f"{name}.npy", "w", force_zip64=True) as member:
+                            np.lib.format.write_array(member, np.ascontiguousarray(a), allow_pickle=False)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
     except BaseException as e:
         if tmp.parent.is_dir():
             tmp.unlink(missing_ok=True)
@@ -62,12 +65,24 @@ def save_checkpoint(path, config: dict, arrays: dict) -> Path:
     return path
 
 
-def load_checkpoint(path) -> Checkpoint:
-    """Reads a checkpoint; a missing, truncated, corrupt or foreign file is one clear RnnGraphError."""
+def checkpoint_file(path) -> Path:
+    """The checkpoint `path` names: the file itself, or a run folder's checkpoint.npz (what `train --out` made)."""
     path = Path(path)
+    if path.is_dir():
+        if not (path / "checkpoint.npz").is_file():
+            raise RnnGraphError(f"folder {path} holds no checkpoint.npz; give a run folder that `rnngraph train` "
+                                "wrote, or a checkpoint file")
+        return path / "checkpoint.npz"
+    return path
+
+
+def load_checkpoint(path) -> Checkpoint:
+    """Reads a checkpoint (a file, or a run folder's checkpoint.npz); a missing, truncated, corrupt or foreign
+    file is one clear RnnGraphError."""
+    path = checkpoint_file(path)
     if not path.is_file():
         raise RnnGraphError(f"checkpoint {path} not found" + ("" if path.suffix == ".npz" else
-                            " (checkpoints are .npz files, e.g. runs/train/checkpoint.npz)"))
+                            " (a checkpoint is an .npz file, e.g. runs/train/checkpoint.npz, or its run folder)"))
     try:
         with zipfile.ZipFile(path) as z:
             names = z.namelist()

@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import RnnGraphError
 
 BUNDLED = "shakespeare.txt"   # rnngraph/train/corpus/; see SOURCE.md there
+BINARY_SHARE = 0.1            # a file with more control characters than this share of its start is not text
 
 
 def bundled_path() -> Path:
@@ -26,7 +27,8 @@ def bundled_path() -> Path:
 
 def read_text(path=None) -> str:
     """The UTF-8 text at `path` (the bundled text when None); a clear RnnGraphError if it is missing,
-    unreadable, empty or not UTF-8 (with an iconv command that converts it: UTF-16 and UTF-32 are recognised).
+    unreadable, empty, binary or not UTF-8 (with an iconv command that converts it: UTF-16 and UTF-32 are
+    recognised).
 
     >>> text = read_text()            # the bundled corpus, 1,588,272 characters
     """
@@ -35,21 +37,47 @@ def read_text(path=None) -> str:
         raw = path.read_bytes()
     except OSError as e:
         raise RnnGraphError(f"cannot read text file {path}: {e.strerror or e}") from None
-    wide = _wide_encoding(raw)
-    if wide:
-        raise RnnGraphError(f"text file {path} is {wide}, not UTF-8; convert it first, e.g. iconv -f {wide} -t utf-8 "
-                            f"{path} > {path.stem}-utf8.txt")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise RnnGraphError(f"text file {path} is not UTF-8: byte 0x{raw[e.start]:02x} at offset {e.start} "
-                            f"(line {line}); convert it first, e.g. iconv -f latin1 -t utf-8") from None
+    text = _decode(path, raw)
     if text.startswith("\ufeff"):
         text = text[1:]
     if not text.strip():
         raise RnnGraphError(f"text file {path} is empty; give a UTF-8 text of at least a few kilobytes")
     return text
+
+
+def _decode(path: Path, raw: bytes) -> str:
+    """raw as UTF-8 text, or one line: binary data, or the encoding it is in and how to convert it."""
+    binary = RnnGraphError(f"text file {path} is binary data, not text; give a UTF-8 text file (plain text, "
+                           "a few kilobytes at least)")
+    wide = _wide_encoding(raw)
+    if wide:
+        try:
+            looks_binary = _binary(raw.decode(wide))
+        except UnicodeDecodeError:
+            looks_binary = True
+        if looks_binary:
+            raise binary
+        raise RnnGraphError(f"text file {path} is {wide}, not UTF-8; convert it first, e.g. iconv -f {wide} -t utf-8 "
+                            f"{path} > {path.stem}-utf8.txt")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if _binary(raw.decode("latin-1")):
+            raise binary from None
+        line = raw[:e.start].count(b"\n") + 1
+        raise RnnGraphError(f"text file {path} is not UTF-8: byte 0x{raw[e.start]:02x} at offset {e.start} "
+                            f"(line {line}); convert it first, e.g. iconv -f latin1 -t utf-8") from None
+    if _binary(text):
+        raise binary
+    return text
+
+
+def _binary(text: str) -> bool:
+    """Whether more than BINARY_SHARE of the first 4,096 characters are control characters (C0 other than tab,
+    newline, carriage return and form feed, DEL, C1): what text has hardly any and binary data has plenty of."""
+    head = text[:4096]
+    controls = sum(1 for ch in head if (ch < " " and ch not in "\t\n\r\f") or "\x7f" <= ch <= "\x9f")
+    return controls > BINARY_SHARE * len(head)
 
 
 def _wide_encoding(raw: bytes) -> str | None:

@@ -6,11 +6,16 @@ previous chunk left, backpropagates through those K frames only, clips the globa
 updates. Streams restart from zero states at each epoch. Step n always reads the same chunk, draws the
 same dropout masks and uses the same learning rate, so a resumed run repeats an uninterrupted one bit
 for bit on the CPU.
+
+A loss that is not finite or beyond DIVERGED × log2(V) bits per character (V characters; log2(V) is a uniform
+guess) has diverged: at a step (before the update), at a validation, or for the weights about to be saved.
+The run stops with one line, and the last good checkpoint stays as it was.
 """
 from __future__ import annotations
 
 import math
 import time
+import weakref
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -24,13 +29,18 @@ from ..arrays import HALF_DTYPES
 from ..errors import RnnGraphError
 from ..nn.layers import CrossEntropyLoss
 from ..nn.optim import SGD, Adam, CosineLR, StepLR, clip_grad_norm
+from .held import signals_held
+from .lock import hold_folder
 from .logs import RunLog, read_log
 from .mixed import Precision
 from .ranks import CHECK_EVERY, Ranks
 from .runs import check_folder, new_run_id, out_folder
 
 VAL_STREAMS = 64   # validation reads at least this many streams (fewer calls; forward only)
-__all__ = ["Result", "TrainConfig", "Trainer", "config_for_resume", "read_log", "train"]
+# A loss beyond DIVERGED × log2(V) bits per character (V: the vocabulary; log2(V) is a uniform guess, where
+# every run starts) has diverged: the run stops with one line, its last good checkpoint kept.
+DIVERGED = 4.0
+__all__ = ["DIVERGED", "Result", "TrainConfig", "Trainer", "config_for_resume", "read_log", "train"]
 
 
 @dataclass
@@ -123,8 +133,11 @@ class Trainer:
     A resumed run runs the cell graph its checkpoint stores; with cell_given (the user named the cell
     again, `--cell`) a module:function cell is imported and must build that same graph.
 
+    The run owns its folder cfg.out from construction until run() ends (or close()): a second run into it,
+    in another process, refuses in one line naming this one (lock.py).
+
     Started by a launcher (`rnngraph train --gpus N`, torchrun), each process is one rank (ranks.py): it
-    trains its share of the streams, and rank 0 alone writes the checkpoints and logs and prints.
+    trains its share of the streams, and rank 0 alone locks and writes the checkpoints and logs and prints.
 
     Example::
 
@@ -136,6 +149,15 @@ class Trainer:
                  cell_given: bool = False, ranks: Ranks | None = None):
         check_train_config(cfg)
         self.ranks = Ranks.join(cfg.backend) if ranks is None else ranks      # before the model: its GPU
+        self.hold = hold_folder(cfg.out) if self.ranks.rank == 0 else None    # rank 0 alone writes --out
+        weakref.finalize(self, self.hold.release if self.hold else _quiet)
+        try:
+            self._build(cfg, resume, echo, overwrite, cell_given)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, cfg: TrainConfig, resume, echo, overwrite: bool, cell_given: bool) -> None:
         ckpt = load_checkpoint(resume) if resume is not None else None
         if ckpt is not None:
             _check_resumable(ckpt)
@@ -177,12 +199,16 @@ class Trainer:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save(self) -> Path:
-        """Writes the checkpoint (atomically) and the JSON log; refuses non-finite weights. Every rank calls
-        it (it gathers every stream's state and compares checksums); rank 0 writes."""
+        """Writes the checkpoint (atomically) and the JSON log; refuses non-finite weights, and weights whose
+        loss on the chunk just trained has diverged, so a diverged state never replaces the last good
+        checkpoint. Every rank calls it (it gathers every stream's state and compares checksums); rank 0 writes."""
         for name, p in self.lm.parameters().items():
             if not bool(self.lm.xp.isfinite(p).all()):
                 raise RnnGraphError(f"parameter {name} is not finite after step {self.step}; "
                                     f"{self._kept()} try a lower --lr or --clip")
+        if self.step > 0:
+            self._check_bpc(self._trained_chunk_bpc(), "the loss of the weights about to be saved",
+                            "on the chunk just trained, from zero states", "not saved")
         states = None if self.states is None else self.ranks.gather_states(self.lm.states_to_host(self.states))
         self.check_ranks()
         if self.ranks.rank > 0:                 # rank 0 writes; the step is what it holds once written
@@ -198,9 +224,10 @@ class Trainer:
                   "precision": None if self.precision is None else self.precision.state_dict()}
         weights = self.lm.state_dict() if self.precision is None else self.precision.masters     # float32 masters
         arrays = {f"model/{k}": self.lm.backend.to_numpy(v) for k, v in weights.items()}
-        save_checkpoint(self.ckpt_path, config, {**arrays, **opt_arrays, **st_arrays})
-        self.saved_step, self.saved_path = self.step, self.ckpt_path
-        self.logs.write_json(asdict(self.cfg), self.model_config, self.lm.backend.name, self.history)
+        with signals_held():                 # a Ctrl-C now comes once the step saved is the step reported
+            save_checkpoint(self.ckpt_path, config, {**arrays, **opt_arrays, **st_arrays})
+            self.saved_step, self.saved_path = self.step, self.ckpt_path
+            self.logs.write_json(asdict(self.cfg), self.model_config, self.lm.backend.name, self.history)
         return self.ckpt_path
 
     def check_ranks(self) -> None:
@@ -226,6 +253,11 @@ class Trainer:
         self.step, self.elapsed, self.history = c["step"], c["elapsed_s"], list(c["history"])
         self.schedule_steps, self.saved_step, self.saved_path = c["schedule_steps"], c["step"], ckpt.path
 
+    def close(self) -> None:
+        """Gives the run's folder back (run() does when it ends); a Trainer that is not run should be closed."""
+        if self.hold is not None:
+            self.hold.release()
+
     def _kept(self) -> str:
         if self.saved_step is None:
             return "no checkpoint was written yet;"
@@ -249,6 +281,8 @@ class Trainer:
         if not math.isfinite(loss):
             raise RnnGraphError(f"the training loss is {loss} at step {n} (epoch {self.step // chunks + 1}); "
                                 f"stopped before updating the weights; {self._kept()} try a lower --lr or --clip")
+        self._check_bpc(loss / math.log(2), "the training loss", f"at step {n} (epoch {self.step // chunks + 1})",
+                        "stopped before updating the weights")
         grads = self.ranks.average(self.lm.backward(self.ce.backward()) if self.precision is None
                                    else self.precision.backward(self.lm, self.ce.backward()))
         if self.precision is not None:       # None: float16 overflowed (on any rank), the step is skipped
@@ -275,10 +309,36 @@ class Trainer:
         return n / self.data.chunks
 
     def validate(self) -> float:
+        """Validation bpc of the current weights; a diverged one is an error (nothing is saved)."""
         t0 = time.perf_counter()
         total, count = self.ranks.sums(self.lm.loss_sums(self.val) if self.val.streams else (0.0, 0))
         self.elapsed += time.perf_counter() - t0
-        return float(total / count / math.log(2))
+        bpc = float(total / count / math.log(2))
+        self._check_bpc(bpc, "the validation loss", f"after step {self.step}", "stopped")
+        return bpc
+
+    # -- divergence -----------------------------------------------------------------------------
+    def _check_bpc(self, bpc: float, what: str, where: str, then: str) -> None:
+        """One line when `bpc` is not finite or more than DIVERGED × the uniform baseline log2(V)."""
+        baseline = max(math.log2(len(self.vocab)), 1.0)
+        if math.isfinite(bpc) and bpc <= DIVERGED * baseline:
+            return
+        raise RnnGraphError(f"{what} diverged: {bpc:.4g} bpc, more than {DIVERGED:g}× the {baseline:.2f} bpc of a "
+                            f"uniform guess over {len(self.vocab)} characters, {where}; {then}; {self._kept()} try a "
+                            "lower --lr or --clip")
+
+    def _trained_chunk_bpc(self) -> float:
+        """bpc of the current weights on the chunk the last step trained (eval mode: no dropout draws; zero
+        states, so the stream states and random generators stay as they are)."""
+        x, y = self.data.chunk((self.step - 1) % self.data.chunks)          # [K, S] each
+        self.lm.eval()
+        try:
+            with np.errstate(all="ignore"):
+                logits, _ = self.lm(x)
+                loss = self.ranks.mean(float(CrossEntropyLoss()(logits, self.lm.xp.asarray(y))))
+        finally:
+            self.lm.train()
+        return loss / math.log(2)
 
     # -- the loop -------------------------------------------------------------------------------
     @property
@@ -289,7 +349,13 @@ class Trainer:
     def run(self) -> Result:
         """Trains to the last epoch (or --max-steps), validating each epoch, checkpointing every N steps;
         prints a progress line every cfg.progress_every seconds while the bar is off; trains nothing (and
-        writes nothing) when the run is already at its stop."""
+        writes nothing) when the run is already at its stop. The run's folder is given back when it ends."""
+        try:
+            return self._run()
+        finally:
+            self.close()
+
+    def _run(self) -> Result:
         cfg, chunks, stop, start = self.cfg, self.data.chunks, self.stop, self.step
         if start >= stop:
             return self._result(0)
@@ -355,12 +421,13 @@ def train(cfg: TrainConfig, resume=None, echo=print, overwrite: bool = False) ->
 
 
 def config_for_resume(path, **overrides) -> TrainConfig:
-    """The checkpoint's TrainConfig with `overrides` (non-None values) applied; out defaults to its folder."""
+    """The checkpoint's TrainConfig with `overrides` (non-None values) applied; out defaults to its folder.
+    `path` is a checkpoint file or the run folder holding it."""
     ckpt = load_checkpoint(path)
     _check_resumable(ckpt)
     names = {f.name for f in fields(TrainConfig)}
     saved = {k: v for k, v in ckpt.config["train"].items() if k in names}
-    saved["out"] = str(Path(path).parent)
+    saved["out"] = str(ckpt.path.parent)
     saved.update({k: v for k, v in overrides.items() if v is not None})
     return TrainConfig(**saved)
 

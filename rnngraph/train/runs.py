@@ -16,9 +16,13 @@ def new_run_id(kind: str = "run") -> str:
 
 
 def out_folder(out) -> Path:
-    """--out as a Path; an empty one would write into the current directory, so it is refused."""
+    """--out as a Path; an empty one would write into the current directory, and a file is no folder: both are
+    refused in one line."""
     if not str(out).strip():
         raise RnnGraphError("--out is empty; give the folder for the checkpoint and logs, e.g. --out runs/train")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise RnnGraphError(f"--out {out} is a file, not a folder; give a folder for the checkpoint and logs, e.g. "
+                            "--out runs/train")
     return Path(out)
 
 
