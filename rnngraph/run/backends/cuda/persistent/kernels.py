@@ -135,7 +135,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
         woff, n_w = tc.woff, tc.weights
         xs = -(-tc.x_rows * tc.xld * ITEMSIZE[ctype] // itemsize)
         gs = max((-(-p.units // G) * p.m * B for g in groups for p in g if id(p) in woff), default=0)
-        xs_off, gs_off, gp_off, total = 0, xs, xs + gs, xs + gs
+        xs_off, gs_off, gp_off, total = 0, xs, xs + gs, xs + gs + THREADS // 32 * mma.SUMS
     else:
         woff, n_w, xs_off, gs_off, gp_off, total = shared_layout(groups, B, G)
     w_bytes = -(-n_w * ITEMSIZE[ctype] // 16) * 16
@@ -206,7 +206,7 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
     if woff is not None and tc is not None:
         src, x, lag = _operand(p, arg)
         load.append(mma.weights(p, woff, src, mma.padded(p.width) + 8))
-        out.append(mma.gemm(p, woff, tc, f"AT({x}, {_ld(x)}, {lag}, k)"))
+        out.append(mma.gemm(p, woff, tc, x, _ld(x), lag))
     elif woff is not None:
         load.append(_weights(p, woff, arg))
         out.append(_gemv(cell, p, woff, arg, xb))

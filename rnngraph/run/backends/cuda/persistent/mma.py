@@ -30,37 +30,46 @@ static __device__ __forceinline__ void rg_mma(float* c, unsigned a0, unsigned a1
 """
 
 GEMM = r"""
-        {{  // tensor cores: the block's nq weight rows against x's NB rows, in tiles of 16 rows x 8 weight rows
+        {{  // tensor cores: the block's nq weight rows against x's NB rows, in tiles of 16 rows x 8 weight rows;
+            // where there are fewer tiles than warps, S warps share a tile, each taking every S-th k-step
             ST* xh = (ST*)xs;
-            const int nq = nu * {m}, nt = (nq + 7) >> 3, tiles = {MT} * nt;
+            const int nq = nu * {m}, nt = (nq + 7) >> 3, tiles = {MT} * nt, S = tiles < NT / 32 ? (NT / 32) / tiles : 1;
             float acc[{TPW}][4];
             #pragma unroll
             for (int i = 0; i < {TPW}; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
             for (int k0 = 0; k0 < {KP}; k0 += {KS}) {{
                 const int kw = min({KS}, {KP} - k0);
-                for (int e = tid; e < NB * kw; e += NT) {{
-                    const int b = e / kw, kk = e - b * kw, k = k0 + kk;
-                    if (k < {K}) xh[b * {XLD} + kk] = {load}; else xh[b * {XLD} + kk] = 0.f;
-                }}
+{stage}
                 __syncthreads();
                 #pragma unroll
                 for (int i = 0; i < {TPW}; ++i) {{
-                    const int tile = warp + i * (NT / 32);
+                    const int wt = warp + i * (NT / 32), tile = wt / S, sl = wt - tile * S;
                     if (tile < tiles) {{
                         const int r = (tile / nt) * 16 + (lane >> 2), c = (lane & 3) * 2;
                         const unsigned* w = (const unsigned*)(sw + {woff} + ((tile % nt) * 8 + (lane >> 2)) * {WLD} + k0 + c);
                         const unsigned* x0 = (const unsigned*)(xh + r * {XLD} + c);
                         const unsigned* x8 = (const unsigned*)(xh + (r + 8) * {XLD} + c);
-                        for (int h = 0; h < kw / 2; h += 8)
+                        for (int h = sl * 8; h < kw / 2; h += 8 * S)
                             rg_mma(acc[i], x0[h], x8[h], x0[h + 4], x8[h + 4], w[h], w[h + 4]);
                     }}
                 }}
                 __syncthreads();
             }}
+            if (S > 1) {{        // the k-slices' partial sums, added in slice order (no atomics)
+                if (warp < tiles * S)
+                    for (int c = 0; c < 4; ++c) gp[(warp * 4 + c) * 32 + lane] = acc[0][c];
+                __syncthreads();
+                if (warp < tiles * S && warp % S == 0)
+                    for (int c = 0; c < 4; ++c) {{
+                        float v = 0.f;
+                        for (int sl = 0; sl < S; ++sl) v += gp[((warp + sl) * 4 + c) * 32 + lane];
+                        acc[0][c] = v;
+                    }}
+            }}
             #pragma unroll
             for (int i = 0; i < {TPW}; ++i) {{
-                const int tile = warp + i * (NT / 32);
-                if (tile < tiles) {{
+                const int wt = warp + i * (NT / 32), tile = wt / S, sl = wt - tile * S;
+                if (tile < tiles && sl == 0) {{
                     const int b = (tile / nt) * 16 + (lane >> 2), q = (tile % nt) * 8 + (lane & 3) * 2;
                     if (b < NB && q < nq) gs[q * NB + b] = acc[i][0];
                     if (b < NB && q + 1 < nq) gs[(q + 1) * NB + b] = acc[i][1];
@@ -70,6 +79,23 @@ GEMM = r"""
             }}
         }}
         __syncthreads();"""
+
+STAGE = r"""                for (int e = tid; e < NB * kw; e += NT) {{
+                    const int b = e / kw, kk = e - b * kw, k = k0 + kk;
+                    if (k < {K}) xh[b * {XLD} + kk] = {load}; else xh[b * {XLD} + kk] = 0.f;
+                }}"""
+
+STAGE_WIDE = r"""                if ((((unsigned long long)&{x}[0]) & 15) == 0 && {ld} % 8 == 0) {{    // 16 bytes a copy, a warp a row
+                    for (int b = warp; b < NB; b += NT / 32)
+                        for (int kk = lane * 8; kk < kw; kk += 256) {{
+                            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+                            if (k0 + kk < {K}) {{ const int k = k0 + kk; v = *(const uint4*)&{load}; }}
+                            *(uint4*)&xh[b * {XLD} + kk] = v;
+                        }}
+                }} else
+""" + STAGE
+
+SUMS = 4 * 32               # a warp's partial sums of one tile: 4 floats a lane
 
 
 def padded(K: int) -> int:
@@ -116,10 +142,13 @@ def weights(p, off: int, src: str, WLD: int) -> str:
             f"        }}\n    }}")
 
 
-def gemm(p, off: int, lay: Layout, load: str) -> str:
-    """Phase p's GEMM on tensor cores; load: x's element (b, k) as stored."""
+def gemm(p, off: int, lay: Layout, x: str, ld: str, lag: int) -> str:
+    """Phase p's GEMM on tensor cores over x (a frame array's pointer and row-stride arguments, read at `lag`)."""
+    load = f"AT({x}, {ld}, {lag}, k)"
+    fields = dict(K=p.width, XLD=lay.xld, load=load, x=x, ld=ld)
+    stage = (STAGE_WIDE if p.width % 8 == 0 else STAGE).format(**fields)
     return GEMM.format(m=p.m, MT=lay.x_rows // 16, TPW=lay.tiles_per_warp, KP=padded(p.width), KS=lay.ks[id(p)],
-                       K=p.width, XLD=lay.xld, WLD=padded(p.width) + 8, woff=off, load=load)
+                       XLD=lay.xld, WLD=padded(p.width) + 8, woff=off, stage=stage)
 
 
 def helpers(ctype: str) -> str:
