@@ -40,6 +40,7 @@ def test_fixed_arity_ops_have_one_backward_rule_per_operand():
 N = 5
 CASES = {  # name: (kind, operand shapes, attrs, torch function of the operands)
     "linear": (OpKind.LINEAR, [(N, 3), (4, 3)], (), lambda x, w: x @ w.T),
+    "head_linear": (OpKind.HEAD_LINEAR, [(N, 6), (3, 4, 2)], (3,), lambda x, w: x @ torch.block_diag(*w).T),
     "add": (OpKind.ADD, [(N, 4), (N, 4)], (), lambda a, b: a + b),
     "add_bias": (OpKind.ADD, [(N, 4), (4,)], (), lambda a, b: a + b),
     "sub": (OpKind.SUB, [(N, 4), (N, 4)], (), lambda a, b: a - b),

@@ -17,7 +17,7 @@ import networkx as nx
 from ..ir.graph import CellGraph
 from ..ir.ops import REDUCE, OpKind
 
-CROSS_FEATURE = {OpKind.LINEAR, OpKind.CONCAT, OpKind.SLICE} | REDUCE
+CROSS_FEATURE = {OpKind.LINEAR, OpKind.HEAD_LINEAR, OpKind.CONCAT, OpKind.SLICE} | REDUCE
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ class Workspace:
         blocks = [((self.P + T, B, sum(it.sizes)), it) for it in gemms]
         blocks += [((self.P + T, B, cell.op(n).size), n) for n in cell.graph
                    if cell.op(n).kind is not OpKind.PARAM and n not in {m for it in gemms for m in it.nodes}]
-        wblocks = [((sum(it.sizes), cell.op(it.operand).size), it) for it in gemms]
+        wblocks = [((sum(it.sizes), cell.op(it.operand).size // it.heads), it) for it in gemms]
         pblocks = [(cell.params[p], p) for p in cell.params]
         self.val_arena, vals = carve(arenas, "values", dtype, [s for s, _ in blocks + wblocks])
         # the weights' gradients first: at the same offsets whatever T and B (Executor.grad_source)
@@ -60,7 +60,7 @@ class Workspace:
             off = 0
             for n, w, f in zip(it.nodes, it.weights, it.sizes):
                 if w not in self.shared_weights:
-                    self.grads[w] = g[off:off + f]
+                    self.grads[w] = g[off:off + f].reshape(cell.params[w])     # head-wise: [k, f/k, K/k]
                 off += f
 
     def bind_params(self, params: dict):
@@ -134,3 +134,4 @@ def carve(arenas: Arenas, kind: str, dtype, shapes):
 def rows(a):
     """[..., F] -> [N, F], a view for the buffers a workspace hands out."""
     return a.reshape(-1, a.shape[-1])
+

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...ir.ops import KERNEL, REDUCE, OpKind
+from ...ir.ops import KERNEL, MATMUL, REDUCE, OpKind
 from .stages import stages_plan, staged_only, walk
 from .strategy import LoopStrategy
 
@@ -34,7 +34,7 @@ def blocks(cell, loop_nodes) -> str | None:
         if kind in REDUCE:
             return (f"op {n} ({kind.value}) reduces over features inside the loop, and a persistent kernel "
                     "splits features over blocks")
-        if kind in (OpKind.CONCAT, OpKind.SLICE) or kind not in KERNEL and kind is not OpKind.LINEAR:
+        if kind in (OpKind.CONCAT, OpKind.SLICE) or kind not in KERNEL and kind not in MATMUL:
             return f"op {n} ({kind.value}) in the loop has no rule a persistent kernel runs"
     return None
 

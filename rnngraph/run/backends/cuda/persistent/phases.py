@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .....plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair
+from .....plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, head_wise
 from .....plan.loops.persistent import blocks
 from ..fused import fused_backward_kernel, fused_forward_kernel
 from ..source import math_type
@@ -52,6 +52,8 @@ def problem(cell, loop) -> str | None:
             if _nodes(it) is None:
                 return f"its loop has a {type(it).__name__} item, which a persistent kernel does not run"
             nodes += _nodes(it)
+            if head_wise(it):
+                return "its loop has head-wise GEMMs, which this persistent kernel does not run"
     return blocks(cell, nodes)
 
 
