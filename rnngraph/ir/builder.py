@@ -184,6 +184,10 @@ class Cell:
     def exp(self, a, name=None): return self.apply(OpKind.EXP, a, name=name)
     def div(self, a, b, name=None): return self.apply(OpKind.DIV, a, b, name=name)
 
+    def maximum(self, a, b, name=None):
+        """max(a, b), elementwise; its gradient goes to the larger operand, on a tie to a."""
+        return self.apply(OpKind.MAXIMUM, a, b, name=name)
+
     def rsqrt(self, a, eps: float = 0.0, name=None):
         """1 / √(a + eps), elementwise."""
         return self.apply(OpKind.RSQRT, a, name=name, attrs=(float(eps),))

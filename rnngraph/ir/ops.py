@@ -32,6 +32,7 @@ class OpKind(enum.Enum):
     SOFTPLUS = "softplus"    # log(1 + eˣ)
     EXP = "exp"
     DIV = "div"              # a / b
+    MAXIMUM = "maximum"      # max(a, b) elementwise; its gradient goes to the larger, on a tie to a
     RSQRT = "rsqrt"          # 1 / √(x + ε), ε in attrs
     SUM = "sum"              # Σ_j x[:, j], broadcast back to every feature (so the size is kept)
     MEAN = "mean"            # the same divided by F: the layer norm's μ and σ², the RMS norm's mean square
@@ -49,7 +50,7 @@ class Op:
 
 
 SOURCES = {OpKind.INPUT, OpKind.PARAM}
-BINARY = {OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.DIV}
+BINARY = {OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.DIV, OpKind.MAXIMUM}
 UNARY = {OpKind.SCALE, OpKind.ONE_MINUS, OpKind.SIGMOID, OpKind.TANH, OpKind.RELU, OpKind.SOFTPLUS,
          OpKind.EXP, OpKind.RSQRT, OpKind.IDENTITY, OpKind.SLICE}
 ELEMENTWISE = BINARY | UNARY  # ops a fused kernel evaluates element by element
@@ -173,6 +174,7 @@ FORWARD = {
     OpKind.SOFTPLUS: lambda xp, out, a, attrs: _softplus(xp, out, a),
     OpKind.EXP: lambda xp, out, a, attrs: xp.exp(a, out=out),
     OpKind.DIV: lambda xp, out, a, b, attrs: xp.divide(a, b, out=out),
+    OpKind.MAXIMUM: lambda xp, out, a, b, attrs: xp.maximum(a, b, out=out),
     OpKind.RSQRT: lambda xp, out, a, attrs: _rsqrt(xp, out, a, attrs[0]),
     OpKind.SUM: lambda xp, out, a, attrs: _row_sum(xp, out, a, 1.0),
     OpKind.MEAN: lambda xp, out, a, attrs: _row_sum(xp, out, a, 1.0 / a.shape[1]),
@@ -235,6 +237,8 @@ VJP = {
     OpKind.EXP: (lambda xp, add, g, a, y, attrs: add(g * y),),
     OpKind.DIV: (lambda xp, add, g, a, b, y, attrs: add(g / b),
                  lambda xp, add, g, a, b, y, attrs: add(-g * y / b)),
+    OpKind.MAXIMUM: (lambda xp, add, g, a, b, y, attrs: add(g * (a >= b)),      # a tie: all of it to a
+                     lambda xp, add, g, a, b, y, attrs: add(g * (a < b))),
     OpKind.RSQRT: (lambda xp, add, g, a, y, attrs: add(-0.5 * g * y * y * y),),
     OpKind.SUM: (lambda xp, add, g, a, y, attrs: add(xp.broadcast_to(g.sum(axis=1, keepdims=True), g.shape)),),
     OpKind.MEAN: (lambda xp, add, g, a, y, attrs: add(xp.broadcast_to(g.mean(axis=1, keepdims=True), g.shape)),),
@@ -262,6 +266,7 @@ KERNEL = {
     OpKind.SOFTPLUS: ("log1p(exp(-fabs({0}))) + ({0} > 0 ? {0} : 0)", ("{g} / (1 + exp(-{0}))",)),
     OpKind.EXP: ("exp({0})", ("{g} * {y}",)),
     OpKind.DIV: ("{0} / {1}", ("{g} / {1}", "-{g} * {y} / {1}")),
+    OpKind.MAXIMUM: ("({0} >= {1} ? {0} : {1})", ("({0} >= {1} ? {g} : 0)", "({0} >= {1} ? 0 : {g})")),
     OpKind.RSQRT: ("rsqrt({0} + ({a0}))", ("-0.5 * {g} * {y} * {y} * {y}",)),
     OpKind.IDENTITY: ("{0}", ("{g}",)),
     OpKind.SLICE: ("{0}", ("{g}",)),  # the executor hands the kernel the sliced view
@@ -297,7 +302,7 @@ SYMBOL = {OpKind.LINEAR: "·", OpKind.HEAD_LINEAR: "·ₕ", OpKind.ADD: "+", OpK
           OpKind.SCALE: "×",
           OpKind.ONE_MINUS: "1 − x", OpKind.SIGMOID: "σ", OpKind.TANH: "tanh", OpKind.RELU: "relu",
           OpKind.SOFTPLUS: "softplus", OpKind.IDENTITY: "id", OpKind.SLICE: "[:]", OpKind.CONCAT: "concat",
-          OpKind.EXP: "exp", OpKind.DIV: "÷", OpKind.RSQRT: "1/√", OpKind.SUM: "Σ", OpKind.MEAN: "mean"}
+          OpKind.EXP: "exp", OpKind.DIV: "÷", OpKind.MAXIMUM: "max", OpKind.RSQRT: "1/√", OpKind.SUM: "Σ", OpKind.MEAN: "mean"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,6 +324,7 @@ TORCH = {
     OpKind.SOFTPLUS: lambda torch, a, attrs: torch.nn.functional.softplus(a),
     OpKind.EXP: lambda torch, a, attrs: torch.exp(a),
     OpKind.DIV: lambda torch, a, b, attrs: a / b,
+    OpKind.MAXIMUM: lambda torch, a, b, attrs: torch.where(a >= b, a, b),   # torch.maximum splits a tie's gradient
     OpKind.RSQRT: lambda torch, a, attrs: torch.rsqrt(a + attrs[0]),
     OpKind.SUM: lambda torch, a, attrs: a.sum(1, keepdim=True).expand_as(a),
     OpKind.MEAN: lambda torch, a, attrs: a.mean(1, keepdim=True).expand_as(a),
