@@ -133,3 +133,63 @@ def test_a_weight_shared_by_two_head_wise_ops():
         c.output(c.bind(h, c.sigmoid(c.linear(h, "R", H, heads=2)) * u, name="h"))
         return c.build()
     assert gradcheck(nn.Recurrent(shared, 3, 4, dtype="float64", seed=2), T=5) >= 3
+
+
+# -- the head partition the classifier finds ------------------------------------------------------
+def recurrence(update, H):
+    """A cell h = update(c, x projected to H, h@t-1)."""
+    c = Cell("form")
+    x, h = c.input("x", 4), c.state("h", H)
+    c.output(c.bind(h, update(c, c.linear(x, "W", H), h), name="h"))
+    return c.build()
+
+
+PARTITIONS = {   # update: the heads of h's recurrence
+    "one head-wise linear": (lambda c, a, h: c.tanh(a + c.linear(h, "R", 8, heads=4)), 4),
+    "4 and 2 heads": (lambda c, a, h: c.tanh(c.linear(c.tanh(a + c.linear(h, "R", 8, heads=4)), "Q", 8, heads=2)), 2),
+    "2 and 4 heads in two branches": (lambda c, a, h: c.tanh(c.linear(h, "R", 8, heads=2) + c.linear(h, "Q", 8, heads=4)
+                                                             + a), 2),
+    "2 and 4 heads, expanding": (lambda c, a, h: c.linear(c.tanh(c.linear(h, "R", 16, heads=4)), "Q", 8, heads=2) + a, 2),
+    "elementwise around the heads": (lambda c, a, h: c.sigmoid(a) * h + c.maximum(c.linear(h, "R", 8, heads=8), a), 8),
+    # each of these joins the heads
+    "2 and 3 heads": (lambda c, a, h: c.tanh(a + c.linear(c.linear(h, "R", 12, heads=2), "Q", 12, heads=3)), None),
+    "a full linear too": (lambda c, a, h: c.tanh(a + c.linear(h, "R", 8, heads=4) + c.linear(h, "U", 8)), None),
+    "a full linear after the heads": (lambda c, a, h: c.tanh(c.linear(c.linear(h, "R", 8, heads=4), "U", 8) + a), None),
+    "a slice": (lambda c, a, h: c.tanh(a + c.concat(*c.split(c.linear(h, "R", 8, heads=4), 2)[::-1])), None),
+    "a row reduction": (lambda c, a, h: c.tanh(a + c.linear(h, "R", 8, heads=4) + c.mean(h)), None),
+    "a layer norm": (lambda c, a, h: c.tanh(a + c.layer_norm(c.linear(h, "R", 8, heads=4))), None),
+    "no head-wise linear": (lambda c, a, h: c.tanh(a + c.diag(h, "u")), None),
+}
+
+
+@pytest.mark.parametrize("form", PARTITIONS)
+def test_the_heads_a_recurrence_keeps_apart(form):
+    update, heads = PARTITIONS[form]
+    sc = build_schedule(recurrence(update, 12 if form == "2 and 3 heads" else 8)).state_classes["h"]
+    assert sc.heads == heads
+    assert (f"{heads} heads, each a recurrence of its own" in sc.why) == (heads is not None)
+
+
+def test_heads_are_per_state():
+    """h's recurrence is head-wise; s (a full matrix on itself) joins its own features only; e is elementwise."""
+    c = Cell("three")
+    x, h, s, e = c.input("x", 4), c.state("h", 8), c.state("s", 8), c.state("e", 8)
+    a = c.linear(x, "W", 8)
+    c.bind(h, c.tanh(a + c.linear(h, "R", 8, heads=4) + c.linear(s, "V", 8)), name="h")     # reads s: not a cycle
+    c.bind(s, c.tanh(c.linear(s, "U", 8) + a), name="s")
+    c.output(c.bind(e, c.sigmoid(a) * e + c.tanh(a), name="e") + c.identity("h"), name="y")
+    classes = build_schedule(c.build()).state_classes
+    assert {k: (v.kind, v.heads) for k, v in classes.items()} == {
+        "h": ("general", 4), "s": ("general", None), "e": ("linear_diagonal", None)}
+
+
+def test_the_schedule_prints_and_dumps_the_heads(capsys):
+    from rnngraph.lab.cli import main
+    import json
+    assert main(["schedule", "test_heads:head_cell", "--input-size", "6", "--hidden-size", "8"]) == 0
+    assert ("    state h: general (its recurrence has head-wise linear ops only (head_linear3, head_linear5): "
+            "4 heads, each a recurrence of its own)") in capsys.readouterr().out
+    assert main(["schedule", "test_heads:head_cell", "--input-size", "6", "--hidden-size", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["state_classes"]["h"]["heads"] == 4
+    assert main(["schedule", "lstm", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["state_classes"]["h"]["heads"] is None

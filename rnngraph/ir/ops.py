@@ -302,7 +302,8 @@ SYMBOL = {OpKind.LINEAR: "·", OpKind.HEAD_LINEAR: "·ₕ", OpKind.ADD: "+", OpK
           OpKind.SCALE: "×",
           OpKind.ONE_MINUS: "1 − x", OpKind.SIGMOID: "σ", OpKind.TANH: "tanh", OpKind.RELU: "relu",
           OpKind.SOFTPLUS: "softplus", OpKind.IDENTITY: "id", OpKind.SLICE: "[:]", OpKind.CONCAT: "concat",
-          OpKind.EXP: "exp", OpKind.DIV: "÷", OpKind.MAXIMUM: "max", OpKind.RSQRT: "1/√", OpKind.SUM: "Σ", OpKind.MEAN: "mean"}
+          OpKind.EXP: "exp", OpKind.DIV: "÷", OpKind.MAXIMUM: "max", OpKind.RSQRT: "1/√", OpKind.SUM: "Σ",
+          OpKind.MEAN: "mean"}
 
 
 # ---------------------------------------------------------------------------------------------

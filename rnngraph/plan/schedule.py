@@ -115,7 +115,8 @@ class Schedule:
             "loop_strategy": self.loop_strategy,
             "loop_strategies": list(self.loop_strategies),
             "blocked_loops": dict(self.blocked_loops),
-            "state_classes": {st: {"class": c.kind, "why": c.why} for st, c in self.state_classes.items()},
+            "state_classes": {st: {"class": c.kind, "why": c.why, "heads": c.heads}
+                              for st, c in self.state_classes.items()},
             "forward_loop": dict(self.plan_lines(self.forward))["loop"],
             "backward": [{"section": name, "items": lines} for name, lines in self.plan_lines(self.backward)],
         }

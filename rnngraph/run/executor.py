@@ -307,7 +307,7 @@ class Executor:
                                lambda u, d, v, cols=slice(None): ws.add(u, d, t, v, cols), step.params)
 
     def _weight_grad(self, step, ws, t):
-        """dW_cat += Σ_frames gᵀ · operand: one GEMM over all T·B rows (head-wise: one batched GEMM a linear op)."""
+        """dW_cat += Σ_frames gᵀ · operand: one GEMM over all T·B rows (head-wise: a batched GEMM a linear op)."""
         it = step.item
         g, x, gw = ws.at(ws.cat[it][1], ALL), ws.read(it.operand, it.delay, ALL), ws.wcat[it][1]
         if it.heads == 1:

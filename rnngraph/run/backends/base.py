@@ -77,12 +77,13 @@ class ArrayBackend:
 
     def head_gemm(self, a, b, out, *, ta: bool = False, tb: bool = False, accumulate: bool = False):
         """gemm batched over heads: out[h] (+)= op(a[h]) · op(b[h]) for each head h of the leading axis, views
-        [k, ...] of rows split into heads (workspace.head_parts): out [k, N, o] = x [k, N, i] · w [k, o, i]ᵀ
-        forward, out [k, N, i] += g [k, N, o] · w [k, o, i] and out [k, o, i] += g [k, N, o]ᵀ · x [k, N, i] backward."""
+        [k, ...] of rows split into heads (head_parts): out [k, N, o] = x [k, N, i] · w [k, o, i]ᵀ forward,
+        out [k, N, i] += g [k, N, o] · w [k, o, i] and out [k, o, i] += g [k, N, o]ᵀ · x [k, N, i] backward."""
         xp = self.xp
         a, b = (a.transpose(0, 2, 1) if ta else a), (b.transpose(0, 2, 1) if tb else b)
         if is_half(out):                    # float32 products and sums, rounded once when stored
-            out[...] = xp.matmul(a.astype(xp.float32), b.astype(xp.float32)) + (out.astype(xp.float32) if accumulate else 0)
+            f32 = xp.float32
+            out[...] = xp.matmul(a.astype(f32), b.astype(f32)) + (out.astype(f32) if accumulate else 0)
         elif accumulate:
             out += xp.matmul(a, b)
         else:

@@ -94,7 +94,8 @@ class CupyBackend(ArrayBackend):
         self.chunk_frames = chunk_frames_setting(chunk_frames) if capture else 0   # graph mode: recordings of K frames
         self.graphs = Recordings(cupy, max_graphs, max_graph_bytes) if capture else None
         self._transposed: dict = {}       # id(packed per-frame W) -> (W, its transpose [K, M])
-        self._head_transposed: dict = {}  # id(packed head-wise per-frame W) -> (W, [(W_j [k, o, i], its heads' transposes [k, i, o])])
+        self._head_transposed: dict = {}  # id(packed head-wise per-frame W) -> (W, [(W_j [k, o, i], W_j's heads
+                                          # transposed [k, i, o])]), for our own kernels' d operand
         self.blas = None
         if matmul == "cublas":
             try:

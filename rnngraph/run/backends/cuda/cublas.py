@@ -80,7 +80,8 @@ class Cublas:
             h = _HALF[dt]
             self._check(self.lib.cublasGemmStridedBatchedEx(
                 self.handle, ta, tb, m, n, k, one, ptr(a), h, max(lda, 1), stride(a), ptr(b), h, max(ldb, 1), stride(b),
-                scale, ptr(c), h, max(ldc, 1), stride(c), heads, _COMPUTE_32F, _GEMM_DEFAULT), "cublasGemmStridedBatchedEx")
+                scale, ptr(c), h, max(ldc, 1), stride(c), heads, _COMPUTE_32F, _GEMM_DEFAULT),
+                "cublasGemmStridedBatchedEx")
             return
         fn = self.lib.cublasSgemmStridedBatched if dt == "float32" else self.lib.cublasDgemmStridedBatched
         self._check(fn(self.handle, ta, tb, m, n, k, ctypes.byref(self.scalars[(dt, 1.0)]),
