@@ -29,15 +29,17 @@ class Recurrent(torch.nn.Module):
     unbatched, or a PackedSequence), state0 None, a tensor [L·dirs, B, S] or a tuple in the cell's state
     order (the LSTM's (h0, c0)). mode ('staged' | 'graph' | 'naive') and loop are rnngraph's options for
     CUDA tensors; CPU tensors run the staged (or naive) schedule on numpy. Dropout masks come from the
-    layer's own generator (seed), not torch's."""
+    layer's own generator (seed), not torch's. Other keywords are the cell function's own options, e.g.
+    ``Recurrent("slstm", 16, 32, heads=4)``."""
 
     def __init__(self, cell, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, *,
-                 mode: str = "staged", loop: str = "auto", seed: int = 0, device=None, dtype=None):
+                 mode: str = "staged", loop: str = "auto", seed: int = 0, device=None, dtype=None, **cell_options):
         super().__init__()
         self._spec = (cell, input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional)
+        self._cell_options = cell_options
         template = Engine(*self._spec, backend="numpy", dtype="float64", loop=loop,
-                          mode="naive" if mode == "naive" else "staged")     # checks everything once, here
+                          mode="naive" if mode == "naive" else "staged", **cell_options)   # checks everything once
         self.input_size, self.hidden_size, self.num_layers = int(input_size), int(hidden_size), int(num_layers)
         self.bias, self.batch_first, self.dropout = bool(bias), bool(batch_first), float(dropout)
         self.bidirectional = bool(bidirectional)
@@ -79,7 +81,7 @@ class Recurrent(torch.nn.Module):
                            ("bidirectional", False), ("mode", "staged"), ("loop", "auto")):
             if getattr(self, k) != default:
                 s += f", {k}={getattr(self, k)!r}"
-        return s
+        return s + "".join(f", {k}={v!r}" for k, v in self._cell_options.items())
 
     # -- the call ---------------------------------------------------------------------------------
     @torch.compiler.disable      # torch.compile cannot trace rnngraph's kernels: one clean graph break here
@@ -137,7 +139,7 @@ class Recurrent(torch.nn.Module):
             mode = self.mode if gpu or self.mode == "naive" else "staged"
             with on_stream(x.device):       # its buffers on x's device
                 engine = Engine(*self._spec, backend="cupy" if gpu else "numpy", dtype=DTYPES[x.dtype], mode=mode,
-                                loop=self.loop, seed=self.seed)
+                                loop=self.loop, seed=self.seed, **self._cell_options)
             engine.torch_serial, engine.torch_params = 0, None
             self._engines[key] = engine
         bind(engine, params)          # device and dtype: checked above
