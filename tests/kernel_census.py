@@ -17,7 +17,7 @@ from rnngraph.plan.loops import ElementwiseLoop, PersistentLoop, ScanLoop
 from rnngraph.run.backends.cuda.elementwise import elementwise_kernel, elementwise_nodes
 from rnngraph.run.backends.cuda.fused import fusable, fused_backward_kernel, fused_forward_kernel
 from rnngraph.run.backends.cuda.matmul import matmul_source
-from rnngraph.run.backends.cuda.pair import gemv_fused_kernel
+from rnngraph.run.backends.cuda.pair import pair_kernel
 from rnngraph.run.backends.cuda.param_grad import param_grad_kernel
 from rnngraph.run.backends.cuda.persistent.kernels import ZERO_SOURCE, persistent_kernel
 from rnngraph.run.backends.cuda.persistent.phases import phases, problem
@@ -64,8 +64,7 @@ def _sources(name: str, cell, sched, ctype: str):
         elif isinstance(it, Pair):
             spec = _fused(cell, it.fused, "fwd")
             if spec and not row_group(cell, it.fused.nodes):
-                offsets = [sum(it.gemm.sizes[:j]) for j in range(len(it.gemm.nodes))]
-                yield f"pair {it.gemm.nodes}", gemv_fused_kernel(spec, list(it.gemm.nodes), offsets, ctype)[1]
+                yield f"pair {it.gemm.nodes}", pair_kernel(spec, it.gemm, ctype)[1]
         elif isinstance(it, ParamSum):
             for n, slot in it.terms:
                 yield f"param grad {n}.{slot}", param_grad_kernel(cell, n, slot, ctype)[1]

@@ -16,7 +16,7 @@ from ....plan.loops import STRATEGIES
 from ..base import ArrayBackend, head_parts
 from .fused import fusable, fused_backward_kernel, fused_forward_kernel
 from .matmul import GEMV_ROWS, matmul_source
-from .pair import GEMV_FUSED_ROWS, PAIR_MAX_BYTES, gemv_fused_kernel
+from .pair import GEMV_FUSED_ROWS, PAIR_MAX_BYTES, pair_kernel
 from .param_grad import param_grad_kernel
 from .recordings import Recordings, chunk_frames_setting
 from .rows import row_backward_kernel, row_forward_kernel, row_group
@@ -225,9 +225,7 @@ class CupyBackend(ArrayBackend):
                 not fusable(cell, fused.nodes):
             return None
         spec = _spec(cell, fused, "fwd")
-        offsets = [sum(gemm.sizes[:j]) for j in range(len(gemm.nodes))]
-        head = gemm.sizes[0] // gemm.heads if gemm.heads > 1 else 0
-        kernel = self.raw(*gemv_fused_kernel(spec, list(gemm.nodes), offsets, CTYPES[str(out.dtype)], head))
+        kernel = self.raw(*pair_kernel(spec, gemm, CTYPES[str(out.dtype)]))
         return ((kernel, (out.shape[1] // len(gemm.nodes),), (128,),
                  self._pair_args(x, w, out, spec, _fused_arrays(spec, env))),)
 

@@ -45,6 +45,14 @@ extern "C" __global__ void {name}(const {S}* __restrict__ gA, long long glda, co
 """
 
 
+def pair_kernel(spec: KernelSpec, gemm, ctype: str):
+    """gemv_fused_kernel of a Pair's GEMM item `gemm` (its merged linear ops, their offsets, their heads) and the
+    fused group's spec."""
+    offsets = [sum(gemm.sizes[:j]) for j in range(len(gemm.nodes))]
+    head = gemm.sizes[0] // gemm.heads if gemm.heads > 1 else 0
+    return gemv_fused_kernel(spec, list(gemm.nodes), offsets, ctype, head)
+
+
 def gemv_fused_kernel(spec: KernelSpec, gemm_nodes, offsets, ctype: str, head: int = 0):
     """(name, source) of one frame's merged GEMM (rows ≤ 8) and the fused group that reads it, as one
     kernel. gemm_nodes/offsets: the merged linear ops and their column offsets in the GEMM output. head: the
