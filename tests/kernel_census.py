@@ -20,7 +20,7 @@ from rnngraph.run.backends.cuda.matmul import matmul_source
 from rnngraph.run.backends.cuda.pair import pair_kernel
 from rnngraph.run.backends.cuda.param_grad import param_grad_kernel
 from rnngraph.run.backends.cuda.persistent.kernels import ZERO_SOURCE, persistent_kernel
-from rnngraph.run.backends.cuda.persistent.phases import phases, problem
+from rnngraph.run.backends.cuda.persistent.phases import block_counts, problem
 from rnngraph.run.backends.cuda.rows import row_backward_kernel, row_forward_kernel, row_group
 from rnngraph.run.backends.cuda.scan import scan_source
 from rnngraph.run.backends.cuda.source import CTYPES
@@ -74,9 +74,10 @@ def _sources(name: str, cell, sched, ctype: str):
             if made:
                 yield f"elementwise {'bwd' if it.reverse else 'fwd'}", made[1]
         elif isinstance(it, PersistentLoop) and problem(cell, it) is None:
-            G = min(BLOCKS, max(p.units for g in phases(cell, it) for p in g))
-            for B in ROWS:
-                yield f"persistent {'bwd' if it.reverse else 'fwd'} B={B}", persistent_kernel(cell, it, ctype, B, G).source
+            for k, G in enumerate(block_counts(cell, it, BLOCKS)):     # per head first, where head-wise
+                for B in ROWS:
+                    yield (f"persistent {'bwd' if it.reverse else 'fwd'} B={B}{f' G={G}' if k else ''}",
+                           persistent_kernel(cell, it, ctype, B, G).source)
         elif isinstance(it, ScanLoop):
             yield f"scan {'bwd' if it.reverse else 'fwd'}", scan_source("bwd" if it.reverse else "fwd", ctype)[0]
 
