@@ -340,12 +340,30 @@ def load_cell(spec, input_size: int, hidden_size: int, bias: bool = True, **opti
     return cell
 
 
-def _check_options(sig, options: dict, what: str):
-    """Raises naming the options a cell function's signature does not take, and those it does."""
+def cell_options(spec) -> tuple | None:
+    """The options (keywords) the cell function `spec` names takes beyond (input_size, hidden_size, bias), e.g.
+    ('heads',) for 'slstm'; () for a CellGraph; None where it takes any (**kw) or shows no signature."""
+    if isinstance(spec, CellGraph):
+        return ()
+    try:
+        return _taken(inspect.signature(_cell_function(spec)[0]))
+    except ValueError:
+        return None
+
+
+def _taken(sig) -> tuple | None:
+    """The keywords after (input_size, hidden_size) and bias in a cell function's signature; None for **kw."""
     params = list(sig.parameters.values())
     if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return tuple(p.name for p in params[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "bias")
+
+
+def _check_options(sig, options: dict, what: str):
+    """Raises naming the options a cell function's signature does not take, and those it does."""
+    takes = _taken(sig)
+    if takes is None:
         return
-    takes = [p.name for p in params[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "bias"]
     unknown = sorted(set(options) - set(takes))
     if unknown:
         raise RnnGraphError(f"{what} takes no option {', '.join(map(repr, unknown))}; its options: "

@@ -12,7 +12,10 @@ reads what it wrote itself since the last one, and in a forward of GEMM phases o
 float32 (float32 or half storage), where each x value travels with its frame's tag in one 64-bit word
 (a half value as stored, rounded) and the staging spins on the words it needs: LSTM's forward then
 needs no barrier, its backward one a frame (before the dgemm). Weights sit in shared memory in their
-storage type (half: twice float32's rows); x rows and sums in the math type.
+storage type (half: twice float32's rows); x rows and sums in the math type. Where every block owns whole
+heads (phases.per_head: head-wise GEMMs, G dividing their heads) it reads only what it wrote itself, so the
+source (HEAD_SOURCE) has no grid barrier and no tagged word, and the launch is an ordinary one; the
+head-wise GEMV is heads.py's.
 
 Arrays are addressed by frame as in ../scan.py: element (t, b, f) of a node's [P+T, B, F]
 buffer (row stride ld; a vector parameter has ld = 0) is p[((P + t - delay)·B + b)·ld + f].
