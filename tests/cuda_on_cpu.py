@@ -1,6 +1,7 @@
-"""A generated persistent kernel (float32 or float64) run on the CPU: its CUDA source compiled as C++ by the
-system's g++, each CUDA thread a std::thread, __syncthreads a std::barrier of the block, a warp shuffle an
-exchange through memory between barriers of the warp, the grid barrier a shared atomic counter. A test
+"""A generated persistent kernel run on the CPU: its CUDA source compiled as C++ by the system's g++, each CUDA
+thread a std::thread, __syncthreads a std::barrier of the block, a warp shuffle an exchange through memory
+between barriers of the warp, the grid barrier a shared atomic counter, float16 through _Float16 (bfloat16 as
+the GPU's own bit arithmetic). A test
 backend (Emulated) runs the persistent loops this way on the numpy workspace and everything else as numpy
 does, so a kernel's indexing, arguments and synchronisation are checked against the reference without a GPU.
 
@@ -123,11 +124,12 @@ extern "C" void rg_launch(void** ptrs, long long* lds, int T, int P, int rg_nblo
 
 
 def cpp_source(k) -> str:
-    """The kernel's source as C++ for the emulator, with a launcher rg_launch(ptrs, lds, T, P, blocks, threads, smem, in_turn)."""
+    """The kernel's source as C++ for the emulator, with a launcher
+    rg_launch(ptrs, lds, T, P, blocks, threads, smem, in_turn)."""
     src = k.source.replace(SYNC.replace("{{", "{").replace("}}", "}"), "")      # the grid barrier: PRELUDE's
     src = src.replace("extern __shared__ __align__(16) unsigned char smem_raw[];", "unsigned char* smem_raw = rg_smem;")
     src = src.replace('extern "C" __global__ void', "static void")
-    call, ld = [], 0
+    call = []
     for j, (kind, _) in enumerate(k.args):
         call.append(f"({'unsigned long long' if kind == 'xb' else 'ST'}*)ptrs[{j + 1}]")
         if kind not in ("w", "xb"):

@@ -11,7 +11,7 @@ from rnngraph import Cell, build_schedule, load_cell
 from rnngraph.arrays import float_dtype
 from rnngraph.run.backends import get_backend
 from rnngraph.run.backends.cuda.persistent.kernels import persistent_kernel
-from rnngraph.run.backends.cuda.persistent.phases import block_counts, phases, problem
+from rnngraph.run.backends.cuda.persistent.phases import block_counts, problem
 from rnngraph.run.backends.cuda.source import CTYPES
 from rnngraph.run.executor import Executor
 from test_loops import run_executor

@@ -34,7 +34,8 @@ IMPLS = ("naive", "staged", "graph", "cudnn", "torch_eager", "jax_scan", "rnngra
          "flashrnn_cuda")
 MODES = IMPLS[:3]                                   # the rnngraph implementations
 DTYPES = ("float32", "float64", "bfloat16", "float16")
-DEFAULT_IMPLS = IMPLS[:5]       # jax_scan (linear-diagonal cells only), rnngraph_torch, torch_compile, flashrnn when asked for
+DEFAULT_IMPLS = IMPLS[:5]       # jax_scan (linear-diagonal cells only), rnngraph_torch, torch_compile, flashrnn(_cuda):
+                                # when asked for
 DEFAULT_CELLS = ("lstm", "peephole_lstm", "layernorm_lstm", "min_gru", "mgu")
 QUICK = {"T": [8], "B": [2], "H": [16], "repeats": 3, "warmup": 1}
 _TF32 = {"on": False}
