@@ -193,3 +193,25 @@ def test_the_schedule_prints_and_dumps_the_heads(capsys):
     assert json.loads(capsys.readouterr().out)["state_classes"]["h"]["heads"] == 4
     assert main(["schedule", "lstm", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["state_classes"]["h"]["heads"] is None
+
+
+# -- the GPU's kernels of the frame-by-frame loop ------------------------------------------------------
+@pytest.mark.parametrize("cell", ["slstm", "mh_lstm"])
+def test_the_head_wise_gemv_and_fused_kernel_reads_each_features_head(cell):
+    """The Pair of the recurrent products and the gates: feature f reads W's row f (K/k entries) and x's columns
+    of its head f / (H/k); the same source for full matrices reads all of x. Compiled by NVRTC in every type."""
+    from nvrtc import nvrtc_compile
+    from rnngraph import load_cell
+    from rnngraph.plan.items import Pair
+    from rnngraph.run.backends.cuda.fused import fused_forward_kernel
+    from rnngraph.run.backends.cuda.pair import pair_kernel
+    from rnngraph.run.backends.cuda.source import CTYPES
+    for heads in (4, 1):
+        c = load_cell(cell, 8, 16, heads=heads)
+        (pair,) = build_schedule(c, loop="stages").forward[1].items[0].stages[0].items
+        assert isinstance(pair, Pair) and pair.gemm.heads == heads
+        spec = fused_forward_kernel(c, pair.fused.nodes)
+        for ctype in CTYPES.values():
+            name, src = pair_kernel(spec, pair.gemm, ctype)
+            assert ("const int ha = (f / 4) * gK;" in src and "gA[b * glda + ha + k]" in src) == (heads == 4)
+            nvrtc_compile(src, name)

@@ -206,7 +206,7 @@ class Executor:
         return ws.memo[key]
 
     def _head_parts(self, it, key, ws, merged, packed, operand) -> list:
-        """workspace.head_parts of head-wise Gemm `it` on these views, built once per key (a step and frame)."""
+        """base.head_parts of head-wise Gemm `it` on these views, built once per key (a step and frame)."""
         if (key, "heads") not in ws.memo:
             ws.memo[key, "heads"] = head_parts(it, merged, packed, operand)
         return ws.memo[key, "heads"]

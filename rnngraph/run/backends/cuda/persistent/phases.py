@@ -65,7 +65,7 @@ def problem(cell, loop) -> str | None:
             if _nodes(it) is None:
                 return f"its loop has a {type(it).__name__} item, which a persistent kernel does not run"
             nodes += _nodes(it)
-            gemms += [g for g in (getattr(it, "gemm", None), getattr(it, "item", None), it) if isinstance(g, Gemm)][:1]
+            gemms += [g for g in (_gemm(it),) if g is not None]
     if len({g.heads > 1 for g in gemms}) > 1:
         return "its loop has head-wise and full GEMMs, and a persistent kernel runs one kind"
     unequal = next((g for g in gemms if g.heads > 1 and len(set(g.sizes)) > 1), None)
@@ -73,6 +73,12 @@ def problem(cell, loop) -> str | None:
         return (f"its head-wise GEMM {', '.join(unequal.nodes)} merges linear ops of sizes {list(unequal.sizes)}, "
                 "and a persistent kernel runs those of one size")
     return blocks(cell, nodes)
+
+
+def _gemm(it):
+    """The Gemm a loop item runs (a Pair's, a GemmGrad's, itself), or None."""
+    return it.gemm if isinstance(it, Pair) else it.item if isinstance(it, GemmGrad) else it if isinstance(it, Gemm) \
+        else None
 
 
 def _nodes(it):
