@@ -234,5 +234,7 @@ def test_the_recurrent_products_are_one_batched_gemm_a_frame_and_each_head_its_o
     (gemm,) = s.loop[0]
     assert (gemm.operand, gemm.delay, gemm.weights, gemm.heads) == ("h", 1, weights, HEADS)
     assert {c.heads for c in s.state_classes.values()} == {HEADS}
+    assert "    runs all stages as one kernel a direction on the GPU, each block owning whole heads of the 4 " in str(s)
     full = build_schedule(load_cell(cell, D, H, heads=1))
     assert full.loop[0][0].heads == 1 and {c.heads for c in full.state_classes.values()} == {None}
+    assert "    runs all stages as one cooperative kernel a direction on the GPU" in str(full)

@@ -135,7 +135,8 @@ class Schedule:
         strategy = STRATEGIES[self.loop_strategy]
         out += [f"    runs {line}" for line in s["forward_loop"]       # what differs from the stages listed
                 if strategy.describe or ": pair" in line or not line.startswith("stage")]
-        out += [f"    {strategy.note}"] if strategy.note else []
+        note = strategy.note(self) if callable(strategy.note) else strategy.note
+        out += [f"    {note}"] if note else []
         out.append(f"  post (once over all frames): {len(self.post)} kernels")
         out += [f"    {describe(it, cell)}" for it in self.post]
         out.append("  backward:")
