@@ -17,10 +17,11 @@ from rnngraph.plan.loops import ElementwiseLoop, PersistentLoop, ScanLoop
 from rnngraph.run.backends.cuda.elementwise import elementwise_kernel, elementwise_nodes
 from rnngraph.run.backends.cuda.fused import fusable, fused_backward_kernel, fused_forward_kernel
 from rnngraph.run.backends.cuda.matmul import matmul_source
-from rnngraph.run.backends.cuda.pair import gemv_fused_kernel
+from rnngraph.run.backends.cuda.pair import pair_kernel
 from rnngraph.run.backends.cuda.param_grad import param_grad_kernel
 from rnngraph.run.backends.cuda.persistent.kernels import ZERO_SOURCE, persistent_kernel
-from rnngraph.run.backends.cuda.persistent.phases import phases, problem
+from rnngraph.run.backends.cuda.persistent.phases import block_counts, problem
+from rnngraph.run.backends.cuda.persistent.runner import max_rows
 from rnngraph.run.backends.cuda.rows import row_backward_kernel, row_forward_kernel, row_group
 from rnngraph.run.backends.cuda.scan import scan_source
 from rnngraph.run.backends.cuda.source import CTYPES
@@ -29,6 +30,7 @@ STORED = Path(__file__).with_name("kernel_sources.json")
 SIZES = (8, 64)             # input size, hidden size of every cell in the census
 ROWS = (1, 3, 8)            # B of the persistent kernels; half storage also on tensor cores:
 MMA_ROWS = (64,)
+HALF = {"rg_bf16": "bfloat16", "rg_f16": "float16"}
 BLOCKS = 132                # SMs of the H200: the persistent kernels' block count at most
 
 
@@ -65,8 +67,7 @@ def _sources(name: str, cell, sched, ctype: str):
         elif isinstance(it, Pair):
             spec = _fused(cell, it.fused, "fwd")
             if spec and not row_group(cell, it.fused.nodes):
-                offsets = [sum(it.gemm.sizes[:j]) for j in range(len(it.gemm.nodes))]
-                yield f"pair {it.gemm.nodes}", gemv_fused_kernel(spec, list(it.gemm.nodes), offsets, ctype)[1]
+                yield f"pair {it.gemm.nodes}", pair_kernel(spec, it.gemm, ctype)[1]
         elif isinstance(it, ParamSum):
             for n, slot in it.terms:
                 yield f"param grad {n}.{slot}", param_grad_kernel(cell, n, slot, ctype)[1]
@@ -76,9 +77,11 @@ def _sources(name: str, cell, sched, ctype: str):
             if made:
                 yield f"elementwise {'bwd' if it.reverse else 'fwd'}", made[1]
         elif isinstance(it, PersistentLoop) and problem(cell, it) is None:
-            G = min(BLOCKS, max(p.units for g in phases(cell, it) for p in g))
-            for B in ROWS + (MMA_ROWS if ctype.startswith('rg_') else ()):
-                yield f"persistent {'bwd' if it.reverse else 'fwd'} B={B}", persistent_kernel(cell, it, ctype, B, G).source
+            more = MMA_ROWS if max_rows(cell, it, HALF.get(ctype, "float32")) > ROWS[-1] else ()   # tensor cores
+            for k, G in enumerate(block_counts(cell, it, BLOCKS)):     # per head first, where head-wise
+                for B in ROWS + more:
+                    yield (f"persistent {'bwd' if it.reverse else 'fwd'} B={B}{f' G={G}' if k else ''}",
+                           persistent_kernel(cell, it, ctype, B, G).source)
         elif isinstance(it, ScanLoop):
             yield f"scan {'bwd' if it.reverse else 'fwd'}", scan_source("bwd" if it.reverse else "fwd", ctype)[0]
 

@@ -24,6 +24,8 @@ EXPECTED = {
     "qrnn": ({"c": "linear_diagonal"}, ("scan", "elementwise", "stages")),
     "indrnn": ({"h": "elementwise"}, ("elementwise", "stages")),
     "sru": ({"c": "elementwise"}, ("elementwise", "stages")),
+    "slstm": ({"h": "general", "c": "general", "n": "general", "m": "general"}, ("persistent", "stages")),
+    "mh_lstm": ({"h": "general", "c": "general"}, ("persistent", "stages")),
 }
 
 

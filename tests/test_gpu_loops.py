@@ -23,6 +23,10 @@ def pair(cell, loop, size, hidden, dtype, mode, **options):
     return ref, gpu
 
 
+# states a random initial state must keep positive: sLSTM's normaliser (h = o·c / n; from zeros it stays ≥ i' > 0)
+POSITIVE_STATES = {("slstm", "n")}
+
+
 def calls(layer, xs, lengths, xp, dtype):
     """Every array of a run over the chunks xs with the state(s) carried across calls, as float64 numpy:
     outputs, finals, gradients of inputs, initial states and parameters under fixed random gradients."""
@@ -33,6 +37,9 @@ def calls(layer, xs, lengths, xp, dtype):
     flat = lambda a: [x for v in a for x in flat(v)] if isinstance(a, tuple) else [a]
     y, fin = layer(conv(xs[0]))
     state, out = draw(fin), []
+    if isinstance(state, tuple):
+        state = tuple(np.abs(a) + 0.5 if (layer.cell.name, s) in POSITIVE_STATES else a
+                      for s, a in zip(layer.state_names, state))
     for x in xs:
         y, fin = layer(conv(x), conv(state), None if lengths is None else conv(lengths).astype("int64"))
         gx, g0, grads = layer.backward(conv(rng.standard_normal(y.shape)), conv(draw(fin)))

@@ -96,6 +96,8 @@ BODIES = {
     "exp": lambda c, a, r, h, H: c.tanh(a + r) * c.exp(c.tanh(r)),
     "div": lambda c, a, r, h, H: c.tanh(a) / c.exp(c.tanh(r)),
     "rsqrt": lambda c, a, r, h, H: c.tanh(a) * c.rsqrt(r * r, 1.0),
+    "maximum": lambda c, a, r, h, H: c.tanh(c.maximum(a, r) + c.maximum(h, c.diag(h, "u"))),
+    "head_linear": lambda c, a, r, h, H: c.tanh(a + c.linear(h, "R", H, heads=2)),
     "sum": lambda c, a, r, h, H: c.tanh(a + c.sum(r) * 0.3),
     "mean": lambda c, a, r, h, H: c.tanh(a + c.mean(r * r)),
     "layer_norm": lambda c, a, r, h, H: c.tanh(c.layer_norm(a + r, "g", "beta")),

@@ -40,6 +40,7 @@ def test_fixed_arity_ops_have_one_backward_rule_per_operand():
 N = 5
 CASES = {  # name: (kind, operand shapes, attrs, torch function of the operands)
     "linear": (OpKind.LINEAR, [(N, 3), (4, 3)], (), lambda x, w: x @ w.T),
+    "head_linear": (OpKind.HEAD_LINEAR, [(N, 6), (3, 4, 2)], (3,), lambda x, w: x @ torch.block_diag(*w).T),
     "add": (OpKind.ADD, [(N, 4), (N, 4)], (), lambda a, b: a + b),
     "add_bias": (OpKind.ADD, [(N, 4), (4,)], (), lambda a, b: a + b),
     "sub": (OpKind.SUB, [(N, 4), (N, 4)], (), lambda a, b: a - b),
@@ -57,6 +58,8 @@ CASES = {  # name: (kind, operand shapes, attrs, torch function of the operands)
     "exp": (OpKind.EXP, [(N, 4)], (), lambda a: torch.exp(a)),
     "div": (OpKind.DIV, [(N, 4), (N, 4)], (), lambda a, b: a / b),
     "div_vector": (OpKind.DIV, [(N, 4), (4,)], (), lambda a, b: a / b),
+    "maximum": (OpKind.MAXIMUM, [(N, 4), (N, 4)], (), lambda a, b: torch.maximum(a, b)),
+    "maximum_vector": (OpKind.MAXIMUM, [(N, 4), (4,)], (), lambda a, b: torch.maximum(a, b)),
     "rsqrt": (OpKind.RSQRT, [(N, 4)], (10.0,), lambda a: torch.rsqrt(a + 10.0)),     # ε keeps a + ε > 0
     "sum": (OpKind.SUM, [(N, 4)], (), lambda a: a.sum(1, keepdim=True).expand(-1, 4)),
     "mean": (OpKind.MEAN, [(N, 7)], (), lambda a: a.mean(1, keepdim=True).expand(-1, 7)),
@@ -163,3 +166,34 @@ def test_softplus_cell_in_the_benchmarks_torch_graph_loop():
     from rnngraph.lab.references import GraphLoop
     from test_bench import assert_same_cell        # values, finals and input gradients vs the naive run
     assert_same_cell(GraphLoop, softplus_cell(5, 6))
+
+
+# -- maximum: the gradient of a tie goes to the first operand, on every path --------------------
+def test_maximum_gives_a_tie_to_its_first_operand():
+    a, b, g = np.array([[1.0, 2.0, 3.0]]), np.array([[1.0, 5.0, -1.0]]), np.array([[10.0, 20.0, 30.0]])
+    y = np.empty((1, 3))
+    ops.FORWARD[OpKind.MAXIMUM](np, y, a, b, ())
+    grads = [np.zeros((1, 3)), np.zeros((1, 3))]
+    for slot in (0, 1):
+        ops.VJP[OpKind.MAXIMUM][slot](np, lambda v, cols=ops.ALL: ops.accumulate(grads[slot][..., cols], v),
+                                      g, a, b, y, ())
+    np.testing.assert_array_equal(y, [[1.0, 5.0, 3.0]])
+    np.testing.assert_array_equal(grads[0], [[10.0, 0.0, 30.0]])
+    np.testing.assert_array_equal(grads[1], [[0.0, 20.0, 0.0]])
+    if torch is not None:                   # the torch rule too (torch.maximum would split the tie)
+        ta, tb = (torch.tensor(v, requires_grad=True) for v in (a, b))
+        ops.TORCH[OpKind.MAXIMUM](torch, ta, tb, ()).backward(torch.tensor(g))
+        np.testing.assert_array_equal(ta.grad.numpy(), grads[0])
+        np.testing.assert_array_equal(tb.grad.numpy(), grads[1])
+
+
+def test_maximum_kernel_source_gives_the_tie_to_the_first_operand():
+    c = Cell("max_cell")
+    x, h = c.input("x", 3), c.state("h", 4)
+    m = c.maximum(c.linear(x, "W", 4), h, name="m")
+    c.output(c.bind(h, c.tanh(m), name="h"))
+    cell = c.build()
+    (group,) = [it for it in build_schedule(cell).items if "m" in it.nodes]
+    _, fwd = fused_forward_kernel(cell, group.nodes).source("float")
+    _, bwd = fused_backward_kernel(cell, group.nodes, set(cell.params)).source("float")
+    assert "? x0 : x1" in fwd and "(x0 >= x1 ? d0 : 0)" in bwd and "(x0 >= x1 ? 0 : d0)" in bwd

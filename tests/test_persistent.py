@@ -23,7 +23,8 @@ def loops(cell):
 
 
 def test_cells_with_a_gemm_on_a_state_admit_persistent():
-    assert set(GEMM_CORES) == {"lstm", "gru", "rnn_tanh", "rnn_relu", "peephole_lstm", "cifg_lstm", "mgu"}
+    assert set(GEMM_CORES) == {"lstm", "gru", "rnn_tanh", "rnn_relu", "peephole_lstm", "cifg_lstm", "mgu", "slstm",
+                               "mh_lstm"}
 
 
 def test_source_is_deterministic_and_named_by_its_text():

@@ -32,6 +32,9 @@ EXPECTED = {
             (11, 4), (19, 4)),
     "indrnn": ([("gemm", 1), ("fused", 1)], [[("fused", 3)]], [], (3, 1), (5, 1)),
     "sru": ([("gemm", 4), ("fused", 2)], [[("fused", 7)]], [("fused", 7)], (7, 1), (12, 1)),
+    # the head-wise cells: their four recurrent products one batched GEMM a frame (4 heads at H = 16)
+    "slstm": ([("gemm", 4), ("fused", 4)], [[("gemm", 4)], [("fused", 19)]], [], (23, 2), (42, 2)),
+    "mh_lstm": ([("gemm", 4), ("fused", 4)], [[("gemm", 4)], [("fused", 17)]], [], (21, 2), (37, 2)),
 }
 
 

@@ -103,7 +103,8 @@ class Cell:
         return Node(self, _PLACEHOLDER + name, 1)
 
     def param(self, name: str, shape) -> Node:
-        """A parameter [out, in] (matrix) or [n] (vector); reusing a name reuses the parameter."""
+        """A parameter [out, in] (matrix), [k, out/k, in/k] (a head-wise matrix) or [n] (vector); reusing a name
+        reuses the parameter."""
         shape = tuple(_size(f"shape of parameter '{name}' of cell '{self.name}'", s)
                       for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
         if name in self._g:
@@ -138,12 +139,27 @@ class Cell:
             self._g.add_edge(h.name, name, key=slot, slot=slot, delay=h.delay)
         return Node(self, name)
 
-    def linear(self, x, weight: str, out_features: int, bias: str | None = None, name=None) -> Node:
-        """x · Wᵀ (+ b), with W a parameter [out_features, x.size] and b a vector [out_features]."""
+    def linear(self, x, weight: str, out_features: int, bias: str | None = None, name=None, heads: int = 1) -> Node:
+        """x · Wᵀ (+ b), with W a parameter [out_features, x.size] and b a vector [out_features].
+
+        heads=k > 1 makes W block-diagonal: x's features split into k equal heads, and head h of the output
+        (features h·out_features/k onwards) is x's head h times its own block, so W is stored as
+        [k, out_features/k, x.size/k] (W[h] the block of head h). Example, 4 heads of 16::
+
+            r = c.linear(h, "R", 64, heads=4)           # R: [4, 16, 16]; r[:, 16h:16h+16] = h[:, 16h:16h+16] · R[h]ᵀ
+        """
         x = self._handle(x)
         out_features = _size(f"out_features of linear '{weight}' in cell '{self.name}'", out_features)
-        y = self.apply(OpKind.LINEAR, x, self.param(weight, (out_features, x.size)),
-                       name=None if bias else name)
+        heads = _size(f"heads of linear '{weight}' in cell '{self.name}'", heads)
+        if heads == 1:
+            y = self.apply(OpKind.LINEAR, x, self.param(weight, (out_features, x.size)), name=None if bias else name)
+        else:
+            for what, n in (("its input", x.size), ("out_features", out_features)):
+                if n % heads:
+                    raise RnnGraphError(f"linear '{weight}' in cell '{self.name}' has {heads} heads but {what} has "
+                                        f"{n} features, not a multiple of {heads}; pick heads that divide both")
+            w = self.param(weight, (heads, out_features // heads, x.size // heads))
+            y = self.apply(OpKind.HEAD_LINEAR, x, w, name=None if bias else name, attrs=(heads,))
         return self.add(y, self.param(bias, (out_features,)), name=name) if bias else y
 
     def diag(self, x, weight: str, name=None) -> Node:
@@ -167,6 +183,10 @@ class Cell:
     def softplus(self, a, name=None): return self.apply(OpKind.SOFTPLUS, a, name=name)
     def exp(self, a, name=None): return self.apply(OpKind.EXP, a, name=name)
     def div(self, a, b, name=None): return self.apply(OpKind.DIV, a, b, name=name)
+
+    def maximum(self, a, b, name=None):
+        """max(a, b), elementwise; its gradient goes to the larger operand, on a tie to a."""
+        return self.apply(OpKind.MAXIMUM, a, b, name=name)
 
     def rsqrt(self, a, eps: float = 0.0, name=None):
         """1 / √(a + eps), elementwise."""

@@ -1,6 +1,7 @@
 """The cell library, each cell written with the public builder, plus loading of user cells.
 
-A cell function is ``fn(input_size, hidden_size, bias=True) -> CellGraph``. Its ``layout`` maps
+A cell function is ``fn(input_size, hidden_size, bias=True, **options) -> CellGraph``; options are keywords
+of its own (the head-wise cells' ``heads``), which load_cell and the layers pass on. Its ``layout`` maps
 PyTorch's parameter names to the cell parameters stacked along rows, in PyTorch's gate order.
 """
 from __future__ import annotations
@@ -23,14 +24,17 @@ from .graph import CellGraph
 
 GATE_ORDER = ("i", "f", "g", "o")   # PyTorch's LSTM gate order
 GRU_GATE_ORDER = ("r", "z", "n")    # PyTorch's GRU gate order
+SLSTM_GATE_ORDER = ("i", "f", "z", "o")   # sLSTM's gates in xLSTM's order (z, the cell input, in the LSTM's g place)
+HEADS = 4                           # the head-wise cells' default heads: 4, or fewer where 4 does not divide H
 
 
-def _gates(c: Cell, x, h, H: int, names, bias: bool):
-    """Per gate k: W_ik·x (+ b_ik) + W_hk·h (+ b_hk), the sums PyTorch's LSTM/GRU gates start from."""
+def _gates(c: Cell, x, h, H: int, names, bias: bool, heads: int = 1):
+    """Per gate k: W_ik·x (+ b_ik) + W_hk·h (+ b_hk), the sums PyTorch's LSTM/GRU gates start from (W_hk
+    block-diagonal over `heads` heads where heads > 1)."""
     out = {}
     for k in names:
         xi = c.linear(x, f"W_i{k}", H, bias=f"b_i{k}" if bias else None)
-        hh = c.linear(h, f"W_h{k}", H, bias=f"b_h{k}" if bias else None)
+        hh = c.linear(h, f"W_h{k}", H, bias=f"b_h{k}" if bias else None, heads=heads)
         out[k] = (xi, hh)
     return out
 
@@ -47,9 +51,34 @@ def lstm(input_size: int, hidden_size: int, bias: bool = True, proj_size: int = 
     state and output h [proj_size] = W_hr·(o ⊙ tanh c), with W_hr (weight_hr) [proj_size, hidden_size] and
     no bias; the gates read that h (weight_hh [4·hidden_size, proj_size]); c keeps hidden_size features."""
     P = _size_below(proj_size, hidden_size)
-    c, H = Cell("lstm_proj" if P else "lstm"), hidden_size
+    return _lstm("lstm_proj" if P else "lstm", input_size, hidden_size, bias, 1, P)
+
+
+def mh_lstm(input_size: int, hidden_size: int, bias: bool = True, heads: int | None = None) -> CellGraph:
+    """Multi-head LSTM (as FlashRNN's): PyTorch's LSTM with its four recurrent matrices W_hi, W_hf, W_hg, W_ho
+    block-diagonal over `heads` heads of hidden_size/heads features, each [heads, H/heads, H/heads]; weight_hh
+    stacks them, [4·heads, H/heads, H/heads] in gate order i, f, g, o. heads defaults to 4, or to the largest
+    number below 4 that divides hidden_size (1: full matrices, weight_hh [4H, H] as the LSTM's). Each head is
+    a recurrence of its own (the plan finds it); the input weights stay full, as the LSTM's."""
+    return _lstm("mh_lstm", input_size, hidden_size, bias, _heads("mh_lstm", hidden_size, heads))
+
+
+def _heads(name: str, hidden_size: int, heads) -> int:
+    """The heads a head-wise cell splits hidden_size into: `heads`, which must divide it, or for None the
+    largest number up to HEADS that does (1: full matrices)."""
+    if heads is None:
+        return max(k for k in range(1, HEADS + 1) if hidden_size % k == 0)
+    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1 or hidden_size % heads:
+        raise RnnGraphError(f"cell '{name}' splits hidden_size {hidden_size} into heads={heads!r} heads: pass a "
+                            f"positive integer that divides it, or leave heads out ({HEADS} where that divides it)")
+    return heads
+
+
+def _lstm(name: str, input_size: int, hidden_size: int, bias: bool, heads: int, P: int = 0) -> CellGraph:
+    """The LSTM of `name`: its recurrent matrices block-diagonal over `heads`, its h projected to P (0: not)."""
+    c, H = Cell(name), hidden_size
     x, h, cs = c.input("x", input_size), c.state("h", P or H), c.state("c", H)
-    a = _gates(c, x, h, H, GATE_ORDER, bias)
+    a = _gates(c, x, h, H, GATE_ORDER, bias, heads)
     i = c.sigmoid(a["i"][0] + a["i"][1], name="i")
     f = c.sigmoid(a["f"][0] + a["f"][1], name="f")
     g = c.tanh(a["g"][0] + a["g"][1], name="g")
@@ -242,6 +271,37 @@ def sru(input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
     return c.build()
 
 
+def slstm(input_size: int, hidden_size: int, bias: bool = True, heads: int | None = None) -> CellGraph:
+    """sLSTM (xLSTM, Beck et al. 2024, section 2.2) with exponential input and forget gates, stabilised in log
+    space. Per gate k in SLSTM_GATE_ORDER (i, f, z, o): k̃ = W_k·x + b_k + R_k·h[t-1], R_k block-diagonal over
+    `heads` heads ([heads, H/heads, H/heads]; heads defaults to 4, or to the largest number below 4 that divides
+    hidden_size, 1 meaning full matrices [H, H]); z = tanh(z̃), o = σ(õ), log i = ĩ, log f = f̃, and
+
+        m = max(f̃ + m[t-1], ĩ),  i' = exp(ĩ − m),  f' = exp(f̃ + m[t-1] − m)
+        c = f'·c[t-1] + i'·z,   n = f'·n[t-1] + i',   h = o·c / n
+
+    States h, c, n, m (zeros at the start: n's first frame is i' > 0). The stabiliser m keeps every exp ≤ 1 and
+    changes no h: c and n are the unstabilised sums times e^(−m). Layout: weight_ih [4H, D], weight_hh
+    [4·heads, H/heads, H/heads] and bias [4H], each in gate order."""
+    heads = _heads("slstm", hidden_size, heads)
+    c, H = Cell("slstm"), hidden_size
+    x, h = c.input("x", input_size), c.state("h", H)
+    cs, n, m = c.state("c", H), c.state("n", H), c.state("m", H)
+    pre = {k: c.linear(x, f"W_{k}", H, bias=f"b_{k}" if bias else None) + c.linear(h, f"R_{k}", H, heads=heads)
+           for k in SLSTM_GATE_ORDER}
+    z, o = c.tanh(pre["z"], name="z"), c.sigmoid(pre["o"], name="o")
+    log_f = c.add(pre["f"], m, name="log_f")                # log f + m[t-1]
+    m_new = c.bind(m, c.maximum(log_f, pre["i"]), name="m")
+    i, f = c.exp(pre["i"] - m_new, name="i"), c.exp(log_f - m_new, name="f")     # i', f'
+    c_new, n_new = c.bind(cs, f * cs + i * z, name="c"), c.bind(n, f * n + i, name="n")
+    c.output(c.bind(h, o * (c_new / n_new), name="h"))
+    lay = {"weight_ih": tuple(f"W_{k}" for k in SLSTM_GATE_ORDER),
+           "weight_hh": tuple(f"R_{k}" for k in SLSTM_GATE_ORDER)}
+    if bias:
+        lay["bias"] = tuple(f"b_{k}" for k in SLSTM_GATE_ORDER)
+    return c.build().with_layout(lay)
+
+
 CELLS: dict[str, tuple[Callable, str]] = {
     "lstm": (lstm, "LSTM with PyTorch's equations and gate order (i, f, g, o)"),
     "layernorm_lstm": (layernorm_lstm, "LayerNorm-LSTM (Ba et al. 2016, Haste's form): LN on both gate "
@@ -258,17 +318,25 @@ CELLS: dict[str, tuple[Callable, str]] = {
     "mgu": (mgu, "Minimal gated unit (Zhou et al. 2016): one gate f resets h inside n and updates it"),
     "indrnn": (indrnn, "IndRNN (Li et al. 2018): h = relu(W·x + b + u ⊙ h)"),
     "sru": (sru, "SRU (Lei et al. 2018): light recurrence c with diagonal v ⊙ c, highway output"),
+    "slstm": (slstm, "sLSTM (xLSTM, Beck et al. 2024): exponential gates stabilised in log space, states h, c, n, m, "
+                     "recurrent weights block-diagonal over heads (heads, default 4)"),
+    "mh_lstm": (mh_lstm, "Multi-head LSTM: the LSTM with block-diagonal recurrent weights over heads "
+                         "(heads, default 4)"),
 }
 
 
-def load_cell(spec, input_size: int, hidden_size: int, bias: bool = True) -> CellGraph:
+def load_cell(spec, input_size: int, hidden_size: int, bias: bool = True, **options) -> CellGraph:
     """A CellGraph from a built-in name, 'module:function', 'path/to/file.py:function', a cell function or a
-    CellGraph.
+    CellGraph; options are passed to the cell function as keywords, e.g. ``load_cell("slstm", 64, 256, heads=8)``.
 
     Whatever goes wrong in the user's function (an exception, a wrong signature, a result that is not a
-    CellGraph) is one RnnGraphError naming the spec and, for an exception, the user's file:line.
+    CellGraph) is one RnnGraphError naming the spec and, for an exception, the user's file:line; so is an
+    option the function does not take.
     """
     if isinstance(spec, CellGraph):
+        if options:
+            raise RnnGraphError(f"cell options {sorted(options)} apply to a cell function; cell '{spec.name}' is a "
+                                "CellGraph, already built: build it with those options instead")
         return spec
     fn, what = _cell_function(spec)
     try:
@@ -276,6 +344,9 @@ def load_cell(spec, input_size: int, hidden_size: int, bias: bool = True) -> Cel
     except ValueError:               # a builtin without a signature: calling it tells
         sig = None
     kw = {"bias": bias} if sig and "bias" in sig.parameters else {}
+    if sig and options:
+        _check_options(sig, options, what)
+    kw.update(options)
     try:
         if sig:
             sig.bind(input_size, hidden_size, **kw)
@@ -294,6 +365,36 @@ def load_cell(spec, input_size: int, hidden_size: int, bias: bool = True) -> Cel
     if not isinstance(cell, CellGraph):
         raise RnnGraphError(f"{what} returned {type(cell).__name__}, not a CellGraph (did you forget .build()?)")
     return cell
+
+
+def cell_options(spec) -> tuple | None:
+    """The options (keywords) the cell function `spec` names takes beyond (input_size, hidden_size, bias), e.g.
+    ('heads',) for 'slstm'; () for a CellGraph; None where it takes any (**kw) or shows no signature."""
+    if isinstance(spec, CellGraph):
+        return ()
+    try:
+        return _taken(inspect.signature(_cell_function(spec)[0]))
+    except ValueError:
+        return None
+
+
+def _taken(sig) -> tuple | None:
+    """The keywords after (input_size, hidden_size) and bias in a cell function's signature; None for **kw."""
+    params = list(sig.parameters.values())
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return tuple(p.name for p in params[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "bias")
+
+
+def _check_options(sig, options: dict, what: str):
+    """Raises naming the options a cell function's signature does not take, and those it does."""
+    takes = _taken(sig)
+    if takes is None:
+        return
+    unknown = sorted(set(options) - set(takes))
+    if unknown:
+        raise RnnGraphError(f"{what} takes no option {', '.join(map(repr, unknown))}; its options: "
+                            f"{', '.join(takes) or 'none'}")
 
 
 def _import_from_cwd(mod: str):

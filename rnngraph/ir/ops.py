@@ -2,7 +2,8 @@
 kernel, FLOPs, symbol, torch).
 
 Arrays passed to the rules are 2-D rows ``[N, F]`` (N = B for one frame, T·B for all frames at once);
-a matrix parameter is ``[F_out, F_in]`` and a vector parameter ``[F]`` broadcasts over the rows.
+a matrix parameter is ``[F_out, F_in]`` (a head-wise one ``[k, F_out/k, F_in/k]``: k blocks on the diagonal)
+and a vector parameter ``[F]`` broadcasts over the rows.
 Adding an op means one enum entry plus one entry in each table below; tests/test_ops.py fails on a gap.
 """
 from __future__ import annotations
@@ -18,6 +19,8 @@ class OpKind(enum.Enum):
     INPUT = "input"          # per-frame input x_t                      value [N, F]
     PARAM = "param"          # trainable parameter, matrix or vector    [F_out, F_in] or [F]
     LINEAR = "linear"        # x · Wᵀ                                   [N, F_in], [F_out, F_in] -> [N, F_out]
+    HEAD_LINEAR = "head_linear"  # per head h: x[:, h] · W[h]ᵀ (block-diagonal W), k in attrs
+                                 #                                       [N, k·i], [k, o, i] -> [N, k·o]
     ADD = "add"
     SUB = "sub"
     MUL = "mul"              # Hadamard product (a vector parameter makes it a diagonal weight)
@@ -29,6 +32,7 @@ class OpKind(enum.Enum):
     SOFTPLUS = "softplus"    # log(1 + eˣ)
     EXP = "exp"
     DIV = "div"              # a / b
+    MAXIMUM = "maximum"      # max(a, b) elementwise; its gradient goes to the larger, on a tie to a
     RSQRT = "rsqrt"          # 1 / √(x + ε), ε in attrs
     SUM = "sum"              # Σ_j x[:, j], broadcast back to every feature (so the size is kept)
     MEAN = "mean"            # the same divided by F: the layer norm's μ and σ², the RMS norm's mean square
@@ -42,16 +46,27 @@ class Op:
     """One node of a cell graph: its kind, its feature size and its static attributes."""
     kind: OpKind
     size: int                # features of the value; rows of a matrix parameter
-    attrs: tuple = ()        # PARAM: shape; SCALE: (c,); SLICE: (start, stop); RSQRT: (ε,)
+    attrs: tuple = ()        # PARAM: shape; SCALE: (c,); SLICE: (start, stop); RSQRT: (ε,); HEAD_LINEAR: (k,)
 
 
 SOURCES = {OpKind.INPUT, OpKind.PARAM}
-BINARY = {OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.DIV}
+BINARY = {OpKind.ADD, OpKind.SUB, OpKind.MUL, OpKind.DIV, OpKind.MAXIMUM}
 UNARY = {OpKind.SCALE, OpKind.ONE_MINUS, OpKind.SIGMOID, OpKind.TANH, OpKind.RELU, OpKind.SOFTPLUS,
          OpKind.EXP, OpKind.RSQRT, OpKind.IDENTITY, OpKind.SLICE}
 ELEMENTWISE = BINARY | UNARY  # ops a fused kernel evaluates element by element
 REDUCE = {OpKind.SUM, OpKind.MEAN}    # row-wide: each output reads every feature of its row
 MOVES = {OpKind.IDENTITY, OpKind.SLICE, OpKind.CONCAT}   # ops that only move data: no arithmetic
+MATMUL = {OpKind.LINEAR, OpKind.HEAD_LINEAR}          # ops run as GEMMs (plan items Gemm), weights their slot 1
+
+
+def split_heads(a, k: int):
+    """Rows a [N, k·c] as k heads [k, N, c]: a view (head h holds the columns h·c … (h+1)·c − 1)."""
+    return a.reshape(a.shape[0], k, a.shape[1] // k).transpose(1, 0, 2)
+
+
+def join_heads(a):
+    """The inverse of split_heads: heads [k, N, c] as rows [N, k·c] (a copy unless already so laid out)."""
+    return a.transpose(1, 0, 2).reshape(a.shape[1], -1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -65,6 +80,15 @@ def _linear_shape(attrs, shapes):
     if w[1] != x:
         return f"input has {x} features but the weight is {list(w)} (expects {w[1]} inputs)"
     return w[0]
+
+
+def _head_linear_shape(attrs, shapes):
+    (x,), w, (k,) = shapes[0], shapes[1], attrs
+    if len(w) != 3 or w[0] != k:
+        return f"its weight must be a head-wise parameter [{k}, out/{k}, in/{k}], got shape {list(w)}"
+    if k * w[2] != x:
+        return f"input has {x} features but the weight is {list(w)} (expects {k}·{w[2]} = {k * w[2]} inputs)"
+    return k * w[1]
 
 
 def _same_shape(attrs, shapes):
@@ -85,13 +109,14 @@ def _slice_shape(attrs, shapes):
 
 SHAPE = {
     OpKind.LINEAR: _linear_shape,
+    OpKind.HEAD_LINEAR: _head_linear_shape,
     **{k: _same_shape for k in BINARY | UNARY - {OpKind.SLICE}},
     OpKind.SLICE: _slice_shape,
     OpKind.CONCAT: lambda attrs, shapes: sum(s[0] for s in shapes),
     **{k: _same_shape for k in REDUCE},
 }
 
-ARITY = {OpKind.INPUT: 0, OpKind.PARAM: 0, OpKind.LINEAR: 2, OpKind.CONCAT: None,
+ARITY = {OpKind.INPUT: 0, OpKind.PARAM: 0, OpKind.LINEAR: 2, OpKind.HEAD_LINEAR: 2, OpKind.CONCAT: None,
          **{k: 2 for k in BINARY}, **{k: 1 for k in UNARY | REDUCE}}
 
 
@@ -136,6 +161,8 @@ def _concat(xp, out, *ins):
 
 FORWARD = {
     OpKind.LINEAR: lambda xp, out, x, w, attrs: xp.matmul(x, w.T, out=out),
+    OpKind.HEAD_LINEAR: lambda xp, out, x, w, attrs: xp.matmul(split_heads(x, attrs[0]), w.transpose(0, 2, 1),
+                                                               out=split_heads(out, attrs[0])),
     OpKind.ADD: lambda xp, out, a, b, attrs: xp.add(a, b, out=out),
     OpKind.SUB: lambda xp, out, a, b, attrs: xp.subtract(a, b, out=out),
     OpKind.MUL: lambda xp, out, a, b, attrs: xp.multiply(a, b, out=out),
@@ -147,6 +174,7 @@ FORWARD = {
     OpKind.SOFTPLUS: lambda xp, out, a, attrs: _softplus(xp, out, a),
     OpKind.EXP: lambda xp, out, a, attrs: xp.exp(a, out=out),
     OpKind.DIV: lambda xp, out, a, b, attrs: xp.divide(a, b, out=out),
+    OpKind.MAXIMUM: lambda xp, out, a, b, attrs: xp.maximum(a, b, out=out),
     OpKind.RSQRT: lambda xp, out, a, attrs: _rsqrt(xp, out, a, attrs[0]),
     OpKind.SUM: lambda xp, out, a, attrs: _row_sum(xp, out, a, 1.0),
     OpKind.MEAN: lambda xp, out, a, attrs: _row_sum(xp, out, a, 1.0 / a.shape[1]),
@@ -191,6 +219,9 @@ def _concat_vjp(slot, xp, add, g, *ins_y_attrs):
 VJP = {
     OpKind.LINEAR: (lambda xp, add, g, x, w, y, attrs: add(g @ w),           # dx [N, F_in]
                     lambda xp, add, g, x, w, y, attrs: add(g.T @ x)),        # dW [F_out, F_in]
+    OpKind.HEAD_LINEAR: (                                                   # dx [N, k·i], dW [k, o, i]
+        lambda xp, add, g, x, w, y, attrs: add(join_heads(split_heads(g, attrs[0]) @ w)),
+        lambda xp, add, g, x, w, y, attrs: add(split_heads(g, attrs[0]).transpose(0, 2, 1) @ split_heads(x, attrs[0]))),
     OpKind.ADD: (lambda xp, add, g, a, b, y, attrs: add(g),
                  lambda xp, add, g, a, b, y, attrs: add(g)),
     OpKind.SUB: (lambda xp, add, g, a, b, y, attrs: add(g),
@@ -206,6 +237,8 @@ VJP = {
     OpKind.EXP: (lambda xp, add, g, a, y, attrs: add(g * y),),
     OpKind.DIV: (lambda xp, add, g, a, b, y, attrs: add(g / b),
                  lambda xp, add, g, a, b, y, attrs: add(-g * y / b)),
+    OpKind.MAXIMUM: (lambda xp, add, g, a, b, y, attrs: add(g * (a >= b)),      # a tie: all of it to a
+                     lambda xp, add, g, a, b, y, attrs: add(g * (a < b))),
     OpKind.RSQRT: (lambda xp, add, g, a, y, attrs: add(-0.5 * g * y * y * y),),
     OpKind.SUM: (lambda xp, add, g, a, y, attrs: add(xp.broadcast_to(g.sum(axis=1, keepdims=True), g.shape)),),
     OpKind.MEAN: (lambda xp, add, g, a, y, attrs: add(xp.broadcast_to(g.mean(axis=1, keepdims=True), g.shape)),),
@@ -233,6 +266,7 @@ KERNEL = {
     OpKind.SOFTPLUS: ("log1p(exp(-fabs({0}))) + ({0} > 0 ? {0} : 0)", ("{g} / (1 + exp(-{0}))",)),
     OpKind.EXP: ("exp({0})", ("{g} * {y}",)),
     OpKind.DIV: ("{0} / {1}", ("{g} / {1}", "-{g} * {y} / {1}")),
+    OpKind.MAXIMUM: ("({0} >= {1} ? {0} : {1})", ("({0} >= {1} ? {g} : 0)", "({0} >= {1} ? 0 : {g})")),
     OpKind.RSQRT: ("rsqrt({0} + ({a0}))", ("-0.5 * {g} * {y} * {y} * {y}",)),
     OpKind.IDENTITY: ("{0}", ("{g}",)),
     OpKind.SLICE: ("{0}", ("{g}",)),  # the executor hands the kernel the sliced view
@@ -242,7 +276,8 @@ KERNEL = {
 # ---------------------------------------------------------------------------------------------
 # FLOP rules: rule(F, operand sizes) -> (forward FLOPs, backward FLOPs per operand slot) per row.
 # An arithmetic op counts one per element (a transcendental too: operations, not cycles), forward
-# and per operand backward; a linear op 2·in·out forward, as much for each operand's gradient.
+# and per operand backward; a linear op 2·in·out forward, as much for each operand's gradient (a head-wise
+# one with k heads 2·in·out/k: its weight has k blocks of (out/k)·(in/k)).
 
 def _per_element(F, ins):
     return F, tuple(F for _ in ins)
@@ -254,18 +289,21 @@ def _moves(F, ins):
 
 FLOPS = {
     OpKind.LINEAR: lambda F, ins: (2 * ins[0] * F, (2 * ins[0] * F, 2 * ins[0] * F)),
+    OpKind.HEAD_LINEAR: lambda F, ins: (2 * ins[0] * F // ins[1], (2 * ins[0] * F // ins[1],) * 2),  # ins[1]: k
     **{k: _per_element for k in (ELEMENTWISE | REDUCE) - MOVES},
     **{k: _moves for k in MOVES},
 }
 
 
 # ---------------------------------------------------------------------------------------------
-# Symbols in drawings of a cell (LINEAR, SCALE and SLICE labels also show their weight or attrs).
+# Symbols in drawings of a cell (LINEAR, HEAD_LINEAR, SCALE and SLICE labels also show their weight or attrs).
 
-SYMBOL = {OpKind.LINEAR: "·", OpKind.ADD: "+", OpKind.SUB: "−", OpKind.MUL: "⊙", OpKind.SCALE: "×",
+SYMBOL = {OpKind.LINEAR: "·", OpKind.HEAD_LINEAR: "·ₕ", OpKind.ADD: "+", OpKind.SUB: "−", OpKind.MUL: "⊙",
+          OpKind.SCALE: "×",
           OpKind.ONE_MINUS: "1 − x", OpKind.SIGMOID: "σ", OpKind.TANH: "tanh", OpKind.RELU: "relu",
           OpKind.SOFTPLUS: "softplus", OpKind.IDENTITY: "id", OpKind.SLICE: "[:]", OpKind.CONCAT: "concat",
-          OpKind.EXP: "exp", OpKind.DIV: "÷", OpKind.RSQRT: "1/√", OpKind.SUM: "Σ", OpKind.MEAN: "mean"}
+          OpKind.EXP: "exp", OpKind.DIV: "÷", OpKind.MAXIMUM: "max", OpKind.RSQRT: "1/√", OpKind.SUM: "Σ",
+          OpKind.MEAN: "mean"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,6 +312,8 @@ SYMBOL = {OpKind.LINEAR: "·", OpKind.ADD: "+", OpKind.SUB: "−", OpKind.MUL: "
 
 TORCH = {
     OpKind.LINEAR: lambda torch, x, w, attrs: torch.mm(x, w.t()),
+    OpKind.HEAD_LINEAR: lambda torch, x, w, attrs: torch.einsum("nki,koi->nko", x.reshape(x.shape[0], attrs[0], -1),
+                                                                w).reshape(x.shape[0], -1),
     OpKind.ADD: lambda torch, a, b, attrs: a + b,
     OpKind.SUB: lambda torch, a, b, attrs: a - b,
     OpKind.MUL: lambda torch, a, b, attrs: a * b,
@@ -285,6 +325,7 @@ TORCH = {
     OpKind.SOFTPLUS: lambda torch, a, attrs: torch.nn.functional.softplus(a),
     OpKind.EXP: lambda torch, a, attrs: torch.exp(a),
     OpKind.DIV: lambda torch, a, b, attrs: a / b,
+    OpKind.MAXIMUM: lambda torch, a, b, attrs: torch.where(a >= b, a, b),   # torch.maximum splits a tie's gradient
     OpKind.RSQRT: lambda torch, a, attrs: torch.rsqrt(a + attrs[0]),
     OpKind.SUM: lambda torch, a, attrs: a.sum(1, keepdim=True).expand_as(a),
     OpKind.MEAN: lambda torch, a, attrs: a.mean(1, keepdim=True).expand_as(a),

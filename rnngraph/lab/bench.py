@@ -24,17 +24,19 @@ from pathlib import Path
 import numpy as np
 
 from ..version import __version__
-from ..ir.cells import load_cell
+from ..ir.cells import cell_options, load_cell
 from ..errors import Interrupted, RnnGraphError
 from ..plan.schedule import build_schedule
 from .bench_report import format_table, header
 from .options import LOOP_CHOICES, writable_folder
 from .outputs import check_replaceable, write_text_output
 
-IMPLS = ("naive", "staged", "graph", "cudnn", "torch_eager", "jax_scan", "rnngraph_torch", "torch_compile")
+IMPLS = ("naive", "staged", "graph", "cudnn", "torch_eager", "jax_scan", "rnngraph_torch", "torch_compile", "flashrnn",
+         "flashrnn_cuda")
 MODES = IMPLS[:3]                                   # the rnngraph implementations
 DTYPES = ("float32", "float64", "bfloat16", "float16")
-DEFAULT_IMPLS = IMPLS[:5]       # jax_scan (linear-diagonal cells only), rnngraph_torch, torch_compile when asked for
+DEFAULT_IMPLS = IMPLS[:5]       # jax_scan (linear-diagonal cells only), rnngraph_torch, torch_compile, flashrnn(_cuda):
+                                # when asked for
 DEFAULT_CELLS = ("lstm", "peephole_lstm", "layernorm_lstm", "min_gru", "mgu")
 QUICK = {"T": [8], "B": [2], "H": [16], "repeats": 3, "warmup": 1}
 _TF32 = {"on": False}
@@ -122,34 +124,39 @@ def _torch_tf32():
 # -- one measurement --------------------------------------------------------------------------
 def measure(cell, impl: str, *, T: int = 100, B: int = 1, H: int = 512, D: int | None = None, layers: int = 1,
             dtype: str = "float32", repeats: int = 20, warmup: int = 3, what=("forward", "train"),
-            seed: int = 0, loop: str = "auto") -> dict:
+            seed: int = 0, loop: str = "auto", cell_options: dict | None = None) -> dict:
     """Times one implementation of one cell: forward and/or a training step, median of `repeats`.
 
-    cell: a built-in name, 'module:function' or a cell function.
-    impl: one of IMPLS; loop: the loop strategy of rnngraph's implementations (the one that ran is
-    recorded as loop_strategy). Returns the configuration plus backend, forward_ms / train_ms (medians)
-    and forward_all / train_all (every repeat), or the configuration plus 'skipped': why, when the
-    implementation is not available here (no GPU, no torch, no cuDNN equivalent).
+    cell: a built-in name, 'module:function' or a cell function; cell_options: its own keywords, e.g.
+    {"heads": 12} (recorded as given). impl: one of IMPLS; loop: the loop strategy of rnngraph's
+    implementations (the one that ran is recorded as loop_strategy). Returns the configuration plus backend,
+    forward_ms / train_ms (medians) and forward_all / train_all (every repeat), or the configuration plus
+    'skipped': why, when the implementation is not available here (no GPU, no torch, no cuDNN equivalent).
     """
     impl_name = impl
     impl, dtype = _impl_dtype(impl, dtype)
-    D = D or H
-    first = load_cell(cell, D, H)
-    res = {"impl": impl_name, "cell": first.name, "T": T, "B": B, "H": H, "D": D, "layers": layers, "dtype": dtype}
+    D, opts = D or H, dict(cell_options or {})
+    first = load_cell(cell, D, H, **opts)
+    res = {"impl": impl_name, "cell": first.name, "T": T, "B": B, "H": H, "D": D, "layers": layers, "dtype": dtype,
+           **({"cell_options": opts} if opts else {})}
     why = unavailable(impl, first)
     if why:
         return {**res, "skipped": why}
     if impl in MODES:
-        fns, backend, device, extra = _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed, loop)
+        fns, backend, device, extra = _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed, loop, opts)
+    elif impl in ("jax_scan", "flashrnn", "flashrnn_cuda") and layers != 1:
+        return {**res, "skipped": f"the {impl} peer runs one layer"}
     elif impl == "jax_scan":
-        if layers != 1:
-            return {**res, "skipped": "the JAX peer runs one layer"}
         from .jax_refs import jax_fns
         fns, backend, device, extra = jax_fns(first.name, T, B, H, D, dtype, seed, _TF32["on"])
+    elif impl in ("flashrnn", "flashrnn_cuda"):
+        from .flashrnn_refs import flashrnn_fns
+        _torch_tf32()
+        fns, backend, device, extra = flashrnn_fns(first, impl, T, B, H, D, dtype, seed)
     else:
         from .references import torch_fns
         _torch_tf32()
-        fns, backend, device, extra = torch_fns(cell, impl, T, B, H, D, layers, dtype, seed)
+        fns, backend, device, extra = torch_fns(cell, impl, T, B, H, D, layers, dtype, seed, opts)
     res.update(backend=backend, device=device, tf32=_TF32["on"], **{k: v for k, v in extra.items() if not callable(v)})
     if impl in MODES:           # the first call builds kernels and workspaces (and records, in graph mode)
         first = lambda: (fns[what[-1]](), _backend(impl).synchronize())
@@ -185,6 +192,9 @@ def unavailable(impl: str, cell) -> str | None:
         return jax_problem()
     if torch_problem():
         return torch_problem()
+    if impl in ("flashrnn", "flashrnn_cuda"):
+        from .flashrnn_refs import flashrnn_problem
+        return flashrnn_problem(impl, cell)
     if impl == "cudnn":
         import torch
         if not _is_builtin(cell, ("lstm", "gru", "rnn_tanh", "rnn_relu")):
@@ -210,12 +220,13 @@ def _backend(impl: str):
     return get_backend("cupy" if gpu_problem() is None else "numpy", impl)
 
 
-def _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed, loop="auto"):
+def _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed, loop="auto", cell_options=None):
     from ..nn.recurrent import Recurrent
     be = _backend(impl)
     if getattr(be, "blas", None) is not None:
         be.blas.tf32 = _TF32["on"]            # --tf32: rnngraph's float32 GEMMs as torch's
-    layer = Recurrent(cell, D, H, num_layers=layers, backend=be, mode=impl, dtype=dtype, seed=seed, loop=loop)
+    layer = Recurrent(cell, D, H, num_layers=layers, backend=be, mode=impl, dtype=dtype, seed=seed, loop=loop,
+                      **(cell_options or {}))
     rng = np.random.default_rng(seed)
     x = be.asarray(rng.standard_normal((T, B, D)), dtype=dtype)
     F = layer.cells[-1].op(layer.cells[-1].outputs[0]).size
@@ -273,6 +284,8 @@ def add_arguments(p) -> None:
     p.add_argument("-H", action="extend", type=_list(int), metavar="N", help="hidden sizes (default: 512)")
     p.add_argument("-D", type=int, metavar="N", help="input features (default: H)")
     p.add_argument("--layers", type=int, metavar="N", help="stacked layers (default: 1; with --model: 2)")
+    p.add_argument("--heads", type=int, metavar="N", help="heads of the cells that take heads (slstm, mh_lstm; "
+                   "default: theirs)")
     p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--loop", action="extend", type=_list(str), metavar="LIST",
                    help=f"loop strategies of rnngraph's modes, each timed, of {','.join(LOOP_CHOICES)} (default: auto, "
@@ -310,7 +323,8 @@ def run(args) -> int:
           "B": args.B or q.get("B", [1]), "H": args.H or q.get("H", [512]), "D": args.D, "layers": args.layers or 1,
           "dtype": args.dtype, "impls": args.impls or list(DEFAULT_IMPLS),
           "repeats": args.repeats or q.get("repeats", 20),
-          "warmup": args.warmup or q.get("warmup", 3), "tf32": args.tf32, "loops": args.loop or ["auto"]}
+          "warmup": args.warmup or q.get("warmup", 3), "tf32": args.tf32, "loops": args.loop or ["auto"],
+          "heads": args.heads}
     for i in st["impls"]:
         _impl_dtype(i, args.dtype)
     bad = [v for v in st["loops"] if v not in LOOP_CHOICES]
@@ -348,6 +362,8 @@ def _measure_or_error(cell, impl, st, T, B, H, loop) -> dict:
     cell or option (RnnGraphError) still ends the command, except a loop strategy the cell does not
     admit among several asked for: that is a skipped row."""
     kw = {k: st[k] for k in ("D", "layers", "dtype", "repeats", "warmup")} | {"loop": loop}
+    if st.get("heads") and "heads" in (cell_options(cell) or ()):
+        kw["cell_options"] = {"heads": st["heads"]}
     if len(st["loops"]) > 1 and loop != "auto":
         graph = load_cell(cell, st["D"] or H, H)
         admits = build_schedule(graph).loop_strategies

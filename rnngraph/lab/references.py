@@ -15,7 +15,7 @@ import warnings
 
 import torch
 
-from ..ir.cells import GATE_ORDER, GRU_GATE_ORDER, load_cell
+from ..ir.cells import GATE_ORDER, GRU_GATE_ORDER, SLSTM_GATE_ORDER, load_cell
 from ..errors import RnnGraphError, RnnGraphWarning
 from ..ir.ops import TORCH, OpKind
 
@@ -131,6 +131,36 @@ def _mgu_step(W, x, s):
     return h, {"h": h}
 
 
+def _per_head(h, r, gates: int):
+    """h [B, H] times each gate's block-diagonal recurrent weights, r [gates·k, H/k, H/k] (the gates' heads
+    stacked, as the layout stacks them), one einsum over (gate, head): [B, gates·H] in gate order; with one
+    head r is the full [gates·H, H]."""
+    if r.dim() == 2:
+        return torch.mm(h, r.t())
+    r = r.view(gates, -1, *r.shape[1:])                                  # [gates, k, H/k, H/k]
+    return torch.einsum("bki,gkoi->bgko", h.view(h.shape[0], r.shape[1], -1), r).reshape(h.shape[0], -1)
+
+
+def _mh_lstm_step(W, x, s):
+    gates = torch.mm(x, W["w_ih"].t()) + W["b_ih"] + _per_head(s["h"], W["w_hh"], 4) + W["b_hh"]
+    i, f, g, o = gates.chunk(4, 1)
+    c = torch.sigmoid(f) * s["c"] + torch.sigmoid(i) * torch.tanh(g)
+    h = torch.sigmoid(o) * torch.tanh(c)
+    return h, {"h": h, "c": c}
+
+
+def _slstm_step(W, x, s):
+    """sLSTM as xLSTM's paper writes it (exponential gates, the log-space stabiliser m)."""
+    i, f, z, o = (torch.mm(x, W["w_ih"].t()) + W["b"] + _per_head(s["h"], W["r"], 4)).chunk(4, 1)
+    log_f = f + s["m"]
+    m = torch.maximum(log_f, i)
+    i, f = torch.exp(i - m), torch.exp(log_f - m)
+    c = f * s["c"] + i * torch.tanh(z)
+    n = f * s["n"] + i
+    h = torch.sigmoid(o) * c / n
+    return h, {"h": h, "c": c, "n": n, "m": m}
+
+
 def _keep(*names, **merged):
     """prepare(): some parameters as they are, others merged along rows."""
     return lambda P: {**{n: P[n] for n in names}, **{k: _cat(P, v) for k, v in merged.items()}}
@@ -149,6 +179,9 @@ STEPS = {
     "indrnn": (_keep("weight_ih", "weight_hh", "bias_ih"), _indrnn_step),
     "sru": (_keep("b_f", "b_r", "v_f", "v_r", w=("W", "W_f", "W_r", "W_s")), _sru_step),
     "mgu": (_keep("U_f", "U_n", w_x=("W_f", "W_n"), b_x=("b_f", "b_n")), _mgu_step),
+    "mh_lstm": (_gated(GATE_ORDER), _mh_lstm_step),
+    "slstm": (_keep(w_ih=tuple(f"W_{k}" for k in SLSTM_GATE_ORDER), b=tuple(f"b_{k}" for k in SLSTM_GATE_ORDER),
+                    r=tuple(f"R_{k}" for k in SLSTM_GATE_ORDER)), _slstm_step),
 }
 
 
@@ -252,13 +285,14 @@ def eager_loop(cell, P: dict, check: bool = True):
 
 
 # -- what bench.measure() times ---------------------------------------------------------------
-def torch_fns(spec, impl, T, B, H, D, layers, dtype, seed):
+def torch_fns(spec, impl, T, B, H, D, layers, dtype, seed, cell_options=None):
     """({"forward": fn, "train": fn}, backend name, "gpu" | "cpu", extra result fields) of impl
     'cudnn', 'torch_eager', 'torch_compile' (the eager loop through torch.compile: mode 'reduce-overhead' on
     CUDA, its default on the CPU; compiled here, its compile time in compile_s) or 'rnngraph_torch'
     (rnngraph.torch.Recurrent through autograd), on CUDA when torch sees a GPU, else on the CPU. The forward
-    runs under torch.no_grad(); a training step sets .grad to None, then backpropagates a fixed grad_y."""
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    runs under torch.no_grad(); a training step sets .grad to None, then backpropagates a fixed grad_y. cell_options:
+    the cell function's own keywords (e.g. heads)."""
+    dev, opts = torch.device("cuda" if torch.cuda.is_available() else "cpu"), cell_options or {}
     tdt, gen = getattr(torch, dtype), torch.Generator().manual_seed(seed)
     if impl in ("cudnn", "rnngraph_torch"):
         torch.manual_seed(seed)
@@ -266,13 +300,13 @@ def torch_fns(spec, impl, T, B, H, D, layers, dtype, seed):
             model = cudnn_layer(load_cell(spec, D, H).name, D, H, layers, tdt, dev)
         else:                   # what a PyTorch user sees: the torch module, autograd, its default mode
             import rnngraph.torch as rt
-            model = rt.Recurrent(spec, D, H, layers, device=dev, dtype=tdt)
+            model = rt.Recurrent(spec, D, H, layers, device=dev, dtype=tdt, **opts)
         params, F, extra = list(model.parameters()), model(torch.zeros(1, 1, D, device=dev, dtype=tdt))[0].shape[-1], {}
 
         def run(x):
             return model(x)[0]
     else:
-        loops, F = eager_stack(spec, D, H, layers, gen, dev, tdt)
+        loops, F = eager_stack(spec, D, H, layers, gen, dev, tdt, opts)
         params, extra = [p for lp in loops for p in lp.parameters()], {"eager_loop": loops[0].kind}
 
         def run(x):
@@ -318,11 +352,11 @@ def _compiled(run, x, gy, dev, extra: dict):
     return call
 
 
-def eager_stack(spec, D: int, H: int, layers: int, gen, device, dtype):
+def eager_stack(spec, D: int, H: int, layers: int, gen, device, dtype, cell_options=None):
     """(one eager loop per layer with U(±1/√H) parameters, output features of the last layer)."""
     loops, size = [], D
     for _ in range(layers):
-        cell = load_cell(spec, size, H)
+        cell = load_cell(spec, size, H, **(cell_options or {}))
         P = {p: ((torch.rand(s, generator=gen, dtype=torch.float64) * 2 - 1) / H ** 0.5).to(device, dtype)
              for p, s in cell.params.items()}
         loops.append(eager_loop(cell, P))

@@ -60,7 +60,8 @@ class Recurrent(Parameterized):
     in graph mode, after 8 distinct shapes ran as they are), ``recompute`` keeps memory bounded over long
     sequences: the backward runs the forward again chunk by chunk instead of storing every value (True,
     False, or None (default): where the values a call stores would exceed RNNGRAPH_STORE_BYTES, 2 GiB by
-    default; ``layer.recomputed`` says whether the last call did).
+    default; ``layer.recomputed`` says whether the last call did). Other keywords are the cell function's
+    own options, passed on to it for every layer, e.g. ``Recurrent("slstm", 8, 64, heads=8)``.
 
     Example::
 
@@ -73,8 +74,10 @@ class Recurrent(Parameterized):
     def __init__(self, cell, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, *,
                  backend: str = "numpy", dtype="float32", mode: str | None = None, loop: str = "auto",
-                 seed: int = 0, init="uniform", buckets: bool | None = None, recompute: bool | None = None):
+                 seed: int = 0, init="uniform", buckets: bool | None = None, recompute: bool | None = None,
+                 **cell_options):
         super().__init__()
+        self.cell_options = cell_options
         chk.check_config(input_size, hidden_size, num_layers, dropout)
         self.input_size, self.hidden_size, self.num_layers = int(input_size), int(hidden_size), int(num_layers)
         self.bias, self.batch_first, self.dropout = bool(bias), bool(batch_first), float(dropout)
@@ -122,7 +125,8 @@ class Recurrent(Parameterized):
                                 f"{self.num_layers}; pass {self.num_layers} cells, or one cell for every layer")
         cells, size = [], self.input_size
         for l in range(self.num_layers):
-            cell = load_cell(spec[l] if per_layer else spec, size, self.hidden_size, self.bias)
+            spec_l = spec[l] if per_layer else spec
+            cell = load_cell(spec_l, size, self.hidden_size, self.bias, **self.cell_options)
             chk.check_cell(cell, size, l)
             if cells and _state_kinds(cell) != _state_kinds(cells[0]):
                 raise RnnGraphError(f"layer {l}'s cell '{cell.name}' has states {_state_kinds(cell)} but layer 0's "
@@ -415,9 +419,10 @@ def init_uniform_(layer):
 
 
 def init_orthogonal_(layer, gain: float = 1.0):
-    """Each matrix block (one gate's W_ih or W_hh) a (semi-)orthogonal matrix times `gain`; every
-    vector parameter (biases, peepholes, diagonal weights) zero. Draws from layer.rng."""
+    """Each matrix block (one gate's W_ih or W_hh, each head of a head-wise one) a (semi-)orthogonal matrix
+    times `gain`; every vector parameter (biases, peepholes, diagonal weights) zero. Draws from layer.rng."""
     blocks = [b for per_l in layer._views for per_d in per_l for b in per_d.values()]  # row views
+    blocks = [h for b in blocks for h in (b if b.ndim == 3 else [b])]       # head-wise [k, o, i]: its k heads
     for block in blocks:
         if block.ndim == 1:
             block[...] = 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..ir.ops import OpKind
+from ..ir.ops import MATMUL, OpKind
 from .items import FusedGrad, Gemm, GemmGrad, ParamSum, Section, SharedWeight, WeightGrad
 
 
@@ -44,7 +44,7 @@ def reductions(cell, items) -> list:
 
 def shared_weights(cell) -> set:
     """Weights read by several linear ops: each op's block of the merged gradient is added into one."""
-    reads = Counter(cell.reads(n)[1][0] for n in cell.graph if cell.op(n).kind is OpKind.LINEAR)
+    reads = Counter(cell.reads(n)[1][0] for n in cell.graph if cell.op(n).kind in MATMUL)
     return {w for w, k in reads.items() if k > 1}
 
 

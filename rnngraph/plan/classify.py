@@ -7,9 +7,16 @@
   is its own recurrence and one thread can walk time for it.
 - general: everything else (the LSTM's W_hh·h): frame by frame, stage by stage, or in one persistent
   kernel that keeps the per-frame GEMMs' weights on chip.
+
+A state's heads: where the only cross-feature ops on its recurrence are head-wise linear ops (block-diagonal
+weights), their heads split every value on it into equal blocks, and block h of each reads only block h of
+the values before it: each head (each of gcd of their head counts) is a recurrence of its own. A full
+linear, concat, slice or row reduction on the recurrence joins all features: no heads (None), as also where
+it has no head-wise linear op (an elementwise recurrence needs none: every feature is on its own).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import networkx as nx
@@ -17,7 +24,7 @@ import networkx as nx
 from ..ir.graph import CellGraph
 from ..ir.ops import REDUCE, OpKind
 
-CROSS_FEATURE = {OpKind.LINEAR, OpKind.CONCAT, OpKind.SLICE} | REDUCE
+CROSS_FEATURE = {OpKind.LINEAR, OpKind.HEAD_LINEAR, OpKind.CONCAT, OpKind.SLICE} | REDUCE
 
 
 @dataclass(frozen=True)
@@ -29,6 +36,7 @@ class StateClass:
     b: str | None = None
     delay: int = 0
     m: str | None = None        # the product a ⊙ p@t-d
+    heads: int | None = None    # the heads its recurrence keeps apart (see above), or None
 
 
 def classify(cell: CellGraph, pre: set) -> dict:
@@ -44,13 +52,26 @@ def classify(cell: CellGraph, pre: set) -> dict:
             continue
         linear = _linear_diagonal(cell, p, cycle, free)
         cross = [n for n in g if n in cycle and cell.op(n).kind in CROSS_FEATURE]     # in creation order
+        heads = _heads(cell, cross)
         if linear:
             out[s] = linear
+        elif heads:
+            out[s] = StateClass("general", f"its recurrence has head-wise linear ops only ({', '.join(cross)}): "
+                                           f"{heads} heads, each a recurrence of its own", heads=heads)
         elif cross:
             out[s] = StateClass("general", f"its recurrence has cross-feature ops ({', '.join(cross)})")
         else:
             out[s] = StateClass("elementwise", "its recurrence is elementwise: each feature on its own")
     return out
+
+
+def _heads(cell, cross: list) -> int | None:
+    """The heads a recurrence whose cross-feature ops are `cross` keeps apart: the gcd of their head counts
+    where all are head-wise linear ops (and it is above 1), else None."""
+    if not cross or any(cell.op(n).kind is not OpKind.HEAD_LINEAR for n in cross):
+        return None
+    k = math.gcd(*(cell.op(n).attrs[0] for n in cross))
+    return k if k > 1 else None
 
 
 def _linear_diagonal(cell, p: str, cycle: set, free: set) -> StateClass | None:

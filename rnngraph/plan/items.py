@@ -10,12 +10,16 @@ from ..ir.ops import REDUCE
 # -- forward ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Gemm:
-    """Linear ops reading one operand, run as one GEMM: out[:, blocks] = operand · [W_1; W_2; …]ᵀ."""
+    """Linear ops reading one operand, run as one GEMM: out[:, blocks] = operand · [W_1; W_2; …]ᵀ. With
+    heads = k > 1 they are head-wise linear ops of k heads each, run as one batched GEMM a node: per head h,
+    out[:, block j's head h] = operand[:, head h] · W_j[h]ᵀ; the packed weights [ΣF, K/k] then hold W_j
+    [k, F_j/k, K/k] as rows, node after node."""
     nodes: tuple        # linear ops; their outputs are column blocks of the merged output, in order
     operand: str
     delay: int
     weights: tuple      # one matrix parameter per node, concatenated along rows
     sizes: tuple        # output features per node
+    heads: int = 1      # k: the head-wise linear ops' heads; 1 for full matrices
 
 
 @dataclass(frozen=True)
@@ -96,8 +100,9 @@ def describe(it, cell) -> str:
 
 
 def _gemm(it, cell):
+    heads = f" per head ({it.heads} heads)" if it.heads > 1 else ""
     return (f"gemm   {', '.join(it.nodes)} = {fmt_read(it.operand, it.delay)} · "
-            f"[{'; '.join(it.weights)}]ᵀ   -> [{sum(it.sizes)}]")
+            f"[{'; '.join(it.weights)}]ᵀ{heads}   -> [{sum(it.sizes)}]")
 
 
 def _fused(it, cell):
@@ -133,6 +138,13 @@ def _param_sum(it, cell):
 
 def _shared(it, cell):
     return f"d{it.weight} += rows {it.start}:{it.stop} of d[{'; '.join(it.item.weights)}]"
+
+
+def head_wise(it) -> bool:
+    """Whether a plan or loop item holds a head-wise GEMM (a Gemm with heads > 1), or its gradient."""
+    inner = [getattr(it, k) for k in ("item", "gemm") if hasattr(it, k)]
+    inner += [x for st in getattr(it, "stages", ()) for x in st.items]
+    return getattr(it, "heads", 1) > 1 or any(head_wise(x) for x in inner)
 
 
 TEXT = {Gemm: _gemm, Fused: _fused, Pair: _pair, GemmGrad: _gemm_grad, FusedGrad: _fused_grad,

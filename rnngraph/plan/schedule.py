@@ -5,7 +5,8 @@ Sections (a dependence pass, as in partial evaluation):
   loop — the recurrent core (strongly connected components through delayed edges) and every op that
          depends on a delayed value and feeds the core: run frame by frame;
   post — ops that depend on a delayed value but feed nothing back: run once over all frames.
-Items (each a future kernel): a Gemm merges linear ops reading one operand (concatenated weights);
+Items (each a future kernel): a Gemm merges linear ops reading one operand (concatenated weights), or
+head-wise linear ops of one head count reading one operand (a batched GEMM over the heads);
 a Fused group joins connected elementwise ops and row reductions (SUM, MEAN) of one size: a group with
 a reduction runs one block per row (run/backends/cuda/rows.py), so no reduction is split across blocks and
 every op of the group works on the block's own row. Loop stages are topological generations of the
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from ..ir.graph import CellGraph, fmt_read, same_frame, topo_order
-from ..ir.ops import ELEMENTWISE, FLOPS, REDUCE, OpKind
+from ..ir.ops import ELEMENTWISE, FLOPS, MATMUL, REDUCE, OpKind
 from .backward import backward_sections, capture_problem
 from .classify import classify
 from .items import Fused, Gemm, Pair, Section, describe
@@ -114,7 +115,8 @@ class Schedule:
             "loop_strategy": self.loop_strategy,
             "loop_strategies": list(self.loop_strategies),
             "blocked_loops": dict(self.blocked_loops),
-            "state_classes": {st: {"class": c.kind, "why": c.why} for st, c in self.state_classes.items()},
+            "state_classes": {st: {"class": c.kind, "why": c.why, "heads": c.heads}
+                              for st, c in self.state_classes.items()},
             "forward_loop": dict(self.plan_lines(self.forward))["loop"],
             "backward": [{"section": name, "items": lines} for name, lines in self.plan_lines(self.backward)],
         }
@@ -133,7 +135,8 @@ class Schedule:
         strategy = STRATEGIES[self.loop_strategy]
         out += [f"    runs {line}" for line in s["forward_loop"]       # what differs from the stages listed
                 if strategy.describe or ": pair" in line or not line.startswith("stage")]
-        out += [f"    {strategy.note}"] if strategy.note else []
+        note = strategy.note(self) if callable(strategy.note) else strategy.note
+        out += [f"    {note}"] if note else []
         out.append(f"  post (once over all frames): {len(self.post)} kernels")
         out += [f"    {describe(it, cell)}" for it in self.post]
         out.append("  backward:")
@@ -191,8 +194,8 @@ def _merge(cell: CellGraph, nodes: list) -> list:
     group = {}      # node -> group key
     for v in order:
         op = cell.op(v)
-        if op.kind is OpKind.LINEAR:
-            group[v] = ("gemm",) + cell.reads(v)[0]
+        if op.kind in MATMUL:       # one GEMM per (operand, delay, heads)
+            group[v] = ("gemm",) + cell.reads(v)[0] + (op.attrs[0] if op.kind is OpKind.HEAD_LINEAR else 1,)
         elif op.kind in FUSES:
             preds = [group[u] for u in frame.predecessors(v) if group[u][0] == "fused"
                      and cell.op(u).kind in FUSES and cell.op(u).size == op.size]
@@ -215,7 +218,7 @@ def _merge(cell: CellGraph, nodes: list) -> list:
         ns = tuple(members[key])
         if key[0] == "gemm":
             ws = tuple(cell.reads(n)[1][0] for n in ns)
-            items.append(Gemm(ns, key[1], key[2], ws, tuple(cell.op(n).size for n in ns)))
+            items.append(Gemm(ns, key[1], key[2], ws, tuple(cell.op(n).size for n in ns), key[3]))
         else:
             items.append(Fused(ns))
     return items
@@ -265,9 +268,10 @@ def build_schedule(cell: CellGraph, optimize: bool = True, loop: str = "auto", r
 
 def _singletons(cell, nodes):
     for n in nodes:
-        if cell.op(n).kind is OpKind.LINEAR:
+        op = cell.op(n)
+        if op.kind in MATMUL:
             (x, d), (w, _) = cell.reads(n)
-            yield Gemm((n,), x, d, (w,), (cell.op(n).size,))
+            yield Gemm((n,), x, d, (w,), (op.size,), op.attrs[0] if op.kind is OpKind.HEAD_LINEAR else 1)
         elif cell.op(n).kind is not OpKind.INPUT:
             yield Fused((n,))
 

@@ -14,13 +14,13 @@ from dataclasses import replace
 from ..arrays import array_module
 from ..errors import RnnGraphError
 from ..ir.ops import OpKind
-from ..plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, SharedWeight, WeightGrad
+from ..plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, SharedWeight, WeightGrad, head_wise
 from ..plan.loops import STRATEGIES, strategy_of
 from ..plan.schedule import Schedule, build_schedule
-from .backends.base import run_fused_backward, run_fused_forward, run_param_grad
+from .backends.base import head_parts, run_fused_backward, run_fused_forward, run_param_grad
 from .chunks import Chunked
 from .settings import byte_count
-from .workspace import ALL, SERIAL, Arenas, Workspace, stored_bytes
+from .workspace import ALL, SERIAL, Arenas, Workspace, rows, stored_bytes
 
 
 class Executor:
@@ -189,8 +189,8 @@ class Executor:
 
     def _forward_body(self, ws, run_loop):
         """Everything after the inputs are staged: packing the merged weights, then the forward plan."""
-        for it, (w, _) in ws.wcat.items():
-            self.backend.pack(w, [ws.vals[p] for p in it.weights], transpose=it in self._loop_gemms)
+        for it, (w, _) in ws.wcat.items():     # a head-wise weight [k, F/k, K/k] packs as its rows [F, K/k]
+            self.backend.pack(w, [rows(ws.vals[p]) for p in it.weights], transpose=it in self._loop_gemms)
         self._run_sections(self.sched.forward, ws, run_loop)
 
     def _run_sections(self, sections, ws, run_loop):
@@ -217,12 +217,20 @@ class Executor:
 
     # -- one handler per plan item kind ----------------------------------------------------------
     def _prepared(self, it, ws, t, views, compile: bool = True):
-        """(views, launchable or None) of an item at frame t (or ALL), built once: the buffers are static."""
+        """(views, launchable or None) of an item at frame t (or ALL), built once: the buffers are static. A
+        head-wise item is offered to compile only where the backend says it compiles those (compiles_heads)."""
         key = (it, t)
         if key not in ws.memo:
             v = views()
+            compile = compile and (self.backend.compiles_heads or not head_wise(it))
             ws.memo[key] = (v, self.backend.compile(self.cell, it, v, t is not ALL) if compile else None)
         return ws.memo[key]
+
+    def _head_parts(self, it, key, ws, merged, packed, operand) -> list:
+        """base.head_parts of head-wise Gemm `it` on these views, built once per key (a step and frame)."""
+        if (key, "heads") not in ws.memo:
+            ws.memo[key, "heads"] = head_parts(it, merged, packed, operand)
+        return ws.memo[key, "heads"]
 
     def _loop(self, loop, ws, _):
         """A loop item, by its strategy's record: the backend's kernels for it where it compiles them on the
@@ -253,6 +261,9 @@ class Executor:
         (x, w, out), launch = self._prepared(it, ws, t, lambda: self._gemm_views(it, ws, t))
         if launch:
             self.backend.launch(launch)
+        elif it.heads > 1:              # per linear op, per head h: out_j[h] = x[h] · W_j[h]ᵀ
+            for o, wj, xh in self._head_parts(it, (it, t), ws, out, w, x):
+                self.backend.head_gemm(xh, wj, o, tb=True)
         else:
             self.backend.gemm(x, w, out, tb=True)
 
@@ -292,9 +303,15 @@ class Executor:
             ws.read(it.operand, it.delay, t, grads=True), ws.wcat[it][1]))
         if launch:
             be.launch(launch)
+        elif it.heads > 1:              # per linear op j, per head h: dx[h] += g_j[h] · W_j[h]
+            for gj, wj, gxh in self._head_parts(it, (step, t), ws, g, w, gx):
+                be.head_gemm(gj, wj, gxh, accumulate=True)
         else:
             be.gemm(g, w, gx, accumulate=True)
-        if step.params:
+        if step.params and it.heads > 1:
+            for gj, gwj, xh in self._head_parts(it, (step, t, "w"), ws, g, gw, x):
+                be.head_gemm(gj, xh, gwj, ta=True, accumulate=True)
+        elif step.params:
             be.gemm(g, x, gw, ta=True, accumulate=True)
 
     def _fused_grad(self, step, ws, t):
@@ -311,10 +328,14 @@ class Executor:
                                lambda u, d, v, cols=slice(None): ws.add(u, d, t, v, cols), step.params)
 
     def _weight_grad(self, step, ws, t):
-        """dW_cat += Σ_frames gᵀ · operand: one GEMM over all T·B rows."""
+        """dW_cat += Σ_frames gᵀ · operand: one GEMM over all T·B rows (head-wise: a batched GEMM a linear op)."""
         it = step.item
-        self.backend.gemm(ws.at(ws.cat[it][1], ALL), ws.read(it.operand, it.delay, ALL), ws.wcat[it][1],
-                          ta=True, accumulate=True)
+        g, x, gw = ws.at(ws.cat[it][1], ALL), ws.read(it.operand, it.delay, ALL), ws.wcat[it][1]
+        if it.heads == 1:
+            self.backend.gemm(g, x, gw, ta=True, accumulate=True)
+            return
+        for gj, gwj, xh in self._head_parts(it, (step, ALL), ws, g, gw, x):
+            self.backend.head_gemm(gj, xh, gwj, ta=True, accumulate=True)
 
     def _param_sum(self, step, ws, t):
         cell = self.cell
@@ -334,7 +355,8 @@ class Executor:
             run_param_grad(self.backend.xp, cell, n, slot, g, ins, y, out)
 
     def _shared(self, step, ws, t):
-        ws.grads[step.weight] += ws.wcat[step.item][1][step.start:step.stop]
+        g = ws.grads[step.weight]
+        g += ws.wcat[step.item][1][step.start:step.stop].reshape(g.shape)     # head-wise: [k, F/k, K/k]
 
 
 HANDLERS = {Gemm: Executor._gemm, Fused: Executor._fused, Pair: Executor._pair, GemmGrad: Executor._gemm_grad,

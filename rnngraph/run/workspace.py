@@ -57,7 +57,7 @@ class Workspace:
             off = 0
             for n, w, f in zip(it.nodes, it.weights, it.sizes):
                 if w not in self.shared_weights:
-                    self.grads[w] = g[off:off + f]
+                    self.grads[w] = g[off:off + f].reshape(cell.params[w])     # head-wise: [k, f/k, K/k]
                 off += f
 
     def bind_params(self, params: dict):
@@ -99,13 +99,13 @@ class Workspace:
 
 def _blocks(sched: Schedule, rows: int, B: int) -> tuple:
     """(shape, key) of every buffer a workspace carves: frame buffers [rows, B, F] (a merged GEMM's output,
-    every other node's value), the merged weights [ΣF, K] and the parameters."""
+    every other node's value), the merged weights [ΣF, K] ([ΣF, K/heads] head-wise) and the parameters."""
     cell = sched.cell
     gemms = [it for it in sched.items if isinstance(it, Gemm)]
     blocks = [((rows, B, sum(it.sizes)), it) for it in gemms]
     blocks += [((rows, B, cell.op(n).size), n) for n in cell.graph
                if cell.op(n).kind is not OpKind.PARAM and n not in {m for it in gemms for m in it.nodes}]
-    wblocks = [((sum(it.sizes), cell.op(it.operand).size), it) for it in gemms]
+    wblocks = [((sum(it.sizes), cell.op(it.operand).size // it.heads), it) for it in gemms]     # [ΣF, K/heads]
     return blocks, wblocks, [(cell.params[p], p) for p in cell.params]
 
 

@@ -45,20 +45,22 @@ class Recurrent(torch.nn.Module):
     rnngraph's loop strategy. Inside torch.autocast the layer computes in the autocast dtype (float32
     parameters, their gradients in float32, outputs in that dtype); float32 on CUDA uses TF32 where torch would
     for the same layer (rnngraph.torch.precision). Dropout masks come from the module's own generator (seed),
-    not torch's."""
+    not torch's. Other keywords are the cell function's own options, e.g. ``Recurrent("slstm", 16, 32, heads=4)``."""
 
     _strip = ""             # what the engine's parameter names carry that the module's do not (cells: '_l0')
 
     def __init__(self, cell, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, *,
-                 mode: str | None = None, loop: str = "auto", seed: int = 0, device=None, dtype=None):
+                 mode: str | None = None, loop: str = "auto", seed: int = 0, device=None, dtype=None,
+                 **cell_options):
         super().__init__()
         if mode is not None and mode not in MODES:
             raise RnnGraphError(f"unknown mode {mode!r}; choose None (graph on CUDA, staged on the CPU) or one of "
                                 f"{', '.join(MODES)}")
         template = Engine(cell, input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
                           backend="numpy", dtype="float64", loop=loop,
-                          mode="naive" if mode == "naive" else "staged")     # checks everything once, here
+                          mode="naive" if mode == "naive" else "staged", **cell_options)   # checks everything once
+        self._cell_options = dict(cell_options)         # plain data: pickled, and given to the cell again
         self._cell_data = cell if isinstance(cell, str) and cell in CELLS else [cell_to_dict(c) for c in template.cells]
         self.input_size, self.hidden_size, self.num_layers = int(input_size), int(hidden_size), int(num_layers)
         self.bias, self.batch_first, self.dropout = bool(bias), bool(batch_first), float(dropout)
@@ -98,7 +100,7 @@ class Recurrent(torch.nn.Module):
             if isinstance(self._cell_data, str):
                 cells, size = [], self.input_size
                 for _ in range(self.num_layers):
-                    cells.append(load_cell(self._cell_data, size, self.hidden_size, self.bias))
+                    cells.append(load_cell(self._cell_data, size, self.hidden_size, self.bias, **self._cell_options))
                     size = cells[-1].op(cells[-1].outputs[0]).size * (2 if self.bidirectional else 1)
                 self._graphs = cells
             else:
@@ -129,7 +131,7 @@ class Recurrent(torch.nn.Module):
                            ("bidirectional", False), ("mode", None), ("loop", "auto")):
             if getattr(self, k) != default:
                 s += f", {k}={getattr(self, k)!r}"
-        return s
+        return s + "".join(f", {k}={v!r}" for k, v in self._cell_options.items())
 
     # -- the call ---------------------------------------------------------------------------------
     @torch.compiler.disable      # torch.compile cannot trace rnngraph's kernels: one clean graph break here

@@ -2,9 +2,11 @@
 kernel a direction holds them in shared memory across all frames."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from ...ir.ops import KERNEL, REDUCE, OpKind
+from ...ir.ops import KERNEL, MATMUL, REDUCE, OpKind
+from ..items import Gemm
 from .stages import stages_plan, staged_only, walk
 from .strategy import LoopStrategy
 
@@ -34,9 +36,21 @@ def blocks(cell, loop_nodes) -> str | None:
         if kind in REDUCE:
             return (f"op {n} ({kind.value}) reduces over features inside the loop, and a persistent kernel "
                     "splits features over blocks")
-        if kind in (OpKind.CONCAT, OpKind.SLICE) or kind not in KERNEL and kind is not OpKind.LINEAR:
+        if kind in (OpKind.CONCAT, OpKind.SLICE) or kind not in KERNEL and kind not in MATMUL:
             return f"op {n} ({kind.value}) in the loop has no rule a persistent kernel runs"
     return None
+
+
+def note(sched) -> str:
+    """The line under the forward loop: one cooperative kernel, or where every GEMM of the loop is head-wise, a
+    kernel whose blocks own whole heads."""
+    heads = {it.heads for st in sched.loop for it in st if isinstance(it, Gemm)}
+    if heads and 1 not in heads:
+        return (f"runs all stages as one kernel a direction on the GPU, each block owning whole heads of the "
+                f"{math.gcd(*heads)} the GEMMs keep apart, its weights held on chip, no grid barrier (B ≤ 8, where "
+                "a block's heads fit; else split over more blocks, with barriers); else frame by frame, as stages")
+    return ("runs all stages as one cooperative kernel a direction on the GPU, the weights held on chip "
+            "(B ≤ 8, where they fit); else frame by frame, as stages")
 
 
 STRATEGY = LoopStrategy(
@@ -44,6 +58,5 @@ STRATEGY = LoopStrategy(
     admits=lambda kinds: "general" in kinds, plan=persistent_plan, blocks=blocks,
     title="loop in reverse time, stages reversed, in one kernel where the GPU fits the weights on chip",
     views=lambda ws, loop: (ws.vals, ws.grads, ws.cat, ws.wcat, ws.P, ws.T, ws.B), reference=walk,
-    note="runs all stages as one cooperative kernel a direction on the GPU, the weights held on chip "
-         "(B ≤ 8, where they fit); else frame by frame, as stages",
+    note=note,
     runs_as="stages", auto_by_reference=False)

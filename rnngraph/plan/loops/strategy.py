@@ -23,7 +23,7 @@ class LoopStrategy:
     reference: Callable             # (executor, loop item, workspace, views): the run without a kernel
     blocks: Callable = lambda cell, loop_nodes: None   # -> why an op of the loop rules it out, or None
     describe: Callable | None = None    # (loop item, cell) -> its one line; None: its stages' items, listed
-    note: str | None = None         # a line `rnngraph schedule` adds under the forward loop
+    note: str | Callable | None = None  # a line `rnngraph schedule` adds under the forward loop, or (schedule) -> it
     runs_as: str | None = None      # what the reference amounts to, where it is another strategy ('stages')
     auto_by_reference: bool = True  # whether 'auto' picks it where a backend runs only the reference
     chunk_frames: int = 512         # graph mode's chunk of time for it unless the user sets one (0: whole calls),

@@ -10,7 +10,7 @@ import functools
 
 from ...arrays import float32_copies, is_half
 from ...errors import RnnGraphError
-from ...ir.ops import ALL, FORWARD, VJP, OpKind, accumulate
+from ...ir.ops import ALL, FORWARD, VJP, OpKind, accumulate, split_heads
 from ...plan.loops import STRATEGIES, strategy_of
 
 
@@ -27,6 +27,8 @@ class ArrayBackend:
     kernel_loops = frozenset()      # those it has kernels for
     chunk_frames = 0    # executors run longer calls in chunks of this many frames (run/chunks.py); 0: never;
                         # None: as many as the loop strategy's record says
+    compiles_heads = False  # whether compile() knows head-wise GEMMs (plan.items.head_wise); else the executor
+                            # runs them by head_gemm and never offers them to compile
 
     def __init__(self, mode: str = "staged"):
         if mode not in self.modes:
@@ -73,6 +75,20 @@ class ArrayBackend:
             out += a @ b
         else:
             self.xp.matmul(a, b, out=out)
+
+    def head_gemm(self, a, b, out, *, ta: bool = False, tb: bool = False, accumulate: bool = False):
+        """gemm batched over heads: out[h] (+)= op(a[h]) · op(b[h]) for each head h of the leading axis, views
+        [k, ...] of rows split into heads (head_parts): out [k, N, o] = x [k, N, i] · w [k, o, i]ᵀ forward,
+        out [k, N, i] += g [k, N, o] · w [k, o, i] and out [k, o, i] += g [k, N, o]ᵀ · x [k, N, i] backward."""
+        xp = self.xp
+        a, b = (a.transpose(0, 2, 1) if ta else a), (b.transpose(0, 2, 1) if tb else b)
+        if is_half(out):                    # float32 products and sums, rounded once when stored
+            f32 = xp.float32
+            out[...] = xp.matmul(a.astype(f32), b.astype(f32)) + (out.astype(f32) if accumulate else 0)
+        elif accumulate:
+            out += xp.matmul(a, b)
+        else:
+            xp.matmul(a, b, out=out)
 
     def compile(self, cell, item, views, per_frame: bool):
         """A launchable running plan item `item` on `views` (the arrays the executor hands it) as
@@ -157,3 +173,15 @@ def run_fused_backward(xp, cell, it, env, genv, add, params: bool):
             if cell.op(u).kind is OpKind.PARAM and not params:
                 continue
             VJP[op.kind][slot](xp, functools.partial(add, u, d), genv[n], *ins, env[n], op.attrs)
+
+
+def head_parts(it, merged, packed, operand) -> list:
+    """Per linear op j of a head-wise Gemm `it` (k heads): (merged [N, ΣF] cut to j's columns as heads [k, N, F_j/k],
+    packed [ΣF, K/k] cut to j's rows as its weights [k, F_j/k, K/k], operand [N, K] as heads [k, N, K/k]), views:
+    the merged output or its gradient, the packed weights or their gradient, the operand or its gradient."""
+    k, out, off = it.heads, [], 0
+    for f in it.sizes:
+        out.append((split_heads(merged[:, off:off + f], k), packed[off:off + f].reshape(k, f // k, -1),
+                    split_heads(operand, k)))
+        off += f
+    return out

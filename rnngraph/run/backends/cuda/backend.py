@@ -13,10 +13,10 @@ import warnings
 from ....errors import RnnGraphError, RnnGraphWarning
 from ....plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum
 from ....plan.loops import STRATEGIES
-from ..base import ArrayBackend
+from ..base import ArrayBackend, head_parts
 from .fused import fusable, fused_backward_kernel, fused_forward_kernel
 from .matmul import GEMV_ROWS, matmul_source
-from .pair import GEMV_FUSED_ROWS, PAIR_MAX_BYTES, gemv_fused_kernel
+from .pair import GEMV_FUSED_ROWS, PAIR_MAX_BYTES, pair_kernel
 from .param_grad import param_grad_kernel
 from .recordings import Recordings, chunk_frames_setting
 from .rows import row_backward_kernel, row_forward_kernel, row_group
@@ -79,6 +79,7 @@ class CupyBackend(ArrayBackend):
     """
     name = "cupy"
     modes = ("naive", "staged", "graph")
+    compiles_heads = True
     kernel_loops = frozenset(s.name for s in STRATEGIES.values() if s.item in RUNNERS)
 
     def __init__(self, mode: str = "staged", matmul: str = "cublas", lanes: int = 1, max_graphs: int = 1024,
@@ -94,6 +95,8 @@ class CupyBackend(ArrayBackend):
                                                                                    # (None: each strategy's)
         self.graphs = Recordings(cupy, max_graphs, max_graph_bytes) if capture else None
         self._transposed: dict = {}       # id(packed per-frame W) -> (W, its transpose [K, M])
+        self._head_transposed: dict = {}  # id(packed head-wise per-frame W) -> (W, [(W_j [k, o, i], W_j's heads
+                                          # transposed [k, i, o])]), for our own kernels' d operand
         self.blas = None
         if matmul == "cublas":
             try:
@@ -127,6 +130,9 @@ class CupyBackend(ArrayBackend):
             if wt is None or wt[0] is not out:
                 self._transposed[id(out)] = (out, self.xp.empty(out.shape[::-1], out.dtype))
             self._transposed[id(out)][1][...] = out.T
+            heads = self._head_transposed.get(id(out))
+            for w, tr in heads[1] if heads and heads[0] is out else ():
+                tr[...] = w.transpose(0, 2, 1)
 
     # -- matrix products ----------------------------------------------------------------------
     def gemm(self, a, b, out, *, ta: bool = False, tb: bool = False, accumulate: bool = False):
@@ -136,17 +142,39 @@ class CupyBackend(ArrayBackend):
         else:
             super().gemm(a, b, out, ta=ta, tb=tb, accumulate=accumulate)
 
+    def head_gemm(self, a, b, out, *, ta: bool = False, tb: bool = False, accumulate: bool = False):
+        """One strided-batched cuBLAS GEMM over the heads (capturable), else the reference."""
+        form = _BLAS_FORMS.get((ta, tb, accumulate))
+        if self.blas and form and self.blas.usable(a, b, out):
+            form(self.blas, a, b, out)
+        else:
+            super().head_gemm(a, b, out, ta=ta, tb=tb, accumulate=accumulate)
+
     def _compile_gemm(self, cell, item, views, per_frame):
-        """A per-frame GEMM as our own capturable kernel (x [B, K] · W [M, K]ᵀ), when they run the loop."""
+        """A per-frame GEMM as our own capturable kernel (x [B, K] · W [M, K]ᵀ), when they run the loop; a
+        head-wise one as one launch per (linear op, head): out_j[h] = x[h] · W_j[h]ᵀ."""
         x, w, out = views
-        return (self.matmul_launch(x, w, out, accumulate=False),) if per_frame and self.own_loop_gemms else None
+        if not (per_frame and self.own_loop_gemms):
+            return None
+        if item.heads == 1:
+            return (self.matmul_launch(x, w, out, accumulate=False),)
+        return tuple(self.matmul_launch(xh[h], wj[h], o[h], accumulate=False)
+                     for o, wj, xh in head_parts(item, out, w, x) for h in range(item.heads))
 
     def _compile_gemm_grad(self, cell, item, views, per_frame):
-        """d operand [B, K] += g [B, M] · W [M, K] as our own kernel, through the transpose pack keeps."""
+        """d operand [B, K] += g [B, M] · W [M, K] as our own kernel, through the transpose pack keeps; a
+        head-wise one per (linear op, head) through its heads' transposes, kept from now on (pack refreshes them)."""
         g, w, _, gx, _ = views
         if not (per_frame and self.own_loop_gemms and id(w) in self._transposed):
             return None
-        return (self.matmul_launch(g, self._transposed[id(w)][1], gx, accumulate=True),)
+        if item.item.heads == 1:
+            return (self.matmul_launch(g, self._transposed[id(w)][1], gx, accumulate=True),)
+        parts = head_parts(item.item, g, w, gx)
+        kept = self._head_transposed.get(id(w))
+        if kept is None or kept[0] is not w:
+            kept = self._head_transposed[id(w)] = (w, [(wj, wj.transpose(0, 2, 1).copy()) for _, wj, _ in parts])
+        return tuple(self.matmul_launch(gj[h], tr[h], gxh[h], accumulate=True)
+                     for (gj, _, gxh), (_, tr) in zip(parts, kept[1]) for h in range(item.item.heads))
 
     def _compile_param_sum(self, cell, item, views, per_frame):
         """out [F] += Σ_rows of each reading node's backward expression for the vector parameter."""
@@ -198,8 +226,7 @@ class CupyBackend(ArrayBackend):
                 not fusable(cell, fused.nodes):
             return None
         spec = _spec(cell, fused, "fwd")
-        offsets = [sum(gemm.sizes[:j]) for j in range(len(gemm.nodes))]
-        kernel = self.raw(*gemv_fused_kernel(spec, list(gemm.nodes), offsets, CTYPES[str(out.dtype)]))
+        kernel = self.raw(*pair_kernel(spec, gemm, CTYPES[str(out.dtype)]))
         return ((kernel, (out.shape[1] // len(gemm.nodes),), (128,),
                  self._pair_args(x, w, out, spec, _fused_arrays(spec, env))),)
 

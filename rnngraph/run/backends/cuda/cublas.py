@@ -3,7 +3,8 @@
 CuPy 14 refuses cuBLAS calls during stream capture, but cuBLAS itself supports capture when its
 workspace is set up front. We load the libcublas that CuPy already loaded into this process, with
 our own handle and workspace. Row-major arrays with unit column stride; leading dimensions are the
-row strides, so merged-buffer column views need no copy.
+row strides, so merged-buffer column views need no copy. 3-D views [k, rows, cols] (heads) run as one
+strided-batched GEMM, each head's matrix at its batch stride.
 """
 from __future__ import annotations
 
@@ -46,16 +47,21 @@ class Cublas:
 
     @staticmethod
     def usable(*arrays) -> bool:
-        return all(a.ndim == 2 and (a.shape[1] <= 1 or a.strides[1] == a.itemsize) and a.strides[0] > 0
-                   for a in arrays)
+        """Whether the arrays are all matrices [rows, cols], or all heads [k, rows, cols], with unit column stride."""
+        return len({a.ndim for a in arrays}) == 1 and all(
+            a.ndim in (2, 3) and (a.shape[-1] <= 1 or a.strides[-1] == a.itemsize) and a.strides[-2] > 0
+            and (a.ndim == 2 or a.strides[0] >= 0) for a in arrays)
 
     def _gemm(self, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, beta):
-        """C = op(A) op(B) (+ C), column-major as cuBLAS sees our row-major views. Half storage goes through
-        GemmEx: tensor cores, float32 products and sums, C rounded once when stored."""
+        """C = op(A) op(B) (+ C), column-major as cuBLAS sees our row-major views; heads (3-D views) as one
+        strided-batched GEMM. Half storage goes through GemmEx: tensor cores, float32 products and sums,
+        C rounded once when stored."""
         dt = str(c.dtype)
         self._check(self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(self.cp.cuda.get_current_stream().ptr)),
                     "cublasSetStream")
         ptr = lambda x: ctypes.c_void_p(x.data.ptr)
+        if c.ndim == 3:
+            return self._batched(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, beta)
         if dt in _HALF or (dt == "float32" and self.tf32):
             one, scale = ctypes.byref(self.scalars[("float32", 1.0)]), ctypes.byref(self.scalars[("float32", beta)])
             h, compute = (_HALF[dt], _COMPUTE_32F) if dt in _HALF else (_R_32F, _COMPUTE_32F_FAST_TF32)
@@ -69,21 +75,41 @@ class Cublas:
                        ctypes.byref(self.scalars[(dt, beta)]), ptr(c), max(ldc, 1)),
                     "cublas gemm")
 
+    def _batched(self, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, beta):
+        """_gemm over heads: a, b, c [heads, rows, cols], each head's matrix at its batch stride (strides[0])."""
+        dt, heads = str(c.dtype), c.shape[0]
+        ptr = lambda x: ctypes.c_void_p(x.data.ptr)
+        stride = lambda x: ctypes.c_longlong(x.strides[0] // x.itemsize)
+        if dt in _HALF:
+            one, scale = ctypes.byref(self.scalars[("float32", 1.0)]), ctypes.byref(self.scalars[("float32", beta)])
+            h = _HALF[dt]
+            self._check(self.lib.cublasGemmStridedBatchedEx(
+                self.handle, ta, tb, m, n, k, one, ptr(a), h, max(lda, 1), stride(a), ptr(b), h, max(ldb, 1), stride(b),
+                scale, ptr(c), h, max(ldc, 1), stride(c), heads, _COMPUTE_32F, _GEMM_DEFAULT),
+                "cublasGemmStridedBatchedEx")
+            return
+        fn = self.lib.cublasSgemmStridedBatched if dt == "float32" else self.lib.cublasDgemmStridedBatched
+        self._check(fn(self.handle, ta, tb, m, n, k, ctypes.byref(self.scalars[(dt, 1.0)]),
+                       ptr(a), max(lda, 1), stride(a), ptr(b), max(ldb, 1), stride(b),
+                       ctypes.byref(self.scalars[(dt, beta)]), ptr(c), max(ldc, 1), stride(c), heads),
+                    "cublas strided-batched gemm")
+
     def nt(self, x, w, out, beta=0.0):
-        """out [N, M] = x [N, K] · w [M, K]ᵀ (+ out when beta=1)."""
-        (N, K), M = x.shape, w.shape[0]
+        """out [N, M] = x [N, K] · w [M, K]ᵀ (+ out when beta=1); per head for [k, ...] views."""
+        (N, K), M = x.shape[-2:], w.shape[-2]
         self._gemm(_OP_T, _OP_N, M, N, K, w, _ld(w), x, _ld(x), out, _ld(out), beta)
 
     def nn(self, g, w, out):
-        """out [N, K] += g [N, M] · w [M, K]."""
-        (N, M), K = g.shape, w.shape[1]
+        """out [N, K] += g [N, M] · w [M, K]; per head for [k, ...] views."""
+        (N, M), K = g.shape[-2:], w.shape[-1]
         self._gemm(_OP_N, _OP_N, K, N, M, w, _ld(w), g, _ld(g), out, _ld(out), 1.0)
 
     def tn(self, g, x, out):
-        """out [M, K] += g [N, M]ᵀ · x [N, K]."""
-        (N, M), K = g.shape, x.shape[1]
+        """out [M, K] += g [N, M]ᵀ · x [N, K]; per head for [k, ...] views."""
+        (N, M), K = g.shape[-2:], x.shape[-1]
         self._gemm(_OP_N, _OP_T, K, M, N, x, _ld(x), g, _ld(g), out, _ld(out), 1.0)
 
 
 def _ld(a) -> int:
-    return a.strides[0] // a.itemsize
+    """The row stride of a matrix, or of each head's matrix, in elements."""
+    return a.strides[-2] // a.itemsize

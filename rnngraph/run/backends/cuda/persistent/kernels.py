@@ -12,7 +12,10 @@ reads what it wrote itself since the last one, and in a forward of GEMM phases o
 float32 (float32 or half storage), where each x value travels with its frame's tag in one 64-bit word
 (a half value as stored, rounded) and the staging spins on the words it needs: LSTM's forward then
 needs no barrier, its backward one a frame (before the dgemm). Weights sit in shared memory in their
-storage type (half: twice float32's rows); x rows and sums in the math type.
+storage type (half: twice float32's rows); x rows and sums in the math type. Where every block owns whole
+heads (phases.per_head: head-wise GEMMs, G dividing their heads) it reads only what it wrote itself, so the
+source (HEAD_SOURCE) has no grid barrier and no tagged word, and the launch is an ordinary one; the
+head-wise GEMV is heads.py's.
 
 Arrays are addressed by frame as in ../scan.py: element (t, b, f) of a node's [P+T, B, F]
 buffer (row stride ld; a vector parameter has ld = 0) is p[((P + t - delay)·B + b)·ld + f].
@@ -23,11 +26,14 @@ from dataclasses import dataclass
 
 from ..source import CTYPES, kernel_name, math_type, rounded
 from . import mma
-from .phases import MAX_ROWS, THREADS, barriers, exchanges, nodes_of, own, phases, shared_layout, sources
+from .heads import head_gemv, head_weight
+from .phases import (MAX_ROWS, THREADS, barriers, exchanges, nodes_of, own, per_head, phases, shared_layout, sources,
+                     staged)
 
-SOURCE = r"""
+AT_DEFINE = r"""
 #define AT(p, ld, lag, col) p[((long long)(P + t - (lag)) * NB + b) * (ld) + (col)]
-static __device__ __forceinline__ void grid_barrier(unsigned int* count, unsigned int target) {{
+"""
+SYNC = r"""static __device__ __forceinline__ void grid_barrier(unsigned int* count, unsigned int target) {{
     // every block's thread 0 arrives with a release add (after the block's writes: bar.sync orders them),
     // then spins with acquire loads until all G have arrived; bar.sync hands that on to the block
     __syncthreads();
@@ -47,7 +53,8 @@ static __device__ __forceinline__ CT exchanged(const unsigned long long* w, unsi
 static __device__ __forceinline__ void exchange(unsigned long long* w, unsigned int tag, CT x) {{
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" :: "l"(w), "l"(((unsigned long long)tag << 32) | __float_as_uint(x)) : "memory");
 }}
-extern "C" __global__ void __launch_bounds__(NT, 1) {name}(unsigned int* bar, {args}int T, int P) {{
+"""
+KERNEL_HEAD = r"""extern "C" __global__ void __launch_bounds__(NT, 1) {name}(unsigned int* bar, {args}int T, int P) {{
     extern __shared__ __align__(16) unsigned char smem_raw[];
     ST* sw = (ST*)smem_raw;         // the GEMM phases' weight rows, as stored (half storage: twice as many fit)
     CT* smem = (CT*)(smem_raw + W_BYTES);
@@ -55,10 +62,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {name}(unsigned int* bar, {a
     CT* gs = smem + GS_OFF;         // its sums [rows of the block, NB]
     CT* gp = smem + GP_OFF;         // their partial sums [(row, slice), NB]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, blk = blockIdx.x;
-    unsigned int barriers = 0;      // the grid barriers passed: *bar counts G arrivals each (zeroed before launch)
+"""
+SYNC_VARS = r"""    unsigned int barriers = 0;      // the grid barriers passed: *bar counts G arrivals each (zeroed before launch)
     const unsigned int tags = bar[1] * (unsigned int)(T + 1) + 1;   // exchanged words of frame t carry tags + t
     (void)tags;
-{load}
+"""
+BODY = r"""{load}
     __syncthreads();
 {prologue}
     for (int s = 0; s < T; ++s) {{
@@ -67,6 +76,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {name}(unsigned int* bar, {a
     }}
 }}
 """
+SOURCE = AT_DEFINE + SYNC + KERNEL_HEAD + SYNC_VARS + BODY
+# per head: no block waits for another, so no barrier or tagged word, and an ordinary launch
+HEAD_SOURCE = AT_DEFINE + KERNEL_HEAD + "    (void)bar;\n" + BODY
 
 ZERO_SOURCE = r"""
 extern "C" __global__ void rg_persist_zero(unsigned int* bar) { bar[0] = 0u; bar[1] += 1u; }
@@ -122,11 +134,12 @@ class Persistent:
     blocks: int
     threads: int
     smem: int           # dynamic shared memory bytes
+    cooperative: bool = True    # False per head: no block waits for another, an ordinary launch
 
 
 def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
     """The kernel running `loop` (a PersistentLoop; problem() is None) for B ≤ MAX_ROWS rows on G blocks, or
-    in half storage up to mma.MMA_ROWS on tensor cores (mma.py)."""
+    in half storage with full matrices up to mma.MMA_ROWS on tensor cores (mma.py)."""
     groups = phases(cell, loop)
     itemsize = ITEMSIZE[math_type(ctype)]
     tc = None
@@ -145,8 +158,9 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
         return f"pp{args.setdefault((kind, key), len(args))}"
 
     written = {n: (gi, p) for gi, g in enumerate(groups) for p in g for n in nodes_of(p)}
-    need = barriers(groups)
-    swaps = exchanges(cell, groups, written, ctype, B, G)     # group index -> operand passed in tagged words
+    apart = per_head(groups, G)     # each block owns whole heads: it reads only what it wrote, after its own sync
+    need = [False] * len(groups) if apart else barriers(groups)
+    swaps = {} if apart else exchanges(cell, groups, written, ctype, B, G)     # group -> operand in tagged words
     need = [n and gi not in swaps for gi, n in enumerate(need)]
     tagged = {u: arg("xb", u) for u in swaps.values()}
     # backward: groups before the frame's first barrier read only values (read-only here) and gradients of
@@ -169,11 +183,13 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
             ok = (lambda kind, n, lag, p=p, gi=gi: kind == "val" or mine and kind == "grad" and (
                 p.kind == "dgemm" or n not in operands and (gi >= k or n not in late))) if loop.reverse else \
                 (lambda kind, n, lag, p=p, gi=gi: kind == "val" and own(written.get(n), p, lag, gi))
+            ok = (lambda *source: True) if apart else ok
             lines, early[pi] = _prefetch(cell, p, f"r{gi}_{pi}_", arg, ok, G, B)
             pre += lines
         run = (["        grid_barrier(bar, ++barriers * G);"] if need[gi] else []) + \
             [ln for pi, p in enumerate(g) for ln in _phase_lines(cell, p, arg, early[pi], woff.get(id(p)), load,
-                                                                    tagged.get(swaps.get(gi)), tagged, ctype, tc)]
+                                                                    tagged.get(swaps.get(gi)), tagged, ctype,
+                                                                    staged(p, G, apart), apart, tc)]
         if gi < k:
             prologue += pre + run
             tail_loads += pre
@@ -190,17 +206,21 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
     sig = "".join(ptr.get(kind, "ST* pp{0}, long long ld{0}, ").format(k) for k, (kind, _) in enumerate(names))
     defs = {"ST": ctype, "CT": math_type(ctype), "NB": B, "G": G, "NT": THREADS, "W_BYTES": w_bytes,
             "XS_OFF": xs_off, "GS_OFF": gs_off, "GP_OFF": gp_off}
-    text = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + (mma.helpers(ctype) if tc else "") + SOURCE.format(
+    text = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + (mma.helpers(ctype) if tc else "") + \
+        (HEAD_SOURCE if apart else SOURCE).format(
         name="{name}", args=sig, load="\n".join(dict.fromkeys(load)), prologue="\n".join(prologue), phases="\n".join(body),
         frame="T - 1 - s" if loop.reverse else "s")
     name = kernel_name("persist", text)
-    return Persistent(name, text.replace("{name}", name), tuple(names), G, THREADS, w_bytes + total * itemsize)
+    return Persistent(name, text.replace("{name}", name), tuple(names), G, THREADS, w_bytes + total * itemsize,
+                      cooperative=not apart)
 
 
-def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, st: str, tc=None) -> list:
+def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, st: str, xw: int,
+                 apart: bool, tc=None) -> list:
     """The lines running phase p at frame t (its GEMV first, with its weights' load added to `load`; its x
-    from tagged words where xb names their buffer; its members in `tagged` also written so); tc: the
-    tensor cores' layout (mma.Layout), where they run the GEMMs."""
+    from tagged words where xb names their buffer; its members in `tagged` also written so; a head-wise
+    GEMV staging xw columns, the block's own heads where it owns whole heads, `apart`); tc: the tensor
+    cores' layout (mma.Layout), where they run the GEMMs."""
     out = [f"        {{   // {p.kind} {', '.join(nodes_of(p))}",
            f"        const int u0 = ({p.units} * blk) / G, nu = ({p.units} * (blk + 1)) / G - u0;"]
     if woff is not None and tc is not None:
@@ -209,8 +229,14 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
         out.append(mma.gemm(p, woff, tc, x, _ld(x), lag))
     elif woff is not None:
         load.append(_weights(p, woff, arg))
-        out.append(_gemv(cell, p, woff, arg, xb))
+        out.append(_gemv(cell, p, woff, arg, xb) if p.heads == 1 else _head_gemv(p, woff, arg, xw, apart))
     return out + _epilogue(cell, p, arg, early, tagged, st) + ["        __syncthreads();\n        }"]
+
+
+def _head_gemv(p, woff: int, arg, xw: int, apart: bool) -> str:
+    """A head-wise phase's GEMV (heads.py) on its x: the operand's values, or a dgemm's output gradient."""
+    x = arg("dcat", p.item) if p.kind == "dgemm" else arg("val", (p.item.gemm if p.kind == "pair" else p.item).operand)
+    return head_gemv(p, woff, x, _ld(x), xw, apart)
 
 
 def _ld(pointer: str) -> str:
@@ -219,8 +245,8 @@ def _ld(pointer: str) -> str:
 
 
 def _operand(p, arg) -> tuple:
-    """(the global element of phase p's weight row q (j, u: its merged block and unit) at column k, the
-    argument of its x, x's lag)."""
+    """(the global element of full-matrix phase p's weight row q (j, u: its merged block and unit) at column k,
+    the argument of its x, x's lag)."""
     it = p.item.gemm if p.kind == "pair" else p.item
     w, K = arg("w", it), p.width
     if p.kind == "dgemm":           # W [M, K_op]: the block's columns, each a row of M here
@@ -232,7 +258,11 @@ def _operand(p, arg) -> tuple:
 
 def _weights(p, off: int, arg) -> str:
     """Copies the block's weight rows of phase p into shared memory (row q = j·nu + u: block j's unit u)."""
-    src, K = _operand(p, arg)[0], p.width
+    K = p.width
+    if p.heads > 1:                 # head-wise: rows of one head's width (heads.py)
+        src = head_weight(p, arg("w", p.item.gemm if p.kind == "pair" else p.item))
+    else:
+        src = _operand(p, arg)[0]
     return (f"    {{   const int u0 = ({p.units} * blk) / G, nu = ({p.units} * (blk + 1)) / G - u0;\n"
             f"        for (int e = tid; e < nu * {p.m * K}; e += NT) {{\n"
             f"            const int q = e / {K}, k = e - q * {K}, j = q / nu, u = q - j * nu;\n"
@@ -290,9 +320,18 @@ def _epilogue(cell, p, arg, early: dict, tagged: dict, st: str) -> list:
     sums as stored in element type st), a group's body."""
     head = ["        for (int e = tid; e < nu * NB; e += NT) {",
             "            const int b = e / nu, u = e - b * nu, f = u0 + u;", "            (void)f;"]
+    if p.kind == "gemm" and p.m > 1:    # head-wise: unit f's column in each merged block
+        c = arg("cat", p.item)
+        return head + [f"            AT({c}, {_ld(c)}, 0, {p.units * j} + f) = gs[({j} * nu + u) * NB + b];"
+                       for j in range(p.m)] + ["        }"]
     if p.kind == "gemm":
         c = arg("cat", p.item)
         return head + [f"            AT({c}, {_ld(c)}, 0, f) = gs[u * NB + b];", "        }"]
+    if p.kind == "dgemm" and p.m > 1:   # head-wise: each linear op's sum added in turn, stored rounded each time
+        gx = arg("grad", p.item.operand)
+        at = f"AT({gx}, {_ld(gx)}, {p.item.delay}, f)"
+        adds = [f"            v = {rounded(f'v + gs[({j} * nu + u) * NB + b]', st)};" for j in range(p.m)]
+        return head + [f"            CT v = {early.get('old', at)};", *adds, f"            {at} = v;", "        }"]
     if p.kind == "dgemm":
         gx = arg("grad", p.item.operand)
         at = f"AT({gx}, {_ld(gx)}, {p.item.delay}, f)"

@@ -4,14 +4,20 @@ each block holds. Plain data and checks, no source text (that is kernels.py).
 
 The loop's items become phases, each split over the G blocks by units, contiguous and balanced (block k
 owns units [U·k/G, U·(k+1)/G)):
-  gemm    a per-frame GEMM out = x · Wᵀ: units are its output columns;
+  gemm    a per-frame GEMM out = x · Wᵀ: units are its output columns (head-wise: each linear op's
+          output columns, a unit's column in every merged block);
   pair    a GEMM and the fused group reading it: units are the group's features (each one's column
           in every merged block of the GEMM), then the group's body for them;
   dgemm   d operand += g · W: units are the operand's columns (the block holds W's columns);
   fused / dfused  a fused group's forward or backward body: units are its features.
+Where every GEMM of the loop is head-wise and G divides their heads, each block owns whole heads of every
+value (units split at head boundaries): it reads only what it wrote itself, so no phase needs a grid barrier,
+and the kernel is an ordinary launch (per head); else the head-wise GEMM rows read their head's slice of x
+staged whole, with the barriers of full matrices.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .....plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair
@@ -32,28 +38,48 @@ class Phase:
     kind: str           # gemm | pair | dgemm | fused | dfused
     item: object        # the Gemm (gemm, dgemm), the Pair, or the Fused group
     units: int
-    m: int = 1          # weight rows per unit (a pair: the GEMM's merged blocks)
-    width: int = 0      # K of a GEMM phase: the length of its rows in shared memory
+    m: int = 1          # weight rows per unit (a pair, a head-wise gemm: the GEMM's merged blocks)
+    width: int = 0      # K of a GEMM phase: the length of its rows in shared memory (head-wise: one head's)
+    heads: int = 1      # a head-wise GEMM phase's heads; 1 for full matrices
+
+    @property
+    def head_width(self) -> int:
+        """The x columns a head-wise GEMM phase stages a head: K/k (a gemm's or pair's), J·F/k (a dgemm's, a row
+        of F/k for each of its J merged linear ops)."""
+        return self.width * (self.m if self.kind == "dgemm" else 1)
 
     @property
     def aligned(self) -> int | None:
         """The feature count F whose column f this phase's block alone writes at every unit f it owns,
         or None where its outputs are not columns of one F (a GEMM merging several blocks)."""
         if self.kind == "gemm":
-            return self.units if len(self.item.nodes) == 1 else None
+            return self.units if len(self.item.nodes) == 1 or self.heads > 1 else None
         return self.units
 
 
 def problem(cell, loop) -> str | None:
     """Why a persistent kernel cannot run this loop, whatever the sizes, or None (the plan does not pick
     'persistent' for a loop its strategy's `blocks` rules out; a schedule given by hand may still hold one)."""
-    nodes = []
+    nodes, gemms = [], []
     for st in loop.stages:
         for it in st.items:
             if _nodes(it) is None:
                 return f"its loop has a {type(it).__name__} item, which a persistent kernel does not run"
             nodes += _nodes(it)
+            gemms += [g for g in (_gemm(it),) if g is not None]
+    if len({g.heads > 1 for g in gemms}) > 1:
+        return "its loop has head-wise and full GEMMs, and a persistent kernel runs one kind"
+    unequal = next((g for g in gemms if g.heads > 1 and len(set(g.sizes)) > 1), None)
+    if unequal:
+        return (f"its head-wise GEMM {', '.join(unequal.nodes)} merges linear ops of sizes {list(unequal.sizes)}, "
+                "and a persistent kernel runs those of one size")
     return blocks(cell, nodes)
+
+
+def _gemm(it):
+    """The Gemm a loop item runs (a Pair's, a GemmGrad's, itself), or None."""
+    return it.gemm if isinstance(it, Pair) else it.item if isinstance(it, GemmGrad) else it if isinstance(it, Gemm) \
+        else None
 
 
 def _nodes(it):
@@ -79,14 +105,50 @@ def phases(cell, loop) -> list:
 
 def _phase(cell, it) -> Phase:
     if isinstance(it, Pair):
-        return Phase("pair", it, cell.op(it.fused.nodes[0]).size, len(it.gemm.nodes), cell.op(it.gemm.operand).size)
+        g = it.gemm
+        return Phase("pair", it, cell.op(it.fused.nodes[0]).size, len(g.nodes), cell.op(g.operand).size // g.heads,
+                     g.heads)
+    if isinstance(it, Gemm) and it.heads > 1:
+        return Phase("gemm", it, it.sizes[0], len(it.nodes), cell.op(it.operand).size // it.heads, it.heads)
     if isinstance(it, Gemm):
         return Phase("gemm", it, sum(it.sizes), 1, cell.op(it.operand).size)
+    if isinstance(it, GemmGrad) and it.item.heads > 1:
+        g = it.item
+        return Phase("dgemm", g, cell.op(g.operand).size, len(g.nodes), g.sizes[0] // g.heads, g.heads)
     if isinstance(it, GemmGrad):
         return Phase("dgemm", it.item, cell.op(it.item.operand).size, 1, sum(it.item.sizes))
     if isinstance(it, FusedGrad):
         return Phase("dfused", it.item, cell.op(it.item.nodes[0]).size)
     return Phase("fused", it, cell.op(it.nodes[0]).size)
+
+
+def loop_heads(groups) -> int:
+    """The heads every GEMM phase keeps apart (the gcd of theirs): 1 where one has full matrices."""
+    return math.gcd(*(p.heads for g in groups for p in g if p.kind in ("gemm", "pair", "dgemm")))
+
+
+def per_head(groups, G: int) -> bool:
+    """Whether each of G blocks owns whole heads of every value: the GEMMs head-wise and G dividing their heads."""
+    k = loop_heads(groups)
+    return k > 1 and k % G == 0
+
+
+def block_counts(cell, loop, sms: int) -> list:
+    """The block counts to try, best first: at most one block per SM and no more than the largest phase's
+    units; per head (the largest divisor of the heads within that) first where the GEMMs are head-wise."""
+    groups = phases(cell, loop)
+    full = min(sms, max(p.units for g in groups for p in g))
+    k = loop_heads(groups)
+    if k == 1:
+        return [full]
+    heads = max(d for d in range(1, min(k, full) + 1) if k % d == 0)
+    return [heads] + ([full] if full != heads else [])
+
+
+def staged(p, G: int, heads_apart: bool) -> int:
+    """The x columns a GEMM phase stages a row: its width, or for a head-wise one a head's (K/k; a dgemm's J·F/k)
+    times the heads staged (the block's own where each block owns whole heads, else all)."""
+    return p.width if p.heads == 1 else p.head_width * (p.heads // G if heads_apart else p.heads)
 
 
 def barriers(groups) -> list:
@@ -110,11 +172,12 @@ def shared_layout(groups, B: int, G: int) -> tuple:
     largest share of units a block gets (in the arrays' element type), then (after them) the xs, gs and gp
     offsets and total elements of the x rows, the sums and the partials (in the math type)."""
     offs, n, xs, gs = {}, 0, 0, 0
+    apart = per_head(groups, G)
     for p in (p for g in groups for p in g if p.kind in ("gemm", "pair", "dgemm")):
         per = -(-p.units // G)
         offs[id(p)] = n
         n += per * p.m * p.width
-        xs, gs = max(xs, B * p.width), max(gs, per * p.m * B)
+        xs, gs = max(xs, B * staged(p, G, apart)), max(gs, per * p.m * B)
     gp = max(gs, THREADS // 32 * B)
     return offs, n, 0, xs, xs + gs, xs + gs + gp
 
@@ -133,7 +196,8 @@ def exchanges(cell, groups, written, ctype: str, B: int, G: int) -> dict:
         it = p.item.gemm if p.kind == "pair" else p.item
         _, w = written.get(getattr(it, "operand", None), (None, None))
         body = w.item.fused.nodes if w is not None and w.kind == "pair" else getattr(getattr(w, "item", None), "nodes", ())
-        if math_type(ctype) != "float" or B > MAX_ROWS or rest or p.kind not in ("pair", "gemm") or w is None \
+        if math_type(ctype) != "float" or B > MAX_ROWS or rest or p.kind not in ("pair", "gemm") or p.heads > 1 \
+                or w is None \
                 or w.kind not in ("pair", "fused") \
                 or it.operand not in body or it.delay > 1 or w.units != p.width or w.units < G \
                 or B * p.width > EXCHANGE_WORDS * THREADS:

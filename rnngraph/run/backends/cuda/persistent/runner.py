@@ -1,5 +1,6 @@
-"""Loop strategy 'persistent' on the cupy backend: whether this GPU runs a loop's cooperative kernel
-(kernels.py) at this B and dtype, else why not, and the launches that run it."""
+"""Loop strategy 'persistent' on the cupy backend: whether this GPU runs a loop's persistent kernel
+(kernels.py; cooperative, or per head an ordinary launch) at this B and dtype, else why not, and the
+launches that run it."""
 from __future__ import annotations
 
 import functools
@@ -10,7 +11,7 @@ from .....errors import RnnGraphWarning
 from ..source import CTYPES
 from .kernels import ZERO_SOURCE, persistent_kernel
 from .mma import MMA_ROWS
-from .phases import MAX_ROWS, phases, problem
+from .phases import MAX_ROWS, block_counts, phases, problem
 
 _KERNELS: dict = {}      # (id(cell), loop, ctype, B, blocks) -> (cell, persistent_kernels.Persistent)
 _REFUSED: set = set()
@@ -18,7 +19,7 @@ _REFUSED: set = set()
 
 def compile(be, cell, loop, views):
     """The launches running `loop` on the executor's views: zeroing the barrier counter (and numbering the
-    launch), then the cooperative kernel; None where why_not() says why not."""
+    launch), then the cooperative kernel (per head the kernel alone); None where why_not() says why not."""
     vals, grads, cat, wcat, P, T, B = views
     dtype = next(iter(cat.values()))[0].dtype
     if why_not(be, cell, loop, B, dtype):
@@ -32,28 +33,29 @@ def compile(be, cell, loop, views):
         a = pick[kind](key)
         args += [a] if kind in ("w", "xb") else be.frame_args([a], B)
     bar = cp.zeros(2, cp.uint32)            # barrier count, launch number; kept with the launch (the memo)
-    raw = be.raw(k.name, k.source, cooperative=True)
+    raw = be.raw(k.name, k.source, cooperative=k.cooperative)
     raw.max_dynamic_shared_size_bytes = k.smem
-    return ((be.raw("rg_persist_zero", ZERO_SOURCE), (1,), (1,), (bar,)),
-            (functools.partial(raw, shared_mem=k.smem), (k.blocks,), (k.threads,), (bar, *args, cp.int32(T), cp.int32(P))))
+    run = (functools.partial(raw, shared_mem=k.smem), (k.blocks,), (k.threads,), (bar, *args, cp.int32(T), cp.int32(P)))
+    return ((be.raw("rg_persist_zero", ZERO_SOURCE), (1,), (1,), (bar,)), run) if k.cooperative else (run,)
 
 
 def why_not(be, cell, loop, B: int, dtype) -> str | None:
     """Why this GPU runs `loop` frame by frame at B rows of dtype, or None: what no persistent kernel runs,
     B, no cooperative launch (said once in a warning), or shared memory too small for the weights in dtype."""
     facts = device(be.xp.cuda.Device().id)
-    if not problem(cell, loop) and B <= max_rows(dtype) and not facts.get("CooperativeLaunch", 0):
+    why = fit(cell, loop, B, dtype, facts["MultiProcessorCount"], facts["MaxSharedMemoryPerBlockOptin"])
+    if why is None and kernel(be, cell, loop, B, dtype).cooperative and not facts.get("CooperativeLaunch", 0):
         return refused("this GPU cannot launch cooperative kernels")
-    return fit(cell, loop, B, dtype, facts["MultiProcessorCount"], facts["MaxSharedMemoryPerBlockOptin"])
+    return why
 
 
 def fit(cell, loop, B: int, dtype, sms: int, smem: int) -> str | None:
     """Why a GPU of `sms` SMs and `smem` bytes of shared memory per block runs `loop` frame by frame at B rows
     of dtype, or None: what no persistent kernel runs, B, or the weights and rows exceeding shared memory."""
-    why, rows = problem(cell, loop), max_rows(dtype)
+    why, rows = problem(cell, loop), max_rows(cell, loop, dtype)
     if why or B > rows:
         return why or f"B={B} rows: a persistent kernel takes at most {rows} in {float_dtype(dtype, half=True).name}"
-    need = generated(cell, loop, B, dtype, blocks(cell, loop, sms)).smem
+    need = chosen(cell, loop, B, dtype, sms, smem).smem
     if need > smem:
         return (f"its weights and rows need {need / 1024:.0f} KiB of shared memory per block at B={B}, "
                 f"more than the {smem / 1024:.0f} KiB the GPU has")
@@ -69,26 +71,31 @@ def gpu_loop(cell, loop, B: int, dtype, sms: int, smem: int) -> str:
     return "persistent (tensor cores)" if B > MAX_ROWS else "persistent (CUDA cores)"
 
 
-def max_rows(dtype) -> int:
-    """The batch rows a persistent kernel takes in dtype: on tensor cores for half storage, else CUDA cores."""
-    return MMA_ROWS if float_dtype(dtype, half=True).itemsize == 2 else MAX_ROWS
-
-
-def blocks(cell, loop, sms: int) -> int:
-    """At most one block per SM, no more blocks than the largest phase's units."""
-    return min(sms, max(p.units for g in phases(cell, loop) for p in g))
+def max_rows(cell, loop, dtype) -> int:
+    """The batch rows a persistent kernel takes: on tensor cores for half storage and full matrices, else
+    (float32, float64, head-wise GEMMs) on CUDA cores."""
+    heads = any(p.heads > 1 for g in phases(cell, loop) for p in g)
+    return MMA_ROWS if float_dtype(dtype, half=True).itemsize == 2 and not heads else MAX_ROWS
 
 
 def kernel(be, cell, loop, B: int, dtype):
     """The generated kernel for this GPU."""
-    return generated(cell, loop, B, dtype, blocks(cell, loop, device(be.xp.cuda.Device().id)["MultiProcessorCount"]))
+    facts = device(be.xp.cuda.Device().id)
+    return chosen(cell, loop, B, dtype, facts["MultiProcessorCount"], facts["MaxSharedMemoryPerBlockOptin"])
 
 
-def generated(cell, loop, B: int, dtype, G: int):
-    """The kernel of `loop` for B rows of dtype on G blocks, generated once."""
-    key = (id(cell), loop, CTYPES[float_dtype(dtype, half=True).name], B, G)
+def chosen(cell, loop, B: int, dtype, sms: int, smem: int):
+    """The kernel for a GPU of `sms` SMs and `smem` bytes of shared memory a block: the first of
+    phases.block_counts (per head first, where the GEMMs are head-wise) whose shared memory fits, else the last."""
+    ctype = CTYPES[float_dtype(dtype, half=True).name]
+    made = [_made(cell, loop, ctype, B, G) for G in block_counts(cell, loop, sms)]
+    return next((k for k in made if k.smem <= smem), made[-1])
+
+
+def _made(cell, loop, ctype: str, B: int, G: int):
+    key = (id(cell), loop, ctype, B, G)
     if key not in _KERNELS:
-        _KERNELS[key] = (cell, persistent_kernel(cell, loop, key[2], B, G))
+        _KERNELS[key] = (cell, persistent_kernel(cell, loop, ctype, B, G))
     return _KERNELS[key][1]
 
 

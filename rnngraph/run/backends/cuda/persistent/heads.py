@@ -1,0 +1,81 @@
+"""The head-wise GEMM phases of a persistent kernel: where their rows and x columns lie (phases.py says which
+phases are head-wise and whether each block owns whole heads; kernels.py puts the lines in place).
+
+A head-wise GEMM of k heads merging J linear ops holds, per unit, J rows (row q = j·nu + u: linear op j, the
+block's unit u) of one head's width RW (phase.width) in shared memory:
+  gemm / pair  unit f (a feature of every merged linear op, each of F = phase.units features and k heads of
+               F/k) holds W_j's row f, [K/k]; it reads x's columns of its head h = f / (F/k): h·K/k + i;
+  dgemm        unit c (an operand column, head h = c / (K/k), i = c mod K/k) holds W_j[h][:, i], [F/k], and
+               reads the output gradient's columns F·j + h·F/k + o; the J sums are added to the old value
+               one linear op at a time (each rounded where storage is half), as the reference's batched GEMM
+               a linear op does.
+x is staged head by head, SW columns a head (a gemm's K/k; a dgemm's J·F/k, linear op by linear op), the
+block's own heads where it owns whole heads (h0 its first), else all of them.
+"""
+from __future__ import annotations
+
+HEAD_GEMV = r"""
+        for (int e = tid; e < NB * {XW}; e += NT) {{
+            const int b = e / {XW}, r = e - b * {XW}, h = {h0} + r / {SW}, i = r - (r / {SW}) * {SW};
+            {stage}
+        }}
+        __syncthreads();
+        {{  // nq weight rows of one head each; where there are fewer than warps, each row splits into S slices
+            const int nq = nu * {m}, S = nq > 0 && nq < NT / 32 ? (NT / 32) / nq : 1;
+            for (int wq = warp; wq < nq * S; wq += NT / 32) {{
+                const int q = wq / S, sl = wq - q * S, k1 = ({RW} * (sl + 1)) / S;
+                const ST* w = sw + {woff} + q * {RW};
+                const CT* x = xs + {xoff};     // the staged columns of row q's head (and linear op)
+                CT acc[NB];
+                #pragma unroll
+                for (int b = 0; b < NB; ++b) acc[b] = 0;
+                for (int k = ({RW} * sl) / S + lane; k < k1; k += 32) {{
+                    const CT wk = w[k];
+                    #pragma unroll
+                    for (int b = 0; b < NB; ++b) acc[b] += x[b * {XW} + k] * wk;
+                }}
+                #pragma unroll
+                for (int b = 0; b < NB; ++b) {{
+                    CT v = acc[b];
+                    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+                    if (lane == 0) gp[wq * NB + b] = v;
+                }}
+            }}
+            __syncthreads();
+            for (int e = tid; e < nq * NB; e += NT) {{     // the slices added in order
+                const int q = e / NB, b = e - q * NB;
+                CT v = 0;
+                for (int sl = 0; sl < S; ++sl) v += gp[(q * S + sl) * NB + b];
+                gs[q * NB + b] = v;
+            }}
+        }}
+        __syncthreads();"""
+
+
+def per_unit(p) -> int:
+    """Units per head: F/k output features of a gemm or pair, K/k operand columns of a dgemm."""
+    return p.units // p.heads
+
+
+def head_gemv(p, woff: int, x: str, ld: str, xw: int, apart: bool) -> str:
+    """The GEMV of a head-wise phase p: x (a frame array's pointer and its row stride ld, read at the GEMM's delay;
+    a dgemm's output gradient) staged head by head, xw columns a row, then each row over its head's columns."""
+    sw, h0 = p.head_width, f"(u0 / {per_unit(p)})" if apart else "0"
+    xoff = f"(((u0 + q % nu) / {per_unit(p)}) - {h0}) * {sw}"
+    if p.kind == "dgemm":
+        F, fh = p.item.sizes[0], p.width
+        stage = f"xs[e] = AT({x}, {ld}, 0, {F} * (i / {fh}) + h * {fh} + i % {fh});"
+        xoff += f" + (q / nu) * {fh}"
+    else:
+        it = p.item.gemm if p.kind == "pair" else p.item
+        stage = f"xs[e] = AT({x}, {ld}, {it.delay}, h * {p.width} + i);"
+    return HEAD_GEMV.format(XW=xw, SW=sw, RW=p.width, m=p.m, woff=woff, stage=stage, h0=h0, xoff=xoff)
+
+
+def head_weight(p, w: str) -> str:
+    """The element of the packed head-wise weights w [ΣF, K/k] at row q, column k of phase p's block in shared
+    memory (q = j·nu + u for a gemm or pair: linear op j's row u0 + u; a dgemm's row q: operand column u0 + q)."""
+    if p.kind == "dgemm":           # W_j[h][k, i] of operand column c = u0 + u, h = c / (K/k), i = c mod K/k
+        F, fh, kh = p.item.sizes[0], p.width, per_unit(p)
+        return f"{w}[(long long)({F} * j + ((u0 + u) / {kh}) * {fh} + k) * {kh} + (u0 + u) % {kh}]"
+    return f"{w}[(long long)({p.units} * j + u0 + u) * {p.width} + k]"

@@ -1,0 +1,194 @@
+"""A generated persistent kernel run on the CPU: its CUDA source compiled as C++ by the system's g++, each CUDA
+thread a std::thread, __syncthreads a std::barrier of the block, a warp shuffle an exchange through memory
+between barriers of the warp, the grid barrier a shared atomic counter, float16 through _Float16 (bfloat16 as
+the GPU's own bit arithmetic). A test
+backend (Emulated) runs the persistent loops this way on the numpy workspace and everything else as numpy
+does, so a kernel's indexing, arguments and synchronisation are checked against the reference without a GPU.
+
+blocks_in_turn=True runs the blocks one after another, each to its end: a kernel that reads another block's
+values then reads them unwritten (zeros), so where every block owns whole heads the results say that no block
+waits for another; a kernel with grid barriers needs its blocks at once (blocks_in_turn=False).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rnngraph.plan.loops import PersistentLoop
+from rnngraph.run.backends.cuda.persistent.kernels import SYNC, persistent_kernel
+from rnngraph.run.backends.cuda.source import CTYPES, HALF_PRELUDE, HALF_TYPES
+from rnngraph.run.backends.numpy_backend import NumpyBackend
+
+CXX = shutil.which("g++")
+needs_cxx = pytest.mark.skipif(CXX is None, reason="no g++ to compile kernels for the CPU")
+_BUILT: dict = {}
+_DIR = Path(tempfile.mkdtemp(prefix="rnngraph_cuda_on_cpu_"))
+
+PRELUDE = r"""
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(a, b)
+#define __restrict__
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <vector>
+using std::exp; using std::tanh; using std::log1p; using std::fabs; using std::sqrt;
+template <class T> static inline T rsqrt(T x) { return T(1) / std::sqrt(x); }
+struct rg_dim { int x; };
+static thread_local rg_dim threadIdx, blockIdx;
+static thread_local std::barrier<>* rg_block_barrier;
+static thread_local std::vector<std::barrier<>*>* rg_warp_barriers;
+static thread_local double* rg_shuffle;        // the block's [NT] exchange slots
+static thread_local unsigned char* rg_smem;
+static inline void __syncthreads() { rg_block_barrier->arrive_and_wait(); }
+template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    std::barrier<>* b = (*rg_warp_barriers)[warp];
+    rg_shuffle[threadIdx.x] = (double)v;
+    b->arrive_and_wait();
+    T r = (T)rg_shuffle[warp * 32 + (lane ^ o)];
+    b->arrive_and_wait();
+    return r;
+}
+static inline float exchanged(const unsigned long long* w, unsigned int tag) {
+    unsigned long long v;
+    do { v = __atomic_load_n(w, __ATOMIC_ACQUIRE); } while ((unsigned int)(v >> 32) != tag);
+    unsigned int u = (unsigned int)v; float f; std::memcpy(&f, &u, 4); return f;
+}
+static inline void exchange(unsigned long long* w, unsigned int tag, float x) {
+    unsigned int u; std::memcpy(&u, &x, 4);
+    __atomic_store_n(w, ((unsigned long long)tag << 32) | u, __ATOMIC_RELEASE);
+}
+static inline float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &u, 4); return f; }
+static inline unsigned int __float_as_uint(float f) { unsigned int u; std::memcpy(&u, &f, 4); return u; }
+static inline unsigned int atomicCAS(unsigned int* p, unsigned int seen, unsigned int v) {
+    __atomic_compare_exchange_n(p, &seen, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    return seen;
+}
+static std::atomic<unsigned int> rg_grid_count;
+static inline void grid_barrier(unsigned int* count, unsigned int target) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        rg_grid_count.fetch_add(1);
+        while (rg_grid_count.load() < target) std::this_thread::yield();
+    }
+    __syncthreads();
+}
+"""
+F16 = {'float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(u)); return f;':
+       "_Float16 h; std::memcpy(&h, &u, 2); return (float)h;",
+       'asm("cvt.rn.f16.f32 %0, %1;" : "=h"(u) : "f"(f)); return *this;':
+       "_Float16 h = (_Float16)f; std::memcpy(&u, &h, 2); return *this;"}    # round to nearest even, as cvt.rn
+
+LAUNCH = r"""
+extern "C" void rg_launch(void** ptrs, long long* lds, int T, int P, int rg_nblocks, int NTH, long long smem, int in_turn) {
+    rg_grid_count = 0;
+    auto block = [&](int blk, std::vector<std::thread>& threads, std::barrier<>* bb,
+                     std::vector<std::barrier<>*>* wb, double* shuffle, unsigned char* smem_block) {
+        for (int tid = 0; tid < NTH; ++tid)
+            threads.emplace_back([=]() {
+                threadIdx.x = tid; blockIdx.x = blk; rg_block_barrier = bb; rg_warp_barriers = wb;
+                rg_shuffle = shuffle; rg_smem = smem_block;
+                KERNEL_CALL;
+            });
+    };
+    std::vector<std::barrier<>*> bbs; std::vector<std::vector<std::barrier<>*>*> wbs;
+    std::vector<std::vector<double>> shuffles(rg_nblocks, std::vector<double>(NTH));
+    std::vector<std::vector<unsigned char>> smems(rg_nblocks, std::vector<unsigned char>(smem + 16));
+    for (int blk = 0; blk < rg_nblocks; ++blk) {
+        bbs.push_back(new std::barrier<>(NTH));
+        auto* w = new std::vector<std::barrier<>*>();
+        for (int k = 0; k < NTH / 32; ++k) w->push_back(new std::barrier<>(32));
+        wbs.push_back(w);
+    }
+    std::vector<std::vector<std::thread>> threads(rg_nblocks);
+    for (int blk = 0; blk < rg_nblocks; ++blk) {
+        block(blk, threads[blk], bbs[blk], wbs[blk], shuffles[blk].data(), smems[blk].data());
+        if (in_turn) for (auto& t : threads[blk]) t.join();
+    }
+    if (!in_turn) for (auto& ts : threads) for (auto& t : ts) t.join();
+    for (int blk = 0; blk < rg_nblocks; ++blk) { delete bbs[blk]; for (auto* b : *wbs[blk]) delete b; delete wbs[blk]; }
+}
+"""
+
+
+def cpp_source(k) -> str:
+    """The kernel's source as C++ for the emulator, with a launcher
+    rg_launch(ptrs, lds, T, P, blocks, threads, smem, in_turn)."""
+    src = k.source.replace(SYNC.replace("{{", "{").replace("}}", "}"), "")      # the grid barrier: PRELUDE's
+    src = src.replace("extern __shared__ __align__(16) unsigned char smem_raw[];", "unsigned char* smem_raw = rg_smem;")
+    src = src.replace('extern "C" __global__ void', "static void")
+    call = []
+    for j, (kind, _) in enumerate(k.args):
+        call.append(f"({'unsigned long long' if kind == 'xb' else 'ST'}*)ptrs[{j + 1}]")
+        if kind not in ("w", "xb"):
+            call.append(f"lds[{j}]")
+    call = f"{k.name}((unsigned int*)ptrs[0], {', '.join(call)}, T, P)"
+    half = HALF_PRELUDE
+    for a, b in F16.items():
+        half = half.replace(a, b)
+    return PRELUDE + (half if any(h in src for h in HALF_TYPES) else "") + src + LAUNCH.replace("KERNEL_CALL", call)
+
+
+def built(k):
+    """The compiled launcher of kernel k (built once per source)."""
+    text = cpp_source(k)
+    key = hashlib.sha1(text.encode()).hexdigest()[:16]
+    if key not in _BUILT:
+        cpp, so = _DIR / f"{key}.cpp", _DIR / f"{key}.so"
+        cpp.write_text(text)
+        subprocess.run([CXX, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", str(cpp), "-o", str(so)],
+                       check=True, capture_output=True, text=True)
+        lib = ctypes.CDLL(str(so))
+        lib.rg_launch.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_longlong), ctypes.c_int,
+                                  ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_int]
+        _BUILT[key] = lib
+    return _BUILT[key]
+
+
+class Emulated(NumpyBackend):
+    """numpy, with the persistent loops run by their generated kernels on the CPU: G blocks (None: the first
+    of phases.block_counts for 132 SMs), in turn or at once; `ran` lists each kernel run (its Persistent)."""
+    name = "emulated"
+    kernel_loops = frozenset({"persistent"})
+    compiles_heads = True
+
+    def __init__(self, G=None, blocks_in_turn=False):
+        super().__init__("staged")
+        self.G, self.in_turn, self.ran = G, blocks_in_turn, []
+
+    def compile(self, cell, item, views, per_frame):
+        if not isinstance(item, PersistentLoop):
+            return None
+        from rnngraph.run.backends.cuda.persistent.phases import block_counts
+        vals, grads, cat, wcat, P, T, B = views
+        dtype = next(iter(cat.values()))[0].dtype
+        G = self.G or block_counts(cell, item, 132)[0]
+        k = persistent_kernel(cell, item, CTYPES[str(dtype)], B, G)
+        pick = {"val": vals.__getitem__, "grad": grads.__getitem__, "cat": lambda it: cat[it][0],
+                "dcat": lambda it: cat[it][1], "w": lambda it: wcat[it][0],
+                "xb": lambda n: np.zeros((2, B, cell.op(n).size), np.uint64)}
+        arrays = [np.zeros(2, np.uint32)] + [pick[kind](key) for kind, key in k.args]
+        lds = [0 if a.ndim == 1 else a.strides[0] // (B * a.itemsize) for a in arrays[1:]]
+        return [(self._launcher(k, arrays, lds, T, P), None, None, None)]
+
+    def _launcher(self, k, arrays, lds, T, P):
+        lib = built(k)
+        ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+        ld = (ctypes.c_longlong * max(len(lds), 1))(*lds)
+
+        def run(grid, block, args):
+            self.ran.append(k)
+            lib.rg_launch(ptrs, ld, T, P, k.blocks, k.threads, k.smem, int(self.in_turn))
+        return run

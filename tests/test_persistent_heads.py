@@ -1,0 +1,182 @@
+"""The persistent loop of head-wise cells without a GPU: where every GEMM of the loop is head-wise, a block owns
+whole heads and its source has no grid barrier (full-matrix cells keep theirs); the sources compile with NVRTC
+in every element type; and run on the CPU (cuda_on_cpu.py, g++), blocks one after another, they compute what
+numpy's frame-by-frame loop computes, as do the kernels that split heads over more blocks with barriers."""
+import numpy as np
+import pytest
+
+from cuda_on_cpu import Emulated, needs_cxx
+from nvrtc import nvrtc_compile
+from rnngraph import Cell, build_schedule, load_cell
+from rnngraph.arrays import float_dtype
+from rnngraph.run.backends import get_backend
+from rnngraph.run.backends.cuda.persistent.kernels import persistent_kernel
+from rnngraph.run.backends.cuda.persistent.phases import block_counts, problem
+from rnngraph.run.backends.cuda.source import CTYPES
+from rnngraph.run.executor import Executor
+from test_loops import run_executor
+
+UNIT = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+
+
+def loops(cell):
+    """(forward, backward) PersistentLoop items of a cell's plan."""
+    s = build_schedule(cell, loop="persistent")
+    return s.forward[1].items[0], next(sec for sec in s.backward if sec.name == "loop").items[0]
+
+
+def two_gemm_cell(D=4, H=16, bias=True, heads=4):
+    """An MGU with head-wise recurrent weights: two GEMM stages a frame, the second on f ⊙ h (its own fused
+    group first), a lone gemm phase each (no pair)."""
+    c = Cell("heads_mgu")
+    x, h = c.input("x", D), c.state("h", H)
+    f = c.sigmoid(c.linear(x, "W_f", H, bias="b_f") + c.linear(h, "U_f", H, heads=heads), name="f")
+    n = c.tanh(c.linear(x, "W_n", H, bias="b_n") + c.linear(f * h, "U_n", H, heads=heads), name="n")
+    c.output(c.bind(h, (1 - f) * h + f * n, name="h"))
+    return c.build()
+
+
+def delay_cell(D=4, H=8, bias=True, heads=2):
+    """A head-wise GEMM on h two frames back and one on h one frame back, with different heads (4 and 2)."""
+    c = Cell("heads_delay")
+    x, h = c.input("x", D), c.state("h", H)
+    a = c.linear(x, "W", H, bias="b") + c.linear(h.ago(2), "R2", H, heads=4) + c.linear(h, "R1", H, heads=heads)
+    c.output(c.bind(h, c.tanh(a), name="h"))
+    return c.build()
+
+
+HEAD_CELLS = {"slstm": lambda: load_cell("slstm", 8, 16), "mh_lstm": lambda: load_cell("mh_lstm", 8, 16),
+              "mh_lstm 8 heads": lambda: load_cell("mh_lstm", 8, 64, heads=8), "two gemms": two_gemm_cell,
+              "delays": delay_cell}
+
+
+@pytest.mark.parametrize("name", HEAD_CELLS)
+def test_per_head_kernels_have_no_grid_barrier(name):
+    cell = HEAD_CELLS[name]()
+    for lp in loops(cell):
+        per_head, *more = block_counts(cell, lp, 132)
+        k = persistent_kernel(cell, lp, "float", 2, per_head)
+        assert "grid_barrier(" not in k.source and "exchange" not in k.source and not k.cooperative
+        for G in more:                  # the heads split over more blocks: barriers, a cooperative launch
+            k = persistent_kernel(cell, lp, "float", 2, G)
+            assert "grid_barrier(bar," in k.source and k.cooperative
+
+
+def test_full_matrix_cells_keep_their_grid_barriers():
+    cell = load_cell("lstm", 8, 64)
+    for lp in loops(cell):
+        assert block_counts(cell, lp, 132) == [64]
+        k = persistent_kernel(cell, lp, "double", 1, 64)
+        assert "grid_barrier(bar," in k.source and k.cooperative
+    for heads in (1, 2):
+        cell = load_cell("mh_lstm", 8, 64, heads=heads)
+        assert ("grid_barrier(" in persistent_kernel(cell, loops(cell)[0], "double", 1, 2).source) == (heads == 1)
+
+
+def test_block_counts_take_whole_heads_first():
+    cell = load_cell("slstm", 8, 768, heads=12)
+    assert block_counts(cell, loops(cell)[0], 132) == [12, 132]
+    assert block_counts(cell, loops(cell)[0], 8) == [6, 8]          # fewer SMs than heads: 2 heads a block
+    assert block_counts(delay_cell(), loops(delay_cell())[0], 132) == [2, 8]     # gcd of 4 and 2 heads
+
+
+def test_per_head_shared_memory_holds_one_heads_weights():
+    """sLSTM H = 768 in 12 heads of 64 at B = 16 ... here B = 8: a block's 4 gates × 64 × 64 weights in bfloat16,
+    its head's 64 columns of x, 256 sums and their partials (float32)."""
+    cell = load_cell("slstm", 8, 768, heads=12)
+    k = persistent_kernel(cell, loops(cell)[0], "rg_bf16", 8, 12)
+    assert k.smem == 2 * 4 * 64 * 64 + 4 * (8 * 64 + 2 * 4 * 64 * 8)
+
+
+def test_what_the_kernel_cannot_run_is_said():
+    c = Cell("mixed")
+    x, h = c.input("x", 4), c.state("h", 8)
+    c.output(c.bind(h, c.tanh(c.linear(h, "R", 8, heads=2) + c.linear(h, "U", 8) + c.linear(x, "W", 8)), name="h"))
+    assert "head-wise and full GEMMs" in problem(c.build(), loops(c.build())[0])
+    c = Cell("unequal")                     # R·h and Q·h: one head-wise GEMM of sizes 8 and 4
+    x, h = c.input("x", 4), c.state("h", 8)
+    a, b = c.linear(h, "R", 8, heads=2), c.linear(h, "Q", 4, heads=2)
+    c.output(c.bind(h, c.tanh(a + c.linear(x, "W", 8)) * c.sigmoid(c.linear(c.tanh(b), "V", 8, heads=2)), name="h"))
+    assert "merges linear ops of sizes [8, 4]" in problem(c.build(), loops(c.build())[0])
+
+
+@pytest.mark.parametrize("name", HEAD_CELLS)
+def test_head_wise_kernels_compile(name):
+    cell = HEAD_CELLS[name]()
+    for lp in loops(cell):
+        for G in block_counts(cell, lp, 132):
+            for ctype in CTYPES.values():
+                k = persistent_kernel(cell, lp, ctype, 8 if ctype == "double" else 1, G)
+                nvrtc_compile(k.source, k.name)
+
+
+# -- run on the CPU ----------------------------------------------------------------------------------
+def problem_arrays(cell, T, B, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    dt = float_dtype(dtype, half=True)
+    params = {n: rng.uniform(-0.5, 0.5, s).astype(dt) for n, s in cell.params.items()}
+    x = rng.standard_normal((T, B, cell.inputs["x"])).astype(dt)
+    init = {s: rng.standard_normal((cell.depths[s], B, n) if cell.depths[s] > 1 else (B, n)).astype(dt)
+            for s, (_, n) in cell.states.items()}
+    gy = rng.standard_normal((T, B, cell.op(cell.outputs[0]).size)).astype(dt)
+    gf = {s: rng.standard_normal(a.shape).astype(dt) for s, a in init.items()}
+    return params, x, init, gy, gf
+
+
+def emulated_against_numpy(cell, G=None, in_turn=True, T=6, B=2, dtype="float64", lengths=None, chunk=None):
+    """(every array of a forward and backward run by the emulated kernels, the same by numpy 'stages', the backend)."""
+    be = Emulated(G, in_turn)
+    ex, ref = Executor(cell, be, loop="persistent", chunk=chunk), Executor(cell, get_backend("numpy"), loop="stages")
+    args = problem_arrays(cell, T, B, dtype)
+    got, want = run_executor(ex, *args, lengths), run_executor(ref, *args, lengths)
+    return got, want, be
+
+
+def assert_agree(got, want, dtype):
+    for k, (a, b) in enumerate(zip(got, want, strict=True)):
+        a, b = a.astype(np.float64), b.astype(np.float64)
+        err = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300)
+        bound = {"float64": 1e-10, "float32": 1e-4}.get(dtype) or UNIT[dtype]     # half: at most a rounding flip
+        assert err <= bound, f"array {k}: relative error {err:.2e} > {bound:.0e}"
+
+
+@needs_cxx
+@pytest.mark.parametrize("name", HEAD_CELLS)
+def test_per_head_kernels_compute_the_reference_with_each_block_on_its_own(name):
+    """Blocks run one after another: a block that read another's values would read zeros."""
+    cell = HEAD_CELLS[name]()
+    got, want, be = emulated_against_numpy(cell)
+    assert_agree(got, want, "float64")
+    assert [k.cooperative for k in be.ran] == [False, False]
+
+
+@needs_cxx
+@pytest.mark.parametrize("name, G", [("slstm", 3), ("mh_lstm", 6), ("delays", 3)])
+def test_heads_split_over_more_blocks_compute_the_reference(name, G):
+    """G not dividing the heads: a block's rows span heads, x staged whole, grid barriers (blocks at once)."""
+    cell = HEAD_CELLS[name]()
+    got, want, be = emulated_against_numpy(cell, G, in_turn=False)
+    assert_agree(got, want, "float64")
+    assert [(k.blocks, k.cooperative) for k in be.ran] == [(G, True), (G, True)]
+
+
+@needs_cxx
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("name", ["slstm", "mh_lstm"])
+def test_per_head_kernels_in_float32_and_half(name, dtype):
+    """Half storage: the GEMM sums read as stored, each linear op's part of the operand gradient added (and
+    rounded) in turn, as the CPU half reference does."""
+    got, want, _ = emulated_against_numpy(HEAD_CELLS[name](), dtype=dtype)
+    assert_agree(got, want, dtype)
+
+
+@needs_cxx
+@pytest.mark.parametrize("B", [1, 3, 8])
+def test_per_head_kernels_ragged_and_chunked(B):
+    cell = HEAD_CELLS["slstm"]()
+    lengths = np.array([9, 4, 1, 7, 2, 9, 5, 3][:B])
+    got, want, _ = emulated_against_numpy(cell, T=9, B=B, lengths=lengths)
+    assert_agree(got, want, "float64")
+    got, want, be = emulated_against_numpy(cell, T=9, B=B, chunk=4)       # chunks of 4, 4 and 1 frames
+    assert_agree(got, want, "float64")
+    assert len(be.ran) == 6
