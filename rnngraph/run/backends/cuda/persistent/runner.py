@@ -4,6 +4,7 @@ launches that run it."""
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 
 from .....arrays import float_dtype
@@ -15,6 +16,7 @@ from .phases import MAX_ROWS, block_counts, phases, problem
 
 _KERNELS: dict = {}      # (id(cell), loop, ctype, B, blocks) -> (cell, persistent_kernels.Persistent)
 _REFUSED: set = set()
+TENSOR_CORE_ROWS_X_BLOCKS = 2048    # B × blocks of a tensor-core kernel: 32 blocks at B = 64 (to be measured)
 
 
 def compile(be, cell, loop, views):
@@ -86,10 +88,23 @@ def kernel(be, cell, loop, B: int, dtype):
 
 def chosen(cell, loop, B: int, dtype, sms: int, smem: int):
     """The kernel for a GPU of `sms` SMs and `smem` bytes of shared memory a block: the first of
-    phases.block_counts (per head first, where the GEMMs are head-wise) whose shared memory fits, else the last."""
+    phases.block_counts (per head first, where the GEMMs are head-wise; on tensor cores fewer blocks first,
+    tensor_core_blocks) whose shared memory fits, else the last."""
     ctype = CTYPES[float_dtype(dtype, half=True).name]
-    made = [_made(cell, loop, ctype, B, G) for G in block_counts(cell, loop, sms)]
+    counts = block_counts(cell, loop, sms)
+    if B > MAX_ROWS:
+        counts = [G for G in dict.fromkeys(tensor_core_blocks(B, sms) + counts) if G <= counts[-1]]
+    made = [_made(cell, loop, ctype, B, G) for G in counts]
     return next((k for k in made if k.smem <= smem), made[-1])
+
+
+def tensor_core_blocks(B: int, sms: int) -> list:
+    """Block counts for a tensor-core kernel at B rows, best first: every block stages all of x's B rows each
+    frame, so larger batches want fewer blocks (TENSOR_CORE_ROWS_X_BLOCKS, measured), more where their
+    weights do not fit. RNNGRAPH_PERSISTENT_BLOCKS, where set, is tried first (for measuring)."""
+    want = [max(1, min(sms, TENSOR_CORE_ROWS_X_BLOCKS // B)) * 2 ** k for k in range(4)]
+    given = os.environ.get("RNNGRAPH_PERSISTENT_BLOCKS")
+    return ([int(given)] if given else []) + [G for G in want if G <= sms]
 
 
 def _made(cell, loop, ctype: str, B: int, G: int):
