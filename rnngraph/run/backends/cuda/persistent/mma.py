@@ -85,13 +85,23 @@ STAGE = r"""                for (int e = tid; e < NB * kw; e += NT) {{
                     if (k < {K}) xh[b * {XLD} + kk] = {load}; else xh[b * {XLD} + kk] = 0.f;
                 }}"""
 
-STAGE_WIDE = r"""                if ((((unsigned long long)&{x}[0]) & 15) == 0 && {ld} % 8 == 0) {{    // 16 bytes a copy, a warp a row
-                    for (int b = warp; b < NB; b += NT / 32)
-                        for (int kk = lane * 8; kk < kw; kk += 256) {{
-                            uint4 v = make_uint4(0u, 0u, 0u, 0u);
-                            if (k0 + kk < {K}) {{ const int k = k0 + kk; v = *(const uint4*)&{load}; }}
-                            *(uint4*)&xh[b * {XLD} + kk] = v;
+STAGE_WIDE = r"""                if ((((unsigned long long)&{x}[0]) & 15) == 0 && {ld} % 8 == 0) {{
+                    // 16 bytes a copy, eight copies in flight a thread: the frame's rows come from L2
+                    const int per = kw / 8, n = NB * per;
+                    for (int e0 = tid; e0 < n; e0 += 8 * NT) {{
+                        uint4 v[8];
+                        #pragma unroll
+                        for (int j = 0; j < 8; ++j) {{
+                            const int e = e0 + j * NT, b = e / per, k = k0 + (e - b * per) * 8;
+                            v[j] = make_uint4(0u, 0u, 0u, 0u);
+                            if (e < n && k < {K}) v[j] = *(const uint4*)&{load};
                         }}
+                        #pragma unroll
+                        for (int j = 0; j < 8; ++j) {{
+                            const int e = e0 + j * NT, b = e / per;
+                            if (e < n) *(uint4*)&xh[b * {XLD} + (e - b * per) * 8] = v[j];
+                        }}
+                    }}
                 }} else
 """ + STAGE
 
