@@ -68,3 +68,12 @@ def test_beyond_the_tensor_core_limits_it_says_why():
     f32 = half_pair("lstm", "float32", "graph", hidden=64, size=8, loop="persistent")[1]
     f32(cupy.zeros((3, 16, 8), "float32"))
     assert f32.loop_strategy == "stages" and "at most 8 in float32" in f32.loop_note
+
+
+def test_auto_runs_tensor_cores_where_they_measured_faster_and_stages_beyond():
+    import cupy
+    layer = half_pair("lstm", "bfloat16", "graph", hidden=64, size=8)[1]        # loop 'auto'
+    layer(cupy.zeros((3, 16, 8), layer.dtype))
+    on_tensor_cores(layer)
+    layer(cupy.zeros((3, 64, 8), layer.dtype))
+    assert layer.loop_strategy == "stages" and "measured slower than stages" in layer.loop_note

@@ -1,6 +1,8 @@
 """The persistent kernel on tensor cores, without a GPU: half storage at 8 < B <= 256 generates mma.sync
 GEMMs (deterministic source, compiled by NVRTC for sm_90 in bfloat16 and float16), its shared memory fits
 an H200 block at the sizes people train with, and what a GPU would run at a batch size and dtype is said."""
+import json
+
 import numpy as np
 import pytest
 
@@ -51,8 +53,22 @@ def test_what_the_gpu_runs_is_said_by_batch_and_dtype():
     c = load_cell("lstm", 32, 512)
     fwd, _ = loops(c)
     assert gpu_loop(c, fwd, 1, np.float32, **H200) == "persistent (CUDA cores)"
-    assert gpu_loop(c, fwd, 64, ml_dtypes.bfloat16, **H200) == "persistent (tensor cores)"
+    assert gpu_loop(c, fwd, 16, ml_dtypes.bfloat16, **H200) == "persistent (tensor cores)"
+    assert gpu_loop(c, fwd, 64, ml_dtypes.bfloat16, **H200, auto=False) == "persistent (tensor cores)"
+    assert gpu_loop(c, fwd, 64, ml_dtypes.bfloat16, **H200).startswith("stages: at B=64 > 16 rows the tensor-core")
     assert gpu_loop(c, fwd, 64, np.float32, **H200) == "stages: B=64 rows: a persistent kernel takes at most 8 in float32"
     assert gpu_loop(c, fwd, MMA_ROWS + 1, np.float16, **H200).startswith(f"stages: B={MMA_ROWS + 1} rows")
     huge = load_cell("lstm", 32, 4096)
     assert "KiB of shared memory" in gpu_loop(huge, loops(huge)[0], 64, np.float16, **H200)
+
+
+def test_schedule_says_which_loop_the_gpu_runs(capsys):
+    from rnngraph.lab.cli import main
+    assert main(["schedule", "lstm", "--batch", "64", "--dtype", "bfloat16"]) == 0
+    assert "on the GPU at B=64 in bfloat16: stages: at B=64 > 16 rows" in capsys.readouterr().out
+    assert main(["schedule", "lstm", "--batch", "16", "--dtype", "bfloat16", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpu_loop"].startswith("persistent (tensor cores), on ")
+    assert main(["schedule", "lstm", "--batch", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpu_loop"].startswith("persistent (CUDA cores)")
+    assert main(["schedule", "min_gru", "--batch", "16", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpu_loop"] == "scan"

@@ -28,7 +28,7 @@ from ..errors import Interrupted, RnnGraphError
 from ..ir.cells import CELLS
 from ..plan.schedule import build_schedule
 from ..version import __version__
-from .options import LOOP_CHOICES, add_cell_arguments, cell_from_args
+from .options import LOOP_CHOICES, add_cell_arguments, cell_from_args, positive_int
 from .outputs import check_replaceable, write_output
 
 
@@ -62,6 +62,10 @@ def _schedule_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draw", metavar="FILE.png", help="also draw the scheduled graph to an image file")
     p.add_argument("--overwrite", action="store_true",
                    help="let --draw replace a file rnngraph did not write (its own earlier drawing it always may)")
+    p.add_argument("--batch", type=positive_int, metavar="B",
+                   help="also say which loop the GPU runs at this batch size (with --dtype)")
+    p.add_argument("--dtype", choices=("float32", "float64", "bfloat16", "float16"), default="float32",
+                   help="the dtype --batch asks about (default: %(default)s)")
 
 
 def _schedule_run(args: argparse.Namespace) -> None:
@@ -70,10 +74,32 @@ def _schedule_run(args: argparse.Namespace) -> None:
         check_image_path(args.draw)
         check_replaceable(args.draw, args.overwrite)
     schedule = build_schedule(cell_from_args(args), loop=args.loop)
-    print(json.dumps(schedule.summary()) if args.json else schedule)
+    summary = schedule.summary()
+    if args.batch:
+        summary["gpu_loop"] = gpu_loop(schedule, args.batch, args.dtype, auto=args.loop == "auto")
+    print(json.dumps(summary) if args.json else schedule)
+    if args.batch and not args.json:
+        print(f"  on the GPU at B={args.batch} in {args.dtype}: {summary['gpu_loop']}")
     if args.draw is not None:
         write_output(args.draw, lambda tmp: draw_schedule(schedule, tmp), args.overwrite)
         print(f"rnngraph: drew {args.draw}", file=sys.stderr)
+
+
+def gpu_loop(schedule, B: int, dtype: str, auto: bool) -> str:
+    """Which loop the GPU runs for `schedule` at B rows of dtype, and why: the strategy, and for 'persistent'
+    whether on tensor cores or CUDA cores (on this machine's GPU where one is usable, else on an H200's 132 SMs
+    and 227 KiB of shared memory a block)."""
+    if schedule.loop_strategy != "persistent":
+        return schedule.loop_strategy
+    from ..run.backends import gpu_problem
+    from ..run.backends.cuda.persistent import runner
+    if gpu_problem() is None:
+        import cupy
+        facts = runner.device(cupy.cuda.Device().id)
+        sms, smem, where = facts["MultiProcessorCount"], facts["MaxSharedMemoryPerBlockOptin"], "this GPU"
+    else:
+        sms, smem, where = 132, 227 * 1024, "an H200 (no GPU usable here)"
+    return f"{runner.gpu_loop(schedule.cell, schedule.forward[1].items[0], B, dtype, sms, smem, auto)}, on {where}"
 
 
 # -- figures (here: --help needs no matplotlib) --------------------------------------------------

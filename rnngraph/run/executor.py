@@ -38,7 +38,7 @@ class Executor:
 
     def __init__(self, cell, backend, schedule: Schedule | None = None, loop: str = "auto", chunk: int | None = None,
                  recompute: bool | None = None):
-        self.cell, self.backend = cell, backend
+        self.cell, self.backend, self.loop_asked = cell, backend, loop
         if schedule is None:
             schedule = build_schedule(cell, optimize=backend.mode != "naive", loop=loop, runs=backend.auto_loops)
         elif loop != "auto":
@@ -237,10 +237,13 @@ class Executor:
         strategy's views, else the strategy's reference. The forward of the schedule's own strategy says
         what ran (loop_runs) and, where the reference is another strategy, why (loop_note)."""
         strategy = strategy_of(loop)
-        views, launch = self._prepared(loop, ws, ALL, lambda: strategy.views(ws, loop))
+        if (loop, "auto") not in ws.memo:       # 'auto' may run the reference where the kernel measured slower
+            ws.memo[loop, "auto"] = self.loop_asked == "auto" and self.backend.auto_problem(self.cell, loop, ws.B, ws.dtype)
+        views, launch = self._prepared(loop, ws, ALL, lambda: strategy.views(ws, loop), not ws.memo[loop, "auto"])
         if not loop.reverse and strategy.name == self.sched.loop_strategy and strategy.runs_as:
             if (loop, "why") not in ws.memo:
-                ws.memo[loop, "why"] = None if launch else self.backend.loop_problem(self.cell, loop, ws.B, ws.dtype)
+                ws.memo[loop, "why"] = None if launch else \
+                    ws.memo[loop, "auto"] or self.backend.loop_problem(self.cell, loop, ws.B, ws.dtype)
             self.loop_runs, self.loop_note = strategy.name if launch else strategy.runs_as, ws.memo[loop, "why"]
         if launch:
             self.backend.launch(launch)

@@ -114,6 +114,11 @@ class ArrayBackend:
         s = strategy_of(loop)
         return f"the {self.name} backend has no kernel for loop strategy '{s.name}' and runs it as {s.runs_as}"
 
+    def auto_problem(self, cell, loop, B: int, dtype) -> str | None:
+        """Why 'auto' runs a loop item by its strategy's reference although this backend's kernel would run
+        (the kernel measured slower there), or None."""
+        return None
+
     def forget(self, serials: set):
         """Drops what was recorded for the workspaces with these serials (they are gone); nothing here."""
 

@@ -278,6 +278,11 @@ class CupyBackend(ArrayBackend):
             return super().loop_problem(cell, loop, B, dtype)
         return getattr(runner, "why_not", lambda *args: None)(self, cell, loop, B, dtype)
 
+    def auto_problem(self, cell, loop, B: int, dtype) -> str | None:
+        """Where 'auto' leaves a strategy's kernel for its reference (the runner's auto_problem, if it has one)."""
+        runner = RUNNERS.get(type(loop))
+        return getattr(runner, "auto_problem", lambda *args: None)(self, cell, loop, B, dtype)
+
     def frame_args(self, arrays, B: int) -> list:
         """Pointer and stride pairs of arrays addressed by frame: [N, B, F] views whose element (t, b, f)
         is at (t·B + b)·ld + f, or vectors [F] (ld = 0)."""

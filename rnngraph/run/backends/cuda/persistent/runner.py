@@ -16,7 +16,11 @@ from .phases import MAX_ROWS, block_counts, phases, problem
 
 _KERNELS: dict = {}      # (id(cell), loop, ctype, B, blocks) -> (cell, persistent_kernels.Persistent)
 _REFUSED: set = set()
-TENSOR_CORE_ROWS_X_BLOCKS = 2048    # B × blocks of a tensor-core kernel: 32 blocks at B = 64 (to be measured)
+# Measured on an H200 (bfloat16 LSTM, H = 512, T = 100, training step; docs/performance.md): 64 blocks ran the
+# tensor-core kernel fastest of 16, 32, 64 and 132 at B = 16 to 256 (B = 64: 3.7 ms, against 4.1 on 132 blocks);
+# 'auto' runs it up to B = 16 (1.51-1.57 ms, 'stages' 1.76) and 'stages' beyond (B = 64: 2.6 against 3.7 ms).
+TENSOR_CORE_BLOCKS = 64
+AUTO_TENSOR_CORE_ROWS = 16
 
 
 def compile(be, cell, loop, views):
@@ -64,13 +68,20 @@ def fit(cell, loop, B: int, dtype, sms: int, smem: int) -> str | None:
     return None
 
 
-def gpu_loop(cell, loop, B: int, dtype, sms: int, smem: int) -> str:
-    """What runs `loop` (a PersistentLoop) at B rows of dtype on such a GPU, in words: 'persistent (tensor
-    cores)', 'persistent (CUDA cores)' or 'stages: <why>'."""
-    why = fit(cell, loop, B, dtype, sms, smem)
+def gpu_loop(cell, loop, B: int, dtype, sms: int, smem: int, auto: bool = True) -> str:
+    """What runs `loop` (a PersistentLoop) at B rows of dtype on such a GPU, for loop='auto' or (auto False)
+    loop='persistent', in words: 'persistent (tensor cores)', 'persistent (CUDA cores)' or 'stages: <why>'."""
+    why = fit(cell, loop, B, dtype, sms, smem) or (auto and _slower(B))
     if why:
         return f"stages: {why}"
     return "persistent (tensor cores)" if B > MAX_ROWS else "persistent (CUDA cores)"
+
+
+def _slower(B: int) -> str | None:
+    if B > max(MAX_ROWS, AUTO_TENSOR_CORE_ROWS):
+        return (f"at B={B} > {AUTO_TENSOR_CORE_ROWS} rows the tensor-core persistent kernel measured slower than "
+                "stages (loop='persistent' runs it)")
+    return None
 
 
 def max_rows(cell, loop, dtype) -> int:
@@ -99,12 +110,16 @@ def chosen(cell, loop, B: int, dtype, sms: int, smem: int):
 
 
 def tensor_core_blocks(B: int, sms: int) -> list:
-    """Block counts for a tensor-core kernel at B rows, best first: every block stages all of x's B rows each
-    frame, so larger batches want fewer blocks (TENSOR_CORE_ROWS_X_BLOCKS, measured), more where their
+    """Block counts for a tensor-core kernel, best first: TENSOR_CORE_BLOCKS (measured), then more where their
     weights do not fit. RNNGRAPH_PERSISTENT_BLOCKS, where set, is tried first (for measuring)."""
-    want = [max(1, min(sms, TENSOR_CORE_ROWS_X_BLOCKS // B)) * 2 ** k for k in range(4)]
     given = os.environ.get("RNNGRAPH_PERSISTENT_BLOCKS")
-    return ([int(given)] if given else []) + [G for G in want if G <= sms]
+    return ([int(given)] if given else []) + [G for G in (TENSOR_CORE_BLOCKS, 2 * TENSOR_CORE_BLOCKS) if G <= sms]
+
+
+def auto_problem(be, cell, loop, B: int, dtype) -> str | None:
+    """Why 'auto' runs this loop frame by frame although the persistent kernel would run: beyond
+    AUTO_TENSOR_CORE_ROWS rows the tensor-core kernel measured slower than 'stages'; None where it runs."""
+    return _slower(B) if why_not(be, cell, loop, B, dtype) is None else None
 
 
 def _made(cell, loop, ctype: str, B: int, G: int):
