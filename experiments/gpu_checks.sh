@@ -22,18 +22,22 @@ bench)
     shift
     for name in "$@"; do
         case "$name" in
-        # the tensor-core loop against cuDNN fp16 at the batch sizes people train with (bfloat16, H = 512)
-        tensor_cores) bench --cell lstm -T 100 -B 8,16,64,128,256 -H 512 --dtype bfloat16 \
-                            --impls graph,cudnn@float16 --loop persistent,stages --json "$OUT/tensor_cores.json" ;;
-        tensor_cores_fp16) bench --cell lstm,gru -T 100 -B 64 -H 512,1024 --dtype float16 \
-                            --impls graph,cudnn@float16 --json "$OUT/tensor_cores_fp16.json" ;;
-        # the scan with graph mode's default chunks, against JAX
-        scan) bench --cell min_gru -T 4096,65536 -B 1 --impls graph,jax_scan --json "$OUT/scan.json" ;;
+        # rnngraph's modes against cuDNN and the torch eager loop (docs/performance.md, "Against cuDNN and torch")
+        targets) bench --cell lstm,peephole_lstm,min_gru,mgu -T 100 -B 1,64 -H 512 --repeats 10 --json "$OUT/targets.json" ;;
+        # the loop strategies at T = 4096 with graph mode's default chunks, against JAX
+        loops_t4096) bench --cell min_gru -T 4096 -B 1,64 --impls graph,jax_scan --loop stages,elementwise,scan \
+                            --repeats 10 --json "$OUT/loops_t4096.json" ;;
+        # the persistent loop on tensor cores and CUDA cores against cuDNN, bfloat16, B = 1 ... 256
+        tensor_cores) bench --cell lstm -T 100 -B 1,8,16,64,128,256 -H 512 --dtype bfloat16 \
+                            --impls graph,cudnn@float16,cudnn@float32 --loop auto,persistent --repeats 15 \
+                            --json "$OUT/tensor_cores.json" ;;
         # the whole char-LM, torch.nn.LSTM against rnngraph.torch as it ships
         charlm) bench --model charlm -B 1,32,128 --impls torch,default --json "$OUT/charlm.json" ;;
-        # the headline: LSTM and a user cell against cuDNN, the torch eager loop and torch.compile
-        headline) bench --cell lstm,mgu -T 100 -B 1,64 -H 512 --impls graph,cudnn,torch_eager,torch_compile \
-                            --json "$OUT/headline.json" ;;
+        # sLSTM and the multi-head LSTM in 12 heads of 64, against cuDNN's single-head LSTM and the torch loop
+        heads) bench --cell slstm,mh_lstm,lstm -T 1024 -B 16 -H 768 --heads 12 --dtype bfloat16 \
+                            --impls graph,cudnn@float16,torch_eager --repeats 5 --json "$OUT/heads.json" ;;
+        # a long sequence within device memory: LSTM H = 512, B = 8, T = 100,000, a training step in graph mode
+        memory) timeout "${LIMIT:-300}" python3 experiments/long_sequence_memory.py --json "$OUT/memory.json" ;;
         *) echo "unknown bench $name" >&2 ;;
         esac
     done
