@@ -79,7 +79,12 @@ def test_at_most_30_files_each_named_by_the_page_or_read_by_a_test():
         assert name in page or p.parent.name == "quick", f"{name} is named nowhere"   # quick/: test_figures.py
 
 
-@pytest.mark.parametrize("path", sorted((RESULTS / "bench").glob("*.json")), ids=lambda p: p.name)
+def _layer_bench(path) -> bool:
+    return " --model " not in json.loads(path.read_text())["machine"]["command"] and path.name != "memory.json"
+
+
+@pytest.mark.parametrize("path", [p for p in sorted((RESULTS / "bench").glob("*.json")) if _layer_bench(p)],
+                         ids=lambda p: p.name)
 def test_a_bench_file_is_what_its_command_measures(path):
     """The stored settings and the records' grid are what the stored command asks for (converted logs included)."""
     doc = json.loads(path.read_text())
@@ -121,3 +126,23 @@ def test_each_training_command_gives_the_config_its_log_holds():
         assert want == {k: stored[k] for k in want}, run["name"]
         checked += 1
     assert checked == 3
+
+
+def test_the_model_bench_file_is_what_its_command_measures():
+    """charlm.json: every (B, precision, impl) the command asks for, each with its losses checked."""
+    doc = json.loads((RESULTS / "bench" / "charlm.json").read_text())
+    args = build_parser().parse_args(shlex.split(doc["machine"]["command"])[1:])
+    st = doc["settings"]
+    assert args.model == st["model"] == "charlm" and args.B == st["B"] and args.impls == st["impls"]
+    grid = sorted((b, p, i) for b in st["B"] for p in st["precisions"] for i in st["impls"])
+    assert sorted((r["B"], r["precision"], r["impl"]) for r in doc["results"]) == grid
+    assert all(r["losses_agree"] for r in doc["results"] if r["impl"] != "torch")
+
+
+def test_the_memory_file_is_what_its_script_measures():
+    """memory.json: the long-sequence step of experiments/long_sequence_memory.py at its defaults."""
+    doc = json.loads((RESULTS / "bench" / "memory.json").read_text())
+    assert doc["machine"]["command"].startswith("python experiments/long_sequence_memory.py")
+    (r,) = doc["results"]
+    assert (r["T"], r["B"], r["H"], r["device"]) == (100_000, 8, 512, "gpu") and r["recomputed"] and r["finite"]
+    assert r["peak_gb"] > r["inputs_outputs_gradients_gb"]      # what it measured is at least what it must hold

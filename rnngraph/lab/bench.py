@@ -143,6 +143,7 @@ def measure(cell, impl: str, *, T: int = 100, B: int = 1, H: int = 512, D: int |
     if why:
         return {**res, "skipped": why}
     if impl in MODES:
+        res["loop"] = loop          # as asked; the one that ran is loop_strategy, and loop_note says why
         fns, backend, device, extra = _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed, loop, opts)
     elif impl in ("jax_scan", "flashrnn", "flashrnn_cuda") and layers != 1:
         return {**res, "skipped": f"the {impl} peer runs one layer"}
@@ -236,7 +237,8 @@ def _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed, loop="auto", cell
         layer(x)
         layer.backward(gy)
     where = "gpu" if be.name == "cupy" else "cpu"
-    return {"forward": lambda: layer(x), "train": train}, be.name, where, {"loop_strategy": lambda: layer.loop_strategy}
+    return ({"forward": lambda: layer(x), "train": train}, be.name, where,
+            {"loop_strategy": lambda: layer.loop_strategy, "loop_note": lambda: layer.loop_note})
 
 
 # -- where it ran -----------------------------------------------------------------------------

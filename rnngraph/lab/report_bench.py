@@ -19,17 +19,22 @@ class Row:
 
 
 HEADLINE = [
-    Row("LSTM, B = 1, bfloat16", "half", dict(B=1, impl="graph"), dict(B=1, impl="cudnn@float16"), "cuDNN, float16"),
-    Row("LSTM, B = 8", "persistent_b8", dict(impl="graph", loop_strategy="persistent"), dict(impl="cudnn"), "cuDNN"),
+    Row("LSTM, B = 1", "targets", dict(cell="lstm", B=1, impl="graph"), dict(cell="lstm", B=1, impl="cudnn"), "cuDNN"),
     Row("LSTM, B = 64", "targets", dict(cell="lstm", B=64, impl="graph"), dict(cell="lstm", B=64, impl="cudnn"),
         "cuDNN"),
+    Row("LSTM, B = 16, bfloat16", "tensor_cores", dict(B=16, impl="graph", loop="auto"),
+        dict(B=16, impl="cudnn@float16"), "cuDNN, float16"),
+    Row("LSTM, B = 64, bfloat16", "tensor_cores", dict(B=64, impl="graph", loop="auto"),
+        dict(B=64, impl="cudnn@float16"), "cuDNN, float16"),
     Row("MGU (a user cell), B = 1", "targets", dict(cell="mgu", B=1, impl="graph"),
         dict(cell="mgu", B=1, impl="torch_eager"), "torch eager loop"),
     Row("LayerNorm-LSTM, B = 1", "norm", dict(impl="graph"), dict(impl="torch_compile"), "torch.compile"),
-    Row("minGRU, B = 1, T = 4096", "loops_t4096", dict(B=1, impl="graph", loop_strategy="scan"),
-        dict(B=1, impl="jax_scan"), "JAX associative scan"),
+    Row("minGRU, B = 1, T = 4096", "scan_long", dict(T=4096, impl="graph"), dict(T=4096, impl="jax_scan"),
+        "JAX associative scan"),
     Row("minGRU, B = 1", "loops_t100", dict(cell="min_gru", impl="graph", loop_strategy="scan"),
         dict(cell="min_gru", impl="jax_scan"), "JAX associative scan"),
+    Row("sLSTM, 12 heads of 64, B = 16, T = 1024, bfloat16", "heads", dict(cell="slstm", impl="graph"),
+        dict(cell="slstm", impl="torch_eager"), "torch eager loop"),
 ]
 
 
@@ -56,10 +61,8 @@ def headline(results: Results, findings: Findings | None = None) -> str:
 def _cudnn_spread(results: Results) -> str:
     """cuDNN's LSTM forward at B = 1 in every stored file that has it: how much the reference itself moves."""
     seen = []
-    for name in ("targets", "torch", "half"):
-        doc = results.bench(name)
-        impl = "cudnn@float32" if name == "half" else "cudnn"
-        r = record(doc, cell="lstm", B=1, impl=impl)
+    for name, impl in (("targets", "cudnn"), ("torch", "cudnn"), ("tensor_cores", "cudnn@float32")):
+        r = record(results.bench(name), cell="lstm", B=1, impl=impl)
         seen.append(f"{num(r['forward_ms'])} ms in `{name}.json`")
     return ", ".join(seen)
 
@@ -81,8 +84,8 @@ def against_cudnn(results: Results, findings: Findings) -> str:
     return f"""## Against cuDNN and torch
 
 rnngraph's three modes against cuDNN and against the same cell written as a PyTorch loop on the GPU (`mgu` is
-the built-in MGU, written as the README's cell). In this file graph mode runs every loop as `stages`: the
-persistent loop's numbers are under [The persistent loop](#the-persistent-loop).
+the built-in MGU, written as the README's cell). Each mode runs the loop strategy `auto` picks, named in
+brackets.
 
 {table(head, rows)}
 
@@ -92,68 +95,45 @@ cuDNN's own time moves from run to run: its LSTM forward at B = 1 is {_cudnn_spr
 `staged` mode is bound by the host and is the noisiest column."""
 
 
-def hidden_size(results: Results, findings: Findings) -> str:
-    doc, base = results.bench("sweep"), results.bench("targets")
-    rows = []
-    for H in sorted({*doc["settings"]["H"], 512}):
-        d = doc if H in doc["settings"]["H"] else base
-        g, c = record(d, cell="lstm", B=1, H=H, impl="graph"), record(d, cell="lstm", B=1, H=H, impl="cudnn")
-        rows.append([H, pair(g), pair(c), f"{times(ratio(g, c, 'forward'))} / {times(ratio(g, c))}"])
-        findings.compare("Hidden size", f"LSTM at H = {H}, B = 1, graph mode (`stages`)", g, c, "cuDNN")
-    return f"""## Hidden size
-
-The LSTM at B = 1 in graph mode (`stages`) against cuDNN, by hidden size.
-
-{table(["H", "graph", "cuDNN", "graph ÷ cuDNN"], rows)}
-
-{source(doc)} The H = 512 row is from `targets.json` (above).
-
-At H = 128 cuDNN's forward is faster: at that size it appears to run a persistent kernel, one launch for all
-frames, against one launch a frame here. At H = 2048 W_hh (64 MB in float32) no longer fits the H200's 60 MB
-L2 cache, so each frame reads it from DRAM, for rnngraph as for cuDNN."""
-
-
 def persistent(results: Results, findings: Findings) -> str:
-    rows, docs = [], [results.bench(n) for n in ("persistent_b8", "persistent_h1024")]
-    for doc in docs:
-        (B,), (H,) = doc["settings"]["B"], doc["settings"]["H"]
-        p, s = (record(doc, impl="graph", loop_strategy=v) for v in ("persistent", "stages"))
-        c = record(doc, impl="cudnn")
-        rows.append([f"{B}, {H}", f"**{pair(p)}**", pair(s), pair(c), times(ratio(p, c, "forward")), times(ratio(p, c)),
-                     times(ratio(s, p))])
-        findings.compare("The persistent loop", f"LSTM at B = {B}, H = {H}, persistent", p, c, "cuDNN")
+    doc = results.bench("persistent_h1024")
+    (B,), (H,) = doc["settings"]["B"], doc["settings"]["H"]
+    p, s = (record(doc, impl="graph", loop_strategy=v) for v in ("persistent", "stages"))
+    c = record(doc, impl="cudnn")
+    rows = [[f"{B}, {H}", f"**{pair(p)}**", pair(s), pair(c), times(ratio(p, c, "forward")), times(ratio(p, c)),
+             times(ratio(s, p))]]
+    findings.compare("The persistent loop", f"LSTM at B = {B}, H = {H}, persistent", p, c, "cuDNN")
     head = ["B, H", "persistent", "stages", "cuDNN", "persistent ÷ cuDNN, forward", "training",
             "stages ÷ persistent, training"]
     return f"""## The persistent loop
 
 The LSTM in graph mode with the loop as one persistent kernel a direction ([On a GPU](gpu.md#the-persistent-kernel)),
-against the same loop run frame by frame and against cuDNN, in float32.
+against the same loop run frame by frame and against cuDNN, in float32. At H = 512 and B = 1 the persistent loop is
+what `auto` runs in [Against cuDNN and torch](#against-cudnn-and-torch); its batch sizes up to 256, in bfloat16
+on tensor cores, are under [Half precision and tensor cores](#half-precision-and-tensor-cores).
 
 {table(head, rows)}
 
-{chr(10).join(source(d) for d in docs)}
+{source(doc)}
 
-The backward waits on a grid barrier each frame and then stages all 4H gate gradients from L2. At B = 8 the
-kernel keeps a grid barrier before each GEMM (eight tagged words a thread are slower than the barrier) and runs
-its GEMVs on CUDA cores; the kernel takes at most B = 8, since its accumulators live in registers. The LSTM at
-B = 1, H = 512 in float32 is not among the stored files; in bfloat16 it heads [Half precision](#half-precision)."""
+The backward waits on a grid barrier each frame and then stages all 4H gate gradients from L2. In float32 the
+kernel takes at most B = 8 (its accumulators live in registers); beyond that the loop runs frame by frame."""
 
 
 def loops(results: Results, findings: Findings) -> str:
-    rows, docs = [], [results.bench(n) for n in ("loops_t100", "loops_t4096")]
+    rows, docs = [], [results.bench(n) for n in ("loops_t100", "scan_long")]
     for doc in docs:
-        for cell in doc["settings"]["cells"]:
-            for B in doc["settings"]["B"]:
-                (T,) = doc["settings"]["T"]
-                got = {v: record(doc, cell=cell, B=B, impl="graph", loop_strategy=v)
-                       for v in ("stages", "elementwise", "scan") if _admits(doc, cell, v)}
-                jax = record(doc, cell=cell, B=B, impl="jax_scan")
-                best = min(got, key=lambda v: got[v]["train_ms"])
-                rows.append([NAMES.get(cell, cell), f"{T}, {B}",
-                             *(pair(got.get(v)) if v != best else f"**{pair(got[v])}**"
-                               for v in ("stages", "elementwise", "scan")), pair(jax)])
-                findings.compare("Loop strategies against JAX", f"{NAMES.get(cell, cell)} at T = {T}, B = {B}, "
-                                 f"graph mode (`{best}`)", got[best], jax, "JAX")
+        st = doc["settings"]
+        for cell, T, B in ((c, T, B) for c in st["cells"] for T in st["T"] for B in st["B"]):
+            got = {v: record(doc, optional=True, cell=cell, T=T, B=B, impl="graph", loop_strategy=v)
+                   for v in ("stages", "elementwise", "scan") if _admits(doc, cell, v)}
+            got = {v: r for v, r in got.items() if r is not None}
+            jax = record(doc, cell=cell, T=T, B=B, impl="jax_scan")
+            best = min(got, key=lambda v: got[v]["train_ms"])
+            rows.append([NAMES.get(cell, cell), f"{T}, {B}", *(pair(got.get(v)) if v != best else f"**{pair(got[v])}**"
+                                                              for v in ("stages", "elementwise", "scan")), pair(jax)])
+            findings.compare("Loop strategies against JAX", f"{NAMES.get(cell, cell)} at T = {T}, B = {B}, "
+                             f"graph mode (`{best}`)", got[best], jax, "JAX")
     scan = results.experiment("scan")
     Ts = sorted({r["T"] for r in scan["records"]})
     frames = [[T, *(per_frame(record(scan, T=T, impl="graph", loop=v)) for v in ("stages", "elementwise", "scan")),
@@ -162,7 +142,9 @@ def loops(results: Results, findings: Findings) -> str:
 
 Cells with a linear-diagonal or elementwise state in graph mode, each loop strategy they admit, against JAX's
 `lax.associative_scan` under `jit` (JAX has the linear-diagonal cells only); the fastest training step of
-rnngraph's in bold.
+rnngraph's in bold. At T = 4096 and 65,536 graph mode runs the scan with its default chunks (whole calls for the
+scan), and at T = 65,536 the call's stored values exceed `RNNGRAPH_STORE_BYTES`, so the backward recomputes its
+chunks' forward ([Layers](layers.md)).
 
 {table(["cell", "T, B", "stages", "elementwise", "scan", "JAX"], rows)}
 
@@ -171,8 +153,8 @@ rnngraph's in bold.
 At T = 100 a training step is bound by host work, not by the GPU: issuing one graph-mode step takes Python and
 CuPy calls around four graph replays (the input in; the states, the gradients and PyTorch-layout gradients out)
 while the GPU waits, where JAX dispatches one compiled program. The same floor caps the elementwise loop's gain
-over `stages` at T = 100. At B = 64 both are bound by the hoisted GEMMs, and rnngraph adds full-size copies (the
-input gradient, the output gradient).
+over `stages` at T = 100. At T = 65,536 recomputation costs a second forward pass and chunks that each replay
+and copy, so JAX, which stores every value, is faster there.
 
 The cost per frame (µs, forward / training step) of minGRU against T, from the `scan` experiment:
 
@@ -193,29 +175,33 @@ def _admits(doc: dict, cell: str, strategy: str) -> bool:
 
 
 def half(results: Results, findings: Findings) -> str:
-    rows, docs = [], [results.bench(n) for n in ("half", "half_h2048")]
-    for doc in docs:
-        for B in doc["settings"]["B"]:
-            for H in doc["settings"]["H"]:
-                g = record(doc, B=B, H=H, impl="graph")
-                c32, c16 = (record(doc, B=B, H=H, impl=f"cudnn@{d}") for d in ("float32", "float16"))
-                rows.append([f"{B}, {H}", pair(g), loop(g), pair(c32), pair(c16), times(ratio(g, c32)), times(ratio(g, c16))])
-                findings.compare("Half precision", f"bfloat16 LSTM at B = {B}, H = {H} (`{loop(g)}`)", g, c16,
-                                 "cuDNN float16")
+    doc = results.bench("tensor_cores")
+    rows = []
+    for B in doc["settings"]["B"]:
+        auto, pers = (record(doc, B=B, impl="graph", loop=v) for v in ("auto", "persistent"))
+        c32, c16 = (record(doc, B=B, impl=f"cudnn@{d}") for d in ("float32", "float16"))
+        cores = "tensor cores" if B > 8 else "CUDA cores"
+        rows.append([B, f"**{pair(auto)}** ({_ran(auto, B)})",
+                     f"{pair(pers)} ({cores})", pair(c16), pair(c32), times(ratio(auto, c16)), times(ratio(auto, c32))])
+        findings.compare("Half precision and tensor cores", f"bfloat16 LSTM at B = {B} (`auto`: {_ran(auto, B)})",
+                         auto, c16, "cuDNN float16")
     runs = results.training()
     b16, f32 = runs["gpu_bfloat16"], runs["gpu_float32"]
-    return f"""## Half precision
+    return f"""## Half precision and tensor cores
 
-The LSTM in bfloat16, graph mode, against cuDNN in float32 and in float16 in the same process.
+The LSTM in bfloat16, graph mode, as `auto` runs it and with `loop="persistent"` (up to B = 8 on CUDA cores, beyond
+on tensor cores), against cuDNN in float16 and in float32 in the same process, T = 100, H = 512.
 
-{table(["B, H", "rnngraph bfloat16", "loop", "cuDNN float32", "cuDNN float16", "÷ cuDNN float32, training",
-        "÷ cuDNN float16, training"], rows)}
+{table(["B", "rnngraph bfloat16, `auto` (loop)", "`persistent`", "cuDNN float16", "cuDNN float32",
+        "auto ÷ cuDNN float16, training", "auto ÷ cuDNN float32, training"], rows)}
 
-{chr(10).join(source(d) for d in docs)}
+{source(doc)}
 
-cuDNN's float16 LSTM is a persistent kernel on tensor cores; rnngraph's persistent kernel runs its GEMVs on
-CUDA cores and keeps a grid barrier per GEMM at B = 8, and at B = 64 each frame is a `GemmEx` and a fused kernel.
-At B = 1 the loop is bound by latency, not bandwidth, so half precision saves little there.
+Up to B = 16 `auto` runs the persistent loop (on tensor cores from B = 9: `mma.sync` with float32 sums, the weights
+held in shared memory); beyond it runs `stages`, a `GemmEx` and a fused kernel a frame, since there the tensor-core
+kernel measured slower: every block stages all of x's rows (B × K values) from L2 each frame, and its backward
+stages all 4H gate gradients. cuDNN's float16 LSTM, a persistent kernel on tensor cores, is faster than rnngraph
+from B = 8 on; rnngraph is faster at B = 1, where the loop is bound by latency.
 
 The 3 × 512 char-LM of [Training](#training) reaches in bfloat16 a best validation bpc of {best_val(b16)[0]:.3f} in
 {seconds(b16):.0f} s, against {best_val(f32)[0]:.3f} in {seconds(f32):.0f} s in float32: {seconds(f32) / seconds(b16):.2f}×
@@ -223,6 +209,10 @@ faster, within run-to-run noise of the same bpc. Its first step takes {_first_st
 kernels and recording the graphs).
 
 ![Training curves in bfloat16 and float32](../figures/training_h200_bf16.png)"""
+
+
+def _ran(r: dict, B: int) -> str:
+    return f"persistent on {'tensor' if B > 8 else 'CUDA'} cores" if loop(r) == "persistent" else loop(r)
 
 
 def _first_step(run: dict) -> float:

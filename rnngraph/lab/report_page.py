@@ -7,7 +7,8 @@ import re
 import shlex
 
 from .figures import NAMES, headline_table
-from .report_bench import against_cudnn, half, headline, hidden_size, loops, norm, persistent, through_torch
+from .report_bench import against_cudnn, half, headline, loops, norm, persistent, through_torch
+from .report_models import charlm, heads, memory
 from .report_data import Findings, Results, best_val, num, per_frame, record, rel, seconds, source, table
 
 GENERATED = ("<!-- Rendered by `rnngraph report` from experiments/results; edit rnngraph/lab/report_*.py, "
@@ -254,10 +255,13 @@ These are not among the stored measurements:
 - training on two or more GPUs, and so its speed-up over one (the ranks' logic is tested on the CPU and on one
   GPU; see [Training](training.md#several-gpus-or-processes));
 - the persistent loop's cost per frame as a slope over T (`experiments/persistent_frames.py` measures it),
-  and the float32 LSTM at B = 1, H = 512 with the persistent loop against cuDNN and torch.compile;
+  and the LSTM with the persistent loop against torch.compile;
+- the LSTM by hidden size (H = 128 to 2048) with the current loop strategies;
+- the tensor-core persistent loop in float16 and float32 (TF32), and GRU and MGU on it;
+- FlashRNN, which is not installed on the GPU machine (`rnngraph bench --impls flashrnn` times it where it is);
 - graph mode fed calls of many random shapes: recordings, memory and time per call as the calls go
   (`experiments/graph_shapes_probe.py`), and the cost of chunks of time at a fixed long T;
 - the host time of a training step through `rnngraph.torch` against the raw layer, synced and pipelined
   (`experiments/profile_torch_step.py`)."""
 
-SECTIONS = [against_cudnn, hidden_size, persistent, loops, half, norm, through_torch, experiments, training]
+SECTIONS = [against_cudnn, persistent, half, loops, norm, through_torch, charlm, heads, memory, experiments, training]
