@@ -50,7 +50,8 @@ def note(sched) -> str:
                 f"{math.gcd(*heads)} the GEMMs keep apart, its weights held on chip, no grid barrier (B ≤ 8, where "
                 "a block's heads fit; else split over more blocks, with barriers); else frame by frame, as stages")
     return ("runs all stages as one cooperative kernel a direction on the GPU, the weights held on chip "
-            "(B ≤ 8, where they fit); else frame by frame, as stages")
+            "(B ≤ 8; in half precision on tensor cores up to B = 16, 256 with loop='persistent'; where they fit); "
+            "else frame by frame, as stages (rnngraph schedule --batch B --dtype D says which)")
 
 
 STRATEGY = LoopStrategy(
