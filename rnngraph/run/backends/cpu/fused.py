@@ -1,0 +1,80 @@
+"""One compiled function per fused elementwise group, forward and backward, from the CUDA kernel's spec
+(run/backends/cuda/fused.py: the same arguments, names and body, built from the op table's kernel rules),
+its C statements translated into Python (source.py); and the arrays it runs on, in its order.
+
+The function walks R rows of F features once. Each argument name nm of the spec arrives as a window, its
+first element and its row stride (p_nm, s_nm, l_nm): row r's feature f is p_nm[s_nm + r·l_nm + f], and a
+vector parameter [F] has l_nm = 0. Its source is named by its text, so the same group gives the same name.
+"""
+from __future__ import annotations
+
+import hashlib
+
+from ....ir.ops import REDUCE
+from ..cuda.fused import fusable, fused_backward_kernel, fused_forward_kernel
+from .source import STORAGE, python_statement
+
+FUSED_SOURCE = '''
+@njit(pipeline_class=NoAlias, **JIT)
+def {name}(R, {args}):
+    for r in range(R):
+{rows}
+        for f in range({F}):
+{body}
+'''
+
+
+def group_spec(cell, nodes, direction: str):
+    """The CUDA spec of a group's function, or None where it has no elementwise kernel (a row reduction,
+    an op without a kernel rule)."""
+    if any(cell.op(n).kind in REDUCE for n in nodes) or not fusable(cell, nodes):
+        return None
+    if direction == "fwd":
+        return fused_forward_kernel(cell, nodes)
+    return fused_backward_kernel(cell, nodes, set(cell.params))
+
+
+def fused_source(spec, F: int, storage: str) -> tuple[str, str]:
+    """(function name, Python source) of a spec over F features in a storage dtype (source.STORAGE)."""
+    _, load, store = STORAGE[storage]
+    names = list(spec.in_names) + list(spec.out_names)
+    rows = [f"w_{nm} = p_{nm}[s_{nm} + r * l_{nm}:s_{nm} + r * l_{nm} + {F}]" for nm in names]
+    loaded = list(spec.in_names) + [nm for nm in spec.out_names if nm.startswith("gm")]
+    body = [f"{nm} = {load.format(e=f'w_{nm}[f]')}" for nm in loaded]
+    body += [python_statement(ln, storage) for ln in spec.body]
+    for nm, v, op in spec.stores:
+        total = v if op == "=" else f"{load.format(e=f'w_{nm}[f]')} + {v}"
+        body.append(f"w_{nm}[f] = {store.format(v=total)}")
+    text = FUSED_SOURCE.format(name="{name}", args=", ".join(f"p_{nm}, s_{nm}, l_{nm}" for nm in names), F=F,
+                               rows="\n".join(" " * 8 + ln for ln in rows), body="\n".join(" " * 12 + ln for ln in body))
+    name = f"fused_{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+    return name, text.replace("{name}", name)
+
+
+def spec_arrays(spec, env, genv=None, targets=None) -> list:
+    """The arrays behind a spec's arguments, in its order (a slice's read as its column view)."""
+    pick = {"ext": lambda k: _cols(env[k[:2]], k[2]), "val": env.__getitem__, "out": env.__getitem__,
+            "grad": lambda k: genv[k], "gext": lambda k: _cols(targets[k[:2]], k[2])}
+    return [pick[kind](key) for kind, key in spec.inputs + spec.outputs]
+
+
+def _cols(a, cols):
+    return a if cols is None else a[..., cols[0]:cols[1]]
+
+
+def overlaps(spec, per_frame: bool) -> bool:
+    """Whether an array the function writes may share elements with another of its arrays, which its noalias
+    arguments rule out: the same node's columns met twice (two slices of one read), or, over all frames at
+    once, one node read or written at two delays (their frames interleave)."""
+    def where(kind, key):
+        if kind in ("ext", "gext"):
+            return ("grad" if kind == "gext" else "val", key[0], key[1] if per_frame else 0, key[2])
+        return ("val" if kind in ("val", "out") else "grad", key, 0, None)
+    places = [where(kind, key) for kind, key in spec.inputs + spec.outputs]
+    written = places[len(spec.inputs):]
+    return any(a[:3] == b[:3] and _meet(a[3], b[3]) for i, a in enumerate(written) for j, b in enumerate(places)
+               if j != len(spec.inputs) + i)
+
+
+def _meet(a, b) -> bool:
+    return a is None or b is None or (a[0] < b[1] and b[0] < a[1])
