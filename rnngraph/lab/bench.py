@@ -30,10 +30,10 @@ from ..plan.schedule import build_schedule
 from .bench_report import format_table, header
 from .options import LOOP_CHOICES, writable_folder
 
-IMPLS = ("naive", "staged", "graph", "cudnn", "torch_eager", "jax_scan", "rnngraph_torch", "torch_compile")
+IMPLS = ("naive", "staged", "graph", "cudnn", "torch_eager", "jax_scan", "rnngraph_torch", "torch_compile", "torch_cpu")
 MODES = IMPLS[:3]                                   # the rnngraph implementations
 DTYPES = ("float32", "float64", "bfloat16", "float16")
-DEFAULT_IMPLS = IMPLS[:5]       # jax_scan (linear-diagonal cells only), rnngraph_torch, torch_compile when asked for
+DEFAULT_IMPLS = (*IMPLS[:5], "torch_cpu")   # jax_scan (linear-diagonal cells only), rnngraph_torch, torch_compile when asked for
 DEFAULT_CELLS = ("lstm", "peephole_lstm", "layernorm_lstm", "min_gru", "mgu")
 QUICK = {"T": [8], "B": [2], "H": [16], "repeats": 3, "warmup": 1}
 _TF32 = {"on": False}
@@ -184,11 +184,11 @@ def unavailable(impl: str, cell) -> str | None:
         return jax_problem()
     if torch_problem():
         return torch_problem()
-    if impl == "cudnn":
+    if impl in ("cudnn", "torch_cpu"):
         import torch
         if not _is_builtin(cell, ("lstm", "gru", "rnn_tanh", "rnn_relu")):
-            return "no cuDNN layer for this cell (cuDNN has lstm, gru, rnn_tanh, rnn_relu)"
-        if not torch.cuda.is_available():
+            return "no torch.nn layer for this cell (torch.nn has lstm, gru, rnn_tanh, rnn_relu)"
+        if impl == "cudnn" and not torch.cuda.is_available():
             return f"needs torch with CUDA (torch {torch.__version__} sees no GPU)"
     return None
 
@@ -204,9 +204,10 @@ def _is_builtin(cell, names) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _backend(impl: str):
-    """One backend object per rnngraph mode and process: cupy when a GPU is usable, else numpy."""
+    """One backend object per rnngraph mode and process: 'auto's (cupy on a GPU, else the compiled cpu backend,
+    else numpy)."""
     from ..run.backends import get_backend
-    return get_backend("cupy" if gpu_problem() is None else "numpy", impl)
+    return get_backend("auto", impl)
 
 
 def _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed, loop="auto"):
@@ -229,7 +230,8 @@ def _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed, loop="auto"):
 def machine_info() -> dict:
     """Device name, driver and CUDA runtime, library versions, rnngraph commit, date, command line."""
     from .doctor import cpu_name, cuda_info, git_commit, versions
-    info = {"rnngraph": __version__, **versions(), **cuda_info()}
+    from ..run.backends.cpu.blas import cpu_info
+    info = {"rnngraph": __version__, **versions(), **cuda_info(), "cpu": cpu_info()}
     if torch_problem() is None:
         import torch
         info.update(torch_cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version()

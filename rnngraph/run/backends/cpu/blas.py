@@ -62,3 +62,14 @@ def threads() -> int:
     """The threads of numpy's BLAS pool (the loops' GEMMs run in it; their fused passes run on the calling thread)."""
     from threadpoolctl import threadpool_info
     return next((i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"), 1)
+
+
+def cpu_info() -> str:
+    """One line for a benchmark's header: numpy's BLAS and its threads, torch's threads where torch is loaded,
+    and where the compiled loops' fused passes run."""
+    import sys
+    blas = numpy_blas()
+    torch = sys.modules.get("torch")
+    parts = [f"numpy BLAS {blas.describe() if isinstance(blas, Blas) else blas}"]
+    parts += [f"torch {torch.get_num_threads()} threads"] if torch is not None else []
+    return "; ".join(parts + ["compiled loops' fused passes on the calling thread"])

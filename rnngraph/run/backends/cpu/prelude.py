@@ -116,12 +116,12 @@ def gemm_bf16(tb, M, N, K, a, sa, lda, b32, ldb, beta, c, sc, ldc, a32, c32):
 
 
 # -- half storage: bfloat16 bits as uint16 ------------------------------------------------------
-@njit(inline="always", **JIT)
+@njit(**JIT)
 def bf16_load(h):
     return bits_f32(np.uint32(h) << np.uint32(16))
 
 
-@njit(inline="always", **JIT)
+@njit(**JIT)
 def bf16_store(v):
     """float32 -> bfloat16 bits, rounded to nearest even (NaN stays NaN), as ml_dtypes rounds."""
     x = f32_bits(v)
@@ -137,7 +137,7 @@ def bf16_store(v):
 LOG2E, LN2_HI, LN2_LO = 1.4426950408889634, 0.6931471803691238, 1.9082149292705877e-10
 
 
-@njit(inline="always", **JIT)
+@njit(**JIT)
 def expv(x):
     """e^x in float64 for the float32 rules: 2^k · e^r, r = x − k·ln2 (Cody–Waite), Taylor series in r to r¹² (Horner)."""
     c = min(max(x, -745.2), 709.79)
@@ -154,12 +154,12 @@ def expv(x):
     return y if x == x else x
 
 
-@njit(inline="always", **JIT)
+@njit(**JIT)
 def exp32(x):
     return np.float32(expv(np.float64(x)))
 
 
-@njit(inline="always", **JIT)
+@njit(**JIT)
 def tanh32(x):
     """tanh = 1 − 2/(e^{2|x|} + 1), signed; x itself below 2⁻¹³, where float32 cannot tell them apart."""
     a = abs(np.float64(x))
@@ -168,16 +168,16 @@ def tanh32(x):
     return np.float32(t if x >= 0 else -t) if x == x else x
 
 
-@njit(inline="always", **JIT)
+@njit(**JIT)
 def log1p32(x):
     return np.float32(math.log1p(np.float64(x)))
 
 
-@njit(inline="always", **JIT)
+@njit(**JIT)
 def rsqrt32(x):
     return np.float32(1) / math.sqrt(x)
 
 
-@njit(inline="always", **JIT)
+@njit(**JIT)
 def rsqrt64(x):
     return 1.0 / math.sqrt(x)
