@@ -95,6 +95,12 @@ def test_float32_equals_numpy(cell):
     agree(ref, cpu, [frames(9, "float32")], np.array([9, 5, 2, 9]), dtype="float32")
 
 
+def test_one_stream_equals_numpy():
+    """B = 1: the per-frame GEMMs run as GEMVs."""
+    ref, cpu = twins("gru")
+    agree(ref, cpu, [frames(6)[:, :1]])
+
+
 @pytest.mark.parametrize("cell", ["lstm", "indrnn"])
 def test_bfloat16_equals_numpy_to_its_rounding(cell):
     ref, cpu = twins(cell, dtype="bfloat16", num_layers=1, bidirectional=False)

@@ -9,14 +9,14 @@ from dataclasses import dataclass
 
 import numpy
 
-# (symbol pattern of a CBLAS GEMM, bits of its integer arguments), in the order they are tried:
+# (symbol pattern of a CBLAS routine, bits of its integer arguments), in the order they are tried:
 # scipy-openblas (numpy's wheels), other 64-bit-integer builds, then the LP64 CBLAS of OpenBLAS, MKL, BLIS
-GEMM_SYMBOLS = (("scipy_cblas_{}gemm64_", 64), ("cblas_{}gemm64_", 64), ("cblas_{}gemm", 32))
+GEMM_SYMBOLS = (("scipy_cblas_{}64_", 64), ("cblas_{}64_", 64), ("cblas_{}", 32))
 
 
 @dataclass(frozen=True)
 class Blas:
-    """A loaded CBLAS: where it is, what it is, its GEMM addresses (s and d) and their integer width."""
+    """A loaded CBLAS: where it is, what it is, its GEMM and GEMV addresses (s and d) and their integer width."""
     path: str
     api: str            # threadpoolctl's internal_api: openblas, mkl, blis, ...
     version: str
@@ -24,6 +24,8 @@ class Blas:
     bits: int
     sgemm: int
     dgemm: int
+    sgemv: int
+    dgemv: int
 
     def describe(self) -> str:
         return f"{self.api} {self.version} ({self.kernel} kernels, {threads()} threads) {os.path.basename(self.path)}"
@@ -50,12 +52,13 @@ def numpy_blas() -> Blas | str:
         return "numpy links no BLAS library that threadpoolctl can see"
     lib = ctypes.CDLL(info["filepath"])
     for pattern, bits in GEMM_SYMBOLS:
-        s, d = (getattr(lib, pattern.format(k), None) for k in "sd")
-        if s is not None and d is not None:
-            address = lambda f: ctypes.cast(f, ctypes.c_void_p).value
+        fns = [getattr(lib, pattern.format(k), None) for k in ("sgemm", "dgemm", "sgemv", "dgemv")]
+        if None not in fns:
             return Blas(info["filepath"], info["internal_api"], str(info.get("version")),
-                        str(info.get("architecture") or info.get("threading_layer") or "-"), bits, address(s), address(d))
-    return f"numpy's BLAS ({info['filepath']}) exports no CBLAS sgemm/dgemm the loops know ({GEMM_SYMBOLS[0][0]}, ...)"
+                        str(info.get("architecture") or info.get("threading_layer") or "-"), bits,
+                        *(ctypes.cast(f, ctypes.c_void_p).value for f in fns))
+    return (f"numpy's BLAS ({info['filepath']}) exports no CBLAS sgemm/dgemm/sgemv/dgemv the loops know "
+            f"({', '.join(p.format('sgemm') for p, _ in GEMM_SYMBOLS)})")
 
 
 def threads() -> int:

@@ -38,13 +38,14 @@ def fused_source(spec, F: int, storage: str) -> tuple[str, str]:
     """(function name, Python source) of a spec over F features in a storage dtype (source.STORAGE)."""
     _, load, store = STORAGE[storage]
     names = list(spec.in_names) + list(spec.out_names)
-    rows = [f"w_{nm} = p_{nm}[s_{nm} + r * l_{nm}:s_{nm} + r * l_{nm} + {F}]" for nm in names]
+    rows = [f"o_{nm} = s_{nm} + r * l_{nm}" for nm in names]
+    at = lambda nm: f"p_{nm}[np.uint64(o_{nm} + f)]"       # unsigned: no negative-index wrap to test
     loaded = list(spec.in_names) + [nm for nm in spec.out_names if nm.startswith("gm")]
-    body = [f"{nm} = {load.format(e=f'w_{nm}[f]')}" for nm in loaded]
+    body = [f"{nm} = {load.format(e=at(nm))}" for nm in loaded]
     body += [python_statement(ln, storage) for ln in spec.body]
     for nm, v, op in spec.stores:
-        total = v if op == "=" else f"{load.format(e=f'w_{nm}[f]')} + {v}"
-        body.append(f"w_{nm}[f] = {store.format(v=total)}")
+        total = v if op == "=" else f"{load.format(e=at(nm))} + {v}"
+        body.append(f"{at(nm)} = {store.format(v=total)}")
     text = FUSED_SOURCE.format(name="{name}", args=", ".join(f"p_{nm}, s_{nm}, l_{nm}" for nm in names), F=F,
                                rows="\n".join(" " * 8 + ln for ln in rows), body="\n".join(" " * 12 + ln for ln in body))
     name = f"fused_{hashlib.sha1(text.encode()).hexdigest()[:12]}"

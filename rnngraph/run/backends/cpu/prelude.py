@@ -21,9 +21,13 @@ BLAS = numpy_blas()
 if isinstance(BLAS, str):
     raise RnnGraphError(BLAS)
 _INT = types.int64 if BLAS.bits == 64 else types.int32
-SGEMM, DGEMM = f"rg_sgemm_i{BLAS.bits}", f"rg_dgemm_i{BLAS.bits}"    # the width in the name: a cached
+SGEMM, DGEMM, SGEMV, DGEMV = (f"rg_{k}_i{BLAS.bits}" for k in ("sgemm", "dgemm", "sgemv", "dgemv"))  # the width in the name: a cached
 llvm.add_symbol(SGEMM, BLAS.sgemm)                                   # loop never calls another width
 llvm.add_symbol(DGEMM, BLAS.dgemm)
+
+
+for _name, _address in ((SGEMV, BLAS.sgemv), (DGEMV, BLAS.dgemv)):
+    llvm.add_symbol(_name, _address)
 
 
 def _gemm_type(name: str, real):
@@ -32,7 +36,14 @@ def _gemm_type(name: str, real):
                                                    types.voidptr, _INT, types.voidptr, _INT, real, types.voidptr, _INT))
 
 
+def _gemv_type(name: str, real):
+    """CBLAS ?gemv(order, trans, M, N, alpha, A, lda, x, incx, beta, y, incy)."""
+    return types.ExternalFunction(name, types.void(types.int32, types.int32, _INT, _INT, real, types.voidptr, _INT,
+                                                   types.voidptr, _INT, real, types.voidptr, _INT))
+
+
 _sgemm, _dgemm = _gemm_type(SGEMM, types.float32), _gemm_type(DGEMM, types.float64)
+_sgemv, _dgemv = _gemv_type(SGEMV, types.float32), _gemv_type(DGEMV, types.float64)
 ROW_MAJOR, NO, YES = 101, 111, 112      # CBLAS order and transpose codes
 
 JIT = dict(cache=True, error_model="numpy", nogil=True)    # numpy's float semantics: x/0 is inf, no exception
@@ -74,16 +85,25 @@ bits_f64 = _bitcast(types.int64, types.float64, ir.DoubleType())
 @njit(**JIT)
 def gemm32(ta, tb, M, N, K, a, sa, lda, b, ldb, beta, c, sc, ldc):
     """c[sc:] [M, N] = op(a[sa:]) [M, K] · op(b) [K, N] (+ beta · c), row-major with leading dimensions; op
-    transposes a stored [K, M] where ta, b stored [N, K] where tb."""
-    _sgemm(ROW_MAJOR, YES if ta else NO, YES if tb else NO, M, N, K, np.float32(1), address(a, sa), lda,
-           address(b, 0), ldb, np.float32(beta), address(c, sc), ldc)
+    transposes a stored [K, M] where ta, b stored [N, K] where tb. One row (M = 1) runs as a GEMV, which
+    BLAS runs several times faster than a GEMM of one row."""
+    if M == 1 and not ta:
+        _sgemv(ROW_MAJOR, NO if tb else YES, N if tb else K, K if tb else N, np.float32(1), address(b, 0), ldb,
+               address(a, sa), 1, np.float32(beta), address(c, sc), 1)
+    else:
+        _sgemm(ROW_MAJOR, YES if ta else NO, YES if tb else NO, M, N, K, np.float32(1), address(a, sa), lda,
+               address(b, 0), ldb, np.float32(beta), address(c, sc), ldc)
 
 
 @njit(**JIT)
 def gemm64(ta, tb, M, N, K, a, sa, lda, b, ldb, beta, c, sc, ldc):
     """gemm32 in float64."""
-    _dgemm(ROW_MAJOR, YES if ta else NO, YES if tb else NO, M, N, K, 1.0, address(a, sa), lda, address(b, 0), ldb,
-           float(beta), address(c, sc), ldc)
+    if M == 1 and not ta:
+        _dgemv(ROW_MAJOR, NO if tb else YES, N if tb else K, K if tb else N, 1.0, address(b, 0), ldb,
+               address(a, sa), 1, float(beta), address(c, sc), 1)
+    else:
+        _dgemm(ROW_MAJOR, YES if ta else NO, YES if tb else NO, M, N, K, 1.0, address(a, sa), lda, address(b, 0),
+               ldb, float(beta), address(c, sc), ldc)
 
 
 @njit(**JIT)
