@@ -53,28 +53,30 @@ class CpuBackend(ArrayBackend):
         fn(ta, tb, M, N, K, wa[0], 0, wa[1], wb[0], wb[1], 1 if accumulate else 0, wc[0], 0, wc[1])
 
     def _compile_fused(self, cell, item, env, per_frame):
-        return self._fused_launch(cell, item.nodes, "fwd", per_frame, lambda spec: spec_arrays(spec, env))
+        return self._fused_launch(cell, item.nodes, "fwd", per_frame, lambda keys: spec_arrays(keys, env))
 
     def _compile_fused_grad(self, cell, item, views, per_frame):
         env, genv, targets = views
         if item.params or item.atomic or not item.one_kernel:
             return None
         return self._fused_launch(cell, item.item.nodes, "bwd", per_frame,
-                                  lambda spec: spec_arrays(spec, env, genv, targets))
+                                  lambda keys: spec_arrays(keys, env, genv, targets))
 
     def _fused_launch(self, cell, nodes, direction, per_frame, arrays):
         """One call of a group's compiled function on its arrays ([R, F] rows, vectors [F]), or None."""
         spec = group_spec(cell, nodes, direction)
         if spec is None or self.mode == "naive" or overlaps(spec, per_frame):
             return None
-        made = arrays(spec)
-        storage, wins = storage_of(made[len(spec.in_names)]), [window(a) for a in made]
-        if storage is None or any(w is None for w in wins):
+        storage = storage_of(arrays(spec.outputs[:1])[0])
+        if storage is None:
+            return None
+        name, src, keys = fused_source(spec, cell.op(nodes[-1]).size, storage)
+        made = arrays(keys)
+        wins = [window(a) for a in made]
+        if any(w is None for w in wins):
             return None
         rows = next(a.shape[0] for a in made if a.ndim == 2)
-        name, src = fused_source(spec, cell.op(nodes[-1]).size, storage)
-        args = [x for w, ld in wins for x in (w, 0, ld)]
-        return ((getattr(load(src), name), (rows, *args)),)
+        return ((getattr(load(src), name), (rows, *(x for w, ld in wins for x in (w, 0, ld)))),)
 
     COMPILE = {Fused: _compile_fused, FusedGrad: _compile_fused_grad}
 

@@ -9,6 +9,7 @@ vector parameter [F] has l_nm = 0. Its source is named by its text, so the same 
 from __future__ import annotations
 
 import hashlib
+import re
 
 from ....ir.ops import REDUCE
 from ..cuda.fused import fusable, fused_backward_kernel, fused_forward_kernel
@@ -34,29 +35,34 @@ def group_spec(cell, nodes, direction: str):
     return fused_backward_kernel(cell, nodes, set(cell.params))
 
 
-def fused_source(spec, F: int, storage: str) -> tuple[str, str]:
-    """(function name, Python source) of a spec over F features in a storage dtype (source.STORAGE)."""
+def fused_source(spec, F: int, storage: str) -> tuple[str, str, tuple]:
+    """(function name, Python source, the spec's (kind, key) of each array argument, in order) of a spec over
+    F features in a storage dtype (source.STORAGE); inputs its body never reads are left out."""
     _, load, store = STORAGE[storage]
-    names = list(spec.in_names) + list(spec.out_names)
-    rows = [f"o_{nm} = s_{nm} + r * l_{nm}" for nm in names]
+    body = [python_statement(ln, storage) for ln in spec.body]
+    read = set(re.findall(r"\b[a-z]+\d+\b", " ".join(body + [v for _, v, _ in spec.stores])))
+    keep = [k for k, nm in enumerate(spec.in_names) if nm in read] + \
+        [len(spec.in_names) + k for k in range(len(spec.out_names))]
+    names = [(spec.in_names + spec.out_names)[k] for k in keep]
     at = lambda nm: f"p_{nm}[np.uint64(o_{nm} + f)]"       # unsigned: no negative-index wrap to test
-    loaded = list(spec.in_names) + [nm for nm in spec.out_names if nm.startswith("gm")]
-    body = [f"{nm} = {load.format(e=at(nm))}" for nm in loaded]
-    body += [python_statement(ln, storage) for ln in spec.body]
+    loaded = [nm for nm in names if nm in spec.in_names or nm.startswith("gm")]
+    body = [f"{nm} = {load.format(e=at(nm))}" for nm in loaded] + body
     for nm, v, op in spec.stores:
         total = v if op == "=" else f"{load.format(e=at(nm))} + {v}"
         body.append(f"{at(nm)} = {store.format(v=total)}")
     text = FUSED_SOURCE.format(name="{name}", args=", ".join(f"p_{nm}, s_{nm}, l_{nm}" for nm in names), F=F,
-                               rows="\n".join(" " * 8 + ln for ln in rows), body="\n".join(" " * 12 + ln for ln in body))
+                               rows="\n".join(f"        o_{nm} = s_{nm} + r * l_{nm}" for nm in names),
+                               body="\n".join(" " * 12 + ln for ln in body))
     name = f"fused_{hashlib.sha1(text.encode()).hexdigest()[:12]}"
-    return name, text.replace("{name}", name)
+    keys = spec.inputs + spec.outputs
+    return name, text.replace("{name}", name), tuple(keys[k] for k in keep)
 
 
-def spec_arrays(spec, env, genv=None, targets=None) -> list:
-    """The arrays behind a spec's arguments, in its order (a slice's read as its column view)."""
+def spec_arrays(keys, env, genv=None, targets=None) -> list:
+    """The arrays behind a function's argument keys (fused_source), in order (a slice's read as its column view)."""
     pick = {"ext": lambda k: _cols(env[k[:2]], k[2]), "val": env.__getitem__, "out": env.__getitem__,
             "grad": lambda k: genv[k], "gext": lambda k: _cols(targets[k[:2]], k[2])}
-    return [pick[kind](key) for kind, key in spec.inputs + spec.outputs]
+    return [pick[kind](key) for kind, key in keys]
 
 
 def _cols(a, cols):

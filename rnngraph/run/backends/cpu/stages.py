@@ -103,10 +103,10 @@ class Loop:
         spec = group_spec(self.cell, it.nodes, direction)
         if spec is None or overlaps(spec, per_frame=True):
             return False
-        name, src = fused_source(spec, self.cell.op(it.nodes[-1]).size, self.storage)
+        name, src, keys = fused_source(spec, self.cell.op(it.nodes[-1]).size, self.storage)
         self.functions[name] = src
         parts = []
-        for kind, key in spec.inputs + spec.outputs:
+        for kind, key in keys:
             grads, (n, d, cols) = kind in ("grad", "gext"), (key if kind in ("ext", "gext") else (key, 0, None))
             r = self.rows(grads, n, d, cols)
             if r is None:
