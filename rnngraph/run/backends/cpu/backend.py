@@ -11,7 +11,6 @@ import importlib.util
 
 import numpy
 
-from ....arrays import is_half
 from ....plan.items import Fused, FusedGrad
 from ....plan.loops import STRATEGIES
 from ..base import ArrayBackend
@@ -89,13 +88,6 @@ class CpuBackend(ArrayBackend):
         return None if runner is None else runner.compile(self, cell, item, views)
 
     def launch(self, launchable):
+        """Runs what compile returned: (compiled function, arguments) calls, in order."""
         for fn, args in launchable:
             fn(*args)
-
-    def half_problem(self, dtype) -> str | None:
-        return None
-
-
-def problem() -> str | None:
-    from .jit import problem as jit_problem
-    return jit_problem()

@@ -159,13 +159,26 @@ LOG2E, LN2_HI, LN2_LO = 1.4426950408889634, 0.6931471803691238, 1.90821492927058
 
 @njit(**JIT)
 def expv(x):
-    """e^x in float64 for the float32 rules: 2^k · e^r, r = x − k·ln2 (Cody–Waite), Taylor series in r to r¹² (Horner)."""
+    """e^x in float64 for the float32 rules: 2^k · e^r with r = x − k·ln2 (Cody–Waite, |r| ≤ ln2/2) and e^r
+    its Taylor series to r¹² (relative error < 5e-16), 2^k in two factors so that each stays normal."""
     c = min(max(x, -745.2), 709.79)
     k = math.floor(c * LOG2E + 0.5)
     r = (c - k * LN2_HI) - k * LN2_LO
-    p = ((((((((((((2.08767569878681e-09 * r + 2.505210838544172e-08) * r + 2.755731922398589e-07) * r + 2.7557319223985893e-06) * r + 2.48015873015873e-05) * r + 0.0001984126984126984) * r + 0.001388888888888889) * r + 0.008333333333333333) * r + 0.041666666666666664) * r + 0.16666666666666666) * r + 0.5) * r + 1.0) * r + 1.0)
+    p = 1.0 / 479001600.0                       # Horner in r, from 1/12! down to 1
+    p = p * r + 2.505210838544172e-08
+    p = p * r + 2.755731922398589e-07
+    p = p * r + 2.7557319223985893e-06
+    p = p * r + 2.48015873015873e-05
+    p = p * r + 0.0001984126984126984
+    p = p * r + 0.001388888888888889
+    p = p * r + 0.008333333333333333
+    p = p * r + 0.041666666666666664
+    p = p * r + 0.16666666666666666
+    p = p * r + 0.5
+    p = p * r + 1.0
+    p = p * r + 1.0
     ki = np.int64(k)
-    half = ki >> 1                              # 2^k as two factors: each stays a normal number
+    half = ki >> 1
     y = p * bits_f64((half + 1023) << 52) * bits_f64((ki - half + 1023) << 52)
     if x > 709.79:
         y = math.inf
