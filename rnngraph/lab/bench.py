@@ -33,7 +33,8 @@ from .options import LOOP_CHOICES, writable_folder
 IMPLS = ("naive", "staged", "graph", "cudnn", "torch_eager", "jax_scan", "rnngraph_torch", "torch_compile", "torch_cpu")
 MODES = IMPLS[:3]                                   # the rnngraph implementations
 DTYPES = ("float32", "float64", "bfloat16", "float16")
-DEFAULT_IMPLS = (*IMPLS[:5], "torch_cpu")   # jax_scan (linear-diagonal cells only), rnngraph_torch, torch_compile when asked for
+DEFAULT_IMPLS = (*IMPLS[:5], "torch_cpu")    # jax_scan (linear-diagonal cells only), rnngraph_torch, torch_compile:
+                                            # when asked for
 DEFAULT_CELLS = ("lstm", "peephole_lstm", "layernorm_lstm", "min_gru", "mgu")
 QUICK = {"T": [8], "B": [2], "H": [16], "repeats": 3, "warmup": 1}
 _TF32 = {"on": False}

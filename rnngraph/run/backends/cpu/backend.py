@@ -45,8 +45,8 @@ class CpuBackend(ArrayBackend):
         """As numpy's, through BLAS straight into out (accumulating with beta = 1: no temporary, no extra pass)."""
         fn = {"float32": self.prelude.gemm32, "float64": self.prelude.gemm64}.get(out.dtype.name)
         wa, wb, wc = window(a), window(b), window(out)
-        if fn is None or {a.ndim, b.ndim, out.ndim} != {2} or {a.dtype, b.dtype} != {out.dtype} or None in (wa, wb, wc) \
-                or 0 in a.shape + out.shape:
+        if fn is None or {a.ndim, b.ndim, out.ndim} != {2} or {a.dtype, b.dtype} != {out.dtype} or \
+                None in (wa, wb, wc) or 0 in a.shape + out.shape:
             return super().gemm(a, b, out, ta=ta, tb=tb, accumulate=accumulate)
         (M, N), K = out.shape, a.shape[0 if ta else 1]
         fn(ta, tb, M, N, K, wa[0], 0, wa[1], wb[0], wb[1], 1 if accumulate else 0, wc[0], 0, wc[1])

@@ -21,12 +21,9 @@ BLAS = numpy_blas()
 if isinstance(BLAS, str):
     raise RnnGraphError(BLAS)
 _INT = types.int64 if BLAS.bits == 64 else types.int32
-SGEMM, DGEMM, SGEMV, DGEMV = (f"rg_{k}_i{BLAS.bits}" for k in ("sgemm", "dgemm", "sgemv", "dgemv"))  # the width in the name: a cached
-llvm.add_symbol(SGEMM, BLAS.sgemm)                                   # loop never calls another width
-llvm.add_symbol(DGEMM, BLAS.dgemm)
-
-
-for _name, _address in ((SGEMV, BLAS.sgemv), (DGEMV, BLAS.dgemv)):
+# the symbols the compiled code calls, their integer width in the name: a cached loop never calls another width
+SGEMM, DGEMM, SGEMV, DGEMV = (f"rg_{k}_i{BLAS.bits}" for k in ("sgemm", "dgemm", "sgemv", "dgemv"))
+for _name, _address in ((SGEMM, BLAS.sgemm), (DGEMM, BLAS.dgemm), (SGEMV, BLAS.sgemv), (DGEMV, BLAS.dgemv)):
     llvm.add_symbol(_name, _address)
 
 

@@ -62,7 +62,8 @@ def window(a) -> tuple | None:
     lead = [(n, s // it, int(np.prod(a.shape[k + 1:-1]))) for k, (n, s) in enumerate(zip(a.shape[:-1], a.strides))]
     lds = {s // inner for n, s, inner in lead if n > 1}        # each leading axis: its stride over the rows inside it
     ld = lds.pop() if len(lds) == 1 else F if not lds else None
-    if ld is None or ld < F or (F > 1 and a.strides[-1] != it) or any(n > 1 and s != ld * inner for n, s, inner in lead):
+    if ld is None or ld < F or (F > 1 and a.strides[-1] != it) or \
+            any(n > 1 and s != ld * inner for n, s, inner in lead):
         return None
     rows = int(np.prod(a.shape[:-1]))
     return np.lib.stride_tricks.as_strided(a, (max((rows - 1) * ld + F, 0),), (it,)), ld

@@ -85,8 +85,8 @@ class Loop:
         widened once before the loop, operand and result per frame, rounded once when stored)."""
         if self.storage in ("float32", "float64"):
             fn = "gemm32" if self.storage == "float32" else "gemm64"
-            self.body.append(f"{fn}(False, {tb}, B, {N}, {K}, {a[0]}, {a[1]}, {a[2]}, {w}, {ldb}, {beta}, {c[0]}, {c[1]}, "
-                             f"{c[2]})")
+            self.body.append(f"{fn}(False, {tb}, B, {N}, {K}, {a[0]}, {a[1]}, {a[2]}, {w}, {ldb}, {beta}, "
+                             f"{c[0]}, {c[1]}, {c[2]})")
             return
         if ("w32", it) not in self.args:
             rows, cols = self.wcat[it][0].shape
