@@ -34,6 +34,10 @@ def problem() -> str | None:
     """None when numba and numpy's BLAS are usable for the compiled loops, else one line with the fix."""
     if importlib.util.find_spec("numba") is None:
         return "numba is not installed; pip install numba (or pip install 'rnngraph[test]')"
+    try:
+        import numba  # noqa: F401
+    except Exception as e:       # e.g. a numpy newer than this numba supports
+        return f"numba is installed but does not import ({type(e).__name__}: {e}); pip install -U numba"
     from .blas import numpy_blas
     blas = numpy_blas()
     return blas if isinstance(blas, str) else None
