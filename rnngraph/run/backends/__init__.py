@@ -47,6 +47,15 @@ def cpu_problem() -> str | None:
     return jit.problem()
 
 
+def cpu_backend() -> str:
+    """The name of the fastest backend for arrays in host memory: 'cpu' where it runs here, else 'numpy' (saying
+    why once, as 'auto' does); for callers that hold CPU arrays on a machine that may have a GPU too."""
+    problem = cpu_problem()
+    if problem:
+        _passed_over("cpu", problem, "numpy")
+    return "numpy" if problem else "cpu"
+
+
 def gpu_problem() -> str | None:
     """None when cupy and a GPU are usable, else one line saying what is wrong and how to fix it."""
     from .cuda import backend
@@ -62,8 +71,8 @@ CHOICES = ("auto", *sorted(BACKENDS))       # what `backend=` and `--backend` ta
 
 @functools.lru_cache(maxsize=None)
 def _passed_over(name: str, problem: str, used: str):
-    """The one warning a process gets when 'auto' runs `used` because backend `name` cannot run: why, and the fix."""
-    warnings.warn(f"backend 'auto' runs {used}, not the {name} backend: {problem}", RnnGraphWarning, stacklevel=4)
+    """The one warning a process gets when `used` runs because backend `name` cannot: why, and the fix."""
+    warnings.warn(f"running the {used} backend, not the {name} backend: {problem}", RnnGraphWarning, stacklevel=4)
 
 
 def get_backend(name: str = "numpy", mode: str = "staged", **options):
