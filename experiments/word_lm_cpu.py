@@ -8,6 +8,7 @@ states carried (detached) across windows. Prints seconds per epoch and the loss 
 between the engines (the same arithmetic up to rounding order). A measurement, not a test:
 
     python experiments/word_lm_cpu.py [--hidden 128] [--vocab 10000] [--batches 0 (the whole epoch)]
+                                      [--torch-threads N] (OPENBLAS_NUM_THREADS=N sets numpy's BLAS threads)
 """
 import argparse
 import functools
@@ -102,8 +103,11 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=20.0)
     ap.add_argument("--batches", type=int, default=0, help="windows per epoch (0: the whole corpus)")
     ap.add_argument("--engines", default="torch,rnngraph_cpu,rnngraph_numpy")
+    ap.add_argument("--torch-threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     args = ap.parse_args(argv)
     import torch
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     from rnngraph.lab.bench import machine_info
     data, V = corpus(args.vocab)
     info = machine_info()
