@@ -70,13 +70,14 @@ def epoch(net, data, bptt: int, batch: int, lr: float, batches: int) -> tuple:
 
 def rnngraph_lstm(backend: str):
     """rnngraph.torch.LSTM whose CPU engine runs on `backend`: 'numpy' is what rnngraph.torch runs today;
-    'cpu' swaps its engine's backend for the compiled one (what rnngraph.torch would pick by itself once its
-    CPU engine follows get_backend('auto'))."""
+    'cpu' swaps its engine's backend for the compiled one with blas_threads=1 (torch's pool computes the other
+    layers; what rnngraph.torch would pick by itself once its CPU engine asks for run.backends.cpu_backend())."""
     import rnngraph.torch as rt
+    from rnngraph.run.backends import get_backend
     from rnngraph.torch import modules
     if backend == "numpy":
         return rt.LSTM
-    engine = modules.Engine
+    engine, backend = modules.Engine, get_backend(backend, blas_threads=1)
 
     class CpuLSTM(rt.LSTM):
         def _engine(self, x):
@@ -89,7 +90,7 @@ def rnngraph_lstm(backend: str):
 
 
 def _on_backend(engine, cpu_backend, *args, **kw):
-    """The engine, on cpu_backend where rnngraph.torch asked for numpy."""
+    """The engine, on cpu_backend (a backend object) where rnngraph.torch asked for numpy."""
     return engine(*args, **{**kw, "backend": cpu_backend if kw.get("backend") == "numpy" else kw.get("backend")})
 
 

@@ -167,3 +167,16 @@ def test_auto_runs_the_compiled_backend_here_and_naive_compiles_nothing():
     layer = Recurrent("lstm", 3, 5, backend="cpu", mode="naive", dtype="float64")
     layer(frames(4))
     assert not any(launch for _, launch in layer._stack.runs[0][0].ex.ws.memo.values())
+
+
+def test_blas_threads_limits_the_pool_for_its_own_calls_only():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    be = get_backend("cpu", blas_threads=1)
+    seen = be.threads.run(lambda: threadpoolctl.threadpool_info()[0]["num_threads"])
+    assert seen == 1 and be.threads.n == 1
+    ref, cpu = twins("lstm", num_layers=1, bidirectional=False)
+    cpu.backend.threads = be.threads
+    agree(ref, cpu, [frames(5)])
+    with pytest.raises(RnnGraphError, match=r"^blas_threads must be a positive int or None"):
+        get_backend("cpu", blas_threads=0)
+

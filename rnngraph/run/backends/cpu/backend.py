@@ -13,7 +13,9 @@ import numpy
 
 from ....plan.items import Fused, FusedGrad
 from ....plan.loops import STRATEGIES
+from ....errors import RnnGraphError
 from ..base import ArrayBackend
+from .blas import Threads
 from .fused import fused_source, group_spec, overlaps, spec_arrays
 from .jit import load
 from .source import storage_of, window
@@ -31,15 +33,23 @@ RUNNERS = _runners()
 
 class CpuBackend(ArrayBackend):
     """numpy arrays; compile() turns fused groups and whole time loops into numba functions (cached on disk,
-    jit.py) and the GEMMs accumulate in BLAS without temporaries. Mode 'naive' compiles nothing."""
+    jit.py) and the GEMMs accumulate in BLAS without temporaries. Mode 'naive' compiles nothing.
+
+    Threads: the fused passes run on the calling thread, the GEMMs in numpy's BLAS pool (its size: the cores).
+    blas_threads limits that pool for rnngraph's calls: 1 where another pool computes between them in the same
+    process (torch's, under rnngraph.torch), since two pools of spinning threads on the same cores slow each
+    other down several-fold."""
     name = "cpu"
     xp = numpy
     kernel_loops = frozenset(s.name for s in STRATEGIES.values() if s.item in RUNNERS and s.runs_as is None)
 
-    def __init__(self, mode: str = "staged"):
+    def __init__(self, mode: str = "staged", blas_threads: int | None = None):
         super().__init__(mode)
         from . import prelude
-        self.prelude = prelude
+        if blas_threads is not None and (not isinstance(blas_threads, int) or blas_threads < 1):
+            raise RnnGraphError(f"blas_threads must be a positive int or None (numpy's BLAS as it is), got "
+                                f"{blas_threads!r}")
+        self.prelude, self.threads = prelude, Threads(blas_threads)
 
     def gemm(self, a, b, out, *, ta: bool = False, tb: bool = False, accumulate: bool = False):
         """As numpy's, through BLAS straight into out (accumulating with beta = 1: no temporary, no extra pass)."""
@@ -49,7 +59,7 @@ class CpuBackend(ArrayBackend):
                 None in (wa, wb, wc) or 0 in a.shape + out.shape:
             return super().gemm(a, b, out, ta=ta, tb=tb, accumulate=accumulate)
         (M, N), K = out.shape, a.shape[0 if ta else 1]
-        fn(ta, tb, M, N, K, wa[0], 0, wa[1], wb[0], wb[1], 1 if accumulate else 0, wc[0], 0, wc[1])
+        self.threads.run(fn, ta, tb, M, N, K, wa[0], 0, wa[1], wb[0], wb[1], 1 if accumulate else 0, wc[0], 0, wc[1])
 
     def _compile_fused(self, cell, item, env, per_frame):
         return self._fused_launch(cell, item.nodes, "fwd", per_frame, lambda keys: spec_arrays(keys, env))
@@ -90,4 +100,4 @@ class CpuBackend(ArrayBackend):
     def launch(self, launchable):
         """Runs what compile returned: (compiled function, arguments) calls, in order."""
         for fn, args in launchable:
-            fn(*args)
+            self.threads.run(fn, *args)

@@ -26,6 +26,7 @@ class Blas:
     dgemm: int
     sgemv: int
     dgemv: int
+    set_threads: int | None     # OpenBLAS's openblas_set_num_threads_local: sets the count, returns the old one
 
     def describe(self) -> str:
         return f"{self.api} {self.version} ({self.kernel} kernels, {threads()} threads) {os.path.basename(self.path)}"
@@ -54,9 +55,11 @@ def numpy_blas() -> Blas | str:
     for pattern, bits in GEMM_SYMBOLS:
         fns = [getattr(lib, pattern.format(k), None) for k in ("sgemm", "dgemm", "sgemv", "dgemv")]
         if None not in fns:
+            local = getattr(lib, "openblas_set_num_threads_local", None)
             return Blas(info["filepath"], info["internal_api"], str(info.get("version")),
                         str(info.get("architecture") or info.get("threading_layer") or "-"), bits,
-                        *(ctypes.cast(f, ctypes.c_void_p).value for f in fns))
+                        *(ctypes.cast(f, ctypes.c_void_p).value for f in fns),
+                        None if local is None else ctypes.cast(local, ctypes.c_void_p).value)
     return (f"numpy's BLAS ({info['filepath']}) exports no CBLAS sgemm/dgemm/sgemv/dgemv the loops know "
             f"({', '.join(p.format('sgemm') for p, _ in GEMM_SYMBOLS)})")
 
@@ -76,3 +79,26 @@ def cpu_info() -> str:
     parts = [f"numpy BLAS {blas.describe() if isinstance(blas, Blas) else blas}"]
     parts += [f"torch {torch.get_num_threads()} threads"] if torch is not None else []
     return "; ".join(parts + ["compiled loops' fused passes on the calling thread"])
+
+
+class Threads:
+    """Runs calls with numpy's BLAS limited to n threads, the count restored after each (n None: as it is)."""
+
+    def __init__(self, n: int | None):
+        self.n, self.set = n, None
+        blas = numpy_blas()
+        if n is not None and isinstance(blas, Blas) and blas.set_threads:
+            self.set = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(blas.set_threads)
+
+    def run(self, fn, *args):
+        if self.n is None:
+            return fn(*args)
+        if self.set is None:                 # another BLAS: threadpoolctl's (slower) limit
+            from threadpoolctl import threadpool_limits
+            with threadpool_limits(self.n, user_api="blas"):
+                return fn(*args)
+        old = self.set(self.n)
+        try:
+            return fn(*args)
+        finally:
+            self.set(old)
