@@ -9,6 +9,7 @@ import rnngraph as rg
 from rnngraph.lab import bench
 from rnngraph.run.backends.numpy_backend import NumpyBackend
 from rnngraph.lab.cli import main
+from rnngraph.run.backends import get_backend
 from rnngraph.run.executor import Executor
 
 torch = pytest.importorskip("torch")
@@ -42,8 +43,10 @@ def test_quick_bench_writes_every_measurement_and_says_gpu_rows_were_skipped(tmp
     if bench.gpu_problem():
         assert all("skipped" in r for r in rows if r["impl"] == "graph")
         assert "GPU rows were skipped" in out and bench.gpu_problem() in out
-    assert "fwd/cudnn" in out and "train/eager" in out
+    lib = "cudnn" if bench.gpu_problem() is None else "torch_cpu"        # torch's own layer: cuDNN, or on the CPU
+    assert f"fwd/{lib}" in out and "train/eager" in out
     assert "speed-up of staged over naive" in out
+    assert ("lstm", "torch_cpu") in ran and "CPU: numpy BLAS " in out
 
 
 def test_bench_options_lists_and_unknown_impl(capsys):
@@ -102,13 +105,13 @@ def test_table_ratios_against_cudnn_and_the_eager_loop():
 def test_measure_rnngraph_modes(impl):
     r = bench.measure("lstm", impl, T=4, B=2, H=8, D=3, layers=2, repeats=3, warmup=1)
     assert RESULT_KEYS <= set(r) and r["D"] == 3 and r["layers"] == 2
-    assert r["backend"] == ("numpy" if bench.gpu_problem() else "cupy")
+    assert r["backend"] == get_backend("auto").name      # cupy on a GPU, else the compiled cpu backend (or numpy)
     assert len(r["forward_all"]) == 3 and min(r["forward_all"] + r["train_all"]) > 0
     assert r["forward_ms"] == sorted(r["forward_all"])[1]
 
 
 def test_measure_skips_what_cannot_run_and_rejects_unknown_impls():
-    assert "no cuDNN layer" in bench.measure("peephole_lstm", "cudnn", T=2, B=1, H=4)["skipped"]
+    assert "no torch.nn layer" in bench.measure("peephole_lstm", "cudnn", T=2, B=1, H=4)["skipped"]
     if bench.gpu_problem():
         assert bench.measure("lstm", "graph", T=2, B=1, H=4)["skipped"].endswith(bench.gpu_problem())
     if not torch.cuda.is_available():

@@ -10,10 +10,15 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rnngraph"
 # the plain modules optim, layers, losses) sits on top. The cupy backend's room, run/backends/cuda, holds every
 # CUDA source generator (pure strings, below the backends) and, above them, what runs them on a GPU.
 CUDA_GENERATORS = ("source", "fused", "rows", "pair", "matmul", "param_grad", "scan", "elementwise", "persistent")
+# The compiled CPU backend's room, run/backends/cpu, translates the CUDA generators' specs (so sits above them):
+# its generators, then numba's prelude and module cache, the strategy runners, and its backend above the base.
+CPU_ROOM = ("source", "fused", "blas", "jit", "prelude", "stages", "scan", "elementwise", "persistent")
 FLOORS = ("version", "errors", "arrays", "ir", "plan", "run", "run.backends.cuda",
-          *(f"run.backends.cuda.{m}" for m in CUDA_GENERATORS),
+          *(f"run.backends.cuda.{m}" for m in CUDA_GENERATORS), "run.backends.cpu",
+          *(f"run.backends.cpu.{m}" for m in CPU_ROOM),
           "run.backends.base", "run.backends.numpy_backend", "run.backends.cuda.cublas", "run.backends.cuda.recordings",
-          "run.backends.cuda.backend", "run.backends", "run.workspace", "run.chunks", "run.executor",
+          "run.backends.cuda.backend", "run.backends.cpu.backend", "run.backends", "run.workspace", "run.chunks",
+          "run.executor",
           "nn", "torch", "train", "distributed", "lab")
 FACADE = ("rnngraph", "rnngraph.__main__", "rnngraph.optim", "rnngraph.layers", "rnngraph.losses")
 

@@ -6,6 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import rnngraph.torch as rt  # noqa: E402
 from rnngraph import RnnGraphError  # noqa: E402
+from rnngraph.run.backends import cpu_backend  # noqa: E402
 from rnngraph.torch.precision import tf32_allowed  # noqa: E402
 from torch_cases import F64, mgu_cell, randn  # noqa: E402
 
@@ -74,7 +75,7 @@ def test_the_default_mode_is_staged_on_the_cpu_and_graph_asks_for_cuda():
     assert model.mode is None and "mode" not in repr(model)
     model(randn(2, 1, 3, seed=1))
     (engine,) = model._engines.values()
-    assert engine.mode == "staged" and engine.backend_name == "numpy"
+    assert engine.mode == "staged" and engine.backend_name == cpu_backend()     # the compiled CPU backend where it runs
     graph = rt.GRU(3, 4, mode="graph", dtype=F64)
     graph(randn(2, 1, 3, seed=1))
     assert next(iter(graph._engines.values())).mode == "staged" and "mode='graph'" in repr(graph)

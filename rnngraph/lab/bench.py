@@ -32,11 +32,11 @@ from .options import LOOP_CHOICES, writable_folder
 from .outputs import check_replaceable, write_text_output
 
 IMPLS = ("naive", "staged", "graph", "cudnn", "torch_eager", "jax_scan", "rnngraph_torch", "torch_compile", "flashrnn",
-         "flashrnn_cuda")
+         "flashrnn_cuda", "torch_cpu")
 MODES = IMPLS[:3]                                   # the rnngraph implementations
 DTYPES = ("float32", "float64", "bfloat16", "float16")
-DEFAULT_IMPLS = IMPLS[:5]       # jax_scan (linear-diagonal cells only), rnngraph_torch, torch_compile, flashrnn(_cuda):
-                                # when asked for
+DEFAULT_IMPLS = (*IMPLS[:5], "torch_cpu")   # jax_scan (linear-diagonal cells only), rnngraph_torch, torch_compile,
+                                            # flashrnn(_cuda): when asked for
 DEFAULT_CELLS = ("lstm", "peephole_lstm", "layernorm_lstm", "min_gru", "mgu")
 QUICK = {"T": [8], "B": [2], "H": [16], "repeats": 3, "warmup": 1}
 _TF32 = {"on": False}
@@ -196,11 +196,11 @@ def unavailable(impl: str, cell) -> str | None:
     if impl in ("flashrnn", "flashrnn_cuda"):
         from .flashrnn_refs import flashrnn_problem
         return flashrnn_problem(impl, cell)
-    if impl == "cudnn":
+    if impl in ("cudnn", "torch_cpu"):
         import torch
         if not _is_builtin(cell, ("lstm", "gru", "rnn_tanh", "rnn_relu")):
-            return "no cuDNN layer for this cell (cuDNN has lstm, gru, rnn_tanh, rnn_relu)"
-        if not torch.cuda.is_available():
+            return "no torch.nn layer for this cell (torch.nn has lstm, gru, rnn_tanh, rnn_relu)"
+        if impl == "cudnn" and not torch.cuda.is_available():
             return f"needs torch with CUDA (torch {torch.__version__} sees no GPU)"
     return None
 
@@ -216,9 +216,10 @@ def _is_builtin(cell, names) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _backend(impl: str):
-    """One backend object per rnngraph mode and process: cupy when a GPU is usable, else numpy."""
+    """One backend object per rnngraph mode and process: 'auto's (cupy on a GPU, else the compiled cpu backend,
+    else numpy)."""
     from ..run.backends import get_backend
-    return get_backend("cupy" if gpu_problem() is None else "numpy", impl)
+    return get_backend("auto", impl)
 
 
 def _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed, loop="auto", cell_options=None):
@@ -245,7 +246,8 @@ def _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed, loop="auto", cell
 def machine_info() -> dict:
     """Device name, driver and CUDA runtime, library versions, rnngraph commit, date, command line."""
     from .doctor import cpu_name, cuda_info, git_commit, versions
-    info = {"rnngraph": __version__, **versions(), **cuda_info()}
+    from ..run.backends.cpu.blas import cpu_info
+    info = {"rnngraph": __version__, **versions(), **cuda_info(), "cpu": cpu_info()}
     if torch_problem() is None:
         import torch
         info.update(torch_cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version()

@@ -13,17 +13,22 @@ def header(info: dict) -> str:
     lines = [f"rnngraph {info['rnngraph']} bench  {info['date']}  commit {info.get('commit') or 'unknown'}",
              f"device: {info['device']}" + (f" ({info['gpu_memory_gib']} GiB)" if info.get("gpu_memory_gib") else ""),
              f"{cuda}", libs, f"TF32 {tf32} (torch allow_tf32: {tt}; CUPY_TF32={info['cupy_tf32']}; "
-             "rnngraph's own cuBLAS calls alike)"]
+             "rnngraph's own cuBLAS sgemm calls: default math mode, no TF32)"]
+    if info.get("cpu"):
+        lines.append(f"CPU: {info['cpu']}")
     if info.get("gpu_problem"):
-        lines.append(f"no GPU for rnngraph: {info['gpu_problem']}; naive and staged run on numpy")
+        lines.append(f"no GPU for rnngraph: {info['gpu_problem']}; naive and staged run on the CPU")
     return "\n".join(lines)
 
 
 def format_table(results: list) -> str:
     """Per configuration, each implementation's forward and training-step median ms, its first call's
     seconds (rnngraph: kernels built, graphs recorded; torch.compile: compiling) and its time over
-    cuDNN's and over the torch eager loop's (< 1: faster); speed-ups over naive; what failed or was skipped."""
-    head = ("cell", "T", "B", "H", "impl", "backend", "fwd ms", "train ms", "first s", "fwd/cudnn", "train/cudnn",
+    cuDNN's (on the CPU: torch.nn's, torch_cpu) and over the torch eager loop's (< 1: faster); speed-ups over
+    naive; what failed or was skipped."""
+    lib = "cudnn" if any(r["impl"] == "cudnn" and "forward_ms" in r for r in results) or \
+        not any(r["impl"] == "torch_cpu" and "forward_ms" in r for r in results) else "torch_cpu"   # torch's library
+    head = ("cell", "T", "B", "H", "impl", "backend", "fwd ms", "train ms", "first s", f"fwd/{lib}", f"train/{lib}",
             "fwd/eager", "train/eager")
     rows, notes, skipped, groups = [], [], {}, {}
     for r in results:
@@ -38,7 +43,7 @@ def format_table(results: list) -> str:
             first = r.get("first_s", r.get("compile_s"))
             cols = [r["backend"], _ms(r["forward_ms"]), _ms(r["train_ms"]), "-" if first is None else f"{first:.2f}"]
             cols += [_ratio(r, ran.get(ref), w) if ref != r["impl"] else ""
-                     for ref in ("cudnn", "torch_eager") for w in ("forward", "train")]
+                     for ref in (lib, "torch_eager") for w in ("forward", "train")]
             rows.append([cell, str(T), str(B), str(H), _label(r), *cols])
             if r.get("eager_loop") == "graph interpreter":
                 notes.append(f"{cell}: the torch eager loop interprets the cell graph (no hand-written step)")

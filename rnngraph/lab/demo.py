@@ -33,10 +33,11 @@ def backend_line(backend: str) -> tuple[str, str]:
         name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
         name = name.decode() if isinstance(name, bytes) else name
         return "cupy", f"running on the GPU ({name}, cupy backend)"
+    label = f"{be.name} backend" + (": compiled loops" if be.name == "cpu" else "")
     if backend == "auto":
         from ..run.backends import gpu_problem
-        return "numpy", f"running on the CPU (numpy backend); no GPU: {gpu_problem()}"
-    return "numpy", "running on the CPU (numpy backend)"
+        return be.name, f"running on the CPU ({label}); no GPU: {gpu_problem()}"
+    return be.name, f"running on the CPU ({label})"
 
 
 def run_demo(quick: bool = False, out="rnngraph-demo", backend: str = "auto", echo=print,

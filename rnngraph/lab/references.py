@@ -289,14 +289,16 @@ def torch_fns(spec, impl, T, B, H, D, layers, dtype, seed, cell_options=None):
     """({"forward": fn, "train": fn}, backend name, "gpu" | "cpu", extra result fields) of impl
     'cudnn', 'torch_eager', 'torch_compile' (the eager loop through torch.compile: mode 'reduce-overhead' on
     CUDA, its default on the CPU; compiled here, its compile time in compile_s) or 'rnngraph_torch'
-    (rnngraph.torch.Recurrent through autograd), on CUDA when torch sees a GPU, else on the CPU. The forward
-    runs under torch.no_grad(); a training step sets .grad to None, then backpropagates a fixed grad_y. cell_options:
-    the cell function's own keywords (e.g. heads)."""
-    dev, opts = torch.device("cuda" if torch.cuda.is_available() else "cpu"), cell_options or {}
+    (rnngraph.torch.Recurrent through autograd), on CUDA when torch sees a GPU, else on the CPU; 'torch_cpu'
+    (torch.nn.LSTM / GRU / RNN on the CPU, oneDNN's fused RNN) always on the CPU. The forward runs under
+    torch.no_grad(); a training step sets .grad to None, then backpropagates a fixed grad_y. cell_options: the cell
+    function's own keywords (e.g. heads)."""
+    dev = torch.device("cuda" if torch.cuda.is_available() and impl != "torch_cpu" else "cpu")
+    opts = cell_options or {}
     tdt, gen = getattr(torch, dtype), torch.Generator().manual_seed(seed)
-    if impl in ("cudnn", "rnngraph_torch"):
+    if impl in ("cudnn", "torch_cpu", "rnngraph_torch"):
         torch.manual_seed(seed)
-        if impl == "cudnn":
+        if impl in ("cudnn", "torch_cpu"):
             model = cudnn_layer(load_cell(spec, D, H).name, D, H, layers, tdt, dev)
         else:                   # what a PyTorch user sees: the torch module, autograd, its default mode
             import rnngraph.torch as rt

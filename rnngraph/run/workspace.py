@@ -140,12 +140,28 @@ class Arenas:
         return sum(b.nbytes for b in self.bufs.values())
 
 
+PAGE, LINE = 4096, 64     # bytes
+
+
 def carve(arenas: Arenas, kind: str, dtype, shapes):
-    """(flat [Σ sizes], views of the given shapes cut from it), the flat part taken from `arenas`."""
+    """(flat [Σ sizes and gaps], views of the given shapes cut from it), the flat part taken from `arenas`.
+    Block k starts k mod 64 cache lines past a 4 KiB boundary: a frame's rows of different buffers then map
+    to different cache sets (at one offset mod 4 KiB, a pass over many buffers evicts its own lines)."""
+    item = numpy_itemsize(dtype)
     sizes = [int(math.prod(s)) for s in shapes]
-    flat = arenas.take(kind, sum(sizes), dtype)
-    offs = list(itertools.accumulate([0] + sizes))
-    return flat, [flat[o:o + n].reshape(s) for o, n, s in zip(offs, sizes, shapes)]
+    starts, end = [], 0
+    for k, n in enumerate(sizes):
+        start = -(-end * item // PAGE) * PAGE // item + (k % (PAGE // LINE)) * LINE // item
+        starts.append(start)
+        end = start + n
+    flat = arenas.take(kind, end, dtype)
+    return flat, [flat[o:o + n].reshape(s) for o, n, s in zip(starts, sizes, shapes)]
+
+
+def numpy_itemsize(dtype) -> int:
+    """Bytes per element of a dtype given as a numpy dtype, a type or a name (bfloat16 via ml_dtypes)."""
+    import numpy
+    return numpy.dtype(dtype).itemsize
 
 
 def rows(a):

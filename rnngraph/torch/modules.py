@@ -23,7 +23,7 @@ from ..errors import RnnGraphError
 from ..ir.cellio import cell_from_dict, cell_to_dict
 from ..ir.cells import CELLS, load_cell, lstm_cell
 from ..nn.recurrent import Recurrent as Engine
-from ..run.backends import MODES
+from ..run.backends import MODES, cpu_backend, get_backend
 from .autograd import RecurrentFunction, on_stream
 from .precision import autocast_input, compute_dtype, tf32_allowed
 
@@ -219,7 +219,7 @@ class Recurrent(torch.nn.Module):
             mode = self.mode or ("graph" if gpu else "staged")
             mode = mode if gpu or mode == "naive" else "staged"
             with on_stream(x.device):       # its buffers on x's device
-                engine = Engine(self._cells(), *self._sizes, backend="cupy" if gpu else "numpy",
+                engine = Engine(self._cells(), *self._sizes, backend="cupy" if gpu else _host_backend(mode),
                                 dtype=DTYPES[dtype], mode=mode, loop=self.loop, seed=self.seed)
             if tf32 and getattr(engine.backend, "blas", None) is not None:
                 engine.backend.blas.tf32 = True     # before anything is recorded: it is a separate engine
@@ -242,6 +242,13 @@ class Recurrent(torch.nn.Module):
         rng = np.random.default_rng()
         rng.bit_generator.state = state["_rng"]
         super().__setstate__({**state, "_rng": rng})
+
+
+def _host_backend(mode: str):
+    """The backend for CPU tensors: the compiled CPU backend where it runs here (its BLAS on one thread, since torch's
+    own pool computes the rest of the model on the same cores), else numpy."""
+    name = cpu_backend()
+    return get_backend(name, mode, **({"blas_threads": 1} if name == "cpu" else {}))
 
 
 def _check_tensor(owner: str, x):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ...ir.ops import KERNEL, MATMUL, REDUCE, OpKind
 from ..items import Gemm
-from .stages import stages_plan, staged_only, walk
+from .stages import frame_views, stages_plan, staged_only, walk
 from .strategy import LoopStrategy
 
 
@@ -58,6 +58,6 @@ STRATEGY = LoopStrategy(
     name="persistent", item=PersistentLoop, needs="a general state (a GEMM on the state)",
     admits=lambda kinds: "general" in kinds, plan=persistent_plan, blocks=blocks,
     title="loop in reverse time, stages reversed, in one kernel where the GPU fits the weights on chip",
-    views=lambda ws, loop: (ws.vals, ws.grads, ws.cat, ws.wcat, ws.P, ws.T, ws.B), reference=walk,
+    views=frame_views, reference=walk,
     note=note,
     runs_as="stages", auto_by_reference=False)

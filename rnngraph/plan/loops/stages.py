@@ -75,6 +75,12 @@ def staged_only(sched, name: str):
                             "runs loop='stages'")
 
 
+def frame_views(ws, loop) -> tuple:
+    """What a backend's kernels for a loop of stages run on: the values and gradients of every node, the merged
+    GEMMs' outputs and packed weights (with their gradients), the history rows P, frames T and rows B."""
+    return ws.vals, ws.grads, ws.cat, ws.wcat, ws.P, ws.T, ws.B
+
+
 def walk(run, loop, ws, views):
     """The reference of every loop of stages: each frame (in reverse for the backward), stage by stage,
     a stage's items overlapped where they may be."""
@@ -83,4 +89,4 @@ def walk(run, loop, ws, views):
 
 STRATEGY = LoopStrategy(
     name="stages", item=StagesLoop, needs="nothing", admits=lambda kinds: True, plan=stages_plan,
-    title="loop in reverse time, stages reversed", views=lambda ws, loop: None, reference=walk)
+    title="loop in reverse time, stages reversed", views=frame_views, reference=walk)

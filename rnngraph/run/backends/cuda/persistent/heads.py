@@ -14,40 +14,12 @@ block's own heads where it owns whole heads (h0 its first), else all of them.
 """
 from __future__ import annotations
 
+from .gemv import row_sums
+
 HEAD_GEMV = r"""
         for (int e = tid; e < NB * {XW}; e += NT) {{
             const int b = e / {XW}, r = e - b * {XW}, h = {h0} + r / {SW}, i = r - (r / {SW}) * {SW};
             {stage}
-        }}
-        __syncthreads();
-        {{  // nq weight rows of one head each; where there are fewer than warps, each row splits into S slices
-            const int nq = nu * {m}, S = nq > 0 && nq < NT / 32 ? (NT / 32) / nq : 1;
-            for (int wq = warp; wq < nq * S; wq += NT / 32) {{
-                const int q = wq / S, sl = wq - q * S, k1 = ({RW} * (sl + 1)) / S;
-                const ST* w = sw + {woff} + q * {RW};
-                const CT* x = xs + {xoff};     // the staged columns of row q's head (and linear op)
-                CT acc[NB];
-                #pragma unroll
-                for (int b = 0; b < NB; ++b) acc[b] = 0;
-                for (int k = ({RW} * sl) / S + lane; k < k1; k += 32) {{
-                    const CT wk = w[k];
-                    #pragma unroll
-                    for (int b = 0; b < NB; ++b) acc[b] += x[b * {XW} + k] * wk;
-                }}
-                #pragma unroll
-                for (int b = 0; b < NB; ++b) {{
-                    CT v = acc[b];
-                    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-                    if (lane == 0) gp[wq * NB + b] = v;
-                }}
-            }}
-            __syncthreads();
-            for (int e = tid; e < nq * NB; e += NT) {{     // the slices added in order
-                const int q = e / NB, b = e - q * NB;
-                CT v = 0;
-                for (int sl = 0; sl < S; ++sl) v += gp[(q * S + sl) * NB + b];
-                gs[q * NB + b] = v;
-            }}
         }}
         __syncthreads();"""
 
@@ -69,7 +41,9 @@ def head_gemv(p, woff: int, x: str, ld: str, xw: int, apart: bool) -> str:
     else:
         it = p.item.gemm if p.kind == "pair" else p.item
         stage = f"xs[e] = AT({x}, {ld}, {it.delay}, h * {p.width} + i);"
-    return HEAD_GEMV.format(XW=xw, SW=sw, RW=p.width, m=p.m, woff=woff, stage=stage, h0=h0, xoff=xoff)
+    xdecl = f"\n                const CT* x = xs + {xoff};     // the staged columns of row q's head (and linear op)"
+    return HEAD_GEMV.format(XW=xw, SW=sw, stage=stage, h0=h0) + row_sums(p.m, woff, p.width, xw, "x", xdecl,
+                                                                          " of one head each", "row")
 
 
 def head_weight(p, w: str) -> str:

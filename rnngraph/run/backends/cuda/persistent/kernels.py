@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from ..source import CTYPES, kernel_name, math_type, rounded
 from . import mma
+from .gemv import row_sums
 from .heads import head_gemv, head_weight
 from .phases import (MAX_ROWS, THREADS, barriers, exchanges, nodes_of, own, per_head, phases, shared_layout, sources,
                      staged)
@@ -88,35 +89,6 @@ GEMV = r"""
         for (int e = tid; e < NB * {K}; e += NT) {{
             const int b = e / {K}, k = e - b * {K};
             {stage}
-        }}
-        __syncthreads();
-        {{  // nq weight rows; where there are fewer than warps, each row's K splits into S slices
-            const int nq = nu * {m}, S = nq > 0 && nq < NT / 32 ? (NT / 32) / nq : 1;
-            for (int wq = warp; wq < nq * S; wq += NT / 32) {{
-                const int q = wq / S, sl = wq - q * S, k1 = ({K} * (sl + 1)) / S;
-                const ST* w = sw + {woff} + q * {K};
-                CT acc[NB];
-                #pragma unroll
-                for (int b = 0; b < NB; ++b) acc[b] = 0;
-                for (int k = ({K} * sl) / S + lane; k < k1; k += 32) {{
-                    const CT wk = w[k];
-                    #pragma unroll
-                    for (int b = 0; b < NB; ++b) acc[b] += xs[b * {K} + k] * wk;
-                }}
-                #pragma unroll
-                for (int b = 0; b < NB; ++b) {{
-                    CT v = acc[b];
-                    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-                    if (lane == 0) gp[wq * NB + b] = v;
-                }}
-            }}
-            __syncthreads();
-            for (int e = tid; e < nq * NB; e += NT) {{     // the slices added in order
-                const int q = e / NB, b = e - q * NB;
-                CT v = 0;
-                for (int sl = 0; sl < S; ++sl) v += gp[(q * S + sl) * NB + b];
-                gs[q * NB + b] = v;
-            }}
         }}
         __syncthreads();"""
 
@@ -281,7 +253,7 @@ def _gemv(cell, p, off: int, arg, xb) -> str:
     if xb:
         stage = (f"xs[e] = t - {lag} < 0 ? AT({x}, {_ld(x)}, {lag}, k) : "
                  f"exchanged({xb} + (((t - {lag}) & 1) * NB + b) * {p.width} + k, tags + t - {lag});")
-    return GEMV.format(K=p.width, stage=stage, m=p.m, woff=off)
+    return GEMV.format(K=p.width, stage=stage) + row_sums(p.m, off, p.width, p.width)
 
 
 def _prefetch(cell, p, prefix: str, arg, ok, G: int, B: int) -> tuple:

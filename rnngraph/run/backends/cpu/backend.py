@@ -1,0 +1,103 @@
+"""The compiled CPU backend: numpy arrays, each direction's time loop and each fused group compiled with numba
+from the op table's kernel rules, the GEMMs in numpy's own BLAS; and the loop strategies' runners, each the
+module of this room named like its strategy. What it does not compile runs numpy's reference, so its
+results are the numpy backend's (float64 to rounding, 1e-12; float32 to 1e-5).
+
+numba is imported only when the backend is made; run/backends/__init__.py falls back to 'numpy' without it."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+import numpy
+
+from ....plan.items import Fused, FusedGrad
+from ....plan.loops import STRATEGIES
+from ....errors import RnnGraphError
+from ..base import ArrayBackend
+from .blas import Threads
+from .fused import fused_source, group_spec, overlaps, spec_arrays
+from .jit import load
+from .source import storage_of, window
+
+
+def _runners() -> dict:
+    """loop item kind -> this room's module named like its strategy, where there is one: compile(be, cell,
+    loop, views) -> launches or None."""
+    return {s.item: importlib.import_module(f"{__package__}.{s.name}") for s in STRATEGIES.values()
+            if importlib.util.find_spec(f"{__package__}.{s.name}")}
+
+
+RUNNERS = _runners()
+
+
+class CpuBackend(ArrayBackend):
+    """numpy arrays; compile() turns fused groups and whole time loops into numba functions (cached on disk,
+    jit.py) and the GEMMs accumulate in BLAS without temporaries. Mode 'naive' compiles nothing.
+
+    Threads: the fused passes run on the calling thread, the GEMMs in numpy's BLAS pool (its size: the cores).
+    blas_threads limits that pool for rnngraph's calls: 1 where another pool computes between them in the same
+    process (torch's, under rnngraph.torch), since two pools of spinning threads on the same cores slow each
+    other down several-fold."""
+    name = "cpu"
+    xp = numpy
+    kernel_loops = frozenset(s.name for s in STRATEGIES.values() if s.item in RUNNERS and s.runs_as is None)
+
+    def __init__(self, mode: str = "staged", blas_threads: int | None = None):
+        super().__init__(mode)
+        from . import prelude
+        if blas_threads is not None and (not isinstance(blas_threads, int) or blas_threads < 1):
+            raise RnnGraphError(f"blas_threads must be a positive int or None (numpy's BLAS as it is), got "
+                                f"{blas_threads!r}")
+        self.prelude, self.threads = prelude, Threads(blas_threads)
+
+    def gemm(self, a, b, out, *, ta: bool = False, tb: bool = False, accumulate: bool = False):
+        """As numpy's, through BLAS straight into out (accumulating with beta = 1: no temporary, no extra pass)."""
+        fn = {"float32": self.prelude.gemm32, "float64": self.prelude.gemm64}.get(out.dtype.name)
+        wa, wb, wc = window(a), window(b), window(out)
+        if fn is None or {a.ndim, b.ndim, out.ndim} != {2} or {a.dtype, b.dtype} != {out.dtype} or \
+                None in (wa, wb, wc) or 0 in a.shape + out.shape:
+            return super().gemm(a, b, out, ta=ta, tb=tb, accumulate=accumulate)
+        (M, N), K = out.shape, a.shape[0 if ta else 1]
+        self.threads.run(fn, ta, tb, M, N, K, wa[0], 0, wa[1], wb[0], wb[1], 1 if accumulate else 0, wc[0], 0, wc[1])
+
+    def _compile_fused(self, cell, item, env, per_frame):
+        return self._fused_launch(cell, item.nodes, "fwd", per_frame, lambda keys: spec_arrays(keys, env))
+
+    def _compile_fused_grad(self, cell, item, views, per_frame):
+        env, genv, targets = views
+        if item.params or item.atomic or not item.one_kernel:
+            return None
+        return self._fused_launch(cell, item.item.nodes, "bwd", per_frame,
+                                  lambda keys: spec_arrays(keys, env, genv, targets))
+
+    def _fused_launch(self, cell, nodes, direction, per_frame, arrays):
+        """One call of a group's compiled function on its arrays ([R, F] rows, vectors [F]), or None."""
+        spec = group_spec(cell, nodes, direction)
+        if spec is None or self.mode == "naive" or overlaps(spec, per_frame):
+            return None
+        storage = storage_of(arrays(spec.outputs[:1])[0])
+        if storage is None:
+            return None
+        name, src, keys = fused_source(spec, cell.op(nodes[-1]).size, storage)
+        made = arrays(keys)
+        wins = [window(a) for a in made]
+        if any(w is None for w in wins):
+            return None
+        rows = next(a.shape[0] for a in made if a.ndim == 2)
+        return ((getattr(load(src), name), (rows, *(x for w, ld in wins for x in (w, 0, ld)))),)
+
+    COMPILE = {Fused: _compile_fused, FusedGrad: _compile_fused_grad}
+
+    def compile(self, cell, item, views, per_frame: bool):
+        """The calls running a plan item (COMPILE, by its kind) or a loop item (its strategy's runner), or None."""
+        make = self.COMPILE.get(type(item))
+        if make is not None:
+            return make(self, cell, item, views, per_frame)
+        runner = RUNNERS.get(type(item))
+        return None if runner is None else runner.compile(self, cell, item, views)
+
+    def launch(self, launchable):
+        """Runs what compile returned: (compiled function, arguments) calls, in order."""
+        for fn, args in launchable:
+            self.threads.run(fn, *args)

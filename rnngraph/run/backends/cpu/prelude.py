@@ -1,0 +1,213 @@
+"""What every generated CPU source imports (numba): numpy's BLAS GEMMs, float32 transcendentals that the
+compiler vectorises, half-precision loads and stores, and the compiler that marks arguments as not aliasing.
+
+Arrays reach the generated functions as 1-D windows with an element offset and a row stride (ld), as a CUDA
+kernel gets a pointer and a row stride: element (row r, feature f) of an operand is w[s + r·ld + f]."""
+from __future__ import annotations
+
+import math
+
+import llvmlite.binding as llvm
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core.compiler import Compiler
+from numba.extending import intrinsic
+
+from ....errors import RnnGraphError
+from .blas import numpy_blas
+
+BLAS = numpy_blas()
+if isinstance(BLAS, str):
+    raise RnnGraphError(BLAS)
+_INT = types.int64 if BLAS.bits == 64 else types.int32
+# the symbols the compiled code calls, their integer width in the name: a cached loop never calls another width
+SGEMM, DGEMM, SGEMV, DGEMV = (f"rg_{k}_i{BLAS.bits}" for k in ("sgemm", "dgemm", "sgemv", "dgemv"))
+for _name, _address in ((SGEMM, BLAS.sgemm), (DGEMM, BLAS.dgemm), (SGEMV, BLAS.sgemv), (DGEMV, BLAS.dgemv)):
+    llvm.add_symbol(_name, _address)
+
+
+def _gemm_type(name: str, real):
+    """CBLAS ?gemm(order, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)."""
+    return types.ExternalFunction(name, types.void(types.int32, types.int32, types.int32, _INT, _INT, _INT, real,
+                                                   types.voidptr, _INT, types.voidptr, _INT, real, types.voidptr, _INT))
+
+
+def _gemv_type(name: str, real):
+    """CBLAS ?gemv(order, trans, M, N, alpha, A, lda, x, incx, beta, y, incy)."""
+    return types.ExternalFunction(name, types.void(types.int32, types.int32, _INT, _INT, real, types.voidptr, _INT,
+                                                   types.voidptr, _INT, real, types.voidptr, _INT))
+
+
+_sgemm, _dgemm = _gemm_type(SGEMM, types.float32), _gemm_type(DGEMM, types.float64)
+_sgemv, _dgemv = _gemv_type(SGEMV, types.float32), _gemv_type(DGEMV, types.float64)
+ROW_MAJOR, NO, YES = 101, 111, 112      # CBLAS order and transpose codes
+
+JIT = dict(cache=True, error_model="numpy", nogil=True)    # numpy's float semantics: x/0 is inf, no exception
+
+
+class NoAlias(Compiler):
+    """numba's compiler with every array argument marked noalias (LLVM then vectorises loops over many
+    arrays). Sound for the generated functions: their arguments are distinct buffers, or windows of one
+    buffer whose written elements no other argument reads or writes (checked where they are made)."""
+
+    def __init__(self, typingctx, targetctx, library, args, return_type, flags, locals):
+        flags.noalias = True
+        super().__init__(typingctx, targetctx, library, args, return_type, flags, locals)
+
+
+# -- pointers and bits ---------------------------------------------------------------------------
+@intrinsic
+def address(typingctx, arr, offset):
+    """A void pointer to element `offset` of a 1-D array."""
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        return builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(8).as_pointer())
+    return types.voidptr(arr, types.intp), codegen
+
+
+def _bitcast(src, dst, dst_ir):
+    @intrinsic
+    def cast(typingctx, x):
+        return dst(src), lambda context, builder, sig, args: builder.bitcast(args[0], dst_ir)
+    return cast
+
+
+f32_bits = _bitcast(types.float32, types.uint32, ir.IntType(32))
+bits_f32 = _bitcast(types.uint32, types.float32, ir.FloatType())
+bits_f64 = _bitcast(types.int64, types.float64, ir.DoubleType())
+
+
+# -- GEMMs ---------------------------------------------------------------------------------------
+@njit(**JIT)
+def gemm32(ta, tb, M, N, K, a, sa, lda, b, ldb, beta, c, sc, ldc):
+    """c[sc:] [M, N] = op(a[sa:]) [M, K] · op(b) [K, N] (+ beta · c), row-major with leading dimensions; op
+    transposes a stored [K, M] where ta, b stored [N, K] where tb. One row (M = 1) runs as a GEMV, which
+    BLAS runs several times faster than a GEMM of one row."""
+    if M == 1 and not ta:
+        _sgemv(ROW_MAJOR, NO if tb else YES, N if tb else K, K if tb else N, np.float32(1), address(b, 0), ldb,
+               address(a, sa), 1, np.float32(beta), address(c, sc), 1)
+    else:
+        _sgemm(ROW_MAJOR, YES if ta else NO, YES if tb else NO, M, N, K, np.float32(1), address(a, sa), lda,
+               address(b, 0), ldb, np.float32(beta), address(c, sc), ldc)
+
+
+@njit(**JIT)
+def gemm64(ta, tb, M, N, K, a, sa, lda, b, ldb, beta, c, sc, ldc):
+    """gemm32 in float64."""
+    if M == 1 and not ta:
+        _dgemv(ROW_MAJOR, NO if tb else YES, N if tb else K, K if tb else N, 1.0, address(b, 0), ldb,
+               address(a, sa), 1, float(beta), address(c, sc), 1)
+    else:
+        _dgemm(ROW_MAJOR, YES if ta else NO, YES if tb else NO, M, N, K, 1.0, address(a, sa), lda, address(b, 0),
+               ldb, float(beta), address(c, sc), ldc)
+
+
+@njit(**JIT)
+def widen(h, s, ld, rows, cols, out):
+    """out [rows·cols] float32 = the bfloat16 bits h[s + r·ld + f], rows r and features f (a GEMM's operand)."""
+    for r in range(rows):
+        src, dst = h[s + r * ld:s + r * ld + cols], out[r * cols:(r + 1) * cols]
+        for f in range(cols):
+            dst[f] = bf16_load(src[f])
+
+
+@njit(**JIT)
+def narrow(acc, rows, cols, h, s, ld):
+    """The bfloat16 bits h[s + r·ld + f] = acc [rows·cols] float32, each rounded once."""
+    for r in range(rows):
+        src, dst = acc[r * cols:(r + 1) * cols], h[s + r * ld:s + r * ld + cols]
+        for f in range(cols):
+            dst[f] = bf16_store(src[f])
+
+
+@njit(**JIT)
+def gemm_bf16(tb, M, N, K, a, sa, lda, b32, ldb, beta, c, sc, ldc, a32, c32):
+    """gemm32 on bfloat16 bits: a widened into a32 [M·K], b32 the float32 copy of b, c accumulated in c32
+    [M·N] (loaded first where beta) and rounded once when stored."""
+    widen(a, sa, lda, M, K, a32)
+    if beta:
+        widen(c, sc, ldc, M, N, c32)
+    gemm32(False, tb, M, N, K, a32, 0, K, b32, ldb, beta, c32, 0, N)
+    narrow(c32, M, N, c, sc, ldc)
+
+
+# -- half storage: bfloat16 bits as uint16 ------------------------------------------------------
+@njit(**JIT)
+def bf16_load(h):
+    return bits_f32(np.uint32(h) << np.uint32(16))
+
+
+@njit(**JIT)
+def bf16_store(v):
+    """float32 -> bfloat16 bits, rounded to nearest even (NaN stays NaN), as ml_dtypes rounds."""
+    x = f32_bits(v)
+    if (x & np.uint32(0x7fffffff)) > np.uint32(0x7f800000):
+        return np.uint16((x >> np.uint32(16)) | np.uint32(0x40))
+    return np.uint16((x + np.uint32(0x7fff) + ((x >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+
+# -- float32 transcendentals through a vectorisable float64 exp ------------------------------------
+# libm's expf and tanhf are calls the compiler cannot vectorise (numba has no vector math library here):
+# the float32 rules compute in float64 with expv, whose error (< 1e-15 relative) is far below float32's
+# rounding, so they round to float32 as a correctly rounded libm would, bar rare ties.
+LOG2E, LN2_HI, LN2_LO = 1.4426950408889634, 0.6931471803691238, 1.9082149292705877e-10
+
+
+@njit(**JIT)
+def expv(x):
+    """e^x in float64 for the float32 rules: 2^k · e^r with r = x − k·ln2 (Cody–Waite, |r| ≤ ln2/2) and e^r
+    its Taylor series to r¹² (relative error < 5e-16), 2^k in two factors so that each stays normal."""
+    c = min(max(x, -745.2), 709.79)
+    k = math.floor(c * LOG2E + 0.5)
+    r = (c - k * LN2_HI) - k * LN2_LO
+    p = 1.0 / 479001600.0                       # Horner in r, from 1/12! down to 1
+    p = p * r + 2.505210838544172e-08
+    p = p * r + 2.755731922398589e-07
+    p = p * r + 2.7557319223985893e-06
+    p = p * r + 2.48015873015873e-05
+    p = p * r + 0.0001984126984126984
+    p = p * r + 0.001388888888888889
+    p = p * r + 0.008333333333333333
+    p = p * r + 0.041666666666666664
+    p = p * r + 0.16666666666666666
+    p = p * r + 0.5
+    p = p * r + 1.0
+    p = p * r + 1.0
+    ki = np.int64(k)
+    half = ki >> 1
+    y = p * bits_f64((half + 1023) << 52) * bits_f64((ki - half + 1023) << 52)
+    if x > 709.79:
+        y = math.inf
+    if x < -745.2:
+        y = 0.0
+    return y if x == x else x
+
+
+@njit(**JIT)
+def exp32(x):
+    return np.float32(expv(np.float64(x)))
+
+
+@njit(**JIT)
+def tanh32(x):
+    """tanh = 1 − 2/(e^{2|x|} + 1), signed; x itself below 2⁻¹³, where float32 cannot tell them apart."""
+    a = abs(np.float64(x))
+    t = 1.0 - 2.0 / (expv(2.0 * a) + 1.0)
+    t = a if a < 1.2e-4 else t
+    return np.float32(t if x >= 0 else -t) if x == x else x
+
+
+@njit(**JIT)
+def log1p32(x):
+    return np.float32(math.log1p(np.float64(x)))
+
+
+@njit(**JIT)
+def rsqrt32(x):
+    return np.float32(1) / math.sqrt(x)
+
+
+@njit(**JIT)
+def rsqrt64(x):
+    return 1.0 / math.sqrt(x)

@@ -1,0 +1,148 @@
+"""Loop strategy 'stages' on the CPU: a direction's whole time loop as one compiled function. Each frame runs
+the loop's items in order: a merged GEMM through numpy's BLAS straight into its output rows (its backward
+accumulating into the operand's gradient, no temporary), a fused group as its compiled function (fused.py)
+in one pass over B × F; and the runner that compiles it on the executor's views.
+
+Every buffer arrives as a window (source.window) and frame t's rows of a node read with delay d start at
+(P + t − d)·B·ld. None where an item has no compiled form (a row reduction, parameter gradients inside the
+loop as the naive schedule has, float16): the executor then runs the loop frame by frame.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ....plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair
+from .fused import fused_source, group_spec, overlaps
+from .jit import load
+from .source import storage_of, window
+
+LOOP_SOURCE = '''
+@njit(**JIT)
+def {name}(T, P, B, {args}):
+{setup}
+    for t in {frames}:
+{body}
+'''
+
+
+class Loop:
+    """The source of one time loop being generated: its arguments (windows, by what they hold), the fused
+    functions it calls, and its body, item by item."""
+
+    def __init__(self, cell, views, storage: str):
+        self.cell, self.storage, self.B = cell, storage, views[-1]
+        self.vals, self.grads = views[0], views[1]
+        self.cat, self.wcat = (views[2], views[3]) if len(views) == 7 else ({}, {})     # elementwise: no GEMMs
+        self.args, self.arrays, self.functions, self.setup, self.body = {}, [], {}, [], []
+
+    def arg(self, key, array) -> tuple | None:
+        """(argument name, row stride) of an array, passed once as a window; None where it has no window."""
+        if key not in self.args:
+            w = window(array)
+            if w is None:
+                return None
+            self.args[key] = (f"a{len(self.arrays)}", w[1])
+            self.arrays.append(w[0])
+        return self.args[key]
+
+    def rows(self, grads: bool, n: str, d: int, cols=None) -> tuple | None:
+        """(window name, its first element at frame t, row stride) of node n read with delay d (its columns
+        cols where a slice reads it); a parameter is itself at every frame."""
+        buf = (self.grads if grads else self.vals)[n]
+        view = buf if cols is None else buf[..., cols[0]:cols[1]]
+        made = self.arg(("grad" if grads else "val", n, cols), view)
+        if made is None:
+            return None
+        name, ld = made
+        return name, ("0" if buf.ndim == 1 else f"(P + t - {d}) * B * {ld}"), ld
+
+    # -- one method per item kind: False where the item has no compiled form ----------------------------
+    def gemm(self, it: Gemm) -> bool:
+        """out [B, ΣF] = x@t-d [B, K] · Wᵀ at frame t."""
+        x = self.rows(False, it.operand, it.delay)
+        out, w = self.arg(("cat", it), self.cat[it][0]), self.arg(("w", it), self.wcat[it][0])
+        if x is None or out is None or w is None:
+            return False
+        N, K = sum(it.sizes), self.cell.op(it.operand).size
+        self.call(True, N, K, x, w[0], K, 0, (out[0], f"(P + t) * B * {N}", N), it)
+        return True
+
+    def gemm_grad(self, step: GemmGrad) -> bool:
+        """dx@t-d [B, K] += d out [B, ΣF] · W [ΣF, K] at frame t (the weights' gradients are hoisted)."""
+        it = step.item
+        if step.params:
+            return False
+        gx = self.rows(True, it.operand, it.delay)
+        g, w = self.arg(("dcat", it), self.cat[it][1]), self.arg(("w", it), self.wcat[it][0])
+        if gx is None or g is None or w is None:
+            return False
+        N, K = sum(it.sizes), self.cell.op(it.operand).size
+        self.call(False, K, N, (g[0], f"(P + t) * B * {N}", N), w[0], K, 1, gx, it)
+        return True
+
+    def call(self, tb: bool, N: int, K: int, a: tuple, w: str, ldb: int, beta: int, c: tuple, it):
+        """The BLAS call c [B, N] (+)= a [B, K] · op(w); half storage through float32 copies (the weights'
+        widened once before the loop, operand and result per frame, rounded once when stored)."""
+        if self.storage in ("float32", "float64"):
+            fn = "gemm32" if self.storage == "float32" else "gemm64"
+            self.body.append(f"{fn}(False, {tb}, B, {N}, {K}, {a[0]}, {a[1]}, {a[2]}, {w}, {ldb}, {beta}, "
+                             f"{c[0]}, {c[1]}, {c[2]})")
+            return
+        if ("w32", it) not in self.args:
+            rows, cols = self.wcat[it][0].shape
+            self.setup.append(f"widen({w}, 0, {cols}, {rows}, {cols}, "
+                              f"{self.arg(('w32', it), np.zeros(rows * cols, np.float32))[0]})")
+        w32 = self.args["w32", it][0]
+        a32 = self.arg(("a32", it, tb), np.zeros(self.B * K, np.float32))[0]
+        c32 = self.arg(("c32", it, tb), np.zeros(self.B * N, np.float32))[0]
+        self.body.append(f"gemm_bf16({tb}, B, {N}, {K}, {a[0]}, {a[1]}, {a[2]}, {w32}, {ldb}, {beta}, {c[0]}, {c[1]}, "
+                         f"{c[2]}, {a32}, {c32})")
+
+    def fused(self, it: Fused, direction: str = "fwd", step=None) -> bool:
+        """The group's compiled function at frame t, its arguments the rows of what it reads and writes."""
+        spec = group_spec(self.cell, it.nodes, direction)
+        if spec is None or overlaps(spec, per_frame=True):
+            return False
+        name, src, keys = fused_source(spec, self.cell.op(it.nodes[-1]).size, self.storage)
+        self.functions[name] = src
+        parts = []
+        for kind, key in keys:
+            grads, (n, d, cols) = kind in ("grad", "gext"), (key if kind in ("ext", "gext") else (key, 0, None))
+            r = self.rows(grads, n, d, cols)
+            if r is None:
+                return False
+            parts.append(f"{r[0]}, {r[1]}, {r[2]}")
+        self.body.append(f"{name}(B, {', '.join(parts)})")
+        return True
+
+    def fused_grad(self, step: FusedGrad) -> bool:
+        return step.one_kernel and not step.params and not step.atomic and self.fused(step.item, "bwd")
+
+    def pair(self, it: Pair) -> bool:
+        return self.gemm(it.gemm) and self.fused(it.fused)
+
+    def source(self, reverse: bool) -> str:
+        frames = "range(T - 1, -1, -1)" if reverse else "range(T)"
+        text = LOOP_SOURCE.format(name="loop", args=", ".join(name for name, _ in self.args.values()),
+                                  setup="\n".join("    " + ln for ln in self.setup) or "    pass",
+                                  frames=frames, body="\n".join("        " + ln for ln in self.body))
+        return "".join(self.functions[k] for k in sorted(self.functions)) + text
+
+
+ITEMS = {Gemm: Loop.gemm, Fused: Loop.fused, Pair: Loop.pair, GemmGrad: Loop.gemm_grad, FusedGrad: Loop.fused_grad}
+
+
+def compile(be, cell, loop, views):
+    """The loop as one compiled call on the executor's views, or None where an item has no compiled form."""
+    vals, T, B, P = views[0], views[-2], views[-1], views[-3]
+    storage = storage_of(next(v for v in vals.values() if v.ndim == 3))
+    if storage is None or be.mode == "naive":
+        return None
+    gen = Loop(cell, views, storage)
+    for st in loop.stages:
+        for it in st.items:
+            make = ITEMS.get(type(it))
+            if make is None or not make(gen, it):
+                return None
+    fn = load(gen.source(loop.reverse)).loop
+    return ((fn, (T, P, B, *gen.arrays)),)

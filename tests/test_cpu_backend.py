@@ -1,0 +1,184 @@
+"""The compiled CPU backend ('cpu', run/backends/cpu) against the numpy reference: every built-in cell and loop
+strategy, ragged lengths, chunked calls, dropout and cells reading up to 3 frames back give numpy's outputs,
+final states and gradients (float64 to 1e-12, float32 to 1e-5, bfloat16 to its rounding); its generated
+sources are deterministic; and without numba 'auto' falls back to numpy, saying so once.
+
+Every test uses the same sizes (3 inputs, 5 features), so the compiled functions are shared through numba's
+cache: a loop's source does not depend on T or B."""
+import warnings
+
+import numpy as np
+import pytest
+
+from rnngraph import RnnGraphError, RnnGraphWarning
+from rnngraph.ir.cells import CELLS, load_cell
+from rnngraph.nn import Recurrent
+from rnngraph.run import backends
+from rnngraph.run.backends import get_backend
+from rnngraph.run.backends.cpu import jit
+from rnngraph.run.backends.cpu.stages import ITEMS, Loop
+from rnngraph.run.executor import Executor
+from test_classify import LINEAR_FORMS, one_state
+from test_history import skip_cell
+
+pytest.importorskip("numba")
+
+TOL = {"float64": 1e-12, "float32": 1e-5, "bfloat16": 2e-2}
+COMPILED = set(CELLS) - {"layernorm_lstm", "layernorm_gru"}     # their row reductions run numpy's reference
+STRATEGIES = [("min_gru", "scan"), ("min_gru", "elementwise"), ("qrnn", "elementwise"), ("indrnn", "elementwise"),
+              ("sru", "elementwise"), ("lstm", "persistent"), ("gru", "stages"), ("mgu", "persistent")]
+
+
+def close(a, b, tol):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert a.shape == b.shape
+    scale = max(float(np.abs(b).max(initial=0)), 1e-300)
+    assert float(np.abs(a - b).max(initial=0)) <= tol * scale, float(np.abs(a - b).max()) / scale
+
+
+def twins(cell, loop="auto", dtype="float64", **kw):
+    """(numpy layer, cpu layer) with the same parameters."""
+    kw = {"num_layers": 2, "bidirectional": True, "dtype": dtype, "seed": 2, "loop": loop, **kw}
+    ref, cpu = Recurrent(cell, 3, 5, backend="numpy", **kw), Recurrent(cell, 3, 5, backend="cpu", **kw)
+    cpu.load_state_dict(ref.state_dict())
+    return ref, cpu
+
+
+def calls(layer, xs, lengths=None):
+    """Every array of a run over the calls xs, the state carried across them: outputs, finals, and the
+    gradients of inputs, initial state and parameters under random output and final gradients."""
+    rng, out, state = np.random.default_rng(7), [], None
+    for x in xs:
+        y, fin = layer(x, state, lengths)
+        fins = fin if isinstance(fin, tuple) else (fin,)
+        gfin = tuple(rng.standard_normal(f.shape).astype(f.dtype) for f in fins)
+        gx, g0, grads = layer.backward(rng.standard_normal(y.shape).astype(y.dtype), gfin if len(gfin) > 1 else gfin[0])
+        out += [y, *fins, gx, *(g0 if isinstance(g0, tuple) else (g0,)), *(grads[n] for n in sorted(grads))]
+        out = [a.copy() for a in out]
+        state = tuple(f.copy() for f in fins) if len(fins) > 1 else fins[0].copy()
+    return out
+
+
+def agree(ref, cpu, xs, lengths=None, dtype="float64"):
+    for a, b in zip(calls(cpu, xs, lengths), calls(ref, xs, lengths), strict=True):
+        close(a, b, TOL[dtype])
+
+
+def frames(T, dtype="float64", seed=3):
+    return np.random.default_rng(seed).standard_normal((T, 4, 3)).astype(dtype)
+
+
+def loops_compiled(layer) -> list:
+    """Whether each time loop of the layer's first executor ran as one compiled function."""
+    ws = layer._stack.runs[0][0].ex.ws
+    return [entry[1] is not None for key, entry in ws.memo.items()      # (loop item, all frames): (views, launch)
+            if isinstance(key, tuple) and hasattr(key[0], "reverse") and key[1] is None]
+
+
+@pytest.mark.parametrize("cell", list(CELLS))
+def test_every_builtin_cell_equals_numpy_ragged(cell):
+    ref, cpu = twins(cell)
+    agree(ref, cpu, [frames(9)], np.array([9, 4, 1, 7]))
+    assert all(loops_compiled(cpu)) == (cell in COMPILED) and loops_compiled(cpu)
+
+
+@pytest.mark.parametrize("cell, loop", STRATEGIES, ids=[f"{c}-{s}" for c, s in STRATEGIES])
+def test_every_strategy_equals_numpy(cell, loop):
+    ref, cpu = twins(cell, loop)
+    agree(ref, cpu, [frames(7)])
+    assert cpu.loop_strategy == loop
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru", "mgu", "sru"])
+def test_float32_equals_numpy(cell):
+    ref, cpu = twins(cell, dtype="float32")
+    agree(ref, cpu, [frames(9, "float32")], np.array([9, 5, 2, 9]), dtype="float32")
+
+
+def test_one_stream_equals_numpy():
+    """B = 1: the per-frame GEMMs run as GEMVs."""
+    ref, cpu = twins("gru")
+    agree(ref, cpu, [frames(6)[:, :1]])
+
+
+@pytest.mark.parametrize("cell", ["lstm", "indrnn"])
+def test_bfloat16_equals_numpy_to_its_rounding(cell):
+    ref, cpu = twins(cell, dtype="bfloat16", num_layers=1, bidirectional=False)
+    import ml_dtypes
+    agree(ref, cpu, [frames(6).astype(ml_dtypes.bfloat16)], dtype="bfloat16")
+    assert all(loops_compiled(cpu)) and loops_compiled(cpu)
+
+
+@pytest.mark.parametrize("cell", ["lstm", "min_gru", skip_cell])
+def test_chunked_calls_and_carried_state_equal_numpy(cell):
+    ref, cpu = twins(cell)
+    cpu.backend.chunk_frames = 3
+    agree(ref, cpu, [frames(8), frames(7, seed=4)], np.array([7, 1, 2, 0]))
+    assert cpu._stack.runs[0][0].ex.chunked
+
+
+def test_dropout_between_layers_equals_numpy():
+    ref, cpu = twins("lstm", dropout=0.4)
+    ref.train(), cpu.train()
+    agree(ref, cpu, [frames(6)])
+
+
+@pytest.mark.parametrize("delay", [1, 2, 3])
+@pytest.mark.parametrize("loop", ["scan", "elementwise", "stages"])
+def test_cells_reading_up_to_three_frames_back(delay, loop):
+    cell = one_state(LINEAR_FORMS["(1-a)*h + a*b"], delay, D=3, H=5)
+    ref, cpu = twins(cell, loop, num_layers=1, bidirectional=False)
+    agree(ref, cpu, [frames(7), frames(2, seed=4)])       # the second call shorter than the delay
+    agree(ref, cpu, [frames(7)], np.array([7, 2, 1, 5]))
+
+
+def test_generated_sources_are_deterministic_and_independent_of_T_and_B():
+    sources = []
+    for T, B in ((5, 2), (9, 3)):
+        ex = Executor(load_cell("lstm", 3, 5), get_backend("cpu"))
+        ws = ex.workspace(T, B, np.dtype("float32"))
+        ws.bind_params({n: np.zeros(s, np.float32) for n, s in ex.cell.params.items()})
+        for loop in (ex.sched.forward[1].items[0], ex.sched.backward[1].items[0]):
+            gen = Loop(ex.cell, (ws.vals, ws.grads, ws.cat, ws.wcat, ws.P, ws.T, ws.B), "float32")
+            assert all(ITEMS[type(it)](gen, it) for st in loop.stages for it in st.items)
+            sources.append(gen.source(loop.reverse))
+    assert sources[:2] == sources[2:] and sources[0] != sources[1]
+    assert "gemm32(False, True, B, 20, 5" in sources[0] and "for t in range(T - 1, -1, -1):" in sources[1]
+
+
+def test_without_numba_auto_runs_numpy_and_says_so_once(monkeypatch):
+    real = jit.importlib.util.find_spec
+    monkeypatch.setattr(jit.importlib.util, "find_spec", lambda name, *a: None if name == "numba" else real(name, *a))
+    backends._passed_over.cache_clear()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert get_backend("auto").name == get_backend("auto").name == backends.cpu_backend() == "numpy"
+    lines = [str(w.message) for w in seen if issubclass(w.category, RnnGraphWarning)]
+    assert lines == ["running the numpy backend, not the cpu backend: numba is not installed; pip install numba "
+                     "(or pip install 'rnngraph[test]')"]
+    with pytest.raises(RnnGraphError, match=r"^numba is not installed; pip install numba"):
+        get_backend("cpu")
+    backends._passed_over.cache_clear()
+
+
+def test_auto_runs_the_compiled_backend_here_and_naive_compiles_nothing():
+    assert get_backend("auto").name == backends.cpu_backend() == "cpu"
+    assert get_backend("auto").auto_loops == {"stages", "elementwise", "scan"}
+    layer = Recurrent("lstm", 3, 5, backend="cpu", mode="naive", dtype="float64")
+    layer(frames(4))
+    memo = layer._stack.runs[0][0].ex.ws.memo          # prepared items: (item, frame) -> (views, launch)
+    assert not any(v[1] for k, v in memo.items() if isinstance(k[1], int) or k[1] is None)
+
+
+def test_blas_threads_limits_the_pool_for_its_own_calls_only():
+    pytest.importorskip("threadpoolctl")
+    be = get_backend("cpu", blas_threads=1)
+    from rnngraph.run.backends.cpu.blas import threads
+    seen = be.threads.run(threads)                   # numpy's BLAS pool, whatever else (torch's) is loaded
+    assert seen == 1 and be.threads.n == 1
+    ref, cpu = twins("lstm", num_layers=1, bidirectional=False)
+    cpu.backend.threads = be.threads
+    agree(ref, cpu, [frames(5)])
+    with pytest.raises(RnnGraphError, match=r"^blas_threads must be a positive int or None"):
+        get_backend("cpu", blas_threads=0)
+
