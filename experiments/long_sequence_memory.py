@@ -1,5 +1,5 @@
 """Peak memory of one training step over a long sequence (recomputation keeps it near the inputs', outputs'
-and their gradients' size): an LSTM layer in graph mode on the GPU, or staged on numpy with --cpu.
+and their gradients' size): an LSTM layer in graph mode on the GPU, or staged on the CPU with --cpu.
 
     python experiments/long_sequence_memory.py                    # H = 512, B = 8, T = 100,000 on the GPU
     python experiments/long_sequence_memory.py --cpu -T 1000000 -H 128 -B 1
@@ -16,6 +16,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rnngraph.nn import Recurrent          # noqa: E402
 from rnngraph.lab.doctor import versions   # noqa: E402
+from rnngraph.run.backends import cpu_backend   # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -23,11 +24,11 @@ def main(argv=None) -> dict:
     p.add_argument("-T", type=int, default=100_000)
     p.add_argument("-B", type=int, default=8)
     p.add_argument("-H", type=int, default=512)
-    p.add_argument("--cpu", action="store_true", help="numpy (staged) instead of the GPU (graph mode)")
+    p.add_argument("--cpu", action="store_true", help="the CPU (staged, the backend auto picks) instead of the GPU (graph mode)")
     p.add_argument("--json", help="write the result here")
     a = p.parse_args(argv)
     if a.cpu:
-        xp, layer = np, Recurrent("lstm", a.H, a.H)
+        xp, layer = np, Recurrent("lstm", a.H, a.H, backend=cpu_backend())     # the compiled one where it runs
     else:
         import cupy as xp
         layer = Recurrent("lstm", a.H, a.H, backend="cupy", mode="graph")
