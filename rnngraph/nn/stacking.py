@@ -59,17 +59,21 @@ class Direction:
         and returns state -> final [B, S], views into the workspace: consume them before the next call."""
         if self.reverse:
             x = frames.reverse(x)
-        outs, finals = self.ex.forward(params, {self.x_name: x}, init, frames.lengths_dev)
+        into = None if self.reverse else {self.y_name: out}     # a call in chunks writes y there itself
+        outs, finals = self.ex.forward(params, {self.x_name: x}, init, frames.lengths_dev, into)
         y = outs[self.y_name]
-        self.ex.backend.copy(out, frames.reverse(y) if self.reverse else y)
+        if y is not out:
+            self.ex.backend.copy(out, frames.reverse(y) if self.reverse else y)
         return finals
 
-    def backward(self, gy, gfinals: dict, frames: Frames):
+    def backward(self, gy, gfinals: dict, frames: Frames, gx_out=None):
         """gy: [T, B, F] in time order. Returns (gx [T, B, D], state -> g0 [B, S], cell param -> grad);
-        all three are views into the workspace: consume them before the next call."""
+        all three are views into the workspace: consume them before the next call; gx_out [T, B, D]: where
+        a call in chunks (forward direction) writes gx instead (then gx is gx_out)."""
         if self.reverse:
             gy = frames.reverse(gy)
-        gi, g0, gp = self.ex.backward({self.y_name: gy}, gfinals)
+        into = None if self.reverse or gx_out is None else {self.x_name: gx_out}
+        gi, g0, gp = self.ex.backward({self.y_name: gy}, gfinals, into)
         gx = gi[self.x_name]
         return (frames.reverse(gx) if self.reverse else gx), g0, gp
 
@@ -131,9 +135,12 @@ class Stack:
             for d, run in enumerate(layer):
                 k = l * nd + d
                 gf = {s: None if a is None else a[..., k, :, :] for s, a in gfinals.items()}
-                gxd, g0, grads[l][d] = run.backward(g[..., d * F:(d + 1) * F], gf, frames)
+                fresh = xp.empty((T, B, run.in_size), gy.dtype) if d == 0 else None
+                gxd, g0, grads[l][d] = run.backward(g[..., d * F:(d + 1) * F], gf, frames, fresh)
                 if d == 0:
-                    gx = gxd.copy()         # a workspace view, which the next call overwrites
+                    gx = fresh              # a call in chunks wrote gx there; else gxd is a workspace view
+                    if gxd is not fresh:
+                        self.backend.copy(gx, gxd)
                 else:
                     gx += gxd
                 for s, v in g0.items():

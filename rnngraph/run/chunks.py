@@ -38,9 +38,10 @@ class Chunked:
         """[(t0, n)]: chunks of K frames from frame 0, the last one holding what remains."""
         return [(t0, min(self.K, T - t0)) for t0 in range(0, T, self.K)]
 
-    def forward(self, params: dict, inputs: dict, init: dict, lengths, recompute: bool = False):
-        """As Executor.forward; outputs are views of this object's buffers (the next call reuses them).
-        recompute: keep each chunk's initial states only, and run its forward again in the backward."""
+    def forward(self, params: dict, inputs: dict, init: dict, lengths, recompute: bool = False, into=None):
+        """As Executor.forward; outputs are views of this object's buffers (the next call reuses them), or
+        the arrays `into` names. recompute: keep each chunk's initial states only, and run its forward again
+        in the backward."""
         ex, be, cell = self.ex, self.ex.backend, self.ex.cell
         x0 = inputs[next(iter(cell.inputs))]
         T, B, dtype = x0.shape[0], x0.shape[1], x0.dtype
@@ -48,8 +49,7 @@ class Chunked:
         sizes = [0] * len(spans) if recompute else \
             [ex.workspace(n, B, dtype).val_arena.size for _, n in spans[:-1]] + [0]   # the last stays in place
         stash = self.bufs.take("stash", sum(sizes), dtype)
-        _, ys = carve(self.bufs, "y", dtype, [(T, B, cell.op(o).size) for o in cell.outputs])
-        outs = dict(zip(cell.outputs, ys))
+        outs = _buffers(self.bufs, "y", dtype, {o: (T, B, cell.op(o).size) for o in cell.outputs}, into)
         ends = None if lengths is None else be.to_numpy(lengths)      # one copy to the host a call
         chunks, off = [], 0
         for (t0, n), size in zip(spans, sizes):
@@ -68,13 +68,12 @@ class Chunked:
         self.last = (chunks, stash, B)
         return outs, finals
 
-    def backward(self, grad_outputs: dict | None, grad_finals: dict | None):
+    def backward(self, grad_outputs: dict | None, grad_finals: dict | None, into=None):
         """As Executor.backward, over the chunks of the last forward, last chunk first."""
         ex, be, cell = self.ex, self.ex.backend, self.ex.cell
         chunks, stash, B = self.last
         T, dtype = chunks[-1][0] + chunks[-1][1], stash.dtype
-        _, gxs = carve(self.bufs, "gx", dtype, [(T, B, f) for f in cell.inputs.values()])
-        gins, acc = dict(zip(cell.inputs, gxs)), None
+        gins, acc = _buffers(self.bufs, "gx", dtype, {n: (T, B, f) for n, f in cell.inputs.items()}, into), None
         for i in reversed(range(len(chunks))):
             t0, n, part, off, again = chunks[i]
             ws = ex.ws = ex.workspace(n, B, dtype)
@@ -97,3 +96,11 @@ class Chunked:
                     acc[p] += g
             grad_finals = {s: g.copy() for s, g in g0.items()}   # the next chunk's workspace may overlap these
         return gins, grad_finals, acc
+
+
+def _buffers(bufs, kind: str, dtype, shapes: dict, into: dict | None) -> dict:
+    """name -> the array a chunked call writes: the caller's (`into`), else carved from this object's buffers."""
+    given = {k: v for k, v in (into or {}).items() if k in shapes and tuple(v.shape) == shapes[k]}
+    rest = [k for k in shapes if k not in given]
+    _, carved = carve(bufs, kind, dtype, [shapes[k] for k in rest])
+    return {k: given[k] if k in given else carved[rest.index(k)] for k in shapes}

@@ -99,7 +99,7 @@ class Executor:
         return self.backend.records == "all" and self.sched.capture_problem is None
 
     # -- forward and backward -----------------------------------------------------------------
-    def forward(self, params: dict, inputs: dict, init: dict, lengths=None):
+    def forward(self, params: dict, inputs: dict, init: dict, lengths=None, into: dict | None = None):
         """params: name -> array; inputs: name -> [T, B, F]; init: state -> [B, F] (every earlier
         frame holds it), [D, B, F] (the D frames before this call, oldest first; D = cell.depths[s])
         or None (zeros). Returns (outputs: name -> [T, B, F], finals: state -> its last D frames,
@@ -107,7 +107,9 @@ class Executor:
         at each sequence's own last frame when lengths [B] is given. Parameters are used in place, not
         copied. T longer than the executor's chunk runs in chunks of that many frames (chunks.py); where
         the values of a call would not fit in store_limit() (or recompute=True), in chunks that the
-        backward runs again instead of storing their values (the inputs are then referenced until it)."""
+        backward runs again instead of storing their values (the inputs are then referenced until it).
+        into: output name -> [T, B, F], where a call in chunks writes that output (and returns it) instead of
+        a buffer of its own; a whole call returns its workspace's views, for the caller to copy."""
         x0 = inputs[next(iter(self.cell.inputs))]
         (T, B), K = x0.shape[:2], self.chunk_frames
         limit = store_limit()
@@ -122,18 +124,18 @@ class Executor:
         if self.chunked:
             if self.chunks is None or self.chunks.K != K:
                 self.chunks = Chunked(self, K)
-            return self.chunks.forward(params, inputs, init, lengths, self.recomputed)
+            return self.chunks.forward(params, inputs, init, lengths, self.recomputed, into)
         return self._forward(params, inputs, init, lengths)
 
-    def backward(self, grad_outputs: dict, grad_finals: dict | None = None):
+    def backward(self, grad_outputs: dict, grad_finals: dict | None = None, into: dict | None = None):
         """grad_outputs: name -> [T, B, F] (or None); grad_finals: state -> [B, F] (the last frame),
         [D, B, F] (shaped like finals) or None. Returns (grad_inputs: name -> [T, B, F], grad_init:
         state -> [B, F] or [D, B, F] like finals, grad_params: name -> array), views that the next
-        call overwrites."""
+        call overwrites; into (input name -> [T, B, F]) as forward's, for the input gradients."""
         if self.ws is None:
             raise RnnGraphError("backward() called before forward()")
         if self.chunked:
-            return self.chunks.backward(grad_outputs, grad_finals)
+            return self.chunks.backward(grad_outputs, grad_finals, into)
         return self._backward(grad_outputs, grad_finals)
 
     def _forward(self, params: dict, inputs: dict, init: dict, lengths=None):
