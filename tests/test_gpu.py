@@ -179,7 +179,7 @@ def test_gemm_fused_pair_matches_reference(B):
     for mode in ("staged", "graph"):
         ex, got = _run(cell, get_backend("cupy", mode), *prob, cupy, "float64", "stages")
         _assert_close(got, ref, TOL["float64"], f"pair B={B} {mode}")
-        paired = [launch for (it, _), (_, launch) in ex.ws.memo.items() if isinstance(it, Pair)]
+        paired = [v[1] for (it, _), v in ex.ws.memo.items() if isinstance(it, Pair)]     # (views, launch)
         assert paired and all((v is not None) == (B <= 8) for v in paired)
 
 
@@ -191,7 +191,7 @@ def test_no_gemm_fused_pair_when_the_weights_are_large():
     _, ref = _run(cell, NumpyBackend("naive"), *prob, np, np.float64)
     ex, got = _run(cell, get_backend("cupy", "graph"), *prob, cupy, "float64", "stages")
     _assert_close(got, ref, TOL["float64"], "unpaired H=1024")
-    paired = [launch for (it, _), (_, launch) in ex.ws.memo.items() if isinstance(it, Pair)]
+    paired = [v[1] for (it, _), v in ex.ws.memo.items() if isinstance(it, Pair)]     # (views, launch)
     assert paired and all(v is None for v in paired)
 
 

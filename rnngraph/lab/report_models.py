@@ -77,14 +77,13 @@ def memory(results: Results, findings: Findings) -> str:
     doc = results.bench("memory")
     r = doc["records"][0]
     every = stored_bytes(build_schedule(load_cell("lstm", r["H"], r["H"])), r["T"], r["B"], "float32") / 1e9
+    done = "so the backward recomputes each chunk's forward" if r["recomputed"] else "yet it stored them"
     return f"""## Long sequences
 
-One training step of an LSTM layer (H = {r['H']}, B = {r['B']}, T = {r['T']:,}, float32) in graph mode: the call's
-stored values would exceed `RNNGRAPH_STORE_BYTES`, so the backward recomputes each chunk's forward
-({'recomputed' if r['recomputed'] else 'not recomputed'}). Peak device memory {r['peak_gb']:.1f} GB, of which x, y
-and their gradients are {r['inputs_outputs_gradients_gb']:.1f} GB (storing every value and its gradient would
-need {every:.0f} GB);
-the rest is the layer's copies of y and of the input gradient beside its chunks' buffers and one chunk's
-workspace. The step takes {r['seconds']:.1f} s.
+One training step of an LSTM layer (H = {r['H']}, B = {r['B']}, T = {r['T']:,}, float32) in graph mode. Storing
+every value and its gradient would take {every:.0f} GB, more than `RNNGRAPH_STORE_BYTES`, {done}. The
+device memory peaks at {r['peak_gb']:.1f} GB, of which x, y and their gradients are
+{r['inputs_outputs_gradients_gb']:.1f} GB; the rest is one chunk's workspace, the states at the chunks'
+boundaries and the memory pool's slack. The step takes {r['seconds']:.1f} s.
 
 {source(doc)}"""
