@@ -7,21 +7,10 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+from test_gpu_torch import no_tf32, rel  # noqa: E402,F401  (no_tf32: an autouse fixture, TF32 off in every test)
+
 pytestmark = pytest.mark.gpu
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}     # relative 2-norm, as test_half.py
-
-
-@pytest.fixture(autouse=True)
-def no_tf32():
-    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
-
-
-def rel(a, b) -> float:
-    a, b = a.detach().double().cpu(), b.detach().double().cpu()
-    return float((a - b).norm() / max(b.norm(), 1e-30))
 
 
 def as_tuple(state):

@@ -7,6 +7,8 @@ accumulates in float32 (out += rounds once); gradients added into stored buffers
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 
 from ...arrays import float32_copies, is_half
 from ...errors import RnnGraphError
@@ -90,10 +92,18 @@ class ArrayBackend:
         else:
             xp.matmul(a, b, out=out)
 
+    COMPILE: dict = {}      # plan item kind -> the backend's method compiling it (cell, item, views, per_frame)
+    RUNNERS: dict = {}      # loop item kind -> the backend room's module for its strategy (strategy_runners)
+
     def compile(self, cell, item, views, per_frame: bool):
-        """A launchable running plan item `item` on `views` (the arrays the executor hands it) as
-        kernels, or None (here: always), meaning the executor runs the reference functions below."""
-        return None
+        """A launchable running plan item `item` on `views` (the arrays the executor hands it) as kernels
+        (COMPILE, by its kind; a loop item: its strategy's runner), or None, meaning the executor runs the
+        reference functions below (or the strategy's)."""
+        make = self.COMPILE.get(type(item))
+        if make is not None:
+            return make(self, cell, item, views, per_frame)
+        runner = self.RUNNERS.get(type(item))
+        return None if runner is None else runner.compile(self, cell, item, views)
 
     def launch(self, launchable):
         """Runs what compile returned: (kernel, grid, block, arguments) launches, in order."""
@@ -110,14 +120,19 @@ class ArrayBackend:
         return None
 
     def loop_problem(self, cell, loop, B: int, dtype) -> str | None:
-        """Why a loop item whose strategy's reference is another strategy (runs_as) runs as that here, or None."""
-        s = strategy_of(loop)
-        return f"the {self.name} backend has no kernel for loop strategy '{s.name}' and runs it as {s.runs_as}"
+        """Why a loop item whose strategy's reference is another strategy (runs_as) runs as that here, or None:
+        its runner's why_not where it has one."""
+        runner = self.RUNNERS.get(type(loop))
+        if runner is None:
+            s = strategy_of(loop)
+            return f"the {self.name} backend has no kernel for loop strategy '{s.name}' and runs it as {s.runs_as}"
+        return getattr(runner, "why_not", lambda *args: None)(self, cell, loop, B, dtype)
 
     def auto_problem(self, cell, loop, B: int, dtype) -> str | None:
         """Why 'auto' runs a loop item by its strategy's reference although this backend's kernel would run
-        (the kernel measured slower there), or None."""
-        return None
+        (the kernel measured slower there; its runner's auto_problem), or None."""
+        runner = self.RUNNERS.get(type(loop))
+        return getattr(runner, "auto_problem", lambda *args: None)(self, cell, loop, B, dtype)
 
     def forget(self, serials: set):
         """Drops what was recorded for the workspaces with these serials (they are gone); nothing here."""
@@ -132,6 +147,15 @@ class ArrayBackend:
 
     def synchronize(self):
         pass
+
+
+
+def strategy_runners(package: str) -> dict:
+    """loop item kind -> the module of a backend's room (`package`) named as the strategy (plan/loops), where
+    there is one: compile(backend, cell, loop, views) -> launches or None, and optionally why_not and
+    auto_problem(backend, cell, loop, B, dtype) -> why its kernel does not (or should not) run, or None."""
+    return {s.item: importlib.import_module(f"{package}.{s.name}") for s in STRATEGIES.values()
+            if importlib.util.find_spec(f"{package}.{s.name}")}
 
 
 def run_param_grad(xp, cell, n, slot, g, ins, y, out):

@@ -6,29 +6,20 @@ results are the numpy backend's (float64 to rounding, 1e-12; float32 to 1e-5).
 numba is imported only when the backend is made; run/backends/__init__.py falls back to 'numpy' without it."""
 from __future__ import annotations
 
-import importlib
-import importlib.util
 
 import numpy
 
 from ....plan.items import Fused, FusedGrad
 from ....plan.loops import STRATEGIES
 from ....errors import RnnGraphError
-from ..base import ArrayBackend
+from ..base import ArrayBackend, strategy_runners
 from .blas import Threads
 from .fused import fused_source, group_spec, overlaps, spec_arrays
 from .jit import load
 from .source import storage_of, window
 
 
-def _runners() -> dict:
-    """loop item kind -> this room's module named like its strategy, where there is one: compile(be, cell,
-    loop, views) -> launches or None."""
-    return {s.item: importlib.import_module(f"{__package__}.{s.name}") for s in STRATEGIES.values()
-            if importlib.util.find_spec(f"{__package__}.{s.name}")}
-
-
-RUNNERS = _runners()
+ROOM = strategy_runners(__package__)     # loop item kind -> this room's module for its strategy
 
 
 class CpuBackend(ArrayBackend):
@@ -41,7 +32,7 @@ class CpuBackend(ArrayBackend):
     other down several-fold."""
     name = "cpu"
     xp = numpy
-    kernel_loops = frozenset(s.name for s in STRATEGIES.values() if s.item in RUNNERS and s.runs_as is None)
+    kernel_loops = frozenset(s.name for s in STRATEGIES.values() if s.item in ROOM and s.runs_as is None)
 
     def __init__(self, mode: str = "staged", blas_threads: int | None = None):
         super().__init__(mode)
@@ -88,14 +79,7 @@ class CpuBackend(ArrayBackend):
         return ((getattr(load(src), name), (rows, *(x for w, ld in wins for x in (w, 0, ld)))),)
 
     COMPILE = {Fused: _compile_fused, FusedGrad: _compile_fused_grad}
-
-    def compile(self, cell, item, views, per_frame: bool):
-        """The calls running a plan item (COMPILE, by its kind) or a loop item (its strategy's runner), or None."""
-        make = self.COMPILE.get(type(item))
-        if make is not None:
-            return make(self, cell, item, views, per_frame)
-        runner = RUNNERS.get(type(item))
-        return None if runner is None else runner.compile(self, cell, item, views)
+    RUNNERS = ROOM
 
     def launch(self, launchable):
         """Runs what compile returned: (compiled function, arguments) calls, in order."""

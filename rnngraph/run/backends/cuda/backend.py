@@ -6,14 +6,12 @@ cupy-cuda13x) works: only the generic `cupy` module is used.
 """
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import warnings
 
 from ....errors import RnnGraphError, RnnGraphWarning
 from ....plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum
 from ....plan.loops import STRATEGIES
-from ..base import ArrayBackend, head_parts
+from ..base import ArrayBackend, head_parts, strategy_runners
 from .fused import fusable, fused_backward_kernel, fused_forward_kernel
 from .matmul import GEMV_ROWS, matmul_source
 from .pair import GEMV_FUSED_ROWS, PAIR_MAX_BYTES, pair_kernel
@@ -55,18 +53,7 @@ def cuda_version(v: int) -> str:
     return f"{v // 1000}.{v % 1000 // 10}"
 
 
-def _runners() -> dict:
-    """loop item kind -> the module of this room that runs its strategy's kernels: the one named as the
-    strategy (plan/loops), where there is one. It has compile(backend, cell, loop, views) -> launches or
-    None, and may have why_not(backend, cell, loop, B, dtype) -> why its kernel does not run, or None."""
-    out = {}
-    for s in STRATEGIES.values():
-        if importlib.util.find_spec(f"{__package__}.{s.name}"):
-            out[s.item] = importlib.import_module(f"{__package__}.{s.name}")
-    return out
-
-
-RUNNERS = _runners()
+ROOM = strategy_runners(__package__)     # loop item kind -> this room's module for its strategy
 
 
 class CupyBackend(ArrayBackend):
@@ -80,7 +67,7 @@ class CupyBackend(ArrayBackend):
     name = "cupy"
     modes = ("naive", "staged", "graph")
     compiles_heads = True
-    kernel_loops = frozenset(s.name for s in STRATEGIES.values() if s.item in RUNNERS)
+    kernel_loops = frozenset(s.name for s in STRATEGIES.values() if s.item in ROOM)
 
     def __init__(self, mode: str = "staged", matmul: str = "cublas", lanes: int = 1, max_graphs: int = 1024,
                  max_graph_bytes: int | None = None, chunk_frames: int | None = None):
@@ -271,18 +258,6 @@ class CupyBackend(ArrayBackend):
                     "use float16 or float32")
         return None
 
-    def loop_problem(self, cell, loop, B: int, dtype) -> str | None:
-        """Why the kernel of a loop's strategy does not run here at B rows of dtype (its runner's why_not)."""
-        runner = RUNNERS.get(type(loop))
-        if runner is None:
-            return super().loop_problem(cell, loop, B, dtype)
-        return getattr(runner, "why_not", lambda *args: None)(self, cell, loop, B, dtype)
-
-    def auto_problem(self, cell, loop, B: int, dtype) -> str | None:
-        """Where 'auto' leaves a strategy's kernel for its reference (the runner's auto_problem, if it has one)."""
-        runner = RUNNERS.get(type(loop))
-        return getattr(runner, "auto_problem", lambda *args: None)(self, cell, loop, B, dtype)
-
     def frame_args(self, arrays, B: int) -> list:
         """Pointer and stride pairs of arrays addressed by frame: [N, B, F] views whose element (t, b, f)
         is at (t·B + b)·ld + f, or vectors [F] (ld = 0)."""
@@ -303,14 +278,7 @@ class CupyBackend(ArrayBackend):
 
     COMPILE = {Gemm: _compile_gemm, GemmGrad: _compile_gemm_grad, Fused: _compile_fused,
                FusedGrad: _compile_fused_grad, Pair: _compile_pair, ParamSum: _compile_param_sum}
-
-    def compile(self, cell, item, views, per_frame: bool):
-        """The launches of a plan item (COMPILE, by its kind) or of a loop item (its strategy's runner)."""
-        make = self.COMPILE.get(type(item))
-        if make is not None:
-            return make(self, cell, item, views, per_frame)
-        runner = RUNNERS.get(type(item))
-        return None if runner is None else runner.compile(self, cell, item, views)
+    RUNNERS = ROOM
 
     def overlap(self, fns):
         """With lanes > 1: the stage's items fork onto the lane streams and join back (events);
