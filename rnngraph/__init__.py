@@ -7,7 +7,8 @@ errors/arrays → ir (ops, graph, builder, cells) → plan (the schedule) → ru
 import importlib
 
 from .errors import RnnGraphError, RnnGraphWarning
-from .ir.cells import CELLS, GATE_ORDER, load_cell
+from .ir.cells import CELLS, GATE_ORDER
+from .ir.loading import load_cell
 from .ir.builder import Cell, Node
 from .ir.graph import CellGraph
 from .ir.ops import Op, OpKind

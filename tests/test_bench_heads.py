@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rnngraph import load_cell
-from rnngraph.ir.cells import cell_options
+from rnngraph.ir.loading import cell_options
 from rnngraph.lab import bench
 from rnngraph.lab.cli import main
 

@@ -11,7 +11,7 @@ from rnngraph.nn import Recurrent
 from rnngraph.run.backends import get_backend
 from rnngraph.run.chunks import Chunked
 from rnngraph.run.executor import Executor
-from rnngraph.ir.cells import load_cell
+from rnngraph.ir.loading import load_cell
 from test_buckets import close, run
 from test_history import skip_cell
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from rnngraph import RnnGraphError, RnnGraphWarning
-from rnngraph.ir.cells import CELLS, load_cell
+from rnngraph.ir.cells import CELLS
+from rnngraph.ir.loading import load_cell
 from rnngraph.nn import Recurrent
 from rnngraph.run import backends
 from rnngraph.run.backends import get_backend

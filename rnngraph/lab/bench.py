@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..version import __version__
-from ..ir.cells import cell_options, load_cell
+from ..ir.loading import cell_options, load_cell
 from ..errors import Interrupted, RnnGraphError
 from ..plan.schedule import build_schedule
 from .bench_report import format_table, header

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ..errors import Interrupted, RnnGraphError
-from ..ir.cells import load_cell
+from ..ir.loading import load_cell
 from .bench_report import header
 from .options import writable_folder
 from .references import CUDNN

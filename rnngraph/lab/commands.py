@@ -13,7 +13,8 @@ from ..errors import Interrupted, RnnGraphError
 from ..run.backends import CHOICES as BACKEND_CHOICES
 from ..train import sample
 from ..train.distributed import World, share
-from ..train.loop import TrainConfig, Trainer, config_for_resume
+from ..train.config import TrainConfig, config_for_resume
+from ..train.loop import Trainer
 
 D = TrainConfig()   # the defaults, shown in --help
 

@@ -10,7 +10,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from ..ir.cells import load_cell
+from ..ir.loading import load_cell
 from ..run.backends import CHOICES as BACKEND_CHOICES
 from ..train.data import Vocab, read_text
 from ..errors import Interrupted

@@ -14,7 +14,8 @@ from typing import Callable
 import numpy as np
 
 from . import bench
-from ..ir.cells import CELLS, load_cell
+from ..ir.cells import CELLS
+from ..ir.loading import load_cell
 from .options import positive_int, writable_folder
 from .outputs import check_replaceable, write_text_output
 from ..errors import Interrupted, RnnGraphError

@@ -90,7 +90,7 @@ def _reproducible():
 
 def _schedule_diagram(out: Path, overwrite: bool = False):
     """The LSTM's schedule, as `rnngraph schedule lstm --draw` draws it (D = 32, H = 64)."""
-    from ..ir.cells import load_cell
+    from ..ir.loading import load_cell
     from ..plan.schedule import build_schedule
     from .drawing import draw_schedule
     schedule = build_schedule(load_cell("lstm", 32, 64))

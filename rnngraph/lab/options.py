@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import RnnGraphError
-from ..ir.cells import load_cell
+from ..ir.loading import load_cell
 from ..ir.graph import CellGraph
 from ..plan.loops import NAMES
 

@@ -15,7 +15,8 @@ import warnings
 
 import torch
 
-from ..ir.cells import GATE_ORDER, GRU_GATE_ORDER, SLSTM_GATE_ORDER, load_cell
+from ..ir.cells import GATE_ORDER, GRU_GATE_ORDER, SLSTM_GATE_ORDER
+from ..ir.loading import load_cell
 from ..errors import RnnGraphError, RnnGraphWarning
 from ..ir.ops import TORCH, OpKind
 

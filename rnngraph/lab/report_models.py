@@ -3,7 +3,7 @@ against torch.nn.LSTM (`rnngraph bench --model`), the head-wise cells, and a lon
 from __future__ import annotations
 
 from ..errors import RnnGraphError
-from ..ir.cells import load_cell
+from ..ir.loading import load_cell
 from ..plan.schedule import build_schedule
 from ..run.workspace import stored_bytes
 from .report_data import Findings, Results, num, pair, ratio, record, source, table, times

@@ -7,7 +7,8 @@ from ..arrays import check_state_dict
 from .checks import check_finite
 from .layers import Dense, LogSoftmax, Module, Parameterized, Sequential, Softmax
 from .losses import CrossEntropyLoss, MSELoss, log_softmax
-from .recurrent import GRU, LSTM, RNN, Recurrent, detach, init_orthogonal_, init_uniform_
+from .init import init_orthogonal_, init_uniform_
+from .recurrent import GRU, LSTM, RNN, Recurrent, detach
 
 __all__ = ["GRU", "LSTM", "RNN", "CrossEntropyLoss", "Dense", "LogSoftmax", "MSELoss", "Module", "Parameterized",
            "Recurrent", "Sequential", "Softmax", "check_finite", "check_state_dict", "detach", "init_orthogonal_",

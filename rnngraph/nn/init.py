@@ -1,4 +1,5 @@
-"""Weight initialisers: PyTorch's default uniform(±1/√H) and orthogonal, drawn from a seeded numpy Generator.
+"""Weight initialisers: PyTorch's default uniform(±1/√H) and orthogonal, drawn from a seeded numpy Generator,
+and the recurrent layer's in-place initialisers built on them (init_uniform_, init_orthogonal_).
 
 They return host numpy arrays; a layer moves them to its backend. Drawing on the host keeps the same seed
 bit-identical whatever the backend.
@@ -44,3 +45,34 @@ def init_orthogonal(rng: numpy.random.Generator, shape, gain: float = 1.0, dtype
     if rows < cols:
         q = q.T
     return (gain * q).reshape(shape).astype(float_dtype(dtype, half=True), copy=False)
+
+
+# -- a recurrent layer's parameters, in place --------------------------------------------------
+def init_uniform_(layer):
+    """PyTorch's default: every parameter ~ U(-1/√H, 1/√H), H = hidden_size, drawn from layer.rng
+    in state-dict order."""
+    for p in layer._params.values():
+        p[...] = layer.backend.asarray(init_uniform(layer.rng, p.shape, layer.hidden_size, layer.dtype))
+    init_constants_(layer)
+
+
+def init_orthogonal_(layer, gain: float = 1.0):
+    """Each matrix block (one gate's W_ih or W_hh, each head of a head-wise one) a (semi-)orthogonal matrix
+    times `gain`; every vector parameter (biases, peepholes, diagonal weights) zero. Draws from layer.rng."""
+    blocks = [b for per_l in layer._views for per_d in per_l for b in per_d.values()]  # row views
+    blocks = [h for b in blocks for h in (b if b.ndim == 3 else [b])]       # head-wise [k, o, i]: its k heads
+    for block in blocks:
+        if block.ndim == 1:
+            block[...] = 0
+        else:
+            block[...] = layer.backend.asarray(init_orthogonal(layer.rng, block.shape, gain, layer.dtype))
+    init_constants_(layer)
+
+
+def init_constants_(layer):
+    """The parameters a cell starts at a constant (CellGraph.inits: a norm's gain 1 and bias 0), after the
+    built-in initialisers have drawn everything (so the draws of the others do not change)."""
+    for cell, per_l in zip(layer.cells, layer._views):
+        for per_d in per_l:
+            for p, value in cell.inits.items():
+                per_d[p][...] = value

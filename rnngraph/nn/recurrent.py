@@ -20,11 +20,12 @@ import numpy as np
 
 from ..arrays import HALF_DTYPES, check_state_dict, element_offsets, float_dtype, make_rng
 from ..errors import RnnGraphError
-from ..ir.cells import load_cell, lstm_cell
+from ..ir.cells import lstm_cell
+from ..ir.loading import load_cell
 from ..run.backends import get_backend
 from . import checks as chk
 from .checks import check_finite
-from .init import init_orthogonal, init_uniform
+from .init import init_orthogonal_, init_uniform_
 from .layers import Parameterized
 from .buckets import Padding, Policy
 from .stacking import Frames, Stack
@@ -385,7 +386,7 @@ def _make_backend(backend, mode: str | None):
     return backend
 
 
-# -- parameter layout and initialisation ------------------------------------------------------
+# -- parameter layout ------------------------------------------------------
 def _suffix(layer: int, direction: int) -> str:
     return f"_l{layer}" + ("_reverse" if direction else "")
 
@@ -408,36 +409,6 @@ def _param_layout(cell, suffix: str) -> list:
             off += s[0]
         out.append((stem + suffix, (off,) + shapes[0][1:], rows))
     return out
-
-
-def init_uniform_(layer):
-    """PyTorch's default: every parameter ~ U(-1/√H, 1/√H), H = hidden_size, drawn from layer.rng
-    in state-dict order."""
-    for p in layer._params.values():
-        p[...] = layer.backend.asarray(init_uniform(layer.rng, p.shape, layer.hidden_size, layer.dtype))
-    init_constants_(layer)
-
-
-def init_orthogonal_(layer, gain: float = 1.0):
-    """Each matrix block (one gate's W_ih or W_hh, each head of a head-wise one) a (semi-)orthogonal matrix
-    times `gain`; every vector parameter (biases, peepholes, diagonal weights) zero. Draws from layer.rng."""
-    blocks = [b for per_l in layer._views for per_d in per_l for b in per_d.values()]  # row views
-    blocks = [h for b in blocks for h in (b if b.ndim == 3 else [b])]       # head-wise [k, o, i]: its k heads
-    for block in blocks:
-        if block.ndim == 1:
-            block[...] = 0
-        else:
-            block[...] = layer.backend.asarray(init_orthogonal(layer.rng, block.shape, gain, layer.dtype))
-    init_constants_(layer)
-
-
-def init_constants_(layer):
-    """The parameters a cell starts at a constant (CellGraph.inits: a norm's gain 1 and bias 0), after the
-    built-in initialisers have drawn everything (so the draws of the others do not change)."""
-    for cell, per_l in zip(layer.cells, layer._views):
-        for per_d in per_l:
-            for p, value in cell.inits.items():
-                per_d[p][...] = value
 
 
 _INIT = {"uniform": init_uniform_, "orthogonal": init_orthogonal_}

@@ -21,7 +21,8 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from ..errors import RnnGraphError
 from ..ir.cellio import cell_from_dict, cell_to_dict
-from ..ir.cells import CELLS, load_cell, lstm_cell
+from ..ir.cells import CELLS, lstm_cell
+from ..ir.loading import load_cell
 from ..nn.recurrent import Recurrent as Engine
 from ..run.backends import MODES, cpu_backend, get_backend
 from .autograd import RecurrentFunction, on_stream

@@ -11,7 +11,8 @@ import sys
 import numpy as np
 
 from ..arrays import HALF_DTYPES, dropout_mask, is_half
-from ..ir.cells import CELLS, load_cell
+from ..ir.cells import CELLS
+from ..ir.loading import load_cell
 from ..ir.cellio import cell_from_dict, cell_to_dict, first_difference
 from ..errors import RnnGraphError
 from ..nn.layers import CrossEntropyLoss, Dense, Sequential
