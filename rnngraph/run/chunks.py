@@ -62,7 +62,8 @@ class Chunked:
                 be.copy(outs[name][t0:t0 + n], y)
             if size:
                 be.copy(stash[off:off + size], ex.ws.val_arena)
-            init = {s: f.copy() for s, f in finals.items()}    # the next chunk's workspace may overlap these
+            if t0 + n < T:      # the next chunk's workspace may overlap these
+                init = {s: f.copy() for s, f in finals.items()}
             chunks.append((t0, n, part, off, again))
             off += size
         self.last = (chunks, stash, B)

@@ -60,6 +60,7 @@ class Executor:
         self.recompute = recompute  # recompute chunks in the backward: True, False, or None (where storing
         self.recomputed = False     # every value would exceed store_limit()); whether the last forward did
         self.chunks, self.chunked = None, False
+        self._costs: dict = {}      # (B, dtype) -> _store_cost
 
     def workspace(self, T: int, B: int, dtype) -> Workspace:
         """The workspace for (T, B, dtype), carved from this executor's arenas (made on first use, or again
@@ -85,6 +86,15 @@ class Executor:
         if self.chunked:
             return ("chunks", self.serial, self.chunks.bufs.generation), self.chunks.grad_flat
         return ("whole", self.serial, self.arenas.generation), self.ws.grad_arena
+
+    def _store_cost(self, B: int, dtype) -> tuple:
+        """(bytes, bytes a frame) a workspace of B rows of dtype stores for the backward (stored_bytes is
+        linear in T), computed once per (B, dtype)."""
+        key = (B, str(dtype))
+        if key not in self._costs:
+            fixed = stored_bytes(self.sched, 0, B, dtype)
+            self._costs[key] = fixed, stored_bytes(self.sched, 1, B, dtype) - fixed
+        return self._costs[key]
 
     @property
     def chunk_frames(self) -> int:
@@ -112,12 +122,11 @@ class Executor:
         a buffer of its own; a whole call returns its workspace's views, for the caller to copy."""
         x0 = inputs[next(iter(self.cell.inputs))]
         (T, B), K = x0.shape[:2], self.chunk_frames
-        limit = store_limit()
+        limit, (fixed, per_frame) = store_limit(), self._store_cost(B, x0.dtype)
         recompute = self.recompute
         if recompute is None:
-            recompute = stored_bytes(self.sched, T, B, x0.dtype) > limit
+            recompute = fixed + T * per_frame > limit
         if recompute and not K:      # a chunk's values within a quarter of the limit
-            per_frame = stored_bytes(self.sched, 1, B, x0.dtype) - stored_bytes(self.sched, 0, B, x0.dtype)
             K = max(1, limit // (4 * per_frame))
         self.chunked = bool(K) and T > K
         self.recomputed = self.chunked and recompute
