@@ -155,3 +155,16 @@ def test_a_user_cell_module_is_found_in_the_working_folder_without_staying_on_sy
     before = list(sys.path)
     assert package.load_cell("cwdcells:cell", 3, 4).name == "gru"
     assert sys.path == before
+
+
+def test_a_signal_as_the_command_ends_only_counts():
+    """A SIGTERM delivered while the command's handlers are being restored (a launcher stopping a rank that is
+    already ending) raises nothing there: the command's own exit status stands."""
+    import signal
+    from rnngraph.lab.cli import _signals_as_ctrl_c
+    with _signals_as_ctrl_c() as received:
+        handler = signal.getsignal(signal.SIGTERM)
+        with pytest.raises(KeyboardInterrupt):
+            handler(signal.SIGTERM, None)           # while the command runs: as Ctrl-C
+    handler(signal.SIGTERM, None)                   # after it ended: recorded, not raised
+    assert received[-2:] == [signal.SIGTERM, signal.SIGTERM]

@@ -171,24 +171,35 @@ def main(argv: list[str] | None = None) -> int:
     as_rank()
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)     # what a launcher repeats for every rank
-    with _signals_as_ctrl_c() as received:
-        try:
-            status = args.run(args) or 0
-            sys.stdout.flush()                  # a closed pipe shows here, not at exit
-            return status
-        except BrokenPipeError:
-            if not _stdout_closed():
-                raise
-            return _quiet_pipe()
-        except RnnGraphError as e:
-            from ..train.distributed import PeerLost
-            return _say(f"error: {e}", 2, peer=isinstance(e, PeerLost))
-        except MemoryError as e:            # numpy's message names the size it tried to allocate
-            return _say(f"error: out of memory: {e or 'an allocation failed'}; try smaller sizes", 2)
-        except Interrupted as e:
-            return _say(f"{_stopped(received)}; {e}", 128 + received[-1])
-        except KeyboardInterrupt:
-            return _say(f"{_stopped(received)}; {args.interrupted}", 128 + received[-1])
+    status, received = None, [signal.SIGINT]
+    try:
+        with _signals_as_ctrl_c() as received:
+            status = _run(args, received)
+    except KeyboardInterrupt:       # a SIGTERM or SIGHUP while the command ended: its outcome stands, if it had one
+        if status is None:
+            status = 128 + received[-1]
+    return status
+
+
+def _run(args, received: list) -> int:
+    """The command's exit status, its errors said in one line."""
+    try:
+        status = args.run(args) or 0
+        sys.stdout.flush()                  # a closed pipe shows here, not at exit
+        return status
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        return _quiet_pipe()
+    except RnnGraphError as e:
+        from ..train.distributed import PeerLost
+        return _say(f"error: {e}", 2, peer=isinstance(e, PeerLost))
+    except MemoryError as e:            # numpy's message names the size it tried to allocate
+        return _say(f"error: out of memory: {e or 'an allocation failed'}; try smaller sizes", 2)
+    except Interrupted as e:
+        return _say(f"{_stopped(received)}; {e}", 128 + received[-1])
+    except KeyboardInterrupt:
+        return _say(f"{_stopped(received)}; {args.interrupted}", 128 + received[-1])
 
 
 # -- signals and pipes ---------------------------------------------------------------------------
@@ -202,11 +213,12 @@ def _signals_as_ctrl_c():
     """SIGTERM and SIGHUP raise KeyboardInterrupt while the command runs (in the main thread, where their
     handler is the default: a SIGHUP that nohup ignores stays ignored); yields the list of signal numbers
     received, [SIGINT] until one is."""
-    received = [signal.SIGINT]
+    received, running = [signal.SIGINT], True
 
     def stop(signum, frame):
         received.append(signum)
-        raise KeyboardInterrupt
+        if running:                 # once the command has ended (restoring the handlers), it only counts
+            raise KeyboardInterrupt
 
     installed = {}
     if threading.current_thread() is threading.main_thread():
@@ -217,6 +229,7 @@ def _signals_as_ctrl_c():
     try:
         yield received
     finally:
+        running = False
         for sig, old in installed.items():
             signal.signal(sig, old)
 
