@@ -1,7 +1,8 @@
 """A generated persistent kernel run on the CPU: its CUDA source compiled as C++ by the system's g++, each CUDA
 thread a std::thread, __syncthreads a std::barrier of the block, a warp shuffle an exchange through memory
-between barriers of the warp, the grid barrier a shared atomic counter, float16 through _Float16 (bfloat16 as
-the GPU's own bit arithmetic). A test
+between barriers of the warp, a tensor-core mma.sync the same (the warp's fragments exchanged, each output
+summed in float32), the grid barrier a shared atomic counter, float16 through _Float16 (bfloat16 as the GPU's own
+bit arithmetic). A test
 backend (Emulated) runs the persistent loops this way on the numpy workspace and everything else as numpy
 does, so a kernel's indexing, arguments and synchronisation are checked against the reference without a GPU.
 
@@ -22,6 +23,7 @@ import numpy as np
 import pytest
 
 from rnngraph.plan.loops import PersistentLoop
+from rnngraph.run.backends.cuda.persistent import mma
 from rnngraph.run.backends.cuda.persistent.kernels import SYNC, persistent_kernel
 from rnngraph.run.backends.cuda.source import CTYPES, HALF_PRELUDE, HALF_TYPES
 from rnngraph.run.backends.numpy_backend import NumpyBackend
@@ -45,12 +47,16 @@ PRELUDE = r"""
 #include <vector>
 using std::exp; using std::tanh; using std::log1p; using std::fabs; using std::sqrt;
 template <class T> static inline T rsqrt(T x) { return T(1) / std::sqrt(x); }
+using std::min;
+struct uint4 { unsigned x, y, z, w; };
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 struct rg_dim { int x; };
 static thread_local rg_dim threadIdx, blockIdx;
 static thread_local std::barrier<>* rg_block_barrier;
 static thread_local std::vector<std::barrier<>*>* rg_warp_barriers;
 static thread_local double* rg_shuffle;        // the block's [NT] exchange slots
 static thread_local unsigned char* rg_smem;
+static thread_local unsigned* rg_mma_regs;    // the block's [NT][6] fragment registers
 static inline void __syncthreads() { rg_block_barrier->arrive_and_wait(); }
 template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -86,6 +92,37 @@ static inline void grid_barrier(unsigned int* count, unsigned int target) {
     __syncthreads();
 }
 """
+MMA = r"""
+static inline float rg_half_value(unsigned r, int hi) {
+    const unsigned short u = (unsigned short)(hi ? r >> 16 : r & 0xffffu);
+    HALF_TO_FLOAT
+}
+static inline void rg_mma(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    // mma.sync.m16n8k16 row.col, float32 accumulation: the warp's fragments exchanged through memory
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    std::barrier<>* bar = (*rg_warp_barriers)[warp];
+    unsigned* regs = rg_mma_regs + warp * 32 * 6;
+    const unsigned mine[6] = {a0, a1, a2, a3, b0, b1};
+    for (int i = 0; i < 6; ++i) regs[lane * 6 + i] = mine[i];
+    bar->arrive_and_wait();
+    const int g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 4; ++i) {
+        const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+        float sum = 0.f;
+        for (int k = 0; k < 16; ++k) {      // A[row][k]: lane (row % 8, (k % 8) / 2), a0..a3 by row and k halves
+            const int ka = (k % 8) / 2, hi = k & 1;
+            const float a = rg_half_value(regs[((row % 8) * 4 + ka) * 6 + (row >= 8) + 2 * (k >= 8)], hi);
+            const float b = rg_half_value(regs[(col * 4 + ka) * 6 + 4 + (k >= 8)], hi);   // B[k][col]: lane (col, ..)
+            sum += a * b;
+        }
+        c[i] += sum;
+    }
+    bar->arrive_and_wait();
+}
+"""
+HALF_TO_FLOAT = {"bf16": "unsigned v = (unsigned)u << 16; float f; std::memcpy(&f, &v, 4); return f;",
+                 "f16": "_Float16 h; std::memcpy(&h, &u, 2); return (float)h;"}
+
 F16 = {'float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(u)); return f;':
        "_Float16 h; std::memcpy(&h, &u, 2); return (float)h;",
        'asm("cvt.rn.f16.f32 %0, %1;" : "=h"(u) : "f"(f)); return *this;':
@@ -95,17 +132,18 @@ LAUNCH = r"""
 extern "C" void rg_launch(void** ptrs, long long* lds, int T, int P, int rg_nblocks, int NTH, long long smem, int in_turn) {
     rg_grid_count = 0;
     auto block = [&](int blk, std::vector<std::thread>& threads, std::barrier<>* bb,
-                     std::vector<std::barrier<>*>* wb, double* shuffle, unsigned char* smem_block) {
+                     std::vector<std::barrier<>*>* wb, double* shuffle, unsigned char* smem_block, unsigned* mma_regs) {
         for (int tid = 0; tid < NTH; ++tid)
             threads.emplace_back([=]() {
                 threadIdx.x = tid; blockIdx.x = blk; rg_block_barrier = bb; rg_warp_barriers = wb;
-                rg_shuffle = shuffle; rg_smem = smem_block;
+                rg_shuffle = shuffle; rg_smem = smem_block; rg_mma_regs = mma_regs;
                 KERNEL_CALL;
             });
     };
     std::vector<std::barrier<>*> bbs; std::vector<std::vector<std::barrier<>*>*> wbs;
     std::vector<std::vector<double>> shuffles(rg_nblocks, std::vector<double>(NTH));
     std::vector<std::vector<unsigned char>> smems(rg_nblocks, std::vector<unsigned char>(smem + 16));
+    std::vector<std::vector<unsigned>> mma_regs(rg_nblocks, std::vector<unsigned>(6 * NTH));
     for (int blk = 0; blk < rg_nblocks; ++blk) {
         bbs.push_back(new std::barrier<>(NTH));
         auto* w = new std::vector<std::barrier<>*>();
@@ -114,7 +152,7 @@ extern "C" void rg_launch(void** ptrs, long long* lds, int T, int P, int rg_nblo
     }
     std::vector<std::vector<std::thread>> threads(rg_nblocks);
     for (int blk = 0; blk < rg_nblocks; ++blk) {
-        block(blk, threads[blk], bbs[blk], wbs[blk], shuffles[blk].data(), smems[blk].data());
+        block(blk, threads[blk], bbs[blk], wbs[blk], shuffles[blk].data(), smems[blk].data(), mma_regs[blk].data());
         if (in_turn) for (auto& t : threads[blk]) t.join();
     }
     if (!in_turn) for (auto& ts : threads) for (auto& t : ts) t.join();
@@ -138,6 +176,8 @@ def cpp_source(k) -> str:
     half = HALF_PRELUDE
     for a, b in F16.items():
         half = half.replace(a, b)
+    for ptx in mma.PTX_TYPE.values():       # tensor cores: the MMA emulated (its half type's values)
+        src = src.replace(mma.HELPERS.format(ptx=ptx), MMA.replace("HALF_TO_FLOAT", HALF_TO_FLOAT[ptx]))
     return PRELUDE + (half if any(h in src for h in HALF_TYPES) else "") + src + LAUNCH.replace("KERNEL_CALL", call)
 
 

@@ -20,7 +20,8 @@ from rnngraph.run.backends.cuda.matmul import matmul_source
 from rnngraph.run.backends.cuda.pair import pair_kernel
 from rnngraph.run.backends.cuda.param_grad import param_grad_kernel
 from rnngraph.run.backends.cuda.persistent.kernels import ZERO_SOURCE, persistent_kernel
-from rnngraph.run.backends.cuda.persistent.phases import block_counts, problem
+from rnngraph.run.backends.cuda.persistent.heads import one_head
+from rnngraph.run.backends.cuda.persistent.phases import block_counts, loop_heads, phases, problem
 from rnngraph.run.backends.cuda.persistent.runner import max_rows
 from rnngraph.run.backends.cuda.rows import row_backward_kernel, row_forward_kernel, row_group
 from rnngraph.run.backends.cuda.scan import scan_source
@@ -77,8 +78,10 @@ def _sources(name: str, cell, sched, ctype: str):
             if made:
                 yield f"elementwise {'bwd' if it.reverse else 'fwd'}", made[1]
         elif isinstance(it, PersistentLoop) and problem(cell, it) is None:
-            more = MMA_ROWS if max_rows(cell, it, HALF.get(ctype, "float32")) > ROWS[-1] else ()   # tensor cores
+            tc = max_rows(cell, it, HALF.get(ctype, "float32")) > ROWS[-1]      # tensor cores: half storage,
+            groups = phases(cell, it)                                           # head-wise one head a block
             for k, G in enumerate(block_counts(cell, it, BLOCKS)):     # per head first, where head-wise
+                more = MMA_ROWS if tc and (loop_heads(groups) == 1 or one_head(groups, G)) else ()
                 for B in ROWS + more:
                     yield (f"persistent {'bwd' if it.reverse else 'fwd'} B={B}{f' G={G}' if k else ''}",
                            persistent_kernel(cell, it, ctype, B, G).source)

@@ -180,3 +180,48 @@ def test_per_head_kernels_ragged_and_chunked(B):
     got, want, be = emulated_against_numpy(cell, T=9, B=B, chunk=4)       # chunks of 4, 4 and 1 frames
     assert_agree(got, want, "float64")
     assert len(be.ran) == 6
+
+
+# -- on tensor cores: half storage beyond MAX_ROWS rows, one head a block ---------------------------------
+@needs_cxx
+@pytest.mark.parametrize("name, B, dtype", [("slstm", 16, "bfloat16"), ("mh_lstm", 20, "float16"),
+                                            ("mh_lstm 8 heads", 24, "bfloat16")])
+def test_head_wise_kernels_on_tensor_cores_compute_the_reference(name, B, dtype):
+    """mma.sync emulated (cuda_on_cpu.py); blocks one after another, so no block reads another's head; B not a
+    multiple of 16: the padded rows are read but never stored."""
+    cell = HEAD_CELLS[name]()
+    got, want, be = emulated_against_numpy(cell, B=B, T=5, dtype=dtype)
+    assert_agree(got, want, dtype)
+    assert [("mma.sync" in k.source, k.cooperative) for k in be.ran] == [(True, False), (True, False)]
+
+
+@needs_cxx
+def test_head_wise_tensor_cores_ragged_and_chunked():
+    cell = HEAD_CELLS["slstm"]()
+    lengths = np.array([9, 4, 1, 7, 2, 9, 5, 3, 0, 8, 6, 9, 1, 2, 3, 4])
+    got, want, _ = emulated_against_numpy(cell, T=9, B=16, lengths=lengths, dtype="bfloat16")
+    assert_agree(got, want, "bfloat16")
+    be = Emulated(None, True)           # chunks of 4, 4 and 1 frames, against numpy's chunks: in half storage a
+    args = problem_arrays(cell, 9, 16, "bfloat16")    # chunk's parameter gradients are rounded before they add up
+    got = run_executor(Executor(cell, be, loop="persistent", chunk=4), *args)
+    assert_agree(got, run_executor(Executor(cell, get_backend("numpy"), loop="stages", chunk=4), *args), "bfloat16")
+    assert len(be.ran) == 6
+
+
+def test_head_wise_tensor_cores_take_one_head_a_block():
+    import ml_dtypes
+    from rnngraph.run.backends.cuda.persistent.runner import chosen, fit, gpu_loop
+    cell = load_cell("slstm", 8, 768, heads=12)
+    fwd, bwd = loops(cell)
+    for lp in (fwd, bwd):
+        k = chosen(cell, lp, 16, ml_dtypes.bfloat16, 132, 227 * 1024)
+        assert (k.blocks, k.cooperative, "mma.sync" in k.source) == (12, False, True)
+    assert gpu_loop(cell, fwd, 16, ml_dtypes.bfloat16, 132, 227 * 1024, auto=False) == "persistent (tensor cores)"
+    assert fit(cell, fwd, 16, ml_dtypes.bfloat16, 8, 227 * 1024) == ("B=16 rows: on tensor cores a block runs one "
+                                                                     "head of every head-wise GEMM, and this GPU's 8 SMs are fewer than the loop's 12 heads")
+    assert fit(delay_cell(), loops(delay_cell())[0], 16, ml_dtypes.bfloat16, 132, 227 * 1024).endswith(
+        "this loop's GEMMs have 2 and 4 heads")
+    assert fit(cell, fwd, 16, np.float32, 132, 227 * 1024) == \
+        "B=16 rows: a persistent kernel takes at most 8 in float32"
+    with pytest.raises(Exception, match="one head a block, not on 6 blocks"):
+        persistent_kernel(cell, fwd, "rg_bf16", 16, 6)

@@ -9,7 +9,7 @@ import pytest
 from rnngraph import load_cell
 from rnngraph.run.backends.cuda.persistent.mma import MMA_ROWS
 from rnngraph.run.backends.cuda.persistent.kernels import persistent_kernel
-from rnngraph.run.backends.cuda.persistent.runner import fit, gpu_loop
+from rnngraph.run.backends.cuda.persistent.runner import chosen, fit, gpu_loop
 from nvrtc import nvrtc_compile
 from test_persistent import GEMM_CORES, loops
 
@@ -19,9 +19,12 @@ H200 = dict(sms=132, smem=227 * 1024)
 @pytest.mark.parametrize("B", [9, 64, 256])
 @pytest.mark.parametrize("cell", GEMM_CORES)
 def test_tensor_core_kernels_compile(cell, B):
+    """On the blocks a GPU would run them (head-wise GEMMs: one head a block)."""
+    import ml_dtypes
     c = load_cell(cell, 24, 64)
     for lp in loops(c):
-        k = persistent_kernel(c, lp, "rg_bf16", B, 64)
+        k = chosen(c, lp, B, ml_dtypes.bfloat16, **H200)
+        assert k.blocks == (64 if cell not in ("slstm", "mh_lstm") else 4)
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in k.source and "acc[NB]" not in k.source
         nvrtc_compile(k.source, k.name)
 
@@ -72,3 +75,16 @@ def test_schedule_says_which_loop_the_gpu_runs(capsys):
     assert json.loads(capsys.readouterr().out)["gpu_loop"].startswith("persistent (CUDA cores)")
     assert main(["schedule", "min_gru", "--batch", "16", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["gpu_loop"] == "scan"
+
+
+@pytest.mark.parametrize("cell, B, dtype", [("lstm", 16, "bfloat16"), ("gru", 20, "float16"), ("lstm", 33, "bfloat16")])
+def test_tensor_core_kernels_compute_the_reference_on_the_cpu(cell, B, dtype):
+    """mma.sync emulated (cuda_on_cpu.py), the grid barriers of 4 blocks at once, against numpy's loop."""
+    pytest.importorskip("ml_dtypes")
+    from cuda_on_cpu import CXX
+    from test_persistent_heads import assert_agree, emulated_against_numpy
+    if CXX is None:
+        pytest.skip("no g++ to compile kernels for the CPU")
+    got, want, be = emulated_against_numpy(load_cell(cell, 8, 16), G=4, in_turn=False, B=B, T=5, dtype=dtype)
+    assert_agree(got, want, dtype)
+    assert ["mma.sync" in k.source for k in be.ran] == [True, True]

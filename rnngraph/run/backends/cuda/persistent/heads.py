@@ -11,9 +11,14 @@ block's unit u) of one head's width RW (phase.width) in shared memory:
                a linear op does.
 x is staged head by head, SW columns a head (a gemm's K/k; a dgemm's J·F/k, linear op by linear op), the
 block's own heads where it owns whole heads (h0 its first), else all of them.
+
+On tensor cores (half storage, B > MAX_ROWS) a block owns one head (one_head): a gemm's or pair's J·nu rows all
+read that head's K/k columns of x, one MMA GEMM (mma.py); a dgemm runs J of them, linear op j's nu rows against
+its F/k columns of the output gradient, each into its own sums.
 """
 from __future__ import annotations
 
+from . import mma
 from .gemv import row_sums
 
 HEAD_GEMV = r"""
@@ -53,3 +58,20 @@ def head_weight(p, w: str) -> str:
         F, fh, kh = p.item.sizes[0], p.width, per_unit(p)
         return f"{w}[(long long)({F} * j + ((u0 + u) / {kh}) * {fh} + k) * {kh} + (u0 + u) % {kh}]"
     return f"{w}[(long long)({p.units} * j + u0 + u) * {p.width} + k]"
+
+
+def one_head(groups, G: int) -> bool:
+    """Whether each of G blocks owns exactly one head of every head-wise GEMM phase (tensor cores need it)."""
+    return all(p.heads == G for g in groups for p in g if p.kind in ("gemm", "pair", "dgemm"))
+
+
+def head_mma(p, woff: int, lay, x: str, ld: str) -> str:
+    """The tensor-core GEMM of a head-wise phase p whose block owns one head, h = u0 / (units a head), on x (a
+    frame array's pointer and row stride: the operand, or a dgemm's output gradient)."""
+    h = f"(u0 / {per_unit(p)})"
+    if p.kind != "dgemm":
+        it = p.item.gemm if p.kind == "pair" else p.item
+        return mma.gemm(p, woff, lay, x, ld, it.delay, col=f"{h} * {p.width} + k")
+    F, WLD = p.item.sizes[0], mma.padded(p.width) + 8
+    return "".join(mma.gemm(p, f"{woff} + {j} * nu * {WLD}", lay, x, ld, 0, col=f"{F * j} + {h} * {p.width} + k",
+                            m=1, sums=f"(gs + {j} * nu * NB)") for j in range(p.m))

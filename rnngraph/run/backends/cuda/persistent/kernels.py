@@ -24,12 +24,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .....errors import RnnGraphError
 from ..source import CTYPES, kernel_name, math_type, rounded
 from . import mma
 from .gemv import row_sums
-from .heads import head_gemv, head_weight
-from .phases import (MAX_ROWS, THREADS, barriers, exchanges, nodes_of, own, per_head, phases, shared_layout, sources,
-                     staged)
+from .heads import head_gemv, head_mma, head_weight, one_head
+from .phases import (MAX_ROWS, THREADS, barriers, exchanges, loop_heads, nodes_of, own, per_head, phases, shared_layout,
+                     sources, staged)
 
 AT_DEFINE = r"""
 #define AT(p, ld, lag, col) p[((long long)(P + t - (lag)) * NB + b) * (ld) + (col)]
@@ -111,10 +112,13 @@ class Persistent:
 
 def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
     """The kernel running `loop` (a PersistentLoop; problem() is None) for B ≤ MAX_ROWS rows on G blocks, or
-    in half storage with full matrices up to mma.MMA_ROWS on tensor cores (mma.py)."""
+    in half storage up to mma.MMA_ROWS on tensor cores (mma.py; head-wise GEMMs one head a block, heads.py)."""
     groups = phases(cell, loop)
     itemsize = ITEMSIZE[math_type(ctype)]
     tc = None
+    if B > MAX_ROWS and loop_heads(groups) > 1 and not one_head(groups, G):
+        raise RnnGraphError(f"internal: a head-wise persistent kernel at B={B} > {MAX_ROWS} rows runs on tensor "
+                            f"cores, one head a block, not on {G} blocks")
     if B > MAX_ROWS:            # tensor cores: their layout of the weights and the x slice
         tc = mma.layout([p for g in groups for p in g if p.kind in ("gemm", "pair", "dgemm")], B, G, THREADS)
         woff, n_w = tc.woff, tc.weights
@@ -195,7 +199,12 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
     cores' layout (mma.Layout), where they run the GEMMs."""
     out = [f"        {{   // {p.kind} {', '.join(nodes_of(p))}",
            f"        const int u0 = ({p.units} * blk) / G, nu = ({p.units} * (blk + 1)) / G - u0;"]
-    if woff is not None and tc is not None:
+    if woff is not None and tc is not None and p.heads > 1:
+        x = _head_x(p, arg)
+        load.append(mma.weights(p, woff, head_weight(p, arg("w", p.item.gemm if p.kind == "pair" else p.item)),
+                                mma.padded(p.width) + 8))
+        out.append(head_mma(p, woff, tc, x, _ld(x)))
+    elif woff is not None and tc is not None:
         src, x, lag = _operand(p, arg)
         load.append(mma.weights(p, woff, src, mma.padded(p.width) + 8))
         out.append(mma.gemm(p, woff, tc, x, _ld(x), lag))
@@ -206,9 +215,14 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
 
 
 def _head_gemv(p, woff: int, arg, xw: int, apart: bool) -> str:
-    """A head-wise phase's GEMV (heads.py) on its x: the operand's values, or a dgemm's output gradient."""
-    x = arg("dcat", p.item) if p.kind == "dgemm" else arg("val", (p.item.gemm if p.kind == "pair" else p.item).operand)
+    """A head-wise phase's GEMV (heads.py) on its x."""
+    x = _head_x(p, arg)
     return head_gemv(p, woff, x, _ld(x), xw, apart)
+
+
+def _head_x(p, arg) -> str:
+    """The x of head-wise phase p: the operand's values, or a dgemm's output gradient."""
+    return arg("dcat", p.item) if p.kind == "dgemm" else arg("val", (p.item.gemm if p.kind == "pair" else p.item).operand)
 
 
 def _ld(pointer: str) -> str:

@@ -71,10 +71,10 @@ GEMM = r"""
                 const int wt = warp + i * (NT / 32), tile = wt / S, sl = wt - tile * S;
                 if (tile < tiles && sl == 0) {{
                     const int b = (tile / nt) * 16 + (lane >> 2), q = (tile % nt) * 8 + (lane & 3) * 2;
-                    if (b < NB && q < nq) gs[q * NB + b] = acc[i][0];
-                    if (b < NB && q + 1 < nq) gs[(q + 1) * NB + b] = acc[i][1];
-                    if (b + 8 < NB && q < nq) gs[q * NB + b + 8] = acc[i][2];
-                    if (b + 8 < NB && q + 1 < nq) gs[(q + 1) * NB + b + 8] = acc[i][3];
+                    if (b < NB && q < nq) {gs}[q * NB + b] = acc[i][0];
+                    if (b < NB && q + 1 < nq) {gs}[(q + 1) * NB + b] = acc[i][1];
+                    if (b + 8 < NB && q < nq) {gs}[q * NB + b + 8] = acc[i][2];
+                    if (b + 8 < NB && q + 1 < nq) {gs}[(q + 1) * NB + b + 8] = acc[i][3];
                 }}
             }}
         }}
@@ -152,13 +152,16 @@ def weights(p, off: int, src: str, WLD: int) -> str:
             f"        }}\n    }}")
 
 
-def gemm(p, off: int, lay: Layout, x: str, ld: str, lag: int) -> str:
-    """Phase p's GEMM on tensor cores over x (a frame array's pointer and row-stride arguments, read at `lag`)."""
-    load = f"AT({x}, {ld}, {lag}, k)"
+def gemm(p, off, lay: Layout, x: str, ld: str, lag: int, col: str = "k", m: int | None = None, sums: str = "gs") -> str:
+    """Phase p's GEMM on tensor cores over x (a frame array's pointer and row-stride arguments, read at `lag`):
+    x's column `col` (an expression of k, the GEMM's column) against m·nu weight rows from offset `off` (an
+    expression; m: p.m), the sums into `sums` (gs, or an offset into it). A head-wise phase's x columns are its
+    head's (heads.head_mma)."""
+    load = f"AT({x}, {ld}, {lag}, {col})"
     fields = dict(K=p.width, XLD=lay.xld, load=load, x=x, ld=ld)
     stage = (STAGE_WIDE if p.width % 8 == 0 else STAGE).format(**fields)
-    return GEMM.format(m=p.m, MT=lay.x_rows // 16, TPW=lay.tiles_per_warp, KP=padded(p.width), KS=lay.ks[id(p)],
-                       XLD=lay.xld, WLD=padded(p.width) + 8, woff=off, stage=stage)
+    return GEMM.format(m=p.m if m is None else m, MT=lay.x_rows // 16, TPW=lay.tiles_per_warp, KP=padded(p.width),
+                       KS=lay.ks[id(p)], XLD=lay.xld, WLD=padded(p.width) + 8, woff=off, stage=stage, gs=sums)
 
 
 def helpers(ctype: str) -> str:

@@ -10,9 +10,10 @@ import warnings
 from .....arrays import float_dtype
 from .....errors import RnnGraphWarning
 from ..source import CTYPES
+from .heads import one_head
 from .kernels import ZERO_SOURCE, persistent_kernel
 from .mma import MMA_ROWS
-from .phases import MAX_ROWS, block_counts, phases, problem
+from .phases import MAX_ROWS, block_counts, loop_heads, phases, problem
 
 _KERNELS: dict = {}      # (id(cell), loop, ctype, B, blocks) -> (cell, persistent_kernels.Persistent)
 _REFUSED: set = set()
@@ -61,6 +62,12 @@ def fit(cell, loop, B: int, dtype, sms: int, smem: int) -> str | None:
     why, rows = problem(cell, loop), max_rows(cell, loop, dtype)
     if why or B > rows:
         return why or f"B={B} rows: a persistent kernel takes at most {rows} in {float_dtype(dtype, half=True).name}"
+    groups = phases(cell, loop)
+    heads = sorted({p.heads for g in groups for p in g if p.heads > 1})
+    if B > MAX_ROWS and heads and not one_head(groups, block_counts(cell, loop, sms)[0]):
+        return (f"B={B} rows: on tensor cores a block runs one head of every head-wise GEMM, and "
+                + (f"this loop's GEMMs have {' and '.join(map(str, heads))} heads" if len(heads) > 1 else
+                   f"this GPU's {sms} SMs are fewer than the loop's {heads[0]} heads"))
     need = chosen(cell, loop, B, dtype, sms, smem).smem
     if need > smem:
         return (f"its weights and rows need {need / 1024:.0f} KiB of shared memory per block at B={B}, "
@@ -85,10 +92,9 @@ def _slower(B: int) -> str | None:
 
 
 def max_rows(cell, loop, dtype) -> int:
-    """The batch rows a persistent kernel takes: on tensor cores for half storage and full matrices, else
-    (float32, float64, head-wise GEMMs) on CUDA cores."""
-    heads = any(p.heads > 1 for g in phases(cell, loop) for p in g)
-    return MMA_ROWS if float_dtype(dtype, half=True).itemsize == 2 and not heads else MAX_ROWS
+    """The batch rows a persistent kernel takes: on tensor cores for half storage (full matrices, or head-wise
+    ones a head a block), else (float32, float64) on CUDA cores."""
+    return MMA_ROWS if float_dtype(dtype, half=True).itemsize == 2 else MAX_ROWS
 
 
 def kernel(be, cell, loop, B: int, dtype):
@@ -103,7 +109,9 @@ def chosen(cell, loop, B: int, dtype, sms: int, smem: int):
     tensor_core_blocks) whose shared memory fits, else the last."""
     ctype = CTYPES[float_dtype(dtype, half=True).name]
     counts = block_counts(cell, loop, sms)
-    if B > MAX_ROWS:
+    if B > MAX_ROWS and loop_heads(phases(cell, loop)) > 1:
+        counts = counts[:1]             # one head a block (fit says where that is not the first)
+    elif B > MAX_ROWS:
         counts = [G for G in dict.fromkeys(tensor_core_blocks(B, sms) + counts) if G <= counts[-1]]
     made = [_made(cell, loop, ctype, B, G) for G in counts]
     return next((k for k in made if k.smem <= smem), made[-1])
