@@ -72,20 +72,6 @@ def head_mma(p, woff: int, lay, x: str, ld: str) -> str:
     if p.kind != "dgemm":
         it = p.item.gemm if p.kind == "pair" else p.item
         return mma.gemm(p, woff, lay, x, ld, it.delay, col=f"{h} * {p.width} + k")
-    F, KP = p.item.sizes[0], mma.padded(p.width)
-    at_once = lay.ks[id(p)] >= p.m * KP         # the J slices staged side by side, then J GEMMs on them
-    stage = HEAD_DGEMM_STAGE.format(JKP=p.m * KP, KP=KP, W=p.width, XLD=lay.xld, F=F, h=h, x=x, ld=ld) if at_once else ""
-    return stage + "".join(mma.gemm(p, f"{woff} + {j} * nu * {KP + 8}", lay, x, ld, 0, col=f"{F * j} + {h} * {p.width} + k",
-                                    m=1, sums=f"(gs + {j} * nu * NB)", staged=at_once and f"((ST*)xs + {j * KP})")
-                           for j in range(p.m))
-
-
-HEAD_DGEMM_STAGE = r"""
-        {{  // the output gradient's F/k columns of the block's head in every merged linear op, side by side
-            ST* xh = (ST*)xs;
-            for (int e = tid; e < NB * {JKP}; e += NT) {{
-                const int b = e / {JKP}, c = e - b * {JKP}, j = c / {KP}, k = c - j * {KP};
-                if (k < {W}) xh[b * {XLD} + c] = AT({x}, {ld}, 0, {F} * j + {h} * {W} + k); else xh[b * {XLD} + c] = 0.f;
-            }}
-        }}
-        __syncthreads();"""
+    F, WLD = p.item.sizes[0], mma.padded(p.width) + 8
+    return "".join(mma.gemm(p, f"{woff} + {j} * nu * {WLD}", lay, x, ld, 0, col=f"{F * j} + {h} * {p.width} + k",
+                            m=1, sums=f"(gs + {j} * nu * NB)") for j in range(p.m))

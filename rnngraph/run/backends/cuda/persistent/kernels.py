@@ -32,9 +32,6 @@ from .heads import head_gemv, head_mma, head_weight, one_head
 from .phases import (MAX_ROWS, THREADS, barriers, exchanges, loop_heads, nodes_of, own, per_head, phases, shared_layout,
                      sources, staged)
 
-PREFETCH_ELEMENTS = 8       # on tensor cores, a thread loads up to this many elements' inputs before the GEMM (their
-                            # latency hidden behind it, not paid element after element), in registers
-
 AT_DEFINE = r"""
 #define AT(p, ld, lag, col) p[((long long)(P + t - (lag)) * NB + b) * (ld) + (col)]
 """
@@ -165,11 +162,10 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
             ok = (lambda *source: True) if apart else ok
             lines, early[pi] = _prefetch(cell, p, f"r{gi}_{pi}_", arg, ok, G, B)
             pre += lines
-        per = {pi: _elements(p, G, B) if early[pi] else 1 for pi, p in enumerate(g)}
         run = (["        grid_barrier(bar, ++barriers * G);"] if need[gi] else []) + \
             [ln for pi, p in enumerate(g) for ln in _phase_lines(cell, p, arg, early[pi], woff.get(id(p)), load,
                                                                     tagged.get(swaps.get(gi)), tagged, ctype,
-                                                                    staged(p, G, apart), apart, tc, per[pi])]
+                                                                    staged(p, G, apart), apart, tc)]
         if gi < k:
             prologue += pre + run
             tail_loads += pre
@@ -196,12 +192,11 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
 
 
 def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, st: str, xw: int,
-                 apart: bool, tc=None, elements: int = 1) -> list:
+                 apart: bool, tc=None) -> list:
     """The lines running phase p at frame t (its GEMV first, with its weights' load added to `load`; its x
     from tagged words where xb names their buffer; its members in `tagged` also written so; a head-wise
     GEMV staging xw columns, the block's own heads where it owns whole heads, `apart`); tc: the tensor
-    cores' layout (mma.Layout), where they run the GEMMs; elements: a thread's elements, where `early` holds
-    that many registers each."""
+    cores' layout (mma.Layout), where they run the GEMMs."""
     out = [f"        {{   // {p.kind} {', '.join(nodes_of(p))}",
            f"        const int u0 = ({p.units} * blk) / G, nu = ({p.units} * (blk + 1)) / G - u0;"]
     if woff is not None and tc is not None and p.heads > 1:
@@ -216,7 +211,7 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
     elif woff is not None:
         load.append(_weights(p, woff, arg))
         out.append(_gemv(cell, p, woff, arg, xb) if p.heads == 1 else _head_gemv(p, woff, arg, xw, apart))
-    return out + _epilogue(cell, p, arg, early, tagged, st, elements) + ["        __syncthreads();\n        }"]
+    return out + _epilogue(cell, p, arg, early, tagged, st) + ["        __syncthreads();\n        }"]
 
 
 def _head_gemv(p, woff: int, arg, xw: int, apart: bool) -> str:
@@ -275,19 +270,12 @@ def _gemv(cell, p, off: int, arg, xb) -> str:
     return GEMV.format(K=p.width, stage=stage) + row_sums(p.m, off, p.width, p.width)
 
 
-def _elements(p, G: int, B: int) -> int:
-    """The elements (b, f) of phase p a thread of a block runs, at most (B below MAX_ROWS counted as MAX_ROWS)."""
-    return -(-(-(-p.units // G) * max(B, MAX_ROWS)) // THREADS)
-
-
 def _prefetch(cell, p, prefix: str, arg, ok, G: int, B: int) -> tuple:
     """(lines, {name: register}) loading what phase p's per-element part reads (its body's inputs, a
     backward body's gradients and the old values its '+=' stores add to, a dgemm's old value) into
-    registers where ok(kind, node, lag) holds, each thread its one element (b, f), or on tensor cores (B beyond
-    MAX_ROWS) up to PREFETCH_ELEMENTS elements, a register array each (indexed by the epilogue's i); none where
-    a thread has more."""
-    E = _elements(p, G, B)
-    if p.kind == "gemm" or E > (PREFETCH_ELEMENTS if B > MAX_ROWS else 1):
+    registers where ok(kind, node, lag) holds, each thread its one element (b, f); none where a thread has
+    several."""
+    if p.kind == "gemm" or -(-p.units // G) * max(B, MAX_ROWS) > THREADS:
         return [], {}
     if p.kind == "dgemm":
         wanted = [("old", ("grad", p.item.operand, p.item.delay))]
@@ -300,14 +288,6 @@ def _prefetch(cell, p, prefix: str, arg, ok, G: int, B: int) -> tuple:
     early = {nm: (prefix + nm, src) for nm, src in wanted if ok(*src)}
     if not early:
         return [], {}
-    if E > 1:       # every load of the thread's elements issued before any is used
-        lines = [f"        CT {', '.join(f'{r}[{E}]' for r, _ in early.values())};",
-                 f"        {{  const int u0 = ({p.units} * blk) / G, nu = ({p.units} * (blk + 1)) / G - u0;",
-                 "            #pragma unroll", f"            for (int i = 0; i < {E}; ++i) {{",
-                 "                const int e = tid + i * NT, b = e / nu, f = u0 + e - b * nu;",
-                 "                if (e < nu * NB) {"]
-        lines += [f"                {r}[i] = {_at(arg, src)};" for r, src in early.values()]
-        return lines + ["                }", "            }", "        }"], {nm: f"{r}[i]" for nm, (r, _) in early.items()}
     lines = [f"        CT {', '.join(f'{r} = 0' for r, _ in early.values())};",
              f"        {{  const int u0 = ({p.units} * blk) / G, nu = ({p.units} * (blk + 1)) / G - u0;",
              "            if (tid < nu * NB) {", "                const int b = tid / nu, f = u0 + tid - b * nu;"]
@@ -321,16 +301,11 @@ def _at(arg, source) -> str:
     return f"AT({a}, {_ld(a)}, {lag}, f)"
 
 
-def _epilogue(cell, p, arg, early: dict, tagged: dict, st: str, elements: int = 1) -> list:
+def _epilogue(cell, p, arg, early: dict, tagged: dict, st: str) -> list:
     """The per-(b, f) part of a phase: a GEMM's stores, a pair's stores and fused body (reading the GEMM's
-    sums as stored in element type st), a group's body; with elements > 1, element i of the thread's, unrolled
-    (its prefetched registers indexed by i)."""
+    sums as stored in element type st), a group's body."""
     head = ["        for (int e = tid; e < nu * NB; e += NT) {",
             "            const int b = e / nu, u = e - b * nu, f = u0 + u;", "            (void)f;"]
-    if elements > 1:
-        head = ["        #pragma unroll", f"        for (int i = 0; i < {elements}; ++i) {{",
-                "            const int e = tid + i * NT;", "            if (e >= nu * NB) break;",
-                "            const int b = e / nu, u = e - b * nu, f = u0 + u;", "            (void)f;"]
     if p.kind == "gemm" and p.m > 1:    # head-wise: unit f's column in each merged block
         c = arg("cat", p.item)
         return head + [f"            AT({c}, {_ld(c)}, 0, {p.units * j} + f) = gs[({j} * nu + u) * NB + b];"

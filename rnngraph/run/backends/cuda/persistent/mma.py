@@ -32,7 +32,7 @@ static __device__ __forceinline__ void rg_mma(float* c, unsigned a0, unsigned a1
 GEMM = r"""
         {{  // tensor cores: the block's nq weight rows against x's NB rows, in tiles of 16 rows x 8 weight rows;
             // where there are fewer tiles than warps, S warps share a tile, each taking every S-th k-step
-            ST* xh = {xh};
+            ST* xh = (ST*)xs;
             const int nq = nu * {m}, nt = (nq + 7) >> 3, tiles = {MT} * nt, S = tiles < NT / 32 ? (NT / 32) / tiles : 1;
             float acc[{TPW}][4];
             #pragma unroll
@@ -134,7 +134,7 @@ def layout(gemm_phases, B: int, G: int, threads: int) -> Layout:
         per, KP = -(-p.units // G) * p.m, padded(p.width)
         woff[id(p)] = n
         n += -(-per // 8) * 8 * (KP + 8)
-        ks[id(p)] = min(KP * (p.m if p.kind == "dgemm" and p.heads > 1 else 1), cap)    # heads.head_mma: J at once
+        ks[id(p)] = min(KP, cap)
         tiles = max(tiles, rows // 16 * -(-per // 8))
     xld = max(ks.values()) + 8
     return Layout(woff, n, ks, xld, rows, -(-tiles // (threads // 32)))
@@ -152,19 +152,16 @@ def weights(p, off: int, src: str, WLD: int) -> str:
             f"        }}\n    }}")
 
 
-def gemm(p, off, lay: Layout, x: str, ld: str, lag: int, col: str = "k", m: int | None = None, sums: str = "gs",
-         staged: str | None = None) -> str:
+def gemm(p, off, lay: Layout, x: str, ld: str, lag: int, col: str = "k", m: int | None = None, sums: str = "gs") -> str:
     """Phase p's GEMM on tensor cores over x (a frame array's pointer and row-stride arguments, read at `lag`):
     x's column `col` (an expression of k, the GEMM's column) against m·nu weight rows from offset `off` (an
-    expression; m: p.m), the sums into `sums` (gs, or an offset into it); staged: where x's rows already sit in
-    the slice (halves from xs; one k-step of KP columns), nothing is staged. A head-wise phase's x columns are its
+    expression; m: p.m), the sums into `sums` (gs, or an offset into it). A head-wise phase's x columns are its
     head's (heads.head_mma)."""
     load = f"AT({x}, {ld}, {lag}, {col})"
     fields = dict(K=p.width, XLD=lay.xld, load=load, x=x, ld=ld)
-    stage = "" if staged else (STAGE_WIDE if p.width % 8 == 0 else STAGE).format(**fields)
+    stage = (STAGE_WIDE if p.width % 8 == 0 else STAGE).format(**fields)
     return GEMM.format(m=p.m if m is None else m, MT=lay.x_rows // 16, TPW=lay.tiles_per_warp, KP=padded(p.width),
-                       KS=lay.ks[id(p)], XLD=lay.xld, WLD=padded(p.width) + 8, woff=off, stage=stage, gs=sums,
-                       xh=staged or "(ST*)xs")
+                       KS=lay.ks[id(p)], XLD=lay.xld, WLD=padded(p.width) + 8, woff=off, stage=stage, gs=sums)
 
 
 def helpers(ctype: str) -> str:
