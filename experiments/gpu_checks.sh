@@ -34,7 +34,7 @@ bench)
         # the whole char-LM, torch.nn.LSTM against rnngraph.torch as it ships
         charlm) bench --model charlm -B 1,32,128 --impls torch,default --json "$OUT/charlm.json" ;;
         # sLSTM and the multi-head LSTM in 12 heads of 64, against cuDNN's single-head LSTM and the torch loop
-        heads) bench --cell slstm,mh_lstm,lstm -T 1024 -B 16 -H 768 --heads 12 --dtype bfloat16 \
+        heads) bench --cell slstm,mh_lstm,lstm -T 1024 -B 16,64 -H 768 --heads 12 --dtype bfloat16 \
                             --impls graph,cudnn@float16,torch_eager --repeats 5 --json "$OUT/heads.json" ;;
         # a long sequence within device memory: LSTM H = 512, B = 8, T = 100,000, a training step in graph mode
         memory) timeout "${LIMIT:-300}" python3 experiments/long_sequence_memory.py --json "$OUT/memory.json" ;;

@@ -78,13 +78,17 @@ def _sources(name: str, cell, sched, ctype: str):
             if made:
                 yield f"elementwise {'bwd' if it.reverse else 'fwd'}", made[1]
         elif isinstance(it, PersistentLoop) and problem(cell, it) is None:
-            tc = max_rows(cell, it, HALF.get(ctype, "float32")) > ROWS[-1]      # tensor cores: half storage,
+            tc = ctype in HALF and max_rows(cell, it, HALF[ctype]) > ROWS[-1]   # tensor cores: half storage,
             groups = phases(cell, it)                                           # head-wise one head a block
             for k, G in enumerate(block_counts(cell, it, BLOCKS)):     # per head first, where head-wise
                 more = MMA_ROWS if tc and (loop_heads(groups) == 1 or one_head(groups, G)) else ()
                 for B in ROWS + more:
                     yield (f"persistent {'bwd' if it.reverse else 'fwd'} B={B}{f' G={G}' if k else ''}",
                            persistent_kernel(cell, it, ctype, B, G).source)
+                if loop_heads(groups) > 1 and k == 0:       # per head: rows split over blocks, 4 groups
+                    for B in (2,) + more:
+                        yield (f"persistent {'bwd' if it.reverse else 'fwd'} B={B}x4",
+                               persistent_kernel(cell, it, ctype, B, G, 4).source)
         elif isinstance(it, ScanLoop):
             yield f"scan {'bwd' if it.reverse else 'fwd'}", scan_source("bwd" if it.reverse else "fwd", ctype)[0]
 

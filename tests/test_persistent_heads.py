@@ -208,20 +208,40 @@ def test_head_wise_tensor_cores_ragged_and_chunked():
     assert len(be.ran) == 6
 
 
-def test_head_wise_tensor_cores_take_one_head_a_block():
+def test_per_head_kernels_split_rows_over_blocks():
+    """A block owns whole heads, so the rows split over blocks too (runner.head_rows): 2 rows a block on CUDA
+    cores, tensor cores from 32 rows in half storage with one head a block (16 rows a block)."""
     import ml_dtypes
     from rnngraph.run.backends.cuda.persistent.runner import chosen, fit, gpu_loop
-    cell = load_cell("slstm", 8, 768, heads=12)
+    cell, H200 = load_cell("slstm", 8, 768, heads=12), (132, 227 * 1024)
     fwd, bwd = loops(cell)
-    for lp in (fwd, bwd):
-        k = chosen(cell, lp, 16, ml_dtypes.bfloat16, 132, 227 * 1024)
-        assert (k.blocks, k.cooperative, "mma.sync" in k.source) == (12, False, True)
-    assert gpu_loop(cell, fwd, 16, ml_dtypes.bfloat16, 132, 227 * 1024, auto=False) == "persistent (tensor cores)"
-    assert fit(cell, fwd, 16, ml_dtypes.bfloat16, 8, 227 * 1024) == ("B=16 rows: on tensor cores a block runs one "
-                                                                     "head of every head-wise GEMM, and this GPU's 8 SMs are fewer than the loop's 12 heads")
-    assert fit(delay_cell(), loops(delay_cell())[0], 16, ml_dtypes.bfloat16, 132, 227 * 1024).endswith(
-        "this loop's GEMMs have 2 and 4 heads")
-    assert fit(cell, fwd, 16, np.float32, 132, 227 * 1024) == \
-        "B=16 rows: a persistent kernel takes at most 8 in float32"
+    shape = lambda B, dtype, sms=132: (lambda k: (k.blocks, k.cooperative, k.tensor_cores, "mma.sync" in k.source))(
+        chosen(cell, fwd, B, dtype, sms, H200[1]))
+    assert shape(16, ml_dtypes.bfloat16) == (12 * 8, False, False, False)         # 2 rows a block
+    assert shape(64, ml_dtypes.bfloat16) == (12 * 4, False, True, True)           # 16 rows a block
+    assert shape(40, ml_dtypes.bfloat16) == (12 * 4, False, True, True)           # 10 rows a block
+    assert shape(5, np.float32) == (12 * 5, False, False, False)
+    assert shape(64, ml_dtypes.bfloat16, 8) == (6 * 32, False, False, False)     # 2 heads a block: CUDA cores
+    for B, dtype, ran in ((16, ml_dtypes.bfloat16, "CUDA"), (64, ml_dtypes.bfloat16, "tensor"), (64, np.float32, "CUDA")):
+        assert fit(cell, bwd, B, dtype, *H200) is None
+        assert gpu_loop(cell, fwd, B, dtype, *H200) == f"persistent ({ran} cores)"
+    assert gpu_loop(cell, fwd, 128, ml_dtypes.bfloat16, *H200).startswith("stages: at B=128 > 64 rows the per-head")
+    assert gpu_loop(cell, fwd, 128, ml_dtypes.bfloat16, *H200, auto=False) == "persistent (tensor cores)"
+    assert fit(cell, fwd, 257, np.float32, *H200) == "B=257 rows: a persistent kernel takes at most 256 in float32"
     with pytest.raises(Exception, match="one head a block, not on 6 blocks"):
         persistent_kernel(cell, fwd, "rg_bf16", 16, 6)
+    with pytest.raises(Exception, match="rows split over blocks need blocks that own whole heads"):
+        persistent_kernel(load_cell("lstm", 8, 16), loops(load_cell("lstm", 8, 16))[0], "float", 2, 4, 2)
+
+
+@needs_cxx
+@pytest.mark.parametrize("name, B, rows, dtype", [("slstm", 6, 2, "float64"), ("mh_lstm", 12, 3, "float32"),
+                                                  ("slstm", 32, 16, "bfloat16"), ("delays", 5, 1, "float64")])
+def test_rows_split_over_blocks_compute_the_reference(name, B, rows, dtype):
+    """Blocks one after another, each its heads' `rows` rows (ragged): no block reads another's rows."""
+    cell = HEAD_CELLS[name]()
+    be = Emulated(None, True, rows)
+    args, lengths = problem_arrays(cell, 6, B, dtype), np.arange(B) % 7
+    got = run_executor(Executor(cell, be, loop="persistent"), *args, lengths)
+    assert_agree(got, run_executor(Executor(cell, get_backend("numpy"), loop="stages"), *args, lengths), dtype)
+    assert [k.blocks for k in be.ran] == [block_counts(cell, loops(cell)[0], 132)[0] * B // rows] * 2

@@ -78,6 +78,11 @@ BODY = r"""{load}
     }}
 }}
 """
+# rows split over blocks (row groups): a frame holds BT rows, the block's NB start at b0
+ROWS_AT_DEFINE = r"""
+#define AT(p, ld, lag, col) p[((long long)(P + t - (lag)) * BT + b0 + b) * (ld) + (col)]
+"""
+ROWS_BLOCK = ", blk = blockIdx.x % G, b0 = (blockIdx.x / G) * NB;"
 SOURCE = AT_DEFINE + SYNC + KERNEL_HEAD + SYNC_VARS + BODY
 # per head: no block waits for another, so no barrier or tagged word, and an ordinary launch
 HEAD_SOURCE = AT_DEFINE + KERNEL_HEAD + "    (void)bar;\n" + BODY
@@ -108,11 +113,14 @@ class Persistent:
     threads: int
     smem: int           # dynamic shared memory bytes
     cooperative: bool = True    # False per head: no block waits for another, an ordinary launch
+    tensor_cores: bool = False  # its GEMMs on tensor cores (mma.py)
 
 
-def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
+def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 1) -> Persistent:
     """The kernel running `loop` (a PersistentLoop; problem() is None) for B ≤ MAX_ROWS rows on G blocks, or
-    in half storage up to mma.MMA_ROWS on tensor cores (mma.py; head-wise GEMMs one head a block, heads.py)."""
+    in half storage up to mma.MMA_ROWS on tensor cores (mma.py; head-wise GEMMs one head a block, heads.py).
+    row_groups > 1 (where every block owns whole heads): the frames hold B·row_groups rows, and G·row_groups
+    blocks run them, block k the heads of k mod G and rows B·(k div G) on (sequences never read one another)."""
     groups = phases(cell, loop)
     itemsize = ITEMSIZE[math_type(ctype)]
     tc = None
@@ -182,13 +190,19 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int) -> Persistent:
     sig = "".join(ptr.get(kind, "ST* pp{0}, long long ld{0}, ").format(k) for k, (kind, _) in enumerate(names))
     defs = {"ST": ctype, "CT": math_type(ctype), "NB": B, "G": G, "NT": THREADS, "W_BYTES": w_bytes,
             "XS_OFF": xs_off, "GS_OFF": gs_off, "GP_OFF": gp_off}
+    source = HEAD_SOURCE if apart else SOURCE
+    if row_groups > 1:
+        if not apart:
+            raise RnnGraphError("internal: rows split over blocks need blocks that own whole heads")
+        defs["BT"] = B * row_groups
+        source = ROWS_AT_DEFINE + source[len(AT_DEFINE):].replace(", blk = blockIdx.x;", ROWS_BLOCK, 1)
     text = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + (mma.helpers(ctype) if tc else "") + \
-        (HEAD_SOURCE if apart else SOURCE).format(
+        source.format(
         name="{name}", args=sig, load="\n".join(dict.fromkeys(load)), prologue="\n".join(prologue), phases="\n".join(body),
         frame="T - 1 - s" if loop.reverse else "s")
     name = kernel_name("persist", text)
-    return Persistent(name, text.replace("{name}", name), tuple(names), G, THREADS, w_bytes + total * itemsize,
-                      cooperative=not apart)
+    return Persistent(name, text.replace("{name}", name), tuple(names), G * row_groups, THREADS,
+                      w_bytes + total * itemsize, cooperative=not apart, tensor_cores=tc is not None)
 
 
 def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, st: str, xw: int,

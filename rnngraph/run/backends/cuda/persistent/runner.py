@@ -22,6 +22,14 @@ _REFUSED: set = set()
 # 'auto' runs it up to B = 16 (1.51-1.57 ms, 'stages' 1.76) and 'stages' beyond (B = 64: 2.6 against 3.7 ms).
 TENSOR_CORE_BLOCKS = 64
 AUTO_TENSOR_CORE_ROWS = 16
+# Per head (a block owns whole heads, so rows split over blocks too), measured on an H200 (sLSTM 12 heads of 64,
+# T = 1024, training step, docs/performance.md): bfloat16 B = 16 on CUDA cores at 1, 2, 4, 8 rows a block 44.2,
+# 24.2, 27.8, 38.0 ms, on tensor cores in one block 26.8; B = 64 at 4 and 8 rows 69.6 and 51.7, on tensor
+# cores 16 rows a block 36.1 ('stages' 38.4), one block 89.8; float32 B = 16 at 4 rows 40.0 ('stages' 54.3).
+HEAD_ROWS = 2
+HEAD_TENSOR_CORE_ROWS = 16
+HEAD_TENSOR_CORES_FROM = 32     # B = 16 in bfloat16: 2 rows a block on CUDA cores trained faster than tensor cores
+AUTO_HEAD_ROWS = 64             # 'auto' runs a per-head kernel up to this B (measured there), 'stages' beyond
 
 
 def compile(be, cell, loop, views):
@@ -62,12 +70,6 @@ def fit(cell, loop, B: int, dtype, sms: int, smem: int) -> str | None:
     why, rows = problem(cell, loop), max_rows(cell, loop, dtype)
     if why or B > rows:
         return why or f"B={B} rows: a persistent kernel takes at most {rows} in {float_dtype(dtype, half=True).name}"
-    groups = phases(cell, loop)
-    heads = sorted({p.heads for g in groups for p in g if p.heads > 1})
-    if B > MAX_ROWS and heads and not one_head(groups, block_counts(cell, loop, sms)[0]):
-        return (f"B={B} rows: on tensor cores a block runs one head of every head-wise GEMM, and "
-                + (f"this loop's GEMMs have {' and '.join(map(str, heads))} heads" if len(heads) > 1 else
-                   f"this GPU's {sms} SMs are fewer than the loop's {heads[0]} heads"))
     need = chosen(cell, loop, B, dtype, sms, smem).smem
     if need > smem:
         return (f"its weights and rows need {need / 1024:.0f} KiB of shared memory per block at B={B}, "
@@ -78,13 +80,16 @@ def fit(cell, loop, B: int, dtype, sms: int, smem: int) -> str | None:
 def gpu_loop(cell, loop, B: int, dtype, sms: int, smem: int, auto: bool = True) -> str:
     """What runs `loop` (a PersistentLoop) at B rows of dtype on such a GPU, for loop='auto' or (auto False)
     loop='persistent', in words: 'persistent (tensor cores)', 'persistent (CUDA cores)' or 'stages: <why>'."""
-    why = fit(cell, loop, B, dtype, sms, smem) or (auto and _slower(B))
+    why = fit(cell, loop, B, dtype, sms, smem) or (auto and _slower(cell, loop, B))
     if why:
         return f"stages: {why}"
-    return "persistent (tensor cores)" if B > MAX_ROWS else "persistent (CUDA cores)"
+    return f"persistent ({'tensor' if chosen(cell, loop, B, dtype, sms, smem).tensor_cores else 'CUDA'} cores)"
 
 
-def _slower(B: int) -> str | None:
+def _slower(cell, loop, B: int) -> str | None:
+    if loop_heads(phases(cell, loop)) > 1:
+        return (f"at B={B} > {AUTO_HEAD_ROWS} rows the per-head persistent kernel is not measured against stages "
+                "(loop='persistent' runs it)") if B > AUTO_HEAD_ROWS else None
     if B > max(MAX_ROWS, AUTO_TENSOR_CORE_ROWS):
         return (f"at B={B} > {AUTO_TENSOR_CORE_ROWS} rows the tensor-core persistent kernel measured slower than "
                 "stages (loop='persistent' runs it)")
@@ -92,9 +97,24 @@ def _slower(B: int) -> str | None:
 
 
 def max_rows(cell, loop, dtype) -> int:
-    """The batch rows a persistent kernel takes: on tensor cores for half storage (full matrices, or head-wise
-    ones a head a block), else (float32, float64) on CUDA cores."""
-    return MMA_ROWS if float_dtype(dtype, half=True).itemsize == 2 else MAX_ROWS
+    """The batch rows a persistent kernel takes: with head-wise GEMMs MMA_ROWS in any dtype (rows split over
+    blocks, head_rows), with full matrices on tensor cores in half storage, else MAX_ROWS on CUDA cores."""
+    heads = loop_heads(phases(cell, loop)) > 1
+    return MMA_ROWS if heads or float_dtype(dtype, half=True).itemsize == 2 else MAX_ROWS
+
+
+def head_rows(B: int, tensor_cores: bool) -> int:
+    """The rows a block of a per-head kernel runs of B, the rest in more blocks: on tensor cores (possible: half
+    storage, one head a block) from HEAD_TENSOR_CORES_FROM rows on, the fewest blocks of at most
+    HEAD_TENSOR_CORE_ROWS rows that split B evenly, more than MAX_ROWS each; else, on CUDA cores, the largest
+    divisor of B within HEAD_ROWS. RNNGRAPH_PERSISTENT_ROWS, where set, is the rows wanted (for measuring)."""
+    given = os.environ.get("RNNGRAPH_PERSISTENT_ROWS")
+    want = int(given) if given else HEAD_TENSOR_CORE_ROWS if tensor_cores and B >= HEAD_TENSOR_CORES_FROM else HEAD_ROWS
+    if tensor_cores and want > MAX_ROWS:
+        rows = [B // R for R in range(-(-B // want), B + 1) if B % R == 0 and B // R > MAX_ROWS]
+        if rows:
+            return rows[0]
+    return max(d for d in range(1, min(B, want, MAX_ROWS) + 1) if B % d == 0)
 
 
 def kernel(be, cell, loop, B: int, dtype):
@@ -108,9 +128,14 @@ def chosen(cell, loop, B: int, dtype, sms: int, smem: int):
     phases.block_counts (per head first, where the GEMMs are head-wise; on tensor cores fewer blocks first,
     tensor_core_blocks) whose shared memory fits, else the last."""
     ctype = CTYPES[float_dtype(dtype, half=True).name]
-    counts = block_counts(cell, loop, sms)
-    if B > MAX_ROWS and loop_heads(phases(cell, loop)) > 1:
-        counts = counts[:1]             # one head a block (fit says where that is not the first)
+    counts, groups = block_counts(cell, loop, sms), phases(cell, loop)
+    if loop_heads(groups) > 1:          # per head first: its rows split over blocks (head_rows)
+        tc = float_dtype(dtype, half=True).itemsize == 2 and one_head(groups, counts[0])
+        rows = head_rows(B, tc)
+        apart = _made(cell, loop, ctype, rows, counts[0], B // rows)
+        if apart.smem <= smem or B > MAX_ROWS:
+            return apart
+        counts = counts[1:]             # heads too large for a block: split over more blocks, with barriers
     elif B > MAX_ROWS:
         counts = [G for G in dict.fromkeys(tensor_core_blocks(B, sms) + counts) if G <= counts[-1]]
     made = [_made(cell, loop, ctype, B, G) for G in counts]
@@ -126,14 +151,15 @@ def tensor_core_blocks(B: int, sms: int) -> list:
 
 def auto_problem(be, cell, loop, B: int, dtype) -> str | None:
     """Why 'auto' runs this loop frame by frame although the persistent kernel would run: beyond
-    AUTO_TENSOR_CORE_ROWS rows the tensor-core kernel measured slower than 'stages'; None where it runs."""
-    return _slower(B) if why_not(be, cell, loop, B, dtype) is None else None
+    AUTO_TENSOR_CORE_ROWS rows the tensor-core kernel of full matrices measured slower than 'stages', beyond
+    AUTO_HEAD_ROWS a per-head one is not measured; None where it runs."""
+    return _slower(cell, loop, B) if why_not(be, cell, loop, B, dtype) is None else None
 
 
-def _made(cell, loop, ctype: str, B: int, G: int):
-    key = (id(cell), loop, ctype, B, G)
+def _made(cell, loop, ctype: str, B: int, G: int, row_groups: int = 1):
+    key = (id(cell), loop, ctype, B, G, row_groups)
     if key not in _KERNELS:
-        _KERNELS[key] = (cell, persistent_kernel(cell, loop, ctype, B, G))
+        _KERNELS[key] = (cell, persistent_kernel(cell, loop, ctype, B, G, row_groups))
     return _KERNELS[key][1]
 
 
