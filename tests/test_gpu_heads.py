@@ -63,12 +63,14 @@ def test_own_gemm_kernels_per_head(cell, B):
 
 @pytest.mark.parametrize("cell, H, heads, B", [("slstm", 768, 12, 8), ("slstm", 512, 8, 1), ("mh_lstm", 512, 8, 4)])
 def test_per_head_at_bench_sizes_in_float32(cell, H, heads, B):
-    """A head of 64 a block (12 or 8 blocks), the weights on chip, no grid barrier."""
+    """A head of 64 a block (12 or 8 heads), its rows split over blocks (runner.head_rows), the weights on chip,
+    no grid barrier."""
+    from rnngraph.run.backends.cuda.persistent.runner import head_rows
     ref, gpu = pair(cell, "persistent", 32, H, "float32", "graph", heads=heads)
     x = np.random.default_rng(5).standard_normal((40, B, 32))
     agree(ref, gpu, [x], None, "float32", f"{cell} H={H} heads={heads} B={B}")
     ran_per_head(gpu)
-    assert persistent_kernels(gpu)[0].blocks == heads
+    assert persistent_kernels(gpu)[0].blocks == heads * B // head_rows(B, False)
 
 
 def test_heads_too_large_for_a_block_split_over_more_blocks():

@@ -47,8 +47,9 @@ def note(sched) -> str:
     heads = {it.heads for st in sched.loop for it in st if isinstance(it, Gemm)}
     if heads and 1 not in heads:
         return (f"runs all stages as one kernel a direction on the GPU, each block owning whole heads of the "
-                f"{math.gcd(*heads)} the GEMMs keep apart, its weights held on chip, no grid barrier (B ≤ 8, where "
-                "a block's heads fit; else split over more blocks, with barriers); else frame by frame, as stages")
+                f"{math.gcd(*heads)} the GEMMs keep apart and some of the rows, its weights held on chip, no grid barrier "
+                "(up to B = 64, 256 with loop='persistent', where a block's heads fit; else at B ≤ 8 split over more "
+                "blocks, with barriers); else frame by frame, as stages")
     return ("runs all stages as one cooperative kernel a direction on the GPU, the weights held on chip "
             "(B ≤ 8; in half precision on tensor cores up to B = 16, 256 with loop='persistent'; where they fit); "
             "else frame by frame, as stages (rnngraph schedule --batch B --dtype D says which)")
