@@ -245,3 +245,15 @@ def test_rows_split_over_blocks_compute_the_reference(name, B, rows, dtype):
     got = run_executor(Executor(cell, be, loop="persistent"), *args, lengths)
     assert_agree(got, run_executor(Executor(cell, get_backend("numpy"), loop="stages"), *args, lengths), dtype)
     assert [k.blocks for k in be.ran] == [block_counts(cell, loops(cell)[0], 132)[0] * B // rows] * 2
+
+
+def test_the_rows_setting_and_its_error(monkeypatch):
+    from rnngraph.errors import RnnGraphError
+    from rnngraph.run.backends.cuda.persistent.runner import head_rows
+    monkeypatch.setenv("RNNGRAPH_PERSISTENT_ROWS", "4")
+    assert (head_rows(16, False), head_rows(6, False), head_rows(64, True)) == (4, 3, 4)     # CUDA cores
+    monkeypatch.setenv("RNNGRAPH_PERSISTENT_ROWS", "16")
+    assert (head_rows(64, True), head_rows(48, True), head_rows(64, False)) == (16, 16, 8)
+    monkeypatch.setenv("RNNGRAPH_PERSISTENT_ROWS", "0")
+    with pytest.raises(RnnGraphError, match="RNNGRAPH_PERSISTENT_ROWS must be a whole number of rows >= 1, got '0'"):
+        head_rows(16, False)

@@ -8,14 +8,14 @@ import os
 import warnings
 
 from .....arrays import float_dtype
-from .....errors import RnnGraphWarning
+from .....errors import RnnGraphError, RnnGraphWarning
 from ..source import CTYPES
 from .heads import one_head
 from .kernels import ZERO_SOURCE, persistent_kernel
 from .mma import MMA_ROWS
 from .phases import MAX_ROWS, block_counts, loop_heads, phases, problem
 
-_KERNELS: dict = {}      # (id(cell), loop, ctype, B, blocks) -> (cell, persistent_kernels.Persistent)
+_KERNELS: dict = {}      # (id(cell), loop, ctype, rows a block, blocks, row groups) -> (cell, Persistent)
 _REFUSED: set = set()
 # Measured on an H200 (bfloat16 LSTM, H = 512, T = 100, training step; docs/performance.md): 64 blocks ran the
 # tensor-core kernel fastest of 16, 32, 64 and 132 at B = 16 to 256 (B = 64: 3.7 ms, against 4.1 on 132 blocks);
@@ -109,6 +109,8 @@ def head_rows(B: int, tensor_cores: bool) -> int:
     HEAD_TENSOR_CORE_ROWS rows that split B evenly, more than MAX_ROWS each; else, on CUDA cores, the largest
     divisor of B within HEAD_ROWS. RNNGRAPH_PERSISTENT_ROWS, where set, is the rows wanted (for measuring)."""
     given = os.environ.get("RNNGRAPH_PERSISTENT_ROWS")
+    if given is not None and not (given.isdigit() and int(given) >= 1):
+        raise RnnGraphError(f"RNNGRAPH_PERSISTENT_ROWS must be a whole number of rows >= 1, got {given!r}")
     want = int(given) if given else HEAD_TENSOR_CORE_ROWS if tensor_cores and B >= HEAD_TENSOR_CORES_FROM else HEAD_ROWS
     if tensor_cores and want > MAX_ROWS:
         rows = [B // R for R in range(-(-B // want), B + 1) if B % R == 0 and B // R > MAX_ROWS]
@@ -125,15 +127,16 @@ def kernel(be, cell, loop, B: int, dtype):
 
 def chosen(cell, loop, B: int, dtype, sms: int, smem: int):
     """The kernel for a GPU of `sms` SMs and `smem` bytes of shared memory a block: the first of
-    phases.block_counts (per head first, where the GEMMs are head-wise; on tensor cores fewer blocks first,
-    tensor_core_blocks) whose shared memory fits, else the last."""
+    phases.block_counts whose shared memory fits, else the last: per head first where the GEMMs are head-wise
+    (its rows split over blocks, head_rows; beyond MAX_ROWS the only one), on tensor cores fewer blocks first
+    (tensor_core_blocks)."""
     ctype = CTYPES[float_dtype(dtype, half=True).name]
     counts, groups = block_counts(cell, loop, sms), phases(cell, loop)
     if loop_heads(groups) > 1:          # per head first: its rows split over blocks (head_rows)
         tc = float_dtype(dtype, half=True).itemsize == 2 and one_head(groups, counts[0])
         rows = head_rows(B, tc)
         apart = _made(cell, loop, ctype, rows, counts[0], B // rows)
-        if apart.smem <= smem or B > MAX_ROWS:
+        if apart.smem <= smem or B > MAX_ROWS or len(counts) == 1:
             return apart
         counts = counts[1:]             # heads too large for a block: split over more blocks, with barriers
     elif B > MAX_ROWS:
