@@ -81,11 +81,15 @@ def test_block_counts_take_whole_heads_first():
 
 
 def test_per_head_shared_memory_holds_one_heads_weights():
-    """sLSTM H = 768 in 12 heads of 64 at B = 16 ... here B = 8: a block's 4 gates × 64 × 64 weights in bfloat16,
-    its head's 64 columns of x, 256 sums and their partials (float32)."""
+    """sLSTM H = 768 in 12 heads of 64 at B = 16 ... here B = 8: a block's 4 gates × 64 × 64 weights in bfloat16, each
+    row padded to 66 (33 words: a warp's rows in distinct banks), its head's 64 columns of x, 256 sums and their
+    partials (float32); a thread a sum, no shuffle tree."""
     cell = load_cell("slstm", 8, 768, heads=12)
     k = persistent_kernel(cell, loops(cell)[0], "rg_bf16", 8, 12)
-    assert k.smem == 2 * 4 * 64 * 64 + 4 * (8 * 64 + 2 * 4 * 64 * 8)
+    assert k.smem == 2 * 4 * 64 * 66 + 4 * (8 * 64 + 2 * 4 * 64 * 8)
+    assert "a thread a sum" in k.source and "__shfl_xor_sync" not in k.source
+    from rnngraph.run.backends.cuda.persistent.heads import row_stride
+    assert [row_stride(64, n) for n in (2, 4, 8)] == [66, 65, 65] and row_stride(6, 2) == 6 and row_stride(3, 4) == 3
 
 
 def test_what_the_kernel_cannot_run_is_said():

@@ -29,6 +29,63 @@ HEAD_GEMV = r"""
         __syncthreads();"""
 
 
+HEAD_THREAD_GEMV = r"""
+        for (int e = tid; e < NB * {XW}; e += NT) {{
+            const int b = e / {XW}, r = e - b * {XW}, h = {h0} + r / {SW}, i = r - (r / {SW}) * {SW};
+            {stage}
+        }}
+        __syncthreads();
+        {{  // a thread a sum (weight row q, x row b) of the nq = nu·m rows of one head each: K in four running
+            // sums, added in a fixed order (no shuffles, no atomics); rows RS apart, so a warp's rows hit distinct banks
+            const int nq = nu * {m};
+            for (int e = tid; e < nq * NB; e += NT) {{
+                const int q = e / NB, b = e - q * NB;
+                const ST* w = sw + {woff} + q * {RS};
+                const CT* x = xs + b * {XW} + {xoff};
+                CT a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+                for (int k = 0; k < {K4}; k += 4) {{
+                    const CT w0 = w[k], w1 = w[k + 1], w2 = w[k + 2], w3 = w[k + 3];
+                    a0 += x[k] * w0; a1 += x[k + 1] * w1; a2 += x[k + 2] * w2; a3 += x[k + 3] * w3;
+                }}{rest}
+                gs[q * NB + b] = (a0 + a1) + (a2 + a3);
+            }}
+        }}
+        __syncthreads();"""
+
+
+def row_stride(width: int, itemsize: int) -> int:
+    """The shared-memory stride (elements) of a per-head block's weight rows on CUDA cores (HEAD_THREAD_GEMV): the
+    width padded so that a warp's consecutive rows start in distinct banks (an odd count of 4-byte words; 8-byte
+    elements an odd count of elements)."""
+    s = width
+    while (s % 2 == 1) if itemsize == 2 else (s % 2 == 0):
+        s += 1
+    while itemsize == 2 and (s // 2) % 2 == 0:
+        s += 2
+    return s
+
+
+def head_thread_gemv(p, woff: int, x: str, ld: str, xw: int, stride: int) -> str:
+    """The GEMV of head-wise phase p in a block owning whole heads, a thread a sum (HEAD_THREAD_GEMV): x staged as
+    head_gemv stages it, the block's weight rows `stride` apart."""
+    stage, xoff = _staging(p, x, ld, True)
+    k4 = p.width // 4 * 4
+    rest = "".join(f"\n                {{ const CT wk = w[{k}]; a{j} += x[{k}] * wk; }}" for j, k in enumerate(range(k4, p.width)))
+    return HEAD_THREAD_GEMV.format(XW=xw, SW=p.head_width, stage=stage, h0=f"(u0 / {per_unit(p)})", m=p.m, woff=woff,
+                                   RS=stride, xoff=xoff, K4=k4, rest=rest)
+
+
+def _staging(p, x: str, ld: str, apart: bool) -> tuple:
+    """(the line staging element (b, h, i) of x, the offset in a staged row of row q's head and linear op)."""
+    h0 = f"(u0 / {per_unit(p)})" if apart else "0"
+    xoff = f"(((u0 + q % nu) / {per_unit(p)}) - {h0}) * {p.head_width}"
+    if p.kind == "dgemm":
+        F, fh = p.item.sizes[0], p.width
+        return f"xs[e] = AT({x}, {ld}, 0, {F} * (i / {fh}) + h * {fh} + i % {fh});", xoff + f" + (q / nu) * {fh}"
+    it = p.item.gemm if p.kind == "pair" else p.item
+    return f"xs[e] = AT({x}, {ld}, {it.delay}, h * {p.width} + i);", xoff
+
+
 def per_unit(p) -> int:
     """Units per head: F/k output features of a gemm or pair, K/k operand columns of a dgemm."""
     return p.units // p.heads
@@ -38,14 +95,7 @@ def head_gemv(p, woff: int, x: str, ld: str, xw: int, apart: bool) -> str:
     """The GEMV of a head-wise phase p: x (a frame array's pointer and its row stride ld, read at the GEMM's delay;
     a dgemm's output gradient) staged head by head, xw columns a row, then each row over its head's columns."""
     sw, h0 = p.head_width, f"(u0 / {per_unit(p)})" if apart else "0"
-    xoff = f"(((u0 + q % nu) / {per_unit(p)}) - {h0}) * {sw}"
-    if p.kind == "dgemm":
-        F, fh = p.item.sizes[0], p.width
-        stage = f"xs[e] = AT({x}, {ld}, 0, {F} * (i / {fh}) + h * {fh} + i % {fh});"
-        xoff += f" + (q / nu) * {fh}"
-    else:
-        it = p.item.gemm if p.kind == "pair" else p.item
-        stage = f"xs[e] = AT({x}, {ld}, {it.delay}, h * {p.width} + i);"
+    stage, xoff = _staging(p, x, ld, apart)
     xdecl = f"\n                const CT* x = xs + {xoff};     // the staged columns of row q's head (and linear op)"
     return HEAD_GEMV.format(XW=xw, SW=sw, stage=stage, h0=h0) + row_sums(p.m, woff, p.width, xw, "x", xdecl,
                                                                           " of one head each", "row")

@@ -28,7 +28,7 @@ from .....errors import RnnGraphError
 from ..source import CTYPES, kernel_name, math_type, rounded
 from . import mma
 from .gemv import row_sums
-from .heads import head_gemv, head_mma, head_weight, one_head
+from .heads import head_gemv, head_mma, head_thread_gemv, head_weight, one_head, row_stride
 from .phases import (MAX_ROWS, THREADS, barriers, exchanges, loop_heads, nodes_of, own, per_head, phases, shared_layout,
                      sources, staged)
 
@@ -134,7 +134,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
         gs = max((-(-p.units // G) * p.m * B for g in groups for p in g if id(p) in woff), default=0)
         xs_off, gs_off, gp_off, total = 0, xs, xs + gs, xs + gs + THREADS // 32 * mma.SUMS
     else:
-        woff, n_w, xs_off, gs_off, gp_off, total = shared_layout(groups, B, G)
+        woff, n_w, xs_off, gs_off, gp_off, total = shared_layout(groups, B, G, _stride(groups, G, ctype))
     w_bytes = -(-n_w * ITEMSIZE[ctype] // 16) * 16
     args: dict = {}
 
@@ -222,10 +222,20 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
         src, x, lag = _operand(p, arg)
         load.append(mma.weights(p, woff, src, mma.padded(p.width) + 8))
         out.append(mma.gemm(p, woff, tc, x, _ld(x), lag))
+    elif woff is not None and p.heads > 1 and apart:     # a thread a sum, the rows padded apart
+        x, rs = _head_x(p, arg), row_stride(p.width, ITEMSIZE[st])
+        load.append(_weights(p, woff, arg, rs))
+        out.append(head_thread_gemv(p, woff, x, _ld(x), xw, rs))
     elif woff is not None:
         load.append(_weights(p, woff, arg))
         out.append(_gemv(cell, p, woff, arg, xb) if p.heads == 1 else _head_gemv(p, woff, arg, xw, apart))
     return out + _epilogue(cell, p, arg, early, tagged, st) + ["        __syncthreads();\n        }"]
+
+
+def _stride(groups, G: int, ctype: str):
+    """The row stride of each GEMM phase's weights in shared memory on CUDA cores: padded (heads.row_stride) where
+    each block owns whole heads (heads.head_thread_gemv), else the width."""
+    return (lambda p: row_stride(p.width, ITEMSIZE[ctype])) if per_head(groups, G) else (lambda p: p.width)
 
 
 def _head_gemv(p, woff: int, arg, xw: int, apart: bool) -> str:
@@ -256,8 +266,9 @@ def _operand(p, arg) -> tuple:
     return src, arg("val", it.operand), it.delay
 
 
-def _weights(p, off: int, arg) -> str:
-    """Copies the block's weight rows of phase p into shared memory (row q = j·nu + u: block j's unit u)."""
+def _weights(p, off: int, arg, stride: int | None = None) -> str:
+    """Copies the block's weight rows of phase p into shared memory (row q = j·nu + u: block j's unit u), `stride`
+    elements apart (None: the width, packed)."""
     K = p.width
     if p.heads > 1:                 # head-wise: rows of one head's width (heads.py)
         src = head_weight(p, arg("w", p.item.gemm if p.kind == "pair" else p.item))
@@ -267,7 +278,7 @@ def _weights(p, off: int, arg) -> str:
             f"        for (int e = tid; e < nu * {p.m * K}; e += NT) {{\n"
             f"            const int q = e / {K}, k = e - q * {K}, j = q / nu, u = q - j * nu;\n"
             f"            (void)j; (void)u;\n"
-            f"            sw[{off} + e] = {src};\n        }}\n    }}")
+            f"            sw[{off} + {'e' if stride in (None, K) else f'q * {stride} + k'}] = {src};\n        }}\n    }}")
 
 
 def _gemv(cell, p, off: int, arg, xb) -> str:

@@ -167,16 +167,16 @@ def barriers(groups) -> list:
     return out
 
 
-def shared_layout(groups, B: int, G: int) -> tuple:
+def shared_layout(groups, B: int, G: int, stride=lambda p: p.width) -> tuple:
     """The shared memory: ({id(phase): weight offset}, weight elements) of each GEMM phase's weights for the
-    largest share of units a block gets (in the arrays' element type), then (after them) the xs, gs and gp
-    offsets and total elements of the x rows, the sums and the partials (in the math type)."""
+    largest share of units a block gets (in the arrays' element type; its rows stride(p) apart), then (after
+    them) the xs, gs and gp offsets and total elements of the x rows, the sums and the partials (in the math type)."""
     offs, n, xs, gs = {}, 0, 0, 0
     apart = per_head(groups, G)
     for p in (p for g in groups for p in g if p.kind in ("gemm", "pair", "dgemm")):
         per = -(-p.units // G)
         offs[id(p)] = n
-        n += per * p.m * p.width
+        n += per * p.m * stride(p)
         xs, gs = max(xs, B * staged(p, G, apart)), max(gs, per * p.m * B)
     gp = max(gs, THREADS // 32 * B)
     return offs, n, 0, xs, xs + gs, xs + gs + gp
