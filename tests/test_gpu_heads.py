@@ -65,12 +65,12 @@ def test_own_gemm_kernels_per_head(cell, B):
 def test_per_head_at_bench_sizes_in_float32(cell, H, heads, B):
     """A head of 64 a block (12 or 8 heads), its rows split over blocks (runner.head_rows), the weights on chip,
     no grid barrier."""
-    from rnngraph.run.backends.cuda.persistent.runner import head_rows
+    from rnngraph.run.backends.cuda.persistent.runner import device, head_rows
     ref, gpu = pair(cell, "persistent", 32, H, "float32", "graph", heads=heads)
     x = np.random.default_rng(5).standard_normal((40, B, 32))
     agree(ref, gpu, [x], None, "float32", f"{cell} H={H} heads={heads} B={B}")
     ran_per_head(gpu)
-    assert persistent_kernels(gpu)[0].blocks == heads * B // head_rows(B, False)
+    assert persistent_kernels(gpu)[0].blocks == heads * B // head_rows(B, False, heads, device(0)["MultiProcessorCount"])
 
 
 def test_heads_too_large_for_a_block_split_over_more_blocks():

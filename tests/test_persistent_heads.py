@@ -213,8 +213,9 @@ def test_head_wise_tensor_cores_ragged_and_chunked():
 
 
 def test_per_head_kernels_split_rows_over_blocks():
-    """A block owns whole heads, so the rows split over blocks too (runner.head_rows): 2 rows a block on CUDA
-    cores, tensor cores from 32 rows in half storage with one head a block (16 rows a block)."""
+    """A block owns whole heads, so the rows split over blocks too (runner.head_rows): on CUDA cores the fewest rows
+    a block whose blocks fit on the SMs at once, tensor cores from 32 rows in half storage with one head a block
+    (16 rows a block)."""
     import ml_dtypes
     from rnngraph.run.backends.cuda.persistent.runner import chosen, fit, gpu_loop
     cell, H200 = load_cell("slstm", 8, 768, heads=12), (132, 227 * 1024)
@@ -225,7 +226,7 @@ def test_per_head_kernels_split_rows_over_blocks():
     assert shape(64, ml_dtypes.bfloat16) == (12 * 4, False, True, True)           # 16 rows a block
     assert shape(40, ml_dtypes.bfloat16) == (12 * 4, False, True, True)           # 10 rows a block
     assert shape(5, np.float32) == (12 * 5, False, False, False)
-    assert shape(64, ml_dtypes.bfloat16, 8) == (6 * 32, False, False, False)     # 2 heads a block: CUDA cores
+    assert shape(64, ml_dtypes.bfloat16, 8) == (6 * 8, False, False, False)      # 2 heads a block: CUDA cores
     for B, dtype, ran in ((16, ml_dtypes.bfloat16, "CUDA"), (64, ml_dtypes.bfloat16, "tensor"), (64, np.float32, "CUDA")):
         assert fit(cell, bwd, B, dtype, *H200) is None
         assert gpu_loop(cell, fwd, B, dtype, *H200) == f"persistent ({ran} cores)"
@@ -254,10 +255,13 @@ def test_rows_split_over_blocks_compute_the_reference(name, B, rows, dtype):
 def test_the_rows_setting_and_its_error(monkeypatch):
     from rnngraph.errors import RnnGraphError
     from rnngraph.run.backends.cuda.persistent.runner import head_rows
+    monkeypatch.delenv("RNNGRAPH_PERSISTENT_ROWS", raising=False)       # the fewest rows whose blocks fit at once
+    assert [head_rows(B, False, 12, 132) for B in (1, 8, 16, 20, 64, 7)] == [1, 1, 2, 2, 8, 1]
+    assert (head_rows(32, True, 12, 132), head_rows(16, True, 12, 132), head_rows(40, True, 12, 132)) == (16, 2, 10)
     monkeypatch.setenv("RNNGRAPH_PERSISTENT_ROWS", "4")
-    assert (head_rows(16, False), head_rows(6, False), head_rows(64, True)) == (4, 3, 4)     # CUDA cores
+    assert (head_rows(16, False, 12, 132), head_rows(6, False, 12, 132), head_rows(64, True, 12, 132)) == (4, 3, 4)
     monkeypatch.setenv("RNNGRAPH_PERSISTENT_ROWS", "16")
-    assert (head_rows(64, True), head_rows(48, True), head_rows(64, False)) == (16, 16, 8)
+    assert (head_rows(64, True, 12, 132), head_rows(48, True, 12, 132), head_rows(64, False, 12, 132)) == (16, 16, 8)
     monkeypatch.setenv("RNNGRAPH_PERSISTENT_ROWS", "0")
     with pytest.raises(RnnGraphError, match="RNNGRAPH_PERSISTENT_ROWS must be a whole number of rows >= 1, got '0'"):
-        head_rows(16, False)
+        head_rows(16, False, 12, 132)

@@ -23,12 +23,11 @@ _REFUSED: set = set()
 TENSOR_CORE_BLOCKS = 64
 AUTO_TENSOR_CORE_ROWS = 16
 # Per head (a block owns whole heads, so rows split over blocks too), measured on an H200 (sLSTM 12 heads of 64,
-# T = 1024, training step, docs/performance.md): bfloat16 B = 16 on CUDA cores at 1, 2, 4, 8 rows a block 44.2,
-# 24.2, 27.8, 38.0 ms, on tensor cores in one block 26.8; B = 64 at 4 and 8 rows 69.6 and 51.7, on tensor
-# cores 16 rows a block 36.1 ('stages' 38.4), one block 89.8; float32 B = 16 at 4 rows 40.0 ('stages' 54.3).
-HEAD_ROWS = 2
+# T = 1024, training step, docs/performance.md): bfloat16 B = 16 on CUDA cores at 1, 2, 4, 8 rows a block 12.1
+# (192 blocks: two waves), 8.9 (96 blocks), 17.8, 47.1 ms, on tensor cores in one block 17.0; B = 64 at 8 rows
+# 62.7, on tensor cores 16 rows a block 35.6 ('stages' 38.4); float32 B = 16 at 2 rows 17.0 ('stages' 54.3).
 HEAD_TENSOR_CORE_ROWS = 16
-HEAD_TENSOR_CORES_FROM = 32     # B = 16 in bfloat16: 2 rows a block on CUDA cores trained faster than tensor cores
+HEAD_TENSOR_CORES_FROM = 32     # B = 16 in bfloat16: CUDA cores (2 rows a block) trained faster than tensor cores
 AUTO_HEAD_ROWS = 64             # 'auto' runs a per-head kernel up to this B (measured there), 'stages' beyond
 
 
@@ -103,20 +102,24 @@ def max_rows(cell, loop, dtype) -> int:
     return MMA_ROWS if heads or float_dtype(dtype, half=True).itemsize == 2 else MAX_ROWS
 
 
-def head_rows(B: int, tensor_cores: bool) -> int:
-    """The rows a block of a per-head kernel runs of B, the rest in more blocks: on tensor cores (possible: half
-    storage, one head a block) from HEAD_TENSOR_CORES_FROM rows on, the fewest blocks of at most
-    HEAD_TENSOR_CORE_ROWS rows that split B evenly, more than MAX_ROWS each; else, on CUDA cores, the largest
-    divisor of B within HEAD_ROWS. RNNGRAPH_PERSISTENT_ROWS, where set, is the rows wanted (for measuring)."""
+def head_rows(B: int, tensor_cores: bool, blocks: int, sms: int) -> int:
+    """The rows a block of a per-head kernel (`blocks` blocks a row group) runs of B, the rest in more blocks: on
+    tensor cores (possible: half storage, one head a block) from HEAD_TENSOR_CORES_FROM rows on, the fewest blocks
+    of at most HEAD_TENSOR_CORE_ROWS rows that split B evenly, more than MAX_ROWS each; else, on CUDA cores, the
+    fewest rows dividing B whose blocks all fit on the `sms` SMs at once (a block runs every frame: a second wave
+    waits for the first), at most MAX_ROWS. RNNGRAPH_PERSISTENT_ROWS, where set, is the rows wanted (measuring)."""
     given = os.environ.get("RNNGRAPH_PERSISTENT_ROWS")
     if given is not None and not (given.isdigit() and int(given) >= 1):
         raise RnnGraphError(f"RNNGRAPH_PERSISTENT_ROWS must be a whole number of rows >= 1, got {given!r}")
-    want = int(given) if given else HEAD_TENSOR_CORE_ROWS if tensor_cores and B >= HEAD_TENSOR_CORES_FROM else HEAD_ROWS
-    if tensor_cores and want > MAX_ROWS:
+    if tensor_cores and (int(given) if given else HEAD_TENSOR_CORE_ROWS * (B >= HEAD_TENSOR_CORES_FROM)) > MAX_ROWS:
+        want = int(given) if given else HEAD_TENSOR_CORE_ROWS
         rows = [B // R for R in range(-(-B // want), B + 1) if B % R == 0 and B // R > MAX_ROWS]
         if rows:
             return rows[0]
-    return max(d for d in range(1, min(B, want, MAX_ROWS) + 1) if B % d == 0)
+    divisors = [d for d in range(1, min(B, MAX_ROWS) + 1) if B % d == 0]
+    if given:
+        return max(d for d in divisors if d <= int(given))
+    return next((d for d in divisors if blocks * (B // d) <= sms), divisors[-1])
 
 
 def kernel(be, cell, loop, B: int, dtype):
@@ -134,7 +137,7 @@ def chosen(cell, loop, B: int, dtype, sms: int, smem: int):
     counts, groups = block_counts(cell, loop, sms), phases(cell, loop)
     if loop_heads(groups) > 1:          # per head first: its rows split over blocks (head_rows)
         tc = float_dtype(dtype, half=True).itemsize == 2 and one_head(groups, counts[0])
-        rows = head_rows(B, tc)
+        rows = head_rows(B, tc, counts[0], sms)
         apart = _made(cell, loop, ctype, rows, counts[0], B // rows)
         if apart.smem <= smem or B > MAX_ROWS or len(counts) == 1:
             return apart
