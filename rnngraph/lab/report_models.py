@@ -71,12 +71,13 @@ written as a PyTorch loop and, for the plain LSTM of that size, cuDNN in float16
 {source(doc)}
 
 The head-wise cells run the per-head persistent loop: a block owns a head and some of the rows (sequences never
-read one another, heads never read one another), so no block waits for another. At B = 16 each block runs 2 rows
-on CUDA cores (96 blocks); from B = 32 in half precision 16 rows on tensor cores (`mma.sync`; 48 blocks at
-B = 64). The rows a block runs were chosen by measuring 1, 2, 4 and 8 rows and tensor cores at B = 16 and 64
-(`RNNGRAPH_PERSISTENT_ROWS` sets them). A frame's fixed cost dominates at these sizes: the sLSTM training step at
-B = {B1} takes {growth:.1f}× the B = {B0} one for {B1 // B0}× the rows. cuDNN's single-head LSTM of the same size is
-faster than rnngraph's sLSTM at both batch sizes."""
+read one another, heads never read one another), so no block waits for another, and each of its threads sums one
+(weight row, batch row) pair. On CUDA cores a block takes the fewest rows whose blocks all fit on the GPU at once:
+at B = 16, 2 rows (96 blocks). From B = 32 in half precision it takes 16 rows on tensor cores (`mma.sync`; 48 blocks
+at B = 64). These choices come from measuring 1, 2, 4 and 8 rows and tensor cores at B = 16, and 8 rows and
+tensor cores at B = 64 (`RNNGRAPH_PERSISTENT_ROWS` sets the rows). The sLSTM training step at B = {B1} takes
+{growth:.1f}× the B = {B0} one, for {B1 // B0}× the rows. cuDNN's single-head LSTM of the same size is faster than
+rnngraph's sLSTM at both batch sizes."""
 
 
 def memory(results: Results, findings: Findings) -> str:
