@@ -32,10 +32,13 @@ class ArrayBackend:
     compiles_heads = False  # whether compile() knows head-wise GEMMs (plan.items.head_wise); else the executor
                             # runs them by head_gemm and never offers them to compile
 
+    keeps_transposes = False    # pack keeps the transpose of per-frame weights (transposed() returns it)
+
     def __init__(self, mode: str = "staged"):
         if mode not in self.modes:
             raise RnnGraphError(f"the {self.name} backend runs mode {' or '.join(map(repr, self.modes))}, not {mode!r}")
         self.mode = mode
+        self._transposed: dict = {}       # id(packed per-frame W [M, K]) -> (W, its transpose [K, M])
 
     @property
     def auto_loops(self) -> frozenset:
@@ -60,11 +63,22 @@ class ArrayBackend:
     # -- what the executor calls ---------------------------------------------------------------------
     def pack(self, out, parts, transpose: bool = False):
         """out [ΣF, K] = the matrices parts[k] [F_k, K] stacked along rows (plain copies: capturable).
-        transpose: the backend may also keep outᵀ for per-frame kernels that read W by columns."""
+        transpose: a backend that keeps_transposes also refreshes outᵀ [K, ΣF] (transposed), for per-frame
+        kernels that read W by columns."""
         off = 0
         for p in parts:
             out[off:off + p.shape[0]] = p
             off += p.shape[0]
+        if transpose and self.keeps_transposes:
+            kept = self._transposed.get(id(out))
+            if kept is None or kept[0] is not out:
+                self._transposed[id(out)] = (out, self.xp.empty(out.shape[::-1], out.dtype))
+            self._transposed[id(out)][1][...] = out.T
+
+    def transposed(self, w):
+        """The transpose [K, M] that pack keeps of per-frame weights w [M, K], or None."""
+        kept = self._transposed.get(id(w))
+        return kept[1] if kept is not None and kept[0] is w else None
 
     def gemm(self, a, b, out, *, ta: bool = False, tb: bool = False, accumulate: bool = False):
         """out (+)= op(a) · op(b), op transposing a (ta) or b (tb): out [N, M] = x [N, K] · w [M, K]ᵀ

@@ -32,6 +32,7 @@ class CpuBackend(ArrayBackend):
     other down several-fold."""
     name = "cpu"
     xp = numpy
+    keeps_transposes = True     # the loops' per-frame GEMMs read Wᵀ untransposed (stages.Loop.gemm)
     kernel_loops = frozenset(s.name for s in STRATEGIES.values() if s.item in ROOM and s.runs_as is None)
 
     def __init__(self, mode: str = "staged", blas_threads: int | None = None):

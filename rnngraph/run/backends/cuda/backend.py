@@ -67,6 +67,7 @@ class CupyBackend(ArrayBackend):
     name = "cupy"
     modes = ("naive", "staged", "graph")
     compiles_heads = True
+    keeps_transposes = True
     kernel_loops = frozenset(s.name for s in STRATEGIES.values() if s.item in ROOM)
 
     def __init__(self, mode: str = "staged", matmul: str = "cublas", lanes: int = 1, max_graphs: int = 1024,
@@ -81,7 +82,6 @@ class CupyBackend(ArrayBackend):
         self.chunk_frames = chunk_frames_setting(chunk_frames) if capture else 0   # graph mode: recordings of K frames
                                                                                    # (None: each strategy's)
         self.graphs = Recordings(cupy, max_graphs, max_graph_bytes) if capture else None
-        self._transposed: dict = {}       # id(packed per-frame W) -> (W, its transpose [K, M])
         self._head_transposed: dict = {}  # id(packed head-wise per-frame W) -> (W, [(W_j [k, o, i], W_j's heads
                                           # transposed [k, i, o])]), for our own kernels' d operand
         self.blas = None
@@ -111,12 +111,8 @@ class CupyBackend(ArrayBackend):
         self.xp.cuda.get_current_stream().synchronize()
 
     def pack(self, out, parts, transpose: bool = False):
-        super().pack(out, parts)
+        super().pack(out, parts, transpose)
         if transpose:
-            wt = self._transposed.get(id(out))
-            if wt is None or wt[0] is not out:
-                self._transposed[id(out)] = (out, self.xp.empty(out.shape[::-1], out.dtype))
-            self._transposed[id(out)][1][...] = out.T
             heads = self._head_transposed.get(id(out))
             for w, tr in heads[1] if heads and heads[0] is out else ():
                 tr[...] = w.transpose(0, 2, 1)
@@ -152,10 +148,10 @@ class CupyBackend(ArrayBackend):
         """d operand [B, K] += g [B, M] · W [M, K] as our own kernel, through the transpose pack keeps; a
         head-wise one per (linear op, head) through its heads' transposes, kept from now on (pack refreshes them)."""
         g, w, _, gx, _ = views
-        if not (per_frame and self.own_loop_gemms and id(w) in self._transposed):
+        if not (per_frame and self.own_loop_gemms and self.transposed(w) is not None):
             return None
         if item.item.heads == 1:
-            return (self.matmul_launch(g, self._transposed[id(w)][1], gx, accumulate=True),)
+            return (self.matmul_launch(g, self.transposed(w), gx, accumulate=True),)
         parts = head_parts(item.item, g, w, gx)
         kept = self._head_transposed.get(id(w))
         if kept is None or kept[0] is not w:
