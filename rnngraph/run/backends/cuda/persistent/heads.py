@@ -10,7 +10,9 @@ block's unit u) of one head's width RW (phase.width) in shared memory:
                one linear op at a time (each rounded where storage is half), as the reference's batched GEMM
                a linear op does.
 x is staged head by head, SW columns a head (a gemm's K/k; a dgemm's J·F/k, linear op by linear op), the
-block's own heads where it owns whole heads (h0 its first), else all of them.
+block's own heads where it owns whole heads (h0 its first), else all of them. Where a block owns whole heads,
+each thread computes whole sums (HEAD_THREAD_GEMV: a (row, x row) pair over K, the rows padded apart in
+shared memory); where heads split over blocks, a warp a row with the shared shuffle tree (gemv.py).
 
 On tensor cores (half storage, B > MAX_ROWS) a block owns one head (one_head): a gemm's or pair's J·nu rows all
 read that head's K/k columns of x, one MMA GEMM (mma.py); a dgemm runs J of them, linear op j's nu rows against

@@ -15,7 +15,8 @@ needs no barrier, its backward one a frame (before the dgemm). Weights sit in sh
 storage type (half: twice float32's rows); x rows and sums in the math type. Where every block owns whole
 heads (phases.per_head: head-wise GEMMs, G dividing their heads) it reads only what it wrote itself, so the
 source (HEAD_SOURCE) has no grid barrier and no tagged word, and the launch is an ordinary one; the
-head-wise GEMV is heads.py's.
+head-wise GEMV is heads.py's. Such a kernel may also split the rows over blocks (row groups: sequences never
+read one another either), G blocks a group, block k the heads of k mod G and its group's rows.
 
 Arrays are addressed by frame as in ../scan.py: element (t, b, f) of a node's [P+T, B, F]
 buffer (row stride ld; a vector parameter has ld = 0) is p[((P + t - delay)·B + b)·ld + f].
