@@ -183,3 +183,18 @@ def test_blas_threads_limits_the_pool_for_its_own_calls_only():
     with pytest.raises(RnnGraphError, match=r"^blas_threads must be a positive int or None"):
         get_backend("cpu", blas_threads=0)
 
+
+
+def test_a_changed_prelude_names_new_modules(tmp_path, monkeypatch):
+    """numba's cache of a generated module holds the prelude compiled into it and checks only the module's file:
+    the prelude's digest is in every header, so a changed prelude writes (and compiles) new modules."""
+    import hashlib
+    from pathlib import Path
+    assert jit.PRELUDE == hashlib.sha1((Path(jit.__file__).parent / "prelude.py").read_bytes()).hexdigest()[:16]
+    monkeypatch.setenv("RNNGRAPH_CACHE", str(tmp_path))
+    body = "\n\ndef answer():\n    return 42\n"
+    assert jit.load(body).answer() == 42
+    monkeypatch.setattr(jit, "HEADER", jit.HEADER.replace(jit.PRELUDE, "0" * 16))
+    assert jit.load(body).answer() == 42
+    files = sorted(p.read_text().split("\n")[1] for p in (tmp_path / "cpu-kernels").glob("rg_*.py"))
+    assert files == ["# prelude " + "0" * 16, "# prelude " + jit.PRELUDE]

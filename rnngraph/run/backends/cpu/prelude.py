@@ -150,11 +150,12 @@ def bf16_store(v):
 # -- float32 transcendentals through a vectorisable float64 exp ------------------------------------
 # libm's expf and tanhf are calls the compiler cannot vectorise (numba has no vector math library here):
 # the float32 rules compute in float64 with expv, whose error (< 1e-15 relative) is far below float32's
-# rounding, so they round to float32 as a correctly rounded libm would, bar rare ties.
+# rounding, so they round to float32 as a correctly rounded libm would, bar rare ties. Its Horner steps may
+# fuse into FMAs (fastmath 'contract' on expv alone): a float32 LSTM's forward loop ran 20% faster so.
 LOG2E, LN2_HI, LN2_LO = 1.4426950408889634, 0.6931471803691238, 1.9082149292705877e-10
 
 
-@njit(**JIT)
+@njit(fastmath={"contract"}, **JIT)
 def expv(x):
     """e^x in float64 for the float32 rules: 2^k · e^r with r = x − k·ln2 (Cody–Waite, |r| ≤ ln2/2) and e^r
     its Taylor series to r¹² (relative error < 5e-16), 2^k in two factors so that each stays normal."""
