@@ -6,6 +6,7 @@ stop growing after the longest call."""
 import numpy as np
 import pytest
 
+from rnngraph import build_schedule
 from rnngraph.ir.cells import CELLS
 from rnngraph.nn import Recurrent
 from rnngraph.run.backends import get_backend
@@ -48,6 +49,26 @@ def test_chunked_calls_equal_whole_calls(cell, ragged):
         for a, b in zip(got, run(whole, x, state, lengths, gy, gstate), strict=True):
             close(a, b)
         assert chunked._stack.runs[0][0].ex.chunked == (T > K)
+
+
+OTHER_STRATEGIES = [(c, s) for c in CELLS for s in build_schedule(load_cell(c, 3, 5)).loop_strategies
+                    if s != build_schedule(load_cell(c, 3, 5)).loop_strategy]
+
+
+@pytest.mark.parametrize("cell, loop", OTHER_STRATEGIES)
+def test_chunked_calls_equal_whole_calls_in_every_strategy(cell, loop):
+    """Each cell's other loop strategies (the one 'auto' picks is above): a scan cell's elementwise and stages
+    loops, a persistent cell's stages, ragged, at every length around K."""
+    whole, chunked = pair(cell, loop=loop)
+    assert {r.ex.sched.loop_strategy for run_ in chunked._stack.runs for r in run_} == {loop}
+    for T in LENGTHS:
+        rng = np.random.default_rng(T)
+        x = rng.standard_normal((T, 3, 3))
+        lengths = np.array([T, rng.integers(0, T + 1), max(T - K - 1, 0)])
+        state, gy, gstate = call(whole, x, lengths, rng)
+        for a, b in zip(run(chunked, x, state, lengths, gy, gstate), run(whole, x, state, lengths, gy, gstate),
+                        strict=True):
+            close(a, b)
 
 
 def test_the_spans_and_a_shorter_call_reusing_the_buffers():
