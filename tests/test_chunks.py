@@ -2,8 +2,7 @@
 frames, each in the workspace of its own length, its values set aside for the backward. On the numpy
 backend in float64, chunked calls give what whole calls give (outputs, final states, every gradient)
 for every built-in cell in every loop strategy it admits and a cell reading 3 frames back, whole and ragged
-batches, and the buffers
-stop growing after the longest call."""
+batches, and the buffers stop growing after the longest call."""
 import numpy as np
 import pytest
 
