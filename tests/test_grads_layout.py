@@ -37,3 +37,16 @@ def test_grads_gathered_into_torch_layout(cell):
     layer.backward(gy)
     for k, g in grads.items():
         np.testing.assert_array_equal(g, kept[k])
+
+
+def test_the_gradient_gather_by_runs_equals_a_take():
+    """The host backends copy a layer's gradients run by run (a few long runs a layer); many runs take once."""
+    from rnngraph.run.backends import get_backend
+    src, rng = np.arange(1000.0), np.random.default_rng(0)
+    for idx in (np.r_[np.arange(10, 400), np.arange(500, 520), [7]], rng.permutation(1000)[:300]):
+        starts = np.concatenate([[0], np.flatnonzero(np.diff(idx) != 1) + 1])
+        runs = [(int(idx[s]), int(s), int(e - s)) for s, e in zip(starts, [*starts[1:], len(idx)])]
+        for name in ("numpy", "cpu"):
+            out = np.full(len(idx), np.nan)
+            get_backend(name).gather(src, idx, runs, out)
+            np.testing.assert_array_equal(out, src[idx])

@@ -169,10 +169,10 @@ class Recurrent(Parameterized):
         key = tuple(k for k, _ in sources)
         plan = self._gather.get(key) or self._gather_plan(grads, [buf for _, buf in sources])
         self._gather = {**{k: v for k, v in list(self._gather.items())[-3:] if k != key}, key: plan}   # whole, chunked
-        self.grad_flat = xp.empty(sum(len(idx) for idx in plan), self.dtype)
+        self.grad_flat = xp.empty(sum(len(idx) for idx, _ in plan), self.dtype)
         off = 0
-        for (_, buf), idx in zip(sources, plan):
-            xp.take(buf, idx, out=self.grad_flat[off:off + len(idx)])
+        for (_, buf), (idx, runs) in zip(sources, plan):
+            self.backend.gather(buf, idx, runs, self.grad_flat[off:off + len(idx)])
             off += len(idx)
         out, off = {}, 0
         for name, p in self._params.items():
@@ -181,14 +181,17 @@ class Recurrent(Parameterized):
         return out
 
     def _gather_plan(self, grads, arenas: list) -> list:
-        """Per (layer, direction), in parameters() order: the offset in its arena [N] of every element
-        of its PyTorch-layout parameters, row blocks stacked (int32 where N allows), on the backend."""
+        """Per (layer, direction), in parameters() order: (the offset in its arena [N] of every element of its
+        PyTorch-layout parameters, row blocks stacked (int32 where N allows), on the backend; the same as runs
+        of consecutive elements, [(arena offset, output offset, length)])."""
         plan, arenas = [], iter(arenas)
         for per_l, g_l in zip(self._layout, grads):
             for per_d, g in zip(per_l, g_l):
                 arena = next(arenas)
                 idx = np.concatenate([element_offsets(g[p], arena) for _, _, parts in per_d for p, _, _ in parts])
-                plan.append(self.backend.asarray(idx.astype(np.int32 if arena.size < 2 ** 31 else np.int64)))
+                starts = np.concatenate([[0], np.flatnonzero(np.diff(idx) != 1) + 1])
+                runs = [(int(idx[s]), int(s), int(e - s)) for s, e in zip(starts, [*starts[1:], len(idx)])]
+                plan.append((self.backend.asarray(idx.astype(np.int32 if arena.size < 2 ** 31 else np.int64)), runs))
         return plan
 
     # -- modes --------------------------------------------------------------------------------
