@@ -262,6 +262,8 @@ These are not among the stored measurements:
 - graph mode fed calls of many random shapes: recordings, memory and time per call as the calls go
   (`experiments/graph_shapes_probe.py`), and the cost of chunks of time at a fixed long T;
 - the host time of a training step through `rnngraph.torch` against the raw layer, synced and pipelined
-  (`experiments/profile_torch_step.py`)."""
+  (`experiments/profile_torch_step.py`);
+- the compiled CPU backend against `torch.nn.LSTM` on the CPU (`rnngraph bench --cell lstm --impls
+  staged,torch_cpu` on a machine without a GPU times both, and names the BLAS kernels and threads in use)."""
 
 SECTIONS = [against_cudnn, persistent, half, loops, norm, through_torch, charlm, heads, memory, experiments, training]
