@@ -7,6 +7,7 @@ import pytest
 
 import rnngraph as rg
 from rnngraph.lab import bench
+from rnngraph.lab.bench_report import format_table
 from rnngraph.run.backends.numpy_backend import NumpyBackend
 from rnngraph.lab.cli import main
 from rnngraph.run.backends import get_backend
@@ -92,7 +93,7 @@ def test_table_ratios_against_cudnn_and_the_eager_loop():
             for i, f, t in [("naive", 40.0, 120.0), ("graph", 0.5, 1.2), ("cudnn", 1.0, 4.0),
                             ("torch_eager", 10.0, 60.0)]]
     rows.append(dict(base, impl="staged", skipped="needs a usable GPU: none here"))
-    lines = bench.format_table(rows).splitlines()
+    lines = format_table(rows).splitlines()
     graph = next(line for line in lines if " graph " in line).split()
     assert graph[-4:] == ["0.50x", "0.30x", "0.05x", "0.02x"]
     assert "lstm B=1 H=512: speed-up of graph over naive: forward 80.00x, train 100.00x" in lines

@@ -6,7 +6,7 @@ The model: tokens [T, B] -> Embedding [V, H] -> `layers` recurrent layers of the
 pipelined (no synchronisation between them): CUDA events (perf_counter on the CPU) around a block of steps
 after the warm-up ones, so the time per step is what a training loop sees. Every implementation starts from
 the same weights and reads the same batches, so their losses must agree step by step, to a tolerance set by
-the precision. torch is imported by the caller (bench.run_model checks it is there).
+the precision. torch is imported by the caller (bench_command.run checks it is there).
 """
 from __future__ import annotations
 

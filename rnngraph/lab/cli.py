@@ -134,7 +134,7 @@ COMMANDS: dict[str, Command] = {
     "cells": Command("list the built-in cells", _cells_arguments, _cells_run),
     "schedule": Command("print (or draw) a cell's schedule: hoisted, per-frame stages, merged kernels",
                         _schedule_arguments, _schedule_run),
-    "bench": _lazy("lab.bench", "time rnngraph's modes against cuDNN and a torch eager loop, side by side"),
+    "bench": _lazy("lab.bench_command", "time rnngraph's modes against cuDNN and a torch eager loop, side by side"),
     "doctor": _lazy("lab.doctor", "print versions, GPU and driver state, and self-check every available backend"),
     "train": _lazy("lab.commands", "train a character-level language model on the bundled text (or --text FILE)",
                    "train_arguments", "train_run"),
