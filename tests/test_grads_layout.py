@@ -1,5 +1,5 @@
 """Parameter gradients in PyTorch's layout: one gather per (layer, direction) from the workspace's gradient
-arena, equal to every cell parameter's own gradient, and fresh arrays each backward."""
+arena (nn/grads.py), equal to every cell parameter's own gradient, and fresh arrays each backward."""
 import numpy as np
 import pytest
 
@@ -41,12 +41,12 @@ def test_grads_gathered_into_torch_layout(cell):
 
 def test_the_gradient_gather_by_runs_equals_a_take():
     """The host backends copy a layer's gradients run by run (a few long runs a layer); many runs take once."""
+    from rnngraph.nn.grads import runs
     from rnngraph.run.backends import get_backend
     src, rng = np.arange(1000.0), np.random.default_rng(0)
+    assert runs(np.r_[np.arange(10, 400), np.arange(500, 520), [7]]) == [(10, 0, 390), (500, 390, 20), (7, 410, 1)]
     for idx in (np.r_[np.arange(10, 400), np.arange(500, 520), [7]], rng.permutation(1000)[:300]):
-        starts = np.concatenate([[0], np.flatnonzero(np.diff(idx) != 1) + 1])
-        runs = [(int(idx[s]), int(s), int(e - s)) for s, e in zip(starts, [*starts[1:], len(idx)])]
         for name in ("numpy", "cpu"):
             out = np.full(len(idx), np.nan)
-            get_backend(name).gather(src, idx, runs, out)
+            get_backend(name).gather(src, idx, runs(idx), out)
             np.testing.assert_array_equal(out, src[idx])

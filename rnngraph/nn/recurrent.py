@@ -16,15 +16,14 @@ gradient grad_state0 comes back in the shape it was given ([D, ...] when it was 
 """
 from __future__ import annotations
 
-import numpy as np
-
-from ..arrays import HALF_DTYPES, check_state_dict, element_offsets, float_dtype, make_rng
+from ..arrays import HALF_DTYPES, check_state_dict, float_dtype, make_rng
 from ..errors import RnnGraphError
 from ..ir.cells import lstm_cell
 from ..ir.loading import load_cell
 from ..run.backends import get_backend
 from . import checks as chk
 from .checks import check_finite
+from .grads import GradGather
 from .init import init_orthogonal_, init_uniform_
 from .layers import Parameterized
 from .buckets import Padding, Policy
@@ -110,7 +109,7 @@ class Recurrent(Parameterized):
                         for per_l in self._layout for per_d in per_l for name, shape, _ in per_d}
         self._views = self._cell_params()   # stable objects: the executor uses parameters in place
         self._last = None
-        self._gather = {}               # gradient sources' keys -> per (layer, direction) gather indices
+        self._gather = GradGather(self.backend, self._layout, self.dtype)
         chk.resolve_init(init, _INIT)(self)
 
     # the loop strategy the last call ran (before any, the plan's), and why 'persistent' ran as 'stages'
@@ -162,37 +161,9 @@ class Recurrent(Parameterized):
         self._views = self._cell_params()
 
     def _torch_grads(self, grads) -> dict:
-        """PyTorch-layout gradients, fresh (g is a workspace view): consecutive blocks of one new buffer,
-        self.grad_flat [Σ sizes] in parameters() order, filled by one gather per (layer, direction) from
-        its executor's grad_source; grads[l][d]: cell param -> view of that buffer."""
-        xp, sources = self.backend.xp, self._stack.grad_sources()
-        key = tuple(k for k, _ in sources)
-        plan = self._gather.get(key) or self._gather_plan(grads, [buf for _, buf in sources])
-        self._gather = {**{k: v for k, v in list(self._gather.items())[-3:] if k != key}, key: plan}   # whole, chunked
-        self.grad_flat = xp.empty(sum(len(idx) for idx, _ in plan), self.dtype)
-        off = 0
-        for (_, buf), (idx, runs) in zip(sources, plan):
-            self.backend.gather(buf, idx, runs, self.grad_flat[off:off + len(idx)])
-            off += len(idx)
-        out, off = {}, 0
-        for name, p in self._params.items():
-            out[name] = self.grad_flat[off:off + p.size].reshape(p.shape)
-            off += p.size
+        """PyTorch-layout gradients, fresh (grads.GradGather); self.grad_flat [Σ sizes] holds them all."""
+        self.grad_flat, out = self._gather(grads, self._stack.grad_sources(), self._params)
         return out
-
-    def _gather_plan(self, grads, arenas: list) -> list:
-        """Per (layer, direction), in parameters() order: (the offset in its arena [N] of every element of its
-        PyTorch-layout parameters, row blocks stacked (int32 where N allows), on the backend; the same as runs
-        of consecutive elements, [(arena offset, output offset, length)])."""
-        plan, arenas = [], iter(arenas)
-        for per_l, g_l in zip(self._layout, grads):
-            for per_d, g in zip(per_l, g_l):
-                arena = next(arenas)
-                idx = np.concatenate([element_offsets(g[p], arena) for _, _, parts in per_d for p, _, _ in parts])
-                starts = np.concatenate([[0], np.flatnonzero(np.diff(idx) != 1) + 1])
-                runs = [(int(idx[s]), int(s), int(e - s)) for s, e in zip(starts, [*starts[1:], len(idx)])]
-                plan.append((self.backend.asarray(idx.astype(np.int32 if arena.size < 2 ** 31 else np.int64)), runs))
-        return plan
 
     # -- modes --------------------------------------------------------------------------------
     def train(self, mode: bool = True):

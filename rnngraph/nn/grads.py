@@ -1,0 +1,54 @@
+"""A layer's parameter gradients in PyTorch's layout: each backward, one fresh flat buffer in parameters()
+order, filled per (layer, direction) from its executor's gradient arena (Executor.grad_source), where every
+cell parameter's gradient sits at offsets fixed for the arena, and handed out as views of that buffer."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..arrays import element_offsets
+
+
+class GradGather:
+    """The gather of a layer (layout [l][d]: its PyTorch-layout parameters, each as row blocks of cell
+    parameters; see recurrent._param_layout), its plans kept for the last few gradient sources (whole calls,
+    chunked calls)."""
+
+    def __init__(self, backend, layout: list, dtype):
+        self.backend, self.layout, self.dtype = backend, layout, dtype
+        self.plans: dict = {}           # the gradient sources' keys -> per (layer, direction): (indices, runs)
+
+    def __call__(self, grads, sources: list, params: dict) -> tuple:
+        """(flat [Σ sizes], name -> view of it shaped like params[name]): grads[l][d] (cell param -> its
+        gradient, a view of the arena) from sources [(key, arena [N])], one per (layer, direction)."""
+        key = tuple(k for k, _ in sources)
+        plan = self.plans.get(key) or self._plan(grads, [buf for _, buf in sources])
+        self.plans = {**{k: v for k, v in list(self.plans.items())[-3:] if k != key}, key: plan}
+        flat = self.backend.xp.empty(sum(len(idx) for idx, _ in plan), self.dtype)
+        off = 0
+        for (_, buf), (idx, spans) in zip(sources, plan):
+            self.backend.gather(buf, idx, spans, flat[off:off + len(idx)])
+            off += len(idx)
+        out, off = {}, 0
+        for name, p in params.items():
+            out[name] = flat[off:off + p.size].reshape(p.shape)
+            off += p.size
+        return flat, out
+
+    def _plan(self, grads, arenas: list) -> list:
+        """Per (layer, direction), in parameters() order: (the offset in its arena [N] of every element of its
+        PyTorch-layout parameters, row blocks stacked (int32 where N allows), on the backend; the same as runs
+        of consecutive elements, [(arena offset, output offset, length)])."""
+        plan, arenas = [], iter(arenas)
+        for per_l, g_l in zip(self.layout, grads):
+            for per_d, g in zip(per_l, g_l):
+                arena = next(arenas)
+                idx = np.concatenate([element_offsets(g[p], arena) for _, _, parts in per_d for p, _, _ in parts])
+                plan.append((self.backend.asarray(idx.astype(np.int32 if arena.size < 2 ** 31 else np.int64)),
+                             runs(idx)))
+        return plan
+
+
+def runs(idx) -> list:
+    """idx [n] (ints) as runs of consecutive values: [(first value, its position in idx, length)]."""
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(idx) != 1) + 1]).astype(int)
+    return [(int(idx[s]), int(s), int(e - s)) for s, e in zip(starts, [*starts[1:], len(idx)])]
