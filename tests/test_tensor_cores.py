@@ -10,8 +10,10 @@ from rnngraph import load_cell
 from rnngraph.run.backends.cuda.persistent.mma import MMA_ROWS
 from rnngraph.run.backends.cuda.persistent.kernels import persistent_kernel
 from rnngraph.run.backends.cuda.persistent.runner import chosen, fit, gpu_loop
+from cuda_on_cpu import needs_cxx
 from nvrtc import nvrtc_compile
 from test_persistent import GEMM_CORES, loops
+from test_persistent_heads import assert_agree, emulated_against_numpy
 
 H200 = dict(sms=132, smem=227 * 1024)
 
@@ -82,14 +84,11 @@ def test_schedule_says_which_loop_the_gpu_runs(capsys):
     assert json.loads(capsys.readouterr().out)["gpu_loop"] == "scan"
 
 
+@needs_cxx
 @pytest.mark.parametrize("cell, B, dtype", [("lstm", 16, "bfloat16"), ("gru", 20, "float16"), ("lstm", 33, "bfloat16")])
 def test_tensor_core_kernels_compute_the_reference_on_the_cpu(cell, B, dtype):
     """mma.sync emulated (cuda_on_cpu.py), the grid barriers of 4 blocks at once, against numpy's loop."""
     pytest.importorskip("ml_dtypes")
-    from cuda_on_cpu import CXX
-    from test_persistent_heads import assert_agree, emulated_against_numpy
-    if CXX is None:
-        pytest.skip("no g++ to compile kernels for the CPU")
     got, want, be = emulated_against_numpy(load_cell(cell, 8, 16), G=4, in_turn=False, B=B, T=5, dtype=dtype)
     assert_agree(got, want, dtype)
     assert ["mma.sync" in k.source for k in be.ran] == [True, True]

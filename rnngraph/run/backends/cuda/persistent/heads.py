@@ -31,12 +31,7 @@ HEAD_GEMV = r"""
         __syncthreads();"""
 
 
-HEAD_THREAD_GEMV = r"""
-        for (int e = tid; e < NB * {XW}; e += NT) {{
-            const int b = e / {XW}, r = e - b * {XW}, h = {h0} + r / {SW}, i = r - (r / {SW}) * {SW};
-            {stage}
-        }}
-        __syncthreads();
+HEAD_THREAD_GEMV = HEAD_GEMV + r"""
         {{  // a thread a sum (weight row q, x row b) of the nq = nu·m rows of one head each: K in four running
             // sums, added in a fixed order (no shuffles, no atomics); rows RS apart, so a warp's rows hit distinct banks
             const int nq = nu * {m};
