@@ -127,9 +127,10 @@ def problem_arrays(cell, T, B, dtype, seed=0):
     return params, x, init, gy, gf
 
 
-def emulated_against_numpy(cell, G=None, in_turn=True, T=6, B=2, dtype="float64", lengths=None, chunk=None):
+def emulated_against_numpy(cell, G=None, in_turn=True, T=6, B=2, dtype="float64", lengths=None, chunk=None,
+                           tensor_cores=None):
     """(every array of a forward and backward run by the emulated kernels, the same by numpy 'stages', the backend)."""
-    be = Emulated(G, in_turn)
+    be = Emulated(G, in_turn, tensor_cores=tensor_cores)
     ex, ref = Executor(cell, be, loop="persistent", chunk=chunk), Executor(cell, get_backend("numpy"), loop="stages")
     args = problem_arrays(cell, T, B, dtype)
     got, want = run_executor(ex, *args, lengths), run_executor(ref, *args, lengths)

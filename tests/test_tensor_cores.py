@@ -85,10 +85,33 @@ def test_schedule_says_which_loop_the_gpu_runs(capsys):
 
 
 @needs_cxx
-@pytest.mark.parametrize("cell, B, dtype", [("lstm", 16, "bfloat16"), ("gru", 20, "float16"), ("lstm", 33, "bfloat16")])
-def test_tensor_core_kernels_compute_the_reference_on_the_cpu(cell, B, dtype):
-    """mma.sync emulated (cuda_on_cpu.py), the grid barriers of 4 blocks at once, against numpy's loop."""
+@pytest.mark.parametrize("cell, B, dtype, tc", [("lstm", 16, "bfloat16", None), ("gru", 20, "float16", None),
+                                                ("lstm", 33, "bfloat16", None), ("lstm", 1, "bfloat16", True),
+                                                ("gru", 5, "float16", True), ("lstm", 8, "bfloat16", True)])
+def test_tensor_core_kernels_compute_the_reference_on_the_cpu(cell, B, dtype, tc):
+    """mma.sync emulated (cuda_on_cpu.py), the grid barriers of 4 blocks at once, against numpy's loop; B ≤ 8 on
+    tensor cores where asked (rows past B in the 16-row tile read, never stored)."""
     pytest.importorskip("ml_dtypes")
-    got, want, be = emulated_against_numpy(load_cell(cell, 8, 16), G=4, in_turn=False, B=B, T=5, dtype=dtype)
+    got, want, be = emulated_against_numpy(load_cell(cell, 8, 16), G=4, in_turn=False, B=B, T=5, dtype=dtype,
+                                           tensor_cores=tc)
     assert_agree(got, want, dtype)
     assert ["mma.sync" in k.source for k in be.ran] == [True, True]
+
+
+def test_full_matrices_take_tensor_cores_from_a_measured_batch_or_where_asked(monkeypatch):
+    import ml_dtypes
+    from rnngraph.errors import RnnGraphError
+    from rnngraph.run.backends.cuda.persistent.runner import TENSOR_CORES_FROM, full_tensor_cores
+    c = load_cell("lstm", 32, 512)
+    fwd, _ = loops(c)
+    bf16 = ml_dtypes.bfloat16
+    assert [full_tensor_cores(B, bf16) for B in (TENSOR_CORES_FROM - 1, TENSOR_CORES_FROM, 9)] == [False, True, True]
+    assert not full_tensor_cores(9, np.float32)
+    monkeypatch.setenv("RNNGRAPH_PERSISTENT_TENSOR_CORES", "1")
+    assert full_tensor_cores(1, bf16) and not full_tensor_cores(1, np.float32)
+    assert chosen(c, fwd, 4, bf16, **H200).tensor_cores
+    monkeypatch.setenv("RNNGRAPH_PERSISTENT_TENSOR_CORES", "0")
+    assert not full_tensor_cores(8, bf16) and full_tensor_cores(9, bf16)
+    monkeypatch.setenv("RNNGRAPH_PERSISTENT_TENSOR_CORES", "yes")
+    with pytest.raises(RnnGraphError, match="must be 1 or 0, got 'yes'"):
+        full_tensor_cores(4, bf16)

@@ -30,8 +30,8 @@ from ..source import CTYPES, kernel_name, math_type, rounded
 from . import mma
 from .gemv import row_sums
 from .heads import head_gemv, head_mma, head_thread_gemv, head_weight, one_head, row_stride
-from .phases import (MAX_ROWS, THREADS, barriers, exchanges, loop_heads, nodes_of, own, per_head, phases, shared_layout,
-                     sources, staged)
+from .phases import (MAX_ROWS, THREADS, barriers, block_units, exchanges, loop_heads, nodes_of, own, per_head, phases,
+                     shared_layout, sources, staged)
 
 AT_DEFINE = r"""
 #define AT(p, ld, lag, col) p[((long long)(P + t - (lag)) * NB + b) * (ld) + (col)]
@@ -117,18 +117,22 @@ class Persistent:
     tensor_cores: bool = False  # its GEMMs on tensor cores (mma.py)
 
 
-def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 1) -> Persistent:
+def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 1,
+                      tensor_cores: bool | None = None) -> Persistent:
     """The kernel running `loop` (a PersistentLoop; problem() is None) for B ≤ MAX_ROWS rows on G blocks, or
-    in half storage up to mma.MMA_ROWS on tensor cores (mma.py; head-wise GEMMs one head a block, heads.py).
+    in half storage up to mma.MMA_ROWS on tensor cores (mma.py; head-wise GEMMs one head a block, heads.py):
+    tensor_cores None takes them beyond MAX_ROWS rows; True (half storage, full matrices) at any B.
     row_groups > 1 (where every block owns whole heads): the frames hold B·row_groups rows, and G·row_groups
     blocks run them, block k the heads of k mod G and rows B·(k div G) on (sequences never read one another)."""
     groups = phases(cell, loop)
     itemsize = ITEMSIZE[math_type(ctype)]
-    tc = None
-    if B > MAX_ROWS and loop_heads(groups) > 1 and not one_head(groups, G):
+    tc, on_tc = None, B > MAX_ROWS if tensor_cores is None else tensor_cores
+    if on_tc and (ITEMSIZE[ctype] != 2 or B <= MAX_ROWS and loop_heads(groups) > 1):
+        raise RnnGraphError(f"internal: tensor cores take half storage, and head-wise GEMMs beyond {MAX_ROWS} rows")
+    if on_tc and loop_heads(groups) > 1 and not one_head(groups, G):
         raise RnnGraphError(f"internal: a head-wise persistent kernel at B={B} > {MAX_ROWS} rows runs on tensor "
                             f"cores, one head a block, not on {G} blocks")
-    if B > MAX_ROWS:            # tensor cores: their layout of the weights and the x slice
+    if on_tc:                   # tensor cores: their layout of the weights and the x slice
         tc = mma.layout([p for g in groups for p in g if p.kind in ("gemm", "pair", "dgemm")], B, G, THREADS)
         woff, n_w = tc.woff, tc.weights
         xs = -(-tc.x_rows * tc.xld * ITEMSIZE[ctype] // itemsize)
@@ -145,7 +149,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
     written = {n: (gi, p) for gi, g in enumerate(groups) for p in g for n in nodes_of(p)}
     apart = per_head(groups, G)     # each block owns whole heads: it reads only what it wrote, after its own sync
     need = [False] * len(groups) if apart else barriers(groups)
-    swaps = {} if apart else exchanges(cell, groups, written, ctype, B, G)     # group -> operand in tagged words
+    swaps = {} if apart or on_tc else exchanges(cell, groups, written, ctype, B, G)   # group -> operand in tagged words
     need = [n and gi not in swaps for gi, n in enumerate(need)]
     tagged = {u: arg("xb", u) for u in swaps.values()}
     # backward: groups before the frame's first barrier read only values (read-only here) and gradients of
@@ -213,7 +217,7 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
     GEMV staging xw columns, the block's own heads where it owns whole heads, `apart`); tc: the tensor
     cores' layout (mma.Layout), where they run the GEMMs."""
     out = [f"        {{   // {p.kind} {', '.join(nodes_of(p))}",
-           f"        const int u0 = ({p.units} * blk) / G, nu = ({p.units} * (blk + 1)) / G - u0;"]
+           f"        {block_units(p.units)}"]
     if woff is not None and tc is not None and p.heads > 1:
         x = _head_x(p, arg)
         load.append(mma.weights(p, woff, head_weight(p, arg("w", p.item.gemm if p.kind == "pair" else p.item)),
@@ -275,7 +279,7 @@ def _weights(p, off: int, arg, stride: int | None = None) -> str:
         src = head_weight(p, arg("w", p.item.gemm if p.kind == "pair" else p.item))
     else:
         src = _operand(p, arg)[0]
-    return (f"    {{   const int u0 = ({p.units} * blk) / G, nu = ({p.units} * (blk + 1)) / G - u0;\n"
+    return (f"    {{   {block_units(p.units)}\n"
             f"        for (int e = tid; e < nu * {p.m * K}; e += NT) {{\n"
             f"            const int q = e / {K}, k = e - q * {K}, j = q / nu, u = q - j * nu;\n"
             f"            (void)j; (void)u;\n"
@@ -315,7 +319,7 @@ def _prefetch(cell, p, prefix: str, arg, ok, G: int, B: int) -> tuple:
     if not early:
         return [], {}
     lines = [f"        CT {', '.join(f'{r} = 0' for r, _ in early.values())};",
-             f"        {{  const int u0 = ({p.units} * blk) / G, nu = ({p.units} * (blk + 1)) / G - u0;",
+             f"        {{  {block_units(p.units)}",
              "            if (tid < nu * NB) {", "                const int b = tid / nu, f = u0 + tid - b * nu;"]
     lines += [f"                {r} = {_at(arg, src)};" for r, src in early.values()]
     return lines + ["            }", "        }"], {nm: r for nm, (r, _) in early.items()}

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .phases import block_units
+
 MMA_ROWS = 256              # the batch rows a tensor-core persistent kernel takes
 XS_BYTES = 96 << 10         # the staged slice of x takes at most this much shared memory
 
@@ -37,6 +39,7 @@ GEMM = r"""
             float acc[{TPW}][4];
             #pragma unroll
             for (int i = 0; i < {TPW}; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+            #pragma unroll {UNROLL}
             for (int k0 = 0; k0 < {KP}; k0 += {KS}) {{
                 const int kw = min({KS}, {KP} - k0);
 {stage}
@@ -86,18 +89,18 @@ STAGE = r"""                for (int e = tid; e < NB * kw; e += NT) {{
                 }}"""
 
 STAGE_WIDE = r"""                if ((((unsigned long long)&{x}[0]) & 15) == 0 && {ld} % 8 == 0) {{
-                    // 16 bytes a copy, eight copies in flight a thread: the frame's rows come from L2
+                    // 16 bytes a copy, {CP} copies in flight a thread: the frame's rows come from L2
                     const int per = kw / 8, n = NB * per;
-                    for (int e0 = tid; e0 < n; e0 += 8 * NT) {{
-                        uint4 v[8];
+                    for (int e0 = tid; e0 < n; e0 += {CP} * NT) {{
+                        uint4 v[{CP}];
                         #pragma unroll
-                        for (int j = 0; j < 8; ++j) {{
+                        for (int j = 0; j < {CP}; ++j) {{
                             const int e = e0 + j * NT, b = e / per, k = k0 + (e - b * per) * 8;
                             v[j] = make_uint4(0u, 0u, 0u, 0u);
                             if (e < n && k < {K}) v[j] = *(const uint4*)&{load};
                         }}
                         #pragma unroll
-                        for (int j = 0; j < 8; ++j) {{
+                        for (int j = 0; j < {CP}; ++j) {{
                             const int e = e0 + j * NT, b = e / per;
                             if (e < n) *(uint4*)&xh[b * {XLD} + (e - b * per) * 8] = v[j];
                         }}
@@ -106,6 +109,8 @@ STAGE_WIDE = r"""                if ((((unsigned long long)&{x}[0]) & 15) == 0 &
 """ + STAGE
 
 SUMS = 4 * 32               # a warp's partial sums of one tile: 4 floats a lane
+COPIES = 8                  # a thread's 16-byte copies of x in flight at once, at most
+UNROLLED_SLICES = 4         # x staged in at most this many slices: the slice loop unrolled (its bounds constants)
 
 
 def padded(K: int) -> int:
@@ -116,13 +121,16 @@ def padded(K: int) -> int:
 @dataclass(frozen=True)
 class Layout:
     """Shared memory of a tensor-core kernel: per GEMM phase its weights' offset (halves), their row stride
-    WLD and rows; the x slice's columns KS per phase, its row stride XLD and rows; bytes of each part."""
+    WLD and rows; the x slice's columns KS per phase, its row stride XLD and rows (B padded to 16); the rows
+    staged (B) and the block's threads."""
     woff: dict          # id(phase) -> offset of its weight rows, in halves
     weights: int        # halves of all weight rows
     ks: dict            # id(phase) -> columns of x staged at once
     xld: int
     x_rows: int
     tiles_per_warp: int
+    rows: int           # B, the rows staged
+    threads: int
 
 
 def layout(gemm_phases, B: int, G: int, threads: int) -> Layout:
@@ -137,14 +145,14 @@ def layout(gemm_phases, B: int, G: int, threads: int) -> Layout:
         ks[id(p)] = min(KP, cap)
         tiles = max(tiles, rows // 16 * -(-per // 8))
     xld = max(ks.values()) + 8
-    return Layout(woff, n, ks, xld, rows, -(-tiles // (threads // 32)))
+    return Layout(woff, n, ks, xld, rows, -(-tiles // (threads // 32)), B, threads)
 
 
 def weights(p, off: int, src: str, WLD: int) -> str:
     """Copies the block's weight rows of phase p into shared memory, padded to KP with zeros; src: the
     element of row q (j, u: its merged block and unit), column k."""
     KP = padded(p.width)
-    return (f"    {{   const int u0 = ({p.units} * blk) / G, nu = ({p.units} * (blk + 1)) / G - u0;\n"
+    return (f"    {{   {block_units(p.units)}\n"
             f"        for (int e = tid; e < nu * {p.m * KP}; e += NT) {{\n"
             f"            const int q = e / {KP}, k = e - q * {KP}, j = q / nu, u = q - j * nu;\n"
             f"            (void)j; (void)u;\n"
@@ -157,11 +165,12 @@ def gemm(p, off, lay: Layout, x: str, ld: str, lag: int, col: str = "k", m: int 
     x's column `col` (an expression of k, the GEMM's column) against m·nu weight rows from offset `off` (an
     expression; m: p.m), the sums into `sums` (gs, or an offset into it). A head-wise phase's x columns are its
     head's (heads.head_mma)."""
-    load = f"AT({x}, {ld}, {lag}, {col})"
-    fields = dict(K=p.width, XLD=lay.xld, load=load, x=x, ld=ld)
-    stage = (STAGE_WIDE if p.width % 8 == 0 else STAGE).format(**fields)
-    return GEMM.format(m=p.m if m is None else m, MT=lay.x_rows // 16, TPW=lay.tiles_per_warp, KP=padded(p.width),
-                       KS=lay.ks[id(p)], XLD=lay.xld, WLD=padded(p.width) + 8, woff=off, stage=stage, gs=sums)
+    load, KP, KS = f"AT({x}, {ld}, {lag}, {col})", padded(p.width), lay.ks[id(p)]
+    copies = min(COPIES, -(-lay.rows * KS // (8 * lay.threads)))    # 16-byte copies a thread, for the widest slice
+    stage = (STAGE_WIDE if p.width % 8 == 0 else STAGE).format(K=p.width, XLD=lay.xld, load=load, x=x, ld=ld, CP=copies)
+    return GEMM.format(m=p.m if m is None else m, MT=lay.x_rows // 16, TPW=lay.tiles_per_warp, KP=KP, KS=KS,
+                       UNROLL=-(-KP // KS) if -(-KP // KS) <= UNROLLED_SLICES else 1, XLD=lay.xld, WLD=KP + 8,
+                       woff=off, stage=stage, gs=sums)
 
 
 def helpers(ctype: str) -> str:

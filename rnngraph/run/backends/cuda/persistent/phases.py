@@ -211,6 +211,13 @@ def exchanges(cell, groups, written, ctype: str, B: int, G: int) -> dict:
     return out
 
 
+def block_units(units: int) -> str:
+    """The C declaration of block blk's units [u0, u0 + nu) of `units` split over the G blocks; nu a constant where
+    G divides them (the compiler then folds the loops over a block's rows)."""
+    return (f"const int u0 = ({units} * blk) / G, nu = {units} % G == 0 ? {units} / G : "
+            f"({units} * (blk + 1)) / G - u0;")
+
+
 def nodes_of(p) -> tuple:
     """The nodes phase p computes (or whose gradients it computes)."""
     return _nodes(p.item)

@@ -15,13 +15,17 @@ from .kernels import ZERO_SOURCE, persistent_kernel
 from .mma import MMA_ROWS
 from .phases import MAX_ROWS, block_counts, loop_heads, phases, problem
 
-_KERNELS: dict = {}      # (id(cell), loop, ctype, rows a block, blocks, row groups) -> (cell, Persistent)
+_KERNELS: dict = {}      # (id(cell), loop, ctype, rows a block, blocks, row groups, tensor cores) -> (cell, Persistent)
 _REFUSED: set = set()
 # Measured on an H200 (bfloat16 LSTM, H = 512, T = 100, training step; docs/performance.md): 64 blocks ran the
 # tensor-core kernel fastest of 16, 32, 64 and 132 at B = 16 to 256 (B = 64: 3.7 ms, against 4.1 on 132 blocks);
 # 'auto' runs it up to B = 16 (1.51-1.57 ms, 'stages' 1.76) and 'stages' beyond (B = 64: 2.6 against 3.7 ms).
 TENSOR_CORE_BLOCKS = 64
 AUTO_TENSOR_CORE_ROWS = 16
+# Full matrices in half storage on tensor cores from 4 rows (a 16-row tile, the rows past B masked), measured on an
+# H200 (bfloat16 LSTM, H = 512, T = 100, training step, CUDA cores against tensor cores): B = 1 0.985 / 1.007 ms,
+# B = 4 1.385 / 1.005, B = 8 1.832 / 1.173.
+TENSOR_CORES_FROM = 4
 # Per head (a block owns whole heads, so rows split over blocks too), measured on an H200 (sLSTM 12 heads of 64,
 # T = 1024, training step, docs/performance.md): bfloat16 B = 16 on CUDA cores at 1, 2, 4, 8 rows a block 12.1
 # (192 blocks: two waves), 8.9 (96 blocks), 17.8, 47.1 ms, on tensor cores in one block 17.0; B = 64 at 8 rows
@@ -142,10 +146,23 @@ def chosen(cell, loop, B: int, dtype, sms: int, smem: int):
         if apart.smem <= smem or B > MAX_ROWS or len(counts) == 1:
             return apart
         counts = counts[1:]             # heads too large for a block: split over more blocks, with barriers
-    elif B > MAX_ROWS:
+    tc = loop_heads(groups) == 1 and full_tensor_cores(B, dtype)
+    if tc:
         counts = [G for G in dict.fromkeys(tensor_core_blocks(B, sms) + counts) if G <= counts[-1]]
-    made = [_made(cell, loop, ctype, B, G) for G in counts]
+    made = [_made(cell, loop, ctype, B, G, tensor_cores=tc) for G in counts]
     return next((k for k in made if k.smem <= smem), made[-1])
+
+
+def full_tensor_cores(B: int, dtype) -> bool:
+    """Whether a persistent kernel of full matrices runs its GEMMs on tensor cores at B rows of dtype: in half
+    storage from TENSOR_CORES_FROM rows (beyond MAX_ROWS always: CUDA cores take no more). Where set,
+    RNNGRAPH_PERSISTENT_TENSOR_CORES (1 or 0) says so for B ≤ MAX_ROWS in half storage (for measuring)."""
+    if float_dtype(dtype, half=True).itemsize != 2:
+        return False
+    given = os.environ.get("RNNGRAPH_PERSISTENT_TENSOR_CORES")
+    if given is not None and given not in ("0", "1"):
+        raise RnnGraphError(f"RNNGRAPH_PERSISTENT_TENSOR_CORES must be 1 or 0, got {given!r}")
+    return B > MAX_ROWS or (given == "1" if given is not None else B >= TENSOR_CORES_FROM)
 
 
 def tensor_core_blocks(B: int, sms: int) -> list:
@@ -162,10 +179,10 @@ def auto_problem(be, cell, loop, B: int, dtype) -> str | None:
     return _slower(cell, loop, B) if why_not(be, cell, loop, B, dtype) is None else None
 
 
-def _made(cell, loop, ctype: str, B: int, G: int, row_groups: int = 1):
-    key = (id(cell), loop, ctype, B, G, row_groups)
+def _made(cell, loop, ctype: str, B: int, G: int, row_groups: int = 1, tensor_cores: bool | None = None):
+    key = (id(cell), loop, ctype, B, G, row_groups, tensor_cores)
     if key not in _KERNELS:
-        _KERNELS[key] = (cell, persistent_kernel(cell, loop, ctype, B, G, row_groups))
+        _KERNELS[key] = (cell, persistent_kernel(cell, loop, ctype, B, G, row_groups, tensor_cores))
     return _KERNELS[key][1]
 
 
