@@ -119,6 +119,10 @@ static inline void rg_mma(float* c, unsigned a0, unsigned a1, unsigned a2, unsig
     }
     bar->arrive_and_wait();
 }
+static inline void rg_copy16(void* smem, const void* global, bool full) {      // cp.async: a copy at once
+    if (full) std::memcpy(smem, global, 16); else std::memset(smem, 0, 16);
+}
+static inline void rg_copies_wait() {}
 """
 HALF_TO_FLOAT = {"bf16": "unsigned v = (unsigned)u << 16; float f; std::memcpy(&f, &v, 4); return f;",
                  "f16": "_Float16 h; std::memcpy(&h, &u, 2); return (float)h;"}

@@ -1,9 +1,11 @@
-"""The persistent kernel's per-frame GEMMs on tensor cores, for half storage at B > MAX_ROWS (up to MMA_ROWS).
+"""The persistent kernel's per-frame GEMMs on tensor cores, for half storage (full matrices from
+runner.TENSOR_CORES_FROM rows, head-wise ones beyond MAX_ROWS; up to MMA_ROWS).
 
 A GEMM phase's block holds its weight rows in shared memory as stored (bfloat16 or float16), each row
 padded to KP = K rounded up to 16 and strided WLD = KP + 8 halves (the pad zero; the stride keeps the
 fragments' loads free of bank conflicts). Per frame it stages x's B rows, as stored, K in slices of KS
-columns ([ceil(B/16)·16, KS + 8] halves: B = 256 and K = 2048 do not fit at once), and every warp runs
+columns of even width ([ceil(B/16)·16, KS + 8] halves: B = 256 and K = 2048 do not fit at once; each slice's
+16-byte copies all in flight at once, cp.async through L2, where rows are 16-byte aligned), and every warp runs
 `mma.sync.m16n8k16` with float32 accumulation on its tiles of 16 rows × 8 weight rows, fixed per warp:
 no atomics, so runs are bit for bit reproducible. The sums land where the CUDA-core GEMV puts them
 (gs[q·NB + b]), so the phases' stores and fused bodies are the same code. Rows of x past B and weight
@@ -29,6 +31,13 @@ static __device__ __forceinline__ void rg_mma(float* c, unsigned a0, unsigned a1
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }}
+static __device__ __forceinline__ void rg_copy16(void* smem, const void* global, bool full) {{
+    // 16 bytes from global memory (through L2, not L1) into shared memory, in flight until rg_copies_wait;
+    // zeros where not full (then nothing is read)
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(global), "r"(full ? 16 : 0) : "memory");
+}}
+static __device__ __forceinline__ void rg_copies_wait() {{ asm volatile("cp.async.wait_all;" ::: "memory"); }}
 """
 
 GEMM = r"""
@@ -89,27 +98,17 @@ STAGE = r"""                for (int e = tid; e < NB * kw; e += NT) {{
                 }}"""
 
 STAGE_WIDE = r"""                if ((((unsigned long long)&{x}[0]) & 15) == 0 && {ld} % 8 == 0) {{
-                    // 16 bytes a copy, {CP} copies in flight a thread: the frame's rows come from L2
-                    const int per = kw / 8, n = NB * per;
-                    for (int e0 = tid; e0 < n; e0 += {CP} * NT) {{
-                        uint4 v[{CP}];
-                        #pragma unroll
-                        for (int j = 0; j < {CP}; ++j) {{
-                            const int e = e0 + j * NT, b = e / per, k = k0 + (e - b * per) * 8;
-                            v[j] = make_uint4(0u, 0u, 0u, 0u);
-                            if (e < n && k < {K}) v[j] = *(const uint4*)&{load};
-                        }}
-                        #pragma unroll
-                        for (int j = 0; j < {CP}; ++j) {{
-                            const int e = e0 + j * NT, b = e / per;
-                            if (e < n) *(uint4*)&xh[b * {XLD} + (e - b * per) * 8] = v[j];
-                        }}
+                    // 16 bytes a copy, every copy in flight at once (cp.async): the frame's rows come from L2
+                    const int per = kw / 8;
+                    for (int e = tid; e < NB * per; e += NT) {{
+                        const int b = e / per, k = k0 + (e - b * per) * 8;
+                        rg_copy16(&xh[b * {XLD} + (e - b * per) * 8], k < {K} ? (const void*)&{load} : (const void*){x}, k < {K});
                     }}
+                    rg_copies_wait();
                 }} else
 """ + STAGE
 
 SUMS = 4 * 32               # a warp's partial sums of one tile: 4 floats a lane
-COPIES = 8                  # a thread's 16-byte copies of x in flight at once, at most
 UNROLLED_SLICES = 4         # x staged in at most this many slices: the slice loop unrolled (its bounds constants)
 
 
@@ -121,16 +120,13 @@ def padded(K: int) -> int:
 @dataclass(frozen=True)
 class Layout:
     """Shared memory of a tensor-core kernel: per GEMM phase its weights' offset (halves), their row stride
-    WLD and rows; the x slice's columns KS per phase, its row stride XLD and rows (B padded to 16); the rows
-    staged (B) and the block's threads."""
+    WLD and rows; the x slice's columns KS per phase, its row stride XLD and rows (B padded to 16)."""
     woff: dict          # id(phase) -> offset of its weight rows, in halves
     weights: int        # halves of all weight rows
     ks: dict            # id(phase) -> columns of x staged at once
     xld: int
     x_rows: int
     tiles_per_warp: int
-    rows: int           # B, the rows staged
-    threads: int
 
 
 def layout(gemm_phases, B: int, G: int, threads: int) -> Layout:
@@ -142,10 +138,10 @@ def layout(gemm_phases, B: int, G: int, threads: int) -> Layout:
         per, KP = -(-p.units // G) * p.m, padded(p.width)
         woff[id(p)] = n
         n += -(-per // 8) * 8 * (KP + 8)
-        ks[id(p)] = min(KP, cap)
+        ks[id(p)] = padded(-(-KP // -(-KP // cap)))     # slices of even width, each within the cap
         tiles = max(tiles, rows // 16 * -(-per // 8))
     xld = max(ks.values()) + 8
-    return Layout(woff, n, ks, xld, rows, -(-tiles // (threads // 32)), B, threads)
+    return Layout(woff, n, ks, xld, rows, -(-tiles // (threads // 32)))
 
 
 def weights(p, off: int, src: str, WLD: int) -> str:
@@ -166,8 +162,7 @@ def gemm(p, off, lay: Layout, x: str, ld: str, lag: int, col: str = "k", m: int 
     expression; m: p.m), the sums into `sums` (gs, or an offset into it). A head-wise phase's x columns are its
     head's (heads.head_mma)."""
     load, KP, KS = f"AT({x}, {ld}, {lag}, {col})", padded(p.width), lay.ks[id(p)]
-    copies = min(COPIES, -(-lay.rows * KS // (8 * lay.threads)))    # 16-byte copies a thread, for the widest slice
-    stage = (STAGE_WIDE if p.width % 8 == 0 else STAGE).format(K=p.width, XLD=lay.xld, load=load, x=x, ld=ld, CP=copies)
+    stage = (STAGE_WIDE if p.width % 8 == 0 else STAGE).format(K=p.width, XLD=lay.xld, load=load, x=x, ld=ld)
     return GEMM.format(m=p.m if m is None else m, MT=lay.x_rows // 16, TPW=lay.tiles_per_warp, KP=KP, KS=KS,
                        UNROLL=-(-KP // KS) if -(-KP // KS) <= UNROLLED_SLICES else 1, XLD=lay.xld, WLD=KP + 8,
                        woff=off, stage=stage, gs=sums)
