@@ -28,7 +28,7 @@ bench)
         loops_t4096) bench --cell min_gru -T 4096 -B 1,64 --impls graph,jax_scan --loop stages,elementwise,scan \
                             --repeats 10 --json "$OUT/loops_t4096.json" ;;
         # the persistent loop on tensor cores and CUDA cores against cuDNN, bfloat16, B = 1 ... 256
-        tensor_cores) bench --cell lstm -T 100 -B 1,8,16,64,128,256 -H 512 --dtype bfloat16 \
+        tensor_cores) bench --cell lstm -T 100 -B 1,4,8,16,64,128,256 -H 512 --dtype bfloat16 \
                             --impls graph,cudnn@float16,cudnn@float32 --loop auto,persistent --repeats 15 \
                             --json "$OUT/tensor_cores.json" ;;
         # the whole char-LM, torch.nn.LSTM against rnngraph.torch as it ships

@@ -1,4 +1,4 @@
-"""The persistent loop on tensor cores (run/backends/cuda/persistent/mma.py: half storage, 8 < B <= 256)
+"""The persistent loop on tensor cores (run/backends/cuda/persistent/mma.py: half storage, 4 <= B <= 256)
 against the CPU half-precision reference, within the bounds the half-precision tests use (test_gpu_half):
 every built-in cell with a GEMM core, batch sizes around the 16-row tiles, sizes that pad K, ragged and
 chunked calls, replays after an in-place update, bit-identical gradients run to run, and the fallbacks."""

@@ -1,4 +1,4 @@
-"""The persistent kernel on tensor cores, without a GPU: half storage at 8 < B <= 256 generates mma.sync
+"""The persistent kernel on tensor cores, without a GPU: half storage at 8 < B <= 256 (4 <= B where asked) generates mma.sync
 GEMMs (deterministic source, compiled by NVRTC for sm_90 in bfloat16 and float16), its shared memory fits
 an H200 block at the sizes people train with, and what a GPU would run at a batch size and dtype is said."""
 import json
@@ -44,11 +44,14 @@ def test_float16_and_padded_sizes_compile_and_the_source_is_deterministic():
         nvrtc_compile(k.source, k.name)
 
 
-def test_up_to_eight_rows_stay_on_cuda_cores():
+def test_tensor_cores_beyond_eight_rows_or_where_asked_and_the_gpu_takes_them_from_four():
+    import ml_dtypes
     c = load_cell("lstm", 24, 64)
     fwd, _ = loops(c)
     assert "mma.sync" not in persistent_kernel(c, fwd, "rg_bf16", 8, 64).source
     assert "mma.sync" in persistent_kernel(c, fwd, "rg_bf16", 9, 64).source
+    assert "mma.sync" in persistent_kernel(c, fwd, "rg_bf16", 4, 64, tensor_cores=True).source
+    assert [chosen(c, fwd, B, ml_dtypes.bfloat16, **H200).tensor_cores for B in (1, 3, 4, 8)] == [False, False, True, True]
 
 
 @pytest.mark.parametrize("H,B", [(512, 256), (768, 64), (1024, 64), (1024, 256)])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..run.backends.cuda.persistent.runner import TENSOR_CORES_FROM
 from .figures import NAMES
 from .report_data import (Findings, Results, best_val, loop, num, pair, per_frame, ratio, record, seconds, source,
                           table, times)
@@ -180,28 +181,35 @@ def half(results: Results, findings: Findings) -> str:
     for B in doc["settings"]["B"]:
         auto, pers = (record(doc, B=B, impl="graph", loop=v) for v in ("auto", "persistent"))
         c32, c16 = (record(doc, B=B, impl=f"cudnn@{d}") for d in ("float32", "float16"))
-        cores = "tensor cores" if B > 8 else "CUDA cores"
+        cores = "tensor cores" if B >= TENSOR_CORES_FROM else "CUDA cores"
         rows.append([B, f"**{pair(auto)}** ({_ran(auto, B)})",
                      f"{pair(pers)} ({cores})", pair(c16), pair(c32), times(ratio(auto, c16)), times(ratio(auto, c32))])
         findings.compare("Half precision and tensor cores", f"bfloat16 LSTM at B = {B} (`auto`: {_ran(auto, B)})",
                          auto, c16, "cuDNN float16")
+    faster = [str(B) for B in doc["settings"]["B"]
+              if (ratio(record(doc, B=B, impl="graph", loop="auto"), record(doc, B=B, impl="cudnn@float16")) or 2) < 1]
     runs = results.training()
     b16, f32 = runs["gpu_bfloat16"], runs["gpu_float32"]
     return f"""## Half precision and tensor cores
 
-The LSTM in bfloat16, graph mode, as `auto` runs it and with `loop="persistent"` (up to B = 8 on CUDA cores, beyond
-on tensor cores), against cuDNN in float16 and in float32 in the same process, T = 100, H = 512.
+The LSTM in bfloat16, graph mode, as `auto` runs it and with `loop="persistent"` (up to B = {TENSOR_CORES_FROM - 1} on CUDA
+cores, from B = {TENSOR_CORES_FROM} on tensor cores), against cuDNN in float16 and in float32 in the same process, T = 100,
+H = 512.
 
 {table(["B", "rnngraph bfloat16, `auto` (loop)", "`persistent`", "cuDNN float16", "cuDNN float32",
         "auto ÷ cuDNN float16, training", "auto ÷ cuDNN float32, training"], rows)}
 
 {source(doc)}
 
-Up to B = 16 `auto` runs the persistent loop (on tensor cores from B = 9: `mma.sync` with float32 sums, the weights
-held in shared memory); beyond it runs `stages`, a `GemmEx` and a fused kernel a frame, since there the tensor-core
-kernel measured slower: every block stages all of x's rows (B × K values) from L2 each frame, and its backward
-stages all 4H gate gradients. cuDNN's float16 LSTM, a persistent kernel on tensor cores, is faster than rnngraph
-from B = 8 on; rnngraph is faster at B = 1, where the loop is bound by latency.
+Up to B = 16 `auto` runs the persistent loop: on tensor cores from B = {TENSOR_CORES_FROM} (`mma.sync` with float32 sums
+in a 16-row tile, the rows past B masked, the weights held in shared memory). Beyond B = 16 it runs `stages`, a
+`GemmEx` and a fused kernel a frame, since there the tensor-core kernel measured slower. Every block of that kernel
+stages all of x's rows (B × K values) from L2 each frame, after a grid barrier: profiled at B = 16, that wait is a
+third of a frame, the largest part. Its backward stages all 4H gate gradients.
+
+In this run rnngraph's training step is faster than cuDNN float16's at B = {", ".join(faster) or "none"}. cuDNN's
+float16 LSTM is a persistent kernel on tensor cores. Its small-batch times move between processes, so compare within one
+run: at B = 8 they ranged from 0.92 to 1.42 ms over runs of the same day.
 
 The 3 × 512 char-LM of [Training](#training) reaches in bfloat16 a best validation bpc of {best_val(b16)[0]:.3f} in
 {seconds(b16):.0f} s, against {best_val(f32)[0]:.3f} in {seconds(f32):.0f} s in float32: {seconds(f32) / seconds(b16):.2f}×
@@ -212,7 +220,7 @@ kernels and recording the graphs).
 
 
 def _ran(r: dict, B: int) -> str:
-    return f"persistent on {'tensor' if B > 8 else 'CUDA'} cores" if loop(r) == "persistent" else loop(r)
+    return f"persistent on {'tensor' if B >= TENSOR_CORES_FROM else 'CUDA'} cores" if loop(r) == "persistent" else loop(r)
 
 
 def _first_step(run: dict) -> float:

@@ -51,7 +51,7 @@ def note(sched) -> str:
                 "(up to B = 64, 256 with loop='persistent', where a block's heads fit; else at B ≤ 8 split over more "
                 "blocks, with barriers); else frame by frame, as stages")
     return ("runs all stages as one cooperative kernel a direction on the GPU, the weights held on chip "
-            "(B ≤ 8; in half precision on tensor cores up to B = 16, 256 with loop='persistent'; where they fit); "
+            "(B ≤ 8; in half precision on tensor cores from B = 4, up to B = 16, 256 with loop='persistent'; where they fit); "
             "else frame by frame, as stages (rnngraph schedule --batch B --dtype D says which)")
 
 
