@@ -69,29 +69,23 @@ def epoch(net, data, bptt: int, batch: int, lr: float, batches: int) -> tuple:
 
 
 def rnngraph_lstm(backend: str):
-    """rnngraph.torch.LSTM whose CPU engine runs on `backend`: 'numpy' is what rnngraph.torch runs today;
-    'cpu' swaps its engine's backend for the compiled one with blas_threads=1 (torch's pool computes the other
-    layers; what rnngraph.torch would pick by itself once its CPU engine asks for run.backends.cpu_backend())."""
+    """rnngraph.torch.LSTM with its CPU engine on `backend`: 'cpu' is what it ships (the compiled backend where numba
+    runs, its BLAS on one thread beside torch's pool); 'numpy' holds it to the numpy reference engine."""
     import rnngraph.torch as rt
     from rnngraph.run.backends import get_backend
     from rnngraph.torch import modules
-    if backend == "numpy":
+    if backend == "cpu":
         return rt.LSTM
-    engine, backend = modules.Engine, get_backend(backend, blas_threads=1)
+    host = modules._host_backend
 
-    class CpuLSTM(rt.LSTM):
-        def _engine(self, x):
-            modules.Engine = functools.partial(_on_backend, engine, backend)       # for this call only
+    class NumpyLSTM(rt.LSTM):
+        def _engine(self, *args):
+            modules._host_backend = functools.partial(get_backend, backend)     # for this call only
             try:
-                return super()._engine(x)
+                return super()._engine(*args)
             finally:
-                modules.Engine = engine
-    return CpuLSTM
-
-
-def _on_backend(engine, cpu_backend, *args, **kw):
-    """The engine, on cpu_backend (a backend object) where rnngraph.torch asked for numpy."""
-    return engine(*args, **{**kw, "backend": cpu_backend if kw.get("backend") == "numpy" else kw.get("backend")})
+                modules._host_backend = host
+    return NumpyLSTM
 
 
 def main(argv=None) -> int:

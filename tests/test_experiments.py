@@ -242,3 +242,14 @@ def test_wavefront_cell_puts_every_layer_in_two_stages():
     s = build_schedule(load_cell(wavefront_lstm(3), 8, 16))
     assert [len(st) for st in s.loop] == [3, 1]                     # 3 independent GEMMs, 1 fused kernel
     assert [it.operand for it in s.loop[0]] == ["h0", "h1", "h2"] and all(it.delay == 1 for it in s.loop[0])
+
+
+def test_the_word_lm_probe_runs_each_engine_to_the_same_losses():
+    """experiments/word_lm_cpu.py: torch.nn.LSTM, rnngraph.torch as it ships and held to numpy, a few windows each."""
+    pytest.importorskip("torch")
+    out = _run("experiments/word_lm_cpu.py", "--hidden", "16", "--vocab", "200", "--batches", "3", "--bptt", "5")
+    assert out.returncode == 0, out.stderr[-2000:]
+    ends = [line.split("loss ")[1] for line in out.stdout.splitlines() if "s/epoch" in line]
+    assert len(ends) == 3
+    first = {float(e.split(" -> ")[0]) for e in ends}
+    assert max(first) - min(first) <= 1e-4 * max(first)      # the same initial weights and data: the same first loss
