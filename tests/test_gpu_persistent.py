@@ -100,7 +100,7 @@ def test_a_refused_launch_warns_once_and_runs_stages(monkeypatch):
     from rnngraph.errors import RnnGraphWarning
     from rnngraph.run.backends.cuda.persistent import runner as persistent
     monkeypatch.setattr(persistent, "device", lambda i: {"CooperativeLaunch": 0, "MultiProcessorCount": 1,
-                                                         "MaxSharedMemoryPerBlockOptin": 1 << 20})
+                                                         "MaxSharedMemoryPerBlockOptin": 1 << 20, "ComputeCapability": 90})
     monkeypatch.setattr(persistent, "_REFUSED", set())
     with pytest.warns(RnnGraphWarning, match="runs frame by frame: this GPU cannot launch cooperative kernels"):
         ref, gpu = pair("lstm", "persistent", 4, 16, "float64", "staged")

@@ -75,6 +75,26 @@ def test_what_the_gpu_runs_is_said_by_batch_and_dtype():
     assert "KiB of shared memory" in gpu_loop(huge, loops(huge)[0], 64, np.float16, **H200)
 
 
+def test_a_gpu_without_tensor_core_mma_runs_cuda_cores_or_stages_and_says_why():
+    """Compute capability below 8.0 (a T4, a V100): no mma.sync m16n8k16 in half, no cp.async."""
+    import ml_dtypes
+    from rnngraph.run.backends.cuda.persistent.runner import gpu_facts
+    old = dict(sms=40, smem=64 * 1024, mma=False)
+    assert gpu_facts({"MultiProcessorCount": 40, "MaxSharedMemoryPerBlockOptin": 65536, "ComputeCapability": 75}) == \
+        (40, 65536, False)
+    assert gpu_facts({"MultiProcessorCount": 132, "MaxSharedMemoryPerBlockOptin": 1, "ComputeCapability": 90})[2]
+    c = load_cell("lstm", 32, 128)
+    fwd, _ = loops(c)
+    assert gpu_loop(c, fwd, 8, np.float16, **old) == "persistent (CUDA cores)"
+    assert not chosen(c, fwd, 8, np.float16, **old).tensor_cores
+    assert gpu_loop(c, fwd, 16, np.float16, **old) == ("stages: B=16 rows: a persistent kernel takes at most 8 in float16 "
+                                                       "on this GPU (tensor cores need compute capability 8.0)")
+    heads = load_cell("slstm", 64, 64, heads=4)
+    hf, _ = loops(heads)
+    assert not chosen(heads, hf, 64, ml_dtypes.bfloat16, **old).tensor_cores       # rows split over blocks instead
+    assert chosen(heads, hf, 64, ml_dtypes.bfloat16, **H200).tensor_cores
+
+
 def test_schedule_says_which_loop_the_gpu_runs(capsys):
     from rnngraph.lab.cli import main
     assert main(["schedule", "lstm", "--batch", "64", "--dtype", "bfloat16"]) == 0

@@ -95,11 +95,10 @@ def gpu_loop(schedule, B: int, dtype: str, auto: bool) -> str:
     from ..run.backends.cuda.persistent import runner
     if gpu_problem() is None:
         import cupy
-        facts = runner.device(cupy.cuda.Device().id)
-        sms, smem, where = facts["MultiProcessorCount"], facts["MaxSharedMemoryPerBlockOptin"], "this GPU"
+        (sms, smem, mma), where = runner.gpu_facts(runner.device(cupy.cuda.Device().id)), "this GPU"
     else:
-        sms, smem, where = 132, 227 * 1024, "an H200 (no GPU usable here)"
-    return f"{runner.gpu_loop(schedule.cell, schedule.forward[1].items[0], B, dtype, sms, smem, auto)}, on {where}"
+        (sms, smem, mma), where = (132, 227 * 1024, True), "an H200 (no GPU usable here)"
+    return f"{runner.gpu_loop(schedule.cell, schedule.forward[1].items[0], B, dtype, sms, smem, mma, auto)}, on {where}"
 
 
 # -- figures (here: --help needs no matplotlib) --------------------------------------------------

@@ -26,6 +26,7 @@ AUTO_TENSOR_CORE_ROWS = 16
 # H200 (bfloat16 LSTM, H = 512, T = 100, training step, CUDA cores against tensor cores): B = 1 0.985 / 1.007 ms,
 # B = 4 1.385 / 1.005, B = 8 1.832 / 1.173.
 TENSOR_CORES_FROM = 4
+MMA_CAPABILITY = 80     # the tensor-core kernels' mma.sync m16n8k16 in half and cp.async need compute capability 8.0
 # Per head (a block owns whole heads, so rows split over blocks too), measured on an H200 (sLSTM 12 heads of 64,
 # T = 1024, training step, docs/performance.md): bfloat16 B = 16 on CUDA cores at 1, 2, 4, 8 rows a block 12.1
 # (192 blocks: two waves), 8.9 (96 blocks), 17.8, 47.1 ms, on tensor cores in one block 17.0; B = 64 at 8 rows
@@ -61,32 +62,40 @@ def why_not(be, cell, loop, B: int, dtype) -> str | None:
     """Why this GPU runs `loop` frame by frame at B rows of dtype, or None: what no persistent kernel runs,
     B, no cooperative launch (said once in a warning), or shared memory too small for the weights in dtype."""
     facts = device(be.xp.cuda.Device().id)
-    why = fit(cell, loop, B, dtype, facts["MultiProcessorCount"], facts["MaxSharedMemoryPerBlockOptin"])
+    why = fit(cell, loop, B, dtype, *gpu_facts(facts))
     if why is None and kernel(be, cell, loop, B, dtype).cooperative and not facts.get("CooperativeLaunch", 0):
         return refused("this GPU cannot launch cooperative kernels")
     return why
 
 
-def fit(cell, loop, B: int, dtype, sms: int, smem: int) -> str | None:
-    """Why a GPU of `sms` SMs and `smem` bytes of shared memory per block runs `loop` frame by frame at B rows
-    of dtype, or None: what no persistent kernel runs, B, or the weights and rows exceeding shared memory."""
-    why, rows = problem(cell, loop), max_rows(cell, loop, dtype)
+def fit(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True) -> str | None:
+    """Why a GPU of `sms` SMs and `smem` bytes of shared memory per block (`mma`: whether it runs the tensor-core
+    kernels) runs `loop` frame by frame at B rows of dtype, or None: what no persistent kernel runs, B, or the
+    weights and rows exceeding shared memory."""
+    why, rows = problem(cell, loop), max_rows(cell, loop, dtype, mma)
     if why or B > rows:
-        return why or f"B={B} rows: a persistent kernel takes at most {rows} in {float_dtype(dtype, half=True).name}"
-    need = chosen(cell, loop, B, dtype, sms, smem).smem
+        short = "" if mma or rows == max_rows(cell, loop, dtype) else \
+            f" on this GPU (tensor cores need compute capability {MMA_CAPABILITY // 10}.{MMA_CAPABILITY % 10})"
+        return why or f"B={B} rows: a persistent kernel takes at most {rows} in {float_dtype(dtype, half=True).name}{short}"
+    need = chosen(cell, loop, B, dtype, sms, smem, mma).smem
     if need > smem:
         return (f"its weights and rows need {need / 1024:.0f} KiB of shared memory per block at B={B}, "
                 f"more than the {smem / 1024:.0f} KiB the GPU has")
     return None
 
 
-def gpu_loop(cell, loop, B: int, dtype, sms: int, smem: int, auto: bool = True) -> str:
+def gpu_loop(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, auto: bool = True) -> str:
     """What runs `loop` (a PersistentLoop) at B rows of dtype on such a GPU, for loop='auto' or (auto False)
     loop='persistent', in words: 'persistent (tensor cores)', 'persistent (CUDA cores)' or 'stages: <why>'."""
-    why = fit(cell, loop, B, dtype, sms, smem) or (auto and _slower(cell, loop, B))
+    why = fit(cell, loop, B, dtype, sms, smem, mma) or (auto and _slower(cell, loop, B))
     if why:
         return f"stages: {why}"
-    return f"persistent ({'tensor' if chosen(cell, loop, B, dtype, sms, smem).tensor_cores else 'CUDA'} cores)"
+    return f"persistent ({'tensor' if chosen(cell, loop, B, dtype, sms, smem, mma).tensor_cores else 'CUDA'} cores)"
+
+
+def gpu_facts(facts: dict) -> tuple:
+    """(SMs, shared memory bytes a block, whether it runs the tensor-core kernels) of a GPU's attributes."""
+    return facts["MultiProcessorCount"], facts["MaxSharedMemoryPerBlockOptin"], facts["ComputeCapability"] >= MMA_CAPABILITY
 
 
 def _slower(cell, loop, B: int) -> str | None:
@@ -99,11 +108,12 @@ def _slower(cell, loop, B: int) -> str | None:
     return None
 
 
-def max_rows(cell, loop, dtype) -> int:
+def max_rows(cell, loop, dtype, mma: bool = True) -> int:
     """The batch rows a persistent kernel takes: with head-wise GEMMs MMA_ROWS in any dtype (rows split over
-    blocks, head_rows), with full matrices on tensor cores in half storage, else MAX_ROWS on CUDA cores."""
+    blocks, head_rows), with full matrices on tensor cores in half storage (where the GPU runs them, `mma`), else
+    MAX_ROWS on CUDA cores."""
     heads = loop_heads(phases(cell, loop)) > 1
-    return MMA_ROWS if heads or float_dtype(dtype, half=True).itemsize == 2 else MAX_ROWS
+    return MMA_ROWS if heads or mma and float_dtype(dtype, half=True).itemsize == 2 else MAX_ROWS
 
 
 def head_rows(B: int, tensor_cores: bool, blocks: int, sms: int) -> int:
@@ -128,25 +138,25 @@ def head_rows(B: int, tensor_cores: bool, blocks: int, sms: int) -> int:
 
 def kernel(be, cell, loop, B: int, dtype):
     """The generated kernel for this GPU."""
-    facts = device(be.xp.cuda.Device().id)
-    return chosen(cell, loop, B, dtype, facts["MultiProcessorCount"], facts["MaxSharedMemoryPerBlockOptin"])
+    return chosen(cell, loop, B, dtype, *gpu_facts(device(be.xp.cuda.Device().id)))
 
 
-def chosen(cell, loop, B: int, dtype, sms: int, smem: int):
-    """The kernel for a GPU of `sms` SMs and `smem` bytes of shared memory a block: the first of
+def chosen(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True):
+    """The kernel for a GPU of `sms` SMs and `smem` bytes of shared memory a block (`mma`: tensor cores usable):
+    the first of
     phases.block_counts whose shared memory fits, else the last: per head first where the GEMMs are head-wise
     (its rows split over blocks, head_rows; beyond MAX_ROWS the only one), on tensor cores fewer blocks first
     (tensor_core_blocks)."""
     ctype = CTYPES[float_dtype(dtype, half=True).name]
     counts, groups = block_counts(cell, loop, sms), phases(cell, loop)
     if loop_heads(groups) > 1:          # per head first: its rows split over blocks (head_rows)
-        tc = float_dtype(dtype, half=True).itemsize == 2 and one_head(groups, counts[0])
+        tc = mma and float_dtype(dtype, half=True).itemsize == 2 and one_head(groups, counts[0])
         rows = head_rows(B, tc, counts[0], sms)
         apart = _made(cell, loop, ctype, rows, counts[0], B // rows)
         if apart.smem <= smem or B > MAX_ROWS or len(counts) == 1:
             return apart
         counts = counts[1:]             # heads too large for a block: split over more blocks, with barriers
-    tc = loop_heads(groups) == 1 and full_tensor_cores(B, dtype)
+    tc = mma and loop_heads(groups) == 1 and full_tensor_cores(B, dtype)
     if tc:
         counts = [G for G in dict.fromkeys(tensor_core_blocks(B, sms) + counts) if G <= counts[-1]]
     made = [_made(cell, loop, ctype, B, G, tensor_cores=tc) for G in counts]
@@ -188,9 +198,11 @@ def _made(cell, loop, ctype: str, B: int, G: int, row_groups: int = 1, tensor_co
 
 @functools.lru_cache(maxsize=None)
 def device(index: int) -> dict:
-    """The attributes of GPU `index` (SMs, shared memory, cooperative launch), read once."""
+    """The attributes of GPU `index` (SMs, shared memory, cooperative launch) and its compute capability (90 for
+    9.0, as ComputeCapability), read once."""
     import cupy
-    return cupy.cuda.Device(index).attributes
+    gpu = cupy.cuda.Device(index)
+    return {**gpu.attributes, "ComputeCapability": int(gpu.compute_capability)}
 
 
 def refused(why: str) -> str:
