@@ -143,10 +143,9 @@ def kernel(be, cell, loop, B: int, dtype):
 
 def chosen(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True):
     """The kernel for a GPU of `sms` SMs and `smem` bytes of shared memory a block (`mma`: tensor cores usable):
-    the first of
-    phases.block_counts whose shared memory fits, else the last: per head first where the GEMMs are head-wise
-    (its rows split over blocks, head_rows; beyond MAX_ROWS the only one), on tensor cores fewer blocks first
-    (tensor_core_blocks)."""
+    the first of phases.block_counts whose shared memory fits, else the last: per head first where the GEMMs are
+    head-wise (its rows split over blocks, head_rows; beyond MAX_ROWS the only one), on tensor cores fewer blocks
+    first (tensor_core_blocks)."""
     ctype = CTYPES[float_dtype(dtype, half=True).name]
     counts, groups = block_counts(cell, loop, sms), phases(cell, loop)
     if loop_heads(groups) > 1:          # per head first: its rows split over blocks (head_rows)
