@@ -177,7 +177,7 @@ def _admits(doc: dict, cell: str, strategy: str) -> bool:
 
 def half(results: Results, findings: Findings) -> str:
     doc = results.bench("tensor_cores")
-    rows = []
+    rows, faster = [], []           # faster: the B where rnngraph trains faster than cuDNN float16
     for B in doc["settings"]["B"]:
         auto, pers = (record(doc, B=B, impl="graph", loop=v) for v in ("auto", "persistent"))
         c32, c16 = (record(doc, B=B, impl=f"cudnn@{d}") for d in ("float32", "float16"))
@@ -186,8 +186,8 @@ def half(results: Results, findings: Findings) -> str:
                      f"{pair(pers)} ({cores})", pair(c16), pair(c32), times(ratio(auto, c16)), times(ratio(auto, c32))])
         findings.compare("Half precision and tensor cores", f"bfloat16 LSTM at B = {B} (`auto`: {_ran(auto, B)})",
                          auto, c16, "cuDNN float16")
-    faster = [str(B) for B in doc["settings"]["B"]
-              if (ratio(record(doc, B=B, impl="graph", loop="auto"), record(doc, B=B, impl="cudnn@float16")) or 2) < 1]
+        if (ratio(auto, c16) or 1) < 1:
+            faster.append(str(B))
     runs = results.training()
     b16, f32 = runs["gpu_bfloat16"], runs["gpu_float32"]
     return f"""## Half precision and tensor cores

@@ -162,10 +162,11 @@ def gemm(p, off, lay: Layout, x: str, ld: str, lag: int, col: str = "k", m: int 
     expression; m: p.m), the sums into `sums` (gs, or an offset into it). A head-wise phase's x columns are its
     head's (heads.head_mma)."""
     load, KP, KS = f"AT({x}, {ld}, {lag}, {col})", padded(p.width), lay.ks[id(p)]
+    slices = -(-KP // KS)
     stage = (STAGE_WIDE if p.width % 8 == 0 else STAGE).format(K=p.width, XLD=lay.xld, load=load, x=x, ld=ld)
     return GEMM.format(m=p.m if m is None else m, MT=lay.x_rows // 16, TPW=lay.tiles_per_warp, KP=KP, KS=KS,
-                       UNROLL=-(-KP // KS) if -(-KP // KS) <= UNROLLED_SLICES else 1, XLD=lay.xld, WLD=KP + 8,
-                       woff=off, stage=stage, gs=sums)
+                       UNROLL=slices if slices <= UNROLLED_SLICES else 1, XLD=lay.xld, WLD=KP + 8, woff=off,
+                       stage=stage, gs=sums)
 
 
 def helpers(ctype: str) -> str:

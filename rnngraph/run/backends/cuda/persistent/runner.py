@@ -74,7 +74,7 @@ def fit(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True) -> str
     weights and rows exceeding shared memory."""
     why, rows = problem(cell, loop), max_rows(cell, loop, dtype, mma)
     if why or B > rows:
-        short = "" if mma or rows == max_rows(cell, loop, dtype) else \
+        short = "" if rows == max_rows(cell, loop, dtype) else \
             f" on this GPU (tensor cores need compute capability {MMA_CAPABILITY // 10}.{MMA_CAPABILITY % 10})"
         return why or f"B={B} rows: a persistent kernel takes at most {rows} in {float_dtype(dtype, half=True).name}{short}"
     need = chosen(cell, loop, B, dtype, sms, smem, mma).smem
