@@ -74,7 +74,7 @@ def element_offsets(view, base) -> numpy.ndarray:
     [4, 6, 8, 10]
     """
     item = base.itemsize
-    start = (_address(view) - _address(base)) // item
+    start = (address(view) - address(base)) // item
     idx = numpy.full(view.shape, start, numpy.int64)
     for axis, (n, stride) in enumerate(zip(view.shape, view.strides)):
         idx += (numpy.arange(n, dtype=numpy.int64) * (stride // item)).reshape((n,) + (1,) * (view.ndim - axis - 1))
@@ -84,7 +84,8 @@ def element_offsets(view, base) -> numpy.ndarray:
     return idx
 
 
-def _address(a) -> int:
+def address(a) -> int:
+    """The device or host address of an array's first element (numpy and cupy alike)."""
     face = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
     return face["data"][0]
 

@@ -1,5 +1,6 @@
-"""Shape buckets (rnngraph.nn.buckets): a call padded to a (T', B') from the ladder gives exactly what the
-unpadded call gives, outputs, final states and every gradient, on the numpy backend in float64."""
+"""Bounded shapes (rnngraph.nn.buckets): a call with B padded to a power of two and T run in the executors'
+ladder of chunks gives exactly what the plain call gives, outputs, final states and every gradient, on the
+numpy backend in float64."""
 import numpy as np
 import pytest
 
@@ -18,12 +19,9 @@ def close(a, b):
 
 
 def test_the_ladder():
-    sizes = [bucket(n, 8) for n in range(1, 2001)]
-    assert all(n <= s <= max(8, 1.25 * n) for n, s in zip(range(1, 2001), sizes))
-    assert sorted(set(sizes))[:9] == [8, 10, 12, 14, 16, 20, 24, 28, 32]
-    assert len(set(sizes)) == 33 and len({bucket(n, 8) for n in range(5, 400)}) == 24
-    assert [bucket(b) for b in range(1, 9)] == list(range(1, 9))      # small batches run as they are
-    assert not Padding(np, 16, 4) and Padding(np, 17, 4) and Padding(np, 16, 9)
+    assert [bucket(b) for b in range(1, 65)] == [1, 2] + [4] * 2 + [8] * 4 + [16] * 8 + [32] * 16 + [64] * 32
+    assert len({bucket(b) for b in range(1, 65)}) == 7         # at most 8 steps up to 64
+    assert not Padding(np, 17, 4) and Padding(np, 16, 3) and Padding(np, 5, 9)      # T is never padded
 
 
 def run(layer, x, state, lengths, gy, gstate):
@@ -68,10 +66,10 @@ def test_batch_first_and_no_gradient_for_the_output():
         close(a, b)
 
 
-def test_the_automatic_policy_pads_only_after_eight_shapes():
+def test_the_automatic_policy_pads_only_after_four_shapes():
     auto = Policy(None)
-    assert [auto.pads(T, 2) for T in range(10, 18)] == [False] * 8
-    assert auto.pads(10, 2) is False and auto.pads(18, 2) is True and auto.pads(17, 2) is False
+    assert [auto.pads(T, 2) for T in range(10, 14)] == [False] * 4
+    assert auto.pads(10, 2) is False and auto.pads(18, 2) is True and auto.pads(13, 2) is False
     assert Policy(True).pads(16, 4) and not Policy(False).pads(17, 9)
     assert Recurrent("gru", 2, 3).buckets is False and Recurrent("gru", 2, 3, buckets=True).buckets
     with pytest.raises(RnnGraphError, match="buckets must be True, False or None"):
@@ -98,7 +96,7 @@ def test_workspaces_share_one_arena_that_grows(cell):
     np.testing.assert_array_equal(g, fresh.backward(np.ones_like(y2))[0])
     assert (ex.arenas.nbytes, ex.arenas.generation) == (held, generation) and len(ex._ws) == 2
     layer(rng.standard_normal((30, 3, 3)))
-    assert ex.arenas.generation > generation and list(ex._ws) == [(30, 3, "float64")]
+    assert ex.arenas.generation > generation and list(ex._ws) == [(30, 3, "float64", False)]
     np.testing.assert_array_equal(layer(short)[0], y2)
 
 

@@ -1,8 +1,9 @@
 """Time in chunks (rnngraph/run/chunks.py): a call longer than K frames runs as chunks of at most K
-frames, each in the workspace of its own length, its values set aside for the backward. On the numpy
-backend in float64, chunked calls give what whole calls give (outputs, final states, every gradient)
+frames, each in the workspace of its own length and reading its place in the call from the call's cursor,
+its values set aside for the backward; calls of many lengths run in chunks from a ladder of lengths. On the
+numpy backend in float64, chunked calls give what whole calls give (outputs, final states, every gradient)
 for every built-in cell in every loop strategy it admits and a cell reading 3 frames back, whole and ragged
-batches, and the buffers stop growing after the longest call."""
+batches, in K chunks and in the ladder, and the buffers stop growing after the longest call."""
 import numpy as np
 import pytest
 
@@ -10,7 +11,7 @@ from rnngraph import build_schedule
 from rnngraph.ir.cells import CELLS
 from rnngraph.nn import Recurrent
 from rnngraph.run.backends import get_backend
-from rnngraph.run.chunks import Chunked
+from rnngraph.run.chunks import LADDER_TOP, ladder, spans
 from rnngraph.run.executor import Executor
 from rnngraph.ir.loading import load_cell
 from test_buckets import close, run
@@ -74,8 +75,8 @@ def test_chunked_calls_equal_whole_calls_in_every_strategy(cell, loop):
 def test_the_spans_and_a_shorter_call_reusing_the_buffers():
     cell = load_cell("lstm", 3, 5)
     ex = Executor(cell, get_backend("numpy"), chunk=K)
-    assert Chunked(ex, K).spans(3 * K + 2) == [(0, K), (K, K), (2 * K, K), (3 * K, 2)]
-    assert Chunked(ex, K).spans(K) == [(0, K)]
+    assert spans(3 * K + 2, K) == [(0, K, K), (K, K, K), (2 * K, K, K), (3 * K, 2, 2)]
+    assert spans(K, K) == [(0, K, K)]
     params = {n: np.random.default_rng(0).standard_normal(s) for n, s in cell.params.items()}
     held = []
     for T in (4 * K + 3, 2 * K + 1, 3 * K, 4 * K + 3):
@@ -84,7 +85,72 @@ def test_the_spans_and_a_shorter_call_reusing_the_buffers():
         ex.backward({"h": np.ones((T, 2, 5))})
         held.append((ex.chunks.bufs.nbytes, ex.arenas.nbytes))
     assert held[1:] == held[:1] * 3           # the longest call first: no buffer grows after it
-    assert sorted(T for T, _, _ in ex._ws) == [1, 3, K]      # workspaces (views) of K frames and the remainders
+    assert sorted(T for T, _, _, chunk in ex._ws if chunk) == [1, 3, K]    # workspaces of K frames and the remainders
+
+
+def test_a_ladder_covers_every_length_with_few_chunk_lengths():
+    """Ladder spans: consecutive, every chunk but the last full, lengths from the ladder, the last padded by
+    fewer frames than the smallest step."""
+    assert ladder(512) == [512, 64, 8] and ladder(LADDER_TOP) == [4096, 512, 64, 8] and ladder(4) == [4]
+    for k in (4, 64, 100, 512):
+        steps = ladder(k)
+        for T in range(1, 2 * k + 70):
+            sp = spans(T, k, True)
+            assert [t0 for t0, _, _ in sp] == [int(v) for v in np.cumsum([0] + [n for _, _, n in sp[:-1]])]
+            assert sum(n for _, _, n in sp) == T and {L for _, L, _ in sp} <= set(steps)
+            assert all(n == L for _, L, n in sp[:-1]) and 0 <= sp[-1][1] - sp[-1][2] < steps[-1]
+
+
+LADDER_LENGTHS = [1, 7, 8, 9, 75]       # with the numpy backend's ladder (K = LADDER_TOP): 64 + 8 + 3 padded to 8
+
+
+@pytest.mark.parametrize("cell", list(CELLS) + [skip_cell])
+def test_ladder_calls_equal_whole_calls(cell):
+    """buckets=True: any T in chunks from the ladder (the last padded, its frames past the call's end masked),
+    B = 3 padded to 4, ragged, against whole calls."""
+    kw = dict(num_layers=2, bidirectional=True, dtype="float64", seed=3)
+    whole, bounded = Recurrent(cell, 3, 5, buckets=False, **kw), Recurrent(cell, 3, 5, buckets=True, **kw)
+    for T in LADDER_LENGTHS:
+        rng = np.random.default_rng(T)
+        x = rng.standard_normal((T, 3, 3))
+        for lengths in (None, np.array([T, rng.integers(0, T + 1), max(T - 9, 0)])):
+            state, gy, gstate = call(whole, x, lengths, rng)
+            for a, b in zip(run(bounded, x, state, lengths, gy, gstate), run(whole, x, state, lengths, gy, gstate),
+                            strict=True):
+                close(a, b)
+            ex = bounded._stack.runs[0][0].ex
+            assert ex.chunked and {L for L, B, _, chunk in ex._ws} <= {8, 64} and ex.ws.B == 4
+
+
+def test_recomputed_ladder_calls_equal_whole_calls():
+    kw = dict(num_layers=2, bidirectional=True, dtype="float64", seed=3)
+    whole = Recurrent("gru", 3, 5, buckets=False, recompute=False, **kw)
+    again = Recurrent("gru", 3, 5, buckets=True, recompute=True, **kw)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((75, 2, 3))
+    lengths = np.array([75, 40])
+    state, gy, gstate = call(whole, x, lengths, rng)
+    for a, b in zip(run(again, x, state, lengths, gy, gstate), run(whole, x, state, lengths, gy, gstate), strict=True):
+        close(a, b)
+    assert again.recomputed
+
+
+def test_a_ladder_makes_one_workspace_a_step_and_writes_the_cursor_once_a_call(monkeypatch):
+    """Over many lengths, the chunk workspaces (and so, in graph mode, the recordings) are the ladder's steps;
+    the host writes each call's cursor once forward and once backward, whatever the number of chunks."""
+    layer = Recurrent("lstm", 3, 5, dtype="float64", buckets=True)
+    be, ex = layer.backend, layer._stack.runs[0][0].ex
+    uploads = []
+    real = be.upload
+    monkeypatch.setattr(be, "upload", lambda dst, host: (uploads.append(len(host)), real(dst, host)))
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((700, 2, 3))
+    for T in rng.integers(1, 700, 12):
+        del uploads[:]
+        y, _ = layer(x[:T])
+        layer.backward(np.ones_like(y))
+        assert len(uploads) == 3 and len(ex.chunks.last[0]) == len(spans(int(T), LADDER_TOP, True)) > 0
+    assert {L for L, _, _, _ in ex._ws} <= set(ladder(LADDER_TOP)) and all(chunk for *_, chunk in ex._ws)
 
 
 def test_chunking_is_off_by_default_on_numpy_and_can_be_asked_for():

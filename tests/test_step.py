@@ -73,7 +73,7 @@ def test_the_backward_of_a_step_is_that_frame_s(cell, layers):
 
 
 def test_a_step_is_never_padded_to_a_shape_bucket():
-    layer = Recurrent("gru", 3, 4, dtype="float64", buckets=True)       # every call padded (T to >= 8)
+    layer = Recurrent("gru", 3, 4, dtype="float64", buckets=True)       # every call in ladder chunks of >= 8 frames
     x = np.random.default_rng(0).standard_normal((1, 2, 3))
     y, h = layer(x)
     assert layer._stack.runs[0][0].ex.ws.T == 8

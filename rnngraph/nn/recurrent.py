@@ -55,9 +55,9 @@ class Recurrent(Parameterized):
     loop strategy ('auto' | 'stages' | 'elementwise' | 'scan' | 'persistent'; ``layer.loop_strategy`` says
     what the last call ran and ``layer.loop_note`` why a persistent loop ran frame by frame), ``seed`` for
     the layer's generator (initialisation and dropout masks), ``init`` 'uniform' (torch's U(±1/√H)) |
-    'orthogonal' | a function of the layer, ``buckets`` pads calls to a (T, B) from a small ladder
-    (rnngraph.nn.buckets) so that a few recorded graphs serve every shape: True, False, or None (default:
-    in graph mode, after 8 distinct shapes ran as they are), ``recompute`` keeps memory bounded over long
+    'orthogonal' | a function of the layer, ``buckets`` bounds what calls of many shapes record: B padded to a
+    power of two, T run in a ladder of chunks (rnngraph.nn.buckets), so that a few recorded graphs serve every
+    shape: True, False, or None (default: in graph mode, after 4 distinct shapes ran as they are), ``recompute`` keeps memory bounded over long
     sequences: the backward runs the forward again chunk by chunk instead of storing every value (True,
     False, or None (default): where the values a call stores would exceed RNNGRAPH_STORE_BYTES, 2 GiB by
     default; ``layer.recomputed`` says whether the last call did). Other keywords are the cell function's
@@ -212,8 +212,8 @@ class Recurrent(Parameterized):
         return y[0], self._pack(finals)
 
     def _run(self, xt, state, lengths, may_pad: bool, step: bool):
-        """The forward of time-major xt [T, B, D], padded to a shape bucket where may_pad says; keeps what
-        backward needs. Returns (y [T, B, dirs·F], state -> final)."""
+        """The forward of time-major xt [T, B, D], bounded where may_pad says (B padded to a bucket, T in the
+        executors' ladder of chunks); keeps what backward needs. Returns (y [T, B, dirs·F], state -> final)."""
         T, B = xt.shape[:2]
         init = self._unpack(state, "{}0", T, B, every_frame=True)
         lengths = chk.check_lengths(lengths, T, B)
@@ -228,7 +228,7 @@ class Recurrent(Parameterized):
         dropout = self.dropout if self.training else 0.0
         self._last = None               # the executors' workspaces are about to change
         y, finals = self._stack.forward(self._views, xt, init, frames, dropout, self.rng,
-                                          None if pad else self.stream_window)
+                                          None if pad else self.stream_window, ladder=may_pad)
         if pad:
             y, finals = pad.unframes(y), pad.unstates(finals)
         self._last = (frames, y.shape, spread, pad, step)

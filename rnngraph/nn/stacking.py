@@ -54,13 +54,14 @@ class Direction:
         self.in_size = cell.inputs[self.x_name]
         self.out_size = cell.op(self.y_name).size
 
-    def forward(self, params: dict, x, init: dict, frames: Frames, out):
+    def forward(self, params: dict, x, init: dict, frames: Frames, out, ladder: bool = False):
         """x: [T, B, D] in time order; init: state -> [B, S] or None. Writes y [T, B, F] into `out`
-        and returns state -> final [B, S], views into the workspace: consume them before the next call."""
+        and returns state -> final [B, S], views into the workspace: consume them before the next call.
+        ladder: the executor's (calls of many lengths)."""
         if self.reverse:
             x = frames.reverse(x)
         into = None if self.reverse else {self.y_name: out}     # a call in chunks writes y there itself
-        outs, finals = self.ex.forward(params, {self.x_name: x}, init, frames.lengths_dev, into)
+        outs, finals = self.ex.forward(params, {self.x_name: x}, init, frames.lengths_dev, into, ladder)
         y = outs[self.y_name]
         if y is not out:
             self.ex.backend.copy(out, frames.reverse(y) if self.reverse else y)
@@ -97,10 +98,11 @@ class Stack:
         D, K = self.depths[s], len(self.runs) * self.nd
         return (K, B, self.states[s][1]) if D == 1 else (D, K, B, self.states[s][1])
 
-    def forward(self, params, x, init: dict, frames: Frames, dropout: float, rng, window=None):
+    def forward(self, params, x, init: dict, frames: Frames, dropout: float, rng, window=None, ladder: bool = False):
         """params[l][d]: cell param -> array; x: [T, B, D]; init: state -> [L·dirs, B, S] (every
-        earlier frame), [D, L·dirs, B, S] (the last D frames) or None; window: dropout_mask's. Returns
-        (y [T, B, dirs·F], state -> final, shaped self.shape(s, B))."""
+        earlier frame), [D, L·dirs, B, S] (the last D frames) or None; window: dropout_mask's; ladder: run in
+        the executors' ladder of chunks (calls of many lengths). Returns (y [T, B, dirs·F], state -> final,
+        shaped self.shape(s, B))."""
         xp, nd = self.backend.xp, self.nd
         T, B = x.shape[:2]
         finals = {s: xp.empty(self.shape(s, B), x.dtype) for s in self.states}     # every slice k is written
@@ -112,7 +114,7 @@ class Stack:
             for d, run in enumerate(layer):
                 k = l * nd + d
                 st0 = {s: None if a is None else a[..., k, :, :] for s, a in init.items()}
-                for s, f in run.forward(params[l][d], inp, st0, frames, out[..., d * F:(d + 1) * F]).items():
+                for s, f in run.forward(params[l][d], inp, st0, frames, out[..., d * F:(d + 1) * F], ladder).items():
                     self.backend.copy(finals[s][..., k, :, :], f)
             out = frames.mask(out)
             mask = None

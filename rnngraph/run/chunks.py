@@ -1,107 +1,295 @@
-"""Time in chunks: an executor runs a call of T frames as consecutive chunks of at most K frames, each in
-the workspace (and, in graph mode, the recorded graphs) of its own length, so one recording of K frames
-serves every T, and a call records at most the graphs of its remainder's length besides.
+"""Time in chunks, each chunk reading its place in the call from the device: an executor runs a call of T
+frames as consecutive chunks, each in the workspace (and, in graph mode, the recording) of its length L, and
+every chunk reads where it lies in its call from the call's cursor, one small int64 array on the device
+written once a call. One recording of L frames therefore serves every chunk of that length of every call,
+whatever T, and a chunk costs the host one replay.
 
-Forward, chunk by chunk: chunk c starts from the states chunk c-1 ended in (each sequence's own last
-frame: lengths are clipped to the chunk, and a sequence with no frame left in it passes its state
-through), its outputs are copied into the call's output buffer, and its stored values (the workspace's
-value arena) are copied aside, since the next chunk reuses the same memory. Backward, last chunk first:
-the chunk's values are copied back, its backward runs with the gradient of its final states taken from
-the chunk after it (the gradient of that chunk's initial states), and the parameter gradients add up.
-The result equals one pass over all T frames up to the order of the parameter gradients' sums.
+The chunks of a call (spans): chunks of K frames, then the rest, as one chunk of its own length (exact), or,
+where calls come in many lengths (ladder), as chunks from the ladder K, K/8, K/64, ... (≥ 8 frames), largest
+first. A ladder's last chunk holds the n < 8 frames left and runs padded to the smallest step: its frames
+past n read zero inputs and every sequence's length is clipped to n, as padded frames are, so they never
+feed a real one. A ladder records at most one chunk a step, whatever the lengths.
 
-With recomputation (Executor's recompute: long sequences within memory) nothing is set aside but each
-chunk's initial states: the backward runs each chunk's forward again, from its initial states and
-inputs (the caller's arrays, referenced, not copied: they must not change before the backward), then
-its backward. Memory is then one chunk's workspace plus the states at the chunks' boundaries, for one
-more forward pass; the results are the same (the forward is deterministic).
+The cursor [HEAD + B + 3·slots + 3·N] int64: c (the chunk running), step (what a forward adds to c: 1, or 0
+when the backward runs it again), T, N; the B lengths (T where none are given); the address and the frame and
+batch strides (elements) of each slot: the caller's arrays [T, B, F] the call reads and writes (inputs,
+outputs, then the outputs' and inputs' gradients); per chunk, (t0, n, stash offset or -1).
 
-Everything a call needs beyond the workspaces (outputs, input gradients, parameter gradients, the values
-set aside) lives in one Arenas, which grows with the longest call and is reused by every shorter one.
+A chunk's forward: its states' history from carry slot c (the call's initial states for c = 0), its inputs
+at t0 (zeros past n), the forward body, its outputs written at t0, its values set aside in the stash (every
+chunk but the last, where the backward does not run it again: the next chunk reuses the memory), each
+sequence's state at its own last frame of the chunk into carry slot c + 1, c advanced. Its backward, last
+chunk first: its values from the stash (or its forward run again from carry slot c), the gradients of its
+outputs at t0 and of its final states (carried from the chunk after it, added at each sequence's own last
+frame), the backward body, its input gradients written at t0, its parameter gradients added up, the gradient
+of its history carried to the chunk before, c moved back. The results equal one pass over all T frames up
+to the order of the parameter gradients' sums.
+
+The boundary operations (OPS: name -> reference) are kernels where the backend compiles them
+(compile_chunk: run/backends/cuda/chunks.py); their buffers (cursor, carries, stash, summed gradients) live in
+the executor's arenas, at addresses that stay put while no call is longer than the longest so far.
 """
 from __future__ import annotations
 
-from .workspace import Arenas, carve
+import numpy as np
+
+from ..arrays import address, array_module
+from .cursor import HEAD, Cursor
+from .workspace import Arenas, write_history
+
+LADDER_BASE = 8              # a ladder's steps: K, K/8, K/64, ...
+LADDER_MIN = 8               # ... down to no fewer frames than this
+LADDER_TOP = 4096            # the ladder's K where the loop strategy runs whole calls (chunk_frames 0)
+
+
+def ladder(K: int) -> list:
+    """The chunk lengths of ladder mode, longest first.
+
+    >>> ladder(512), ladder(4096), ladder(100), ladder(5)
+    ([512, 64, 8], [4096, 512, 64, 8], [100, 12], [5])
+    """
+    steps = [K]
+    while steps[-1] // LADDER_BASE >= LADDER_MIN:
+        steps.append(steps[-1] // LADDER_BASE)
+    return steps
+
+
+def spans(T: int, K: int, in_ladder: bool = False) -> list:
+    """[(t0, L, n)]: the chunks of a call of T frames, each recorded at L frames and holding the n ≤ L
+    frames t0 .. t0 + n - 1; chunks of K frames then the rest as one chunk, or, in_ladder, greedily from the
+    ladder, the last chunk padded up to its smallest step.
+
+    >>> spans(10, 4), spans(20, 16, True)
+    ([(0, 4, 4), (4, 4, 4), (8, 2, 2)], [(0, 16, 16), (16, 4, 4)])
+    """
+    steps, out, t0 = (ladder(K) if in_ladder else [K]), [], 0
+    for L in steps:
+        while T - t0 >= L:
+            out.append((t0, L, L))
+            t0 += L
+    if t0 < T:
+        out.append((t0, steps[-1] if in_ladder else T - t0, T - t0))
+    return out
+
+
+# -- the boundary operations' references: (cursor, arrays...) ------------------------------------------------
+def _frames_in(cur, dst, k):
+    """dst [L, B, F] (a workspace's frames) = slot k's frames t0 .. t0 + n - 1, zeros after them (all zeros
+    where the slot is empty)."""
+    _, t0, n, _, _ = cur.where()
+    src = cur.arrays[k]
+    if src is None:             # no gradient given: zeros
+        n = 0
+    dst[:n] = src[t0:t0 + n] if n else dst[:0]
+    dst[n:] = 0
+
+
+def _frames_out(cur, src, k):
+    """slot k's frames t0 .. t0 + n - 1 = src [L, B, F]'s first n."""
+    _, t0, n, _, _ = cur.where()
+    if cur.arrays[k] is not None:      # None: a forward run again writes no outputs
+        cur.arrays[k][t0:t0 + n] = src[:n]
+
+
+def _stash(cur, arena, stash, save):
+    """arena [size] to (save) or from the stash at the chunk's offset, where it has one."""
+    _, _, _, off, _ = cur.where()
+    if off >= 0 and save:
+        stash[off:off + arena.size] = arena
+    elif off >= 0:
+        arena[...] = stash[off:off + arena.size]
+
+
+def _history_in(cur, h, carry):
+    """h [P, B, S] (a state's rows before frame 0) = carry slot c [P, B, S] of carry [N + 1, P, B, S]."""
+    h[...] = carry[cur.where()[0]]
+
+
+def _last_rows(cur, P: int, xp):
+    """[P, B] rows part_b .. part_b + P - 1 of a [P + L, B, S] buffer: each sequence's last P frames of the
+    chunk (its history rows where it has no frame in it), and the batch index [B]."""
+    rows = cur.parts(xp)[None, :] + xp.arange(P)[:, None]
+    return rows, xp.arange(cur.B)
+
+
+def _history_out(cur, v, carry):
+    """carry slot c + 1 [P, B, S] = each sequence's last P rows of v [P + L, B, S] in the chunk."""
+    carry[cur.where()[0] + 1] = v[_last_rows(cur, carry.shape[1], array_module(v))]
+
+
+def _grads_in(cur, g, gcarry):
+    """g [P + L, B, S] += gcarry [P, B, S] at each sequence's last P rows of the chunk."""
+    g[_last_rows(cur, gcarry.shape[0], array_module(g))] += gcarry
+
+
+def _accumulate(cur, acc, g):
+    """acc [n] = g [n] for the backward's first chunk (the last one), else acc + g."""
+    c, _, _, _, N = cur.where()
+    if c == N - 1:
+        acc[...] = g
+    else:
+        acc += g
+
+
+def _advance(cur, forward):
+    """c += step (a forward) or c -= 1 (a backward)."""
+    cur.dev[0] += cur.dev[1] if forward else -1
+
+
+OPS = {"frames_in": _frames_in, "frames_out": _frames_out, "stash": _stash, "history_in": _history_in,
+       "history_out": _history_out, "grads_in": _grads_in, "accumulate": _accumulate, "advance": _advance}
 
 
 class Chunked:
-    """The chunked forward and backward of an executor (ex._forward / ex._backward run one chunk)."""
+    """The chunked forward and backward of an executor (its _forward_body and _run_sections run a chunk's
+    bodies); K the last call's chunk length, grad_flat [N] its summed parameter gradients (grad_source)."""
 
-    def __init__(self, ex, K: int):
-        self.ex, self.K = ex, K
-        self.bufs = Arenas(ex.backend)
-        self.grad_flat = None   # [N]: the last backward's parameter gradients, carved (Executor.grad_source)
-        self.last = None        # the last forward: its chunks [(t0, n, lengths [B] or None, stash offset,
-                                # (params, inputs, initial states) to recompute it, or None)], stash, B
+    def __init__(self, ex):
+        self.ex, self.K = ex, None
+        self.bufs = Arenas(ex.backend)  # outputs and input gradients where the caller gives none: read through
+        self.grad_flat = None           # the cursor's slots, never recorded, so they may move freely
+        self.cur = self.last = None     # the last forward: (its chunks, workspaces by length, recompute, params)
 
-    def spans(self, T: int) -> list:
-        """[(t0, n)]: chunks of K frames from frame 0, the last one holding what remains."""
-        return [(t0, min(self.K, T - t0)) for t0 in range(0, T, self.K)]
+    @property
+    def slots(self) -> tuple:
+        """(first input slot, first output slot, first output-gradient slot, first input-gradient slot)."""
+        i, o = len(self.ex.cell.inputs), len(self.ex.cell.outputs)
+        return 0, i, i + o, i + 2 * o
 
-    def forward(self, params: dict, inputs: dict, init: dict, lengths, recompute: bool = False, into=None):
-        """As Executor.forward; outputs are views of this object's buffers (the next call reuses them), or
-        the arrays `into` names. recompute: keep each chunk's initial states only, and run its forward again
-        in the backward."""
+    def forward(self, params: dict, inputs: dict, init: dict, lengths, K: int, in_ladder: bool = False,
+                recompute: bool = False, into=None):
+        """As Executor.forward, in the chunks spans(T, K, in_ladder) says; recompute: set no values aside and
+        run each chunk's forward again in the backward (the inputs are then read again: keep them unchanged).
+        Outputs are `into`'s arrays (name -> [T, B, F]) where given, else this object's (the next call reuses)."""
         ex, be, cell = self.ex, self.ex.backend, self.ex.cell
         x0 = inputs[next(iter(cell.inputs))]
         T, B, dtype = x0.shape[0], x0.shape[1], x0.dtype
-        spans = self.spans(T)
-        sizes = [0] * len(spans) if recompute else \
-            [ex.workspace(n, B, dtype).val_arena.size for _, n in spans[:-1]] + [0]   # the last stays in place
-        stash = self.bufs.take("stash", sum(sizes), dtype)
-        outs = _buffers(self.bufs, "y", dtype, {o: (T, B, cell.op(o).size) for o in cell.outputs}, into)
-        ends = None if lengths is None else be.to_numpy(lengths)      # one copy to the host a call
-        chunks, off = [], 0
-        for (t0, n), size in zip(spans, sizes):
-            whole = ends is None or ends.min() >= t0 + n          # no sequence ends before the chunk does
-            part = None if whole else be.xp.clip(lengths - t0, 0, n)                 # [B]
-            x = {k: v[t0:t0 + n] for k, v in inputs.items()}
-            again = (params, x, init) if recompute else None
-            o, finals = ex._forward(params, x, init, part)
-            for name, y in o.items():
-                be.copy(outs[name][t0:t0 + n], y)
-            if size:
-                be.copy(stash[off:off + size], ex.ws.val_arena)
-            if t0 + n < T:      # the next chunk's workspace may overlap these
-                init = {s: f.copy() for s, f in finals.items()}
-            chunks.append((t0, n, part, off, again))
-            off += size
-        self.last = (chunks, stash, B)
-        return outs, finals
+        self.K, chunks = K, spans(T, K, in_ladder)
+        ws, offsets = self._carve(B, dtype, chunks, recompute)
+        i0, o0, _, _ = self.slots
+        for k, x in enumerate(inputs.values()):
+            self.cur.arrays[i0 + k] = _unit_columns(be, x)
+        outs = {}
+        for k, o in enumerate(cell.outputs):
+            a = (into or {}).get(o)
+            if a is None or tuple(a.shape) != (T, B, cell.op(o).size) or a.strides[2] != a.itemsize:
+                a = self.bufs.take(f"y {o}", T * B * cell.op(o).size, dtype).reshape(T, B, -1)
+            self.cur.arrays[o0 + k] = outs[o] = a
+        self.cur.write(be, T, chunks, offsets, lengths)
+        for s, (p, _) in cell.states.items():
+            write_history(be, self.carry[s][0], init.get(s))
+        for _, L, _ in chunks:
+            w = ex.ws = ws[L]
+            w.bind_params({n: params[n] for n in cell.params})
+            ex._run_body("chunk fwd", w, self._forward_body)
+        self.last = (chunks, ws, recompute)
+        N, P = len(chunks), ws[chunks[0][1]].P
+        return outs, {s: self.carry[s][N, P - 1] if D == 1 else self.carry[s][N, P - D:] for s, D in cell.depths.items()}
 
     def backward(self, grad_outputs: dict | None, grad_finals: dict | None, into=None):
         """As Executor.backward, over the chunks of the last forward, last chunk first."""
-        ex, be, cell = self.ex, self.ex.backend, self.ex.cell
-        chunks, stash, B = self.last
-        T, dtype = chunks[-1][0] + chunks[-1][1], stash.dtype
-        gins, acc = _buffers(self.bufs, "gx", dtype, {n: (T, B, f) for n, f in cell.inputs.items()}, into), None
-        for i in reversed(range(len(chunks))):
-            t0, n, part, off, again = chunks[i]
-            ws = ex.ws = ex.workspace(n, B, dtype)
-            ex.lengths = part
-            if i < len(chunks) - 1 and again:       # the last chunk's values are still in place
-                ex._forward(*again, part)
-            elif i < len(chunks) - 1:
-                be.copy(ws.val_arena, stash[off:off + ws.val_arena.size])
-            gy = {o: None if g is None else g[t0:t0 + n] for o, g in (grad_outputs or {}).items()}
-            gi, g0, gp = ex._backward(gy, grad_finals)
-            for name, g in gi.items():
-                be.copy(gins[name][t0:t0 + n], g)
-            if acc is None:
-                self.grad_flat, views = carve(self.bufs, "gp", dtype, [g.shape for g in gp.values()])
-                acc = dict(zip(gp, views))
-                for p, g in gp.items():
-                    be.copy(acc[p], g)
-            else:
-                for p, g in gp.items():
-                    acc[p] += g
-            grad_finals = {s: g.copy() for s, g in g0.items()}   # the next chunk's workspace may overlap these
-        return gins, grad_finals, acc
+        ex, be, cell, cur = self.ex, self.ex.backend, self.ex.cell, self.cur
+        chunks, ws, recompute = self.last
+        (T, B), dtype, N = (chunks[-1][0] + chunks[-1][2], cur.B), self.acc.dtype, len(chunks)
+        _, o0, go, gi = self.slots
+        for k, o in enumerate(cell.outputs):
+            g = (grad_outputs or {}).get(o)
+            cur.arrays[o0 + k] = None                    # a forward run again writes no outputs
+            cur.arrays[go + k] = None if g is None else _unit_columns(be, g)    # None: zeros
+        gins = {}
+        for k, (n, F) in enumerate(cell.inputs.items()):
+            a = (into or {}).get(n)
+            if a is None or tuple(a.shape) != (T, B, F) or a.strides[2] != a.itemsize:
+                a = self.bufs.take(f"gx {n}", T * B * F, dtype).reshape(T, B, F)
+            cur.arrays[gi + k] = gins[n] = a
+        cur.rewind(be, N, o0)
+        P = ws[chunks[0][1]].P
+        for s in cell.states:
+            g, gc = (grad_finals or {}).get(s), self.gcarry[s]
+            gc.fill(0)
+            if g is not None:        # [B, F]: the last frame's; [D, B, F]: each of the last D frames'
+                be.copy(gc[P - 1] if g.ndim == 2 else gc[P - len(g):], g)
+        for i in reversed(range(N)):
+            w = ex.ws = ws[chunks[i][1]]
+            if recompute and i < N - 1:         # the last chunk's values are still in place
+                ex._run_body("chunk fwd", w, self._forward_body)
+            ex._run_body("chunk bwd", w, self._backward_body)
+        w, self.grad_flat = ex.ws, self.acc
+        grads = {}
+        for n in cell.params:
+            g = w.grads[n]
+            off = (address(g) - address(w.grad_arena)) // g.itemsize
+            grads[n] = self.acc[off:off + g.size].reshape(g.shape)
+        return gins, {s: self.gcarry[s][P - 1] if D == 1 else self.gcarry[s][P - D:]
+                      for s, D in cell.depths.items()}, grads
+
+    def _carve(self, B: int, dtype, chunks: list, recompute: bool) -> tuple:
+        """(workspace by chunk length, stash offset by chunk), the buffers the recordings read carved from the
+        executor's arenas: were one to grow, every workspace carved before is retired, so carve until none does."""
+        ex, cell = self.ex, self.ex.cell
+        N, take = len(chunks), ex.arenas.take
+        while True:
+            generation = ex.arenas.generation
+            ws = {L: ex.workspace(L, B, dtype, chunk=True) for L in sorted({L for _, L, _ in chunks})}
+            sizes = [0 if recompute or i == N - 1 else ws[L].val_arena.size for i, (_, L, _) in enumerate(chunks)]
+            offsets = [int(o) if s else -1 for o, s in zip(np.cumsum([0] + sizes[:-1]), sizes)]
+            w = next(iter(ws.values()))
+            P, slots = w.P, 2 * (len(cell.inputs) + len(cell.outputs))
+            self.cur = Cursor(take("chunk cursor", HEAD + B + 3 * slots + 3 * N, np.int64), B, slots)
+            self.stash = take("chunk stash", sum(sizes), dtype)
+            self.carry = {s: take(f"chunk carry {s}", (N + 1) * P * B * S, dtype).reshape(N + 1, P, B, S)
+                          for s, (_, S) in cell.states.items()}
+            self.gcarry = {s: take(f"chunk gcarry {s}", P * B * S, dtype).reshape(P, B, S)
+                           for s, (_, S) in cell.states.items()}
+            ends = [(address(g) - address(w.grad_arena)) // g.itemsize + g.size for g in map(w.grads.get, cell.params)]
+            self.acc = take("chunk grads", max(ends, default=0), dtype)
+            if ex.arenas.generation == generation:
+                return ws, offsets
+
+    def _op(self, ws, key: tuple, *args):
+        """The boundary operation key[0] (OPS) on args: the backend's kernels, compiled once per workspace and
+        key, else the reference."""
+        memo = ("chunk",) + key
+        if memo not in ws.memo:
+            ws.memo[memo] = self.ex.backend.compile_chunk(key[0], self.cur, args)
+        if ws.memo[memo]:
+            self.ex.backend.launch(ws.memo[memo])
+        else:
+            OPS[key[0]](self.cur, *args)
+
+    def _forward_body(self, ws, run_loop):
+        ex, cell = self.ex, self.ex.cell
+        i0, o0, _, _ = self.slots
+        for s, (p, _) in cell.states.items():
+            self._op(ws, ("history_in", s), ws.vals[p][:ws.P], self.carry[s])
+        for k, n in enumerate(cell.inputs):
+            self._op(ws, ("frames_in", n), ws.frames(ws.vals[n]), i0 + k)
+        ex._forward_body(ws, run_loop)
+        for k, o in enumerate(cell.outputs):
+            self._op(ws, ("frames_out", o), ws.frames(ws.vals[o]), o0 + k)
+        self._op(ws, ("stash", "save"), ws.val_arena, self.stash, True)
+        for s, (p, _) in cell.states.items():
+            self._op(ws, ("history_out", s), ws.vals[p], self.carry[s])
+        self._op(ws, ("advance", "forward"), True)
+
+    def _backward_body(self, ws, run_loop):
+        ex, cell = self.ex, self.ex.cell
+        _, _, go, gi = self.slots
+        self._op(ws, ("stash", "load"), ws.val_arena, self.stash, False)
+        ws.grad_arena.fill(0)
+        for k, o in enumerate(cell.outputs):
+            self._op(ws, ("frames_in", "grad", o), ws.frames(ws.grads[o]), go + k)
+        for s, (p, _) in cell.states.items():
+            self._op(ws, ("grads_in", s), ws.grads[p], self.gcarry[s])
+        ex._run_sections(ex.sched.backward, ws, run_loop)
+        for k, n in enumerate(cell.inputs):
+            self._op(ws, ("frames_out", "grad", n), ws.frames(ws.grads[n]), gi + k)
+        self._op(ws, ("accumulate",), self.acc, ws.grad_arena[:self.acc.size])
+        for s, (p, _) in cell.states.items():
+            ex.backend.copy(self.gcarry[s], ws.grads[p][:ws.P])
+        self._op(ws, ("advance", "backward"), False)
 
 
-def _buffers(bufs, kind: str, dtype, shapes: dict, into: dict | None) -> dict:
-    """name -> the array a chunked call writes: the caller's (`into`), else carved from this object's buffers."""
-    given = {k: v for k, v in (into or {}).items() if k in shapes and tuple(v.shape) == shapes[k]}
-    rest = [k for k in shapes if k not in given]
-    _, carved = carve(bufs, kind, dtype, [shapes[k] for k in rest])
-    return {k: given[k] if k in given else carved[rest.index(k)] for k in shapes}
+def _unit_columns(be, a):
+    """a [T, B, F] as the kernels address it: unit feature stride (a copy where it has another)."""
+    return a if a.strides[2] == a.itemsize else be.xp.ascontiguousarray(a)

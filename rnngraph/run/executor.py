@@ -18,9 +18,9 @@ from ..plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, Share
 from ..plan.loops import STRATEGIES, strategy_of
 from ..plan.schedule import Schedule, build_schedule
 from .backends.base import head_parts, run_fused_backward, run_fused_forward, run_param_grad
-from .chunks import Chunked
+from .chunks import LADDER_TOP, Chunked
 from .settings import byte_count
-from .workspace import ALL, SERIAL, Arenas, Workspace, rows, stored_bytes
+from .workspace import ALL, SERIAL, Arenas, Workspace, rows, stored_bytes, write_history
 
 
 class Executor:
@@ -62,11 +62,12 @@ class Executor:
         self.chunks, self.chunked = None, False
         self._costs: dict = {}      # (B, dtype) -> _store_cost
 
-    def workspace(self, T: int, B: int, dtype) -> Workspace:
-        """The workspace for (T, B, dtype), carved from this executor's arenas (made on first use, or again
-        after the arenas grew). Sharing is safe: every call writes every frame it reads, and the history rows
-        before frame 0, read only for states, are written from the initial state by each forward."""
-        key = (T, B, str(dtype))
+    def workspace(self, T: int, B: int, dtype, chunk: bool = False) -> Workspace:
+        """The workspace for (T, B, dtype) of whole calls, or of chunks (chunk: its recordings read the call's
+        cursor), carved from this executor's arenas (made on first use, or again after the arenas grew). Sharing
+        is safe: every call writes every frame it reads, and the history rows before frame 0, read only for
+        states, are written from the initial state by each forward."""
+        key = (T, B, str(dtype), chunk)
         ws = self._ws.get(key)
         if ws is None or ws.generation != self.arenas.generation:
             ws = self._ws[key] = Workspace(self.sched, self.backend, T, B, dtype, self.arenas)
@@ -84,7 +85,7 @@ class Executor:
         last backward's parameter gradients are views of): the gradient arena (they lead it, at the same
         offsets for every T and B), or the chunks' own buffer."""
         if self.chunked:
-            return ("chunks", self.serial, self.chunks.bufs.generation), self.chunks.grad_flat
+            return ("chunks", self.serial, self.arenas.generation), self.chunks.grad_flat
         return ("whole", self.serial, self.arenas.generation), self.ws.grad_arena
 
     def _store_cost(self, B: int, dtype) -> tuple:
@@ -109,7 +110,8 @@ class Executor:
         return self.backend.records == "all" and self.sched.capture_problem is None
 
     # -- forward and backward -----------------------------------------------------------------
-    def forward(self, params: dict, inputs: dict, init: dict, lengths=None, into: dict | None = None):
+    def forward(self, params: dict, inputs: dict, init: dict, lengths=None, into: dict | None = None,
+                ladder: bool = False):
         """params: name -> array; inputs: name -> [T, B, F]; init: state -> [B, F] (every earlier
         frame holds it), [D, B, F] (the D frames before this call, oldest first; D = cell.depths[s])
         or None (zeros). Returns (outputs: name -> [T, B, F], finals: state -> its last D frames,
@@ -119,7 +121,9 @@ class Executor:
         the values of a call would not fit in store_limit() (or recompute=True), in chunks that the
         backward runs again instead of storing their values (the inputs are then referenced until it).
         into: output name -> [T, B, F], where a call in chunks writes that output (and returns it) instead of
-        a buffer of its own; a whole call returns its workspace's views, for the caller to copy."""
+        a buffer of its own; a whole call returns its workspace's views, for the caller to copy. ladder: calls
+        come in many lengths: run any T in chunks from the ladder (chunks.spans), so that nothing new is
+        recorded once each step of it is."""
         x0 = inputs[next(iter(self.cell.inputs))]
         (T, B), K = x0.shape[:2], self.chunk_frames
         limit, (fixed, per_frame) = store_limit(), self._store_cost(B, x0.dtype)
@@ -128,12 +132,13 @@ class Executor:
             recompute = fixed + T * per_frame > limit
         if recompute and not K:      # a chunk's values within a quarter of the limit
             K = max(1, limit // (4 * per_frame))
-        self.chunked = bool(K) and T > K
+        if ladder and not K:
+            K = LADDER_TOP
+        self.chunked = bool(K) and (T > K or ladder)
         self.recomputed = self.chunked and recompute
         if self.chunked:
-            if self.chunks is None or self.chunks.K != K:
-                self.chunks = Chunked(self, K)
-            return self.chunks.forward(params, inputs, init, lengths, self.recomputed, into)
+            self.chunks = self.chunks or Chunked(self)
+            return self.chunks.forward(params, inputs, init, lengths, K, ladder, self.recomputed, into)
         return self._forward(params, inputs, init, lengths)
 
     def backward(self, grad_outputs: dict, grad_finals: dict | None = None, into: dict | None = None):
@@ -157,16 +162,7 @@ class Executor:
         for n, x in inputs.items():
             be.copy(ws.frames(ws.vals[n]), xp.asarray(x))
         for s, (p, _) in cell.states.items():
-            h, a = ws.vals[p][:ws.P], init.get(s)
-            if a is None:
-                h.fill(0)
-            elif a.ndim == 3:                   # the last D frames, oldest first; frames older than D: the oldest
-                h[:ws.P - len(a)] = a[0]
-                be.copy(h[ws.P - len(a):], a)
-            elif ws.P == 1:
-                be.copy(h[0], a)
-            else:
-                h[...] = a                      # every earlier frame holds it
+            write_history(be, ws.vals[p][:ws.P], init.get(s))
         self.lengths = lengths
         self._run_body("fwd", ws, self._forward_body)
         outputs = {o: ws.frames(ws.vals[o]) for o in cell.outputs}

@@ -97,6 +97,21 @@ class Workspace:
             self.frames(g, d)[:, :, cols] += v.reshape(self.T, self.B, v.shape[-1])
 
 
+def write_history(be, h, a):
+    """A state's rows before frame 0, h [P, B, S], from its initial value a: None (zeros), [B, S] (every
+    earlier frame holds it) or [D, B, S] (the last D frames, oldest first; older frames hold the oldest)."""
+    P = h.shape[0]
+    if a is None:
+        h.fill(0)
+    elif a.ndim == 3:
+        h[:P - len(a)] = a[0]
+        be.copy(h[P - len(a):], a)
+    elif P == 1:
+        be.copy(h[0], a)
+    else:
+        h[...] = a
+
+
 def _blocks(sched: Schedule, rows: int, B: int) -> tuple:
     """(shape, key) of every buffer a workspace carves: frame buffers [rows, B, F] (a merged GEMM's output,
     every other node's value), the merged weights [ΣF, K] ([ΣF, K/heads] head-wise) and the parameters."""

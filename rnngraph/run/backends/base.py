@@ -70,6 +70,10 @@ class ArrayBackend:
         """dst[...] = src (dst a view of a workspace or result buffer); a backend may do it faster."""
         dst[...] = src
 
+    def upload(self, dst, host):
+        """dst [n] (a backend array) = host [n] (a numpy array)."""
+        dst[...] = host
+
     # -- what the executor calls ---------------------------------------------------------------------
     def pack(self, out, parts, transpose: bool = False):
         """out [ΣF, K] = the matrices parts[k] [F_k, K] stacked along rows (plain copies: capturable).
@@ -128,6 +132,11 @@ class ArrayBackend:
             return make(self, cell, item, views, per_frame)
         runner = self.RUNNERS.get(type(item))
         return None if runner is None else runner.compile(self, cell, item, views)
+
+    def compile_chunk(self, op: str, cursor, args):
+        """A launchable running chunk boundary operation `op` (run/chunks.py OPS) on args, reading the call's
+        cursor on the device, or None: the executor runs its reference."""
+        return None
 
     def launch(self, launchable):
         """Runs what compile returned: (kernel, grid, block, arguments) launches, in order."""

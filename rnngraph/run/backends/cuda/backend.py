@@ -12,6 +12,7 @@ from ....errors import RnnGraphError, RnnGraphWarning
 from ....plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum
 from ....plan.loops import STRATEGIES
 from ..base import ArrayBackend, head_parts, strategy_runners
+from .chunks import chunk_launch
 from .fused import fusable, fused_backward_kernel, fused_forward_kernel
 from .matmul import GEMV_ROWS, matmul_source
 from .pair import GEMV_FUSED_ROWS, PAIR_MAX_BYTES, pair_kernel
@@ -110,6 +111,12 @@ class CupyBackend(ArrayBackend):
             dst.data.copy_from_device_async(src.data, dst.nbytes)
         else:
             dst[...] = src
+
+    def upload(self, dst, host):
+        dst.set(host)
+
+    def compile_chunk(self, op, cursor, args):
+        return chunk_launch(self, op, cursor, args)
 
     def synchronize(self):
         self.xp.cuda.get_current_stream().synchronize()
