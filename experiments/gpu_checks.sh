@@ -36,6 +36,13 @@ bench)
         # sLSTM and the multi-head LSTM in 12 heads of 64, against cuDNN's single-head LSTM and the torch loop
         heads) bench --cell slstm,mh_lstm,lstm -T 1024 -B 16,64 -H 768 --heads 12 --dtype bfloat16 \
                             --impls graph,cudnn@float16,torch_eager --repeats 5 --json "$OUT/heads.json" ;;
+        # graph mode fed 10,000 calls of random shapes, T in [1, 2000] and B in [1, 64], LSTM H = 256
+        shapes) timeout "${LIMIT:-420}" python3 experiments/graph_shapes_probe.py --json "$OUT/shapes.json" ;;
+        # what chunks of time cost per loop strategy: the default chunks, whole calls and the ladder, T = 1000, 4096
+        chunks) timeout "${LIMIT:-300}" python3 experiments/chunk_overhead.py --json "$OUT/chunk_overhead.json" ;;
+        # the scan at long T against JAX
+        scan_long) bench --cell min_gru -T 4096,65536 -B 1 --impls graph,jax_scan --loop scan --repeats 10 \
+                            --json "$OUT/scan_long.json" ;;
         # a long sequence within device memory: LSTM H = 512, B = 8, T = 100,000, a training step in graph mode
         memory) timeout "${LIMIT:-300}" python3 experiments/long_sequence_memory.py --json "$OUT/memory.json" ;;
         *) echo "unknown bench $name" >&2 ;;

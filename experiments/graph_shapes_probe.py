@@ -1,17 +1,17 @@
-"""Probe: graph mode fed calls of random shapes (issue 18's load probe), with and without shape buckets.
+"""Probe: graph mode fed calls of random shapes, forward and backward: what it records and holds, and its speed.
 
-An LSTM layer (graph mode, float32) runs forward and backward on `--calls` batches whose T is drawn
-uniformly from [--tmin, --tmax) (and B from [--bmin, --bmax] when they differ). It prints, every tenth of
-the run, the recorded graphs, the device memory in use (driver) and the layer's arenas, then the mean time
-per call against the same layer replaying one fixed T (the mean T, unpadded), and checks a sample of
-calls against staged mode. A probe, not an experiment: it prints, it writes no results file.
+An LSTM layer (graph mode, float32, the automatic shape policy: the first 4 shapes exact, then B padded to a
+power of two and T run in the executor's ladder of chunks) runs forward and backward on `--calls` batches whose
+T is drawn uniformly from [--tmin, --tmax) and B from [--bmin, --bmax]. It prints, every tenth of the run, the
+recorded graphs, the device memory in use (driver) and the layer's arenas; then the graphs recorded after the
+first --warm calls, the mean time per call of the second half (as it ran, staged checks aside) against the same
+layer's weights replaying one fixed shape of the mean size (exact), and the worst relative error of a sample of calls against
+staged mode. A probe, not an experiment: it prints, and writes JSON where --json says.
 
-    python experiments/graph_shapes_probe.py [--calls 300] [--tmin 5 --tmax 400] [--bmin 8 --bmax 8] [--H 256] [--chunk K]
-
---chunk K records chunks of K frames (run/chunks.py; default: the backend's, RNNGRAPH_CHUNK_FRAMES or 128;
-0: whole calls). The fixed-T replay it compares with runs whole calls, as graph mode did before chunks.
+    python experiments/graph_shapes_probe.py [--calls 10000] [--tmin 1 --tmax 2001] [--bmin 1 --bmax 64] [--H 256]
 """
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -23,20 +23,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for k, v in (("calls", 300), ("tmin", 5), ("tmax", 400), ("bmin", 8), ("bmax", 8), ("H", 256), ("check", 5),
-                 ("chunk", None)):
+    for k, v in (("calls", 10000), ("tmin", 1), ("tmax", 2001), ("bmin", 1), ("bmax", 64), ("H", 256), ("check", 8),
+                 ("warm", 200)):
         ap.add_argument(f"--{k}", type=int, default=v)
-    ap.add_argument("--no-buckets", action="store_true", help="buckets=False: one recording per distinct shape "
-                    "(default: the automatic policy, padding after 8 distinct shapes)")
+    ap.add_argument("--json", help="write the summary here")
     args = ap.parse_args(argv)
     import cupy
 
     from rnngraph.lab.bench import machine_info
     from rnngraph.nn.recurrent import Recurrent
     H, rng = args.H, np.random.default_rng(0)
-    layer = Recurrent("lstm", H, H, backend="cupy", mode="graph", buckets=False if args.no_buckets else None)
-    if args.chunk is not None:
-        layer.backend.chunk_frames = args.chunk
+    layer = Recurrent("lstm", H, H, backend="cupy", mode="graph")
     staged = Recurrent("lstm", H, H, backend="cupy", mode="staged")
     staged.load_state_dict(layer.state_dict())
     ex = layer._stack.runs[0][0].ex
@@ -52,51 +49,66 @@ def main(argv=None) -> int:
         y, _ = layer(x)
         return x, y, layer.backward(cupy.ones_like(y))
 
-    print(" ".join(f"{k}={v}" for k, v in machine_info().items() if k in ("gpu", "cupy", "commit")))
-    print(f"LSTM H={H}, graph mode, buckets {'off' if args.no_buckets else 'automatic'}, chunks of "
-          f"{layer.backend.chunk_frames or 'no'} frames: {args.calls} calls, T in [{args.tmin}, {args.tmax}), "
+    info = machine_info()
+    print(" ".join(f"{k}={v}" for k, v in info.items() if k in ("gpu", "cupy", "commit")))
+    print(f"LSTM H={H}, graph mode, the automatic shape policy: {args.calls} calls, T in [{args.tmin}, {args.tmax}), "
           f"B in [{args.bmin}, {args.bmax}]")
     print(f"{'calls':>6s} {'graphs':>7s} {'graph MB':>9s} {'arenas MB':>10s} {'device MB':>10s} {'ms/call':>8s}")
 
-    def arenas() -> int:        # the workspaces' arenas and the chunks' buffers (outputs, values set aside)
+    def arenas() -> int:        # the workspaces' arenas and the chunks' own buffers (outputs, input gradients)
         return ex.arenas.nbytes + (ex.chunks.bufs.nbytes if ex.chunks else 0)
     shapes = [(int(rng.integers(args.tmin, args.tmax)), int(rng.integers(args.bmin, args.bmax + 1)))
               for _ in range(args.calls)]
     worst, sample = 0.0, set(np.linspace(0, args.calls - 1, args.check).astype(int))
-    t0, last = time.perf_counter(), 0
+    t0, last, at_warm, rows = time.perf_counter(), 0, None, []
     for k, (T, B) in enumerate(shapes):
         x, y, (gx, _, grads) = call(T, B)
-        if k in sample:
+        if k in sample:             # its time left out of the row's
+            cupy.cuda.get_current_stream().synchronize()
+            aside = time.perf_counter()
             ys, _ = staged(x)
             gs = staged.backward(cupy.ones_like(ys))
             for a, b in [(y, ys), (gx, gs[0])] + [(grads[n], gs[2][n]) for n in grads]:
                 worst = max(worst, float(cupy.abs(a - b).max() / max(float(cupy.abs(b).max()), 1e-30)))
+            t0 += time.perf_counter() - aside
+        if k + 1 == args.warm:
+            cupy.cuda.get_current_stream().synchronize()
+            at_warm = (layer.backend.cache_info()["graphs"], used())
         if (k + 1) % max(args.calls // 10, 1) == 0:
             cupy.cuda.get_current_stream().synchronize()
             now = time.perf_counter()
-            info = layer.backend.cache_info()
-            print(f"{k + 1:6d} {info['graphs']:7d} {info['graph_bytes'] / 2**20:9.1f} {arenas() / 2**20:10.1f} "
-                  f"{used() / 2**20:10.0f} {1e3 * (now - t0) / (k + 1 - last):8.2f}")
+            g = layer.backend.cache_info()
+            rows.append(dict(calls=k + 1, graphs=g["graphs"], graph_mb=g["graph_bytes"] / 2**20,
+                             arenas_mb=arenas() / 2**20, device_mb=used() / 2**20, ms_per_call=1e3 * (now - t0) / (k + 1 - last)))
+            print("{calls:6d} {graphs:7d} {graph_mb:9.1f} {arenas_mb:10.1f} {device_mb:10.0f} {ms_per_call:8.2f}".format(**rows[-1]))
             t0, last = now, k + 1
-    late = shapes[args.calls // 2:]          # the second half: after warm-up
-    start = time.perf_counter()
-    for T, B in late:
-        call(T, B)
-    cupy.cuda.get_current_stream().synchronize()
-    mean_call = (time.perf_counter() - start) / len(late) * 1e3
+    late = shapes[args.calls // 2:]          # the second half: after warm-up, timed as it ran (the last tenths)
+    halves = [r["ms_per_call"] for r in rows[len(rows) // 2:]]
+    mean_call = float(np.mean(halves))
     fixed = Recurrent("lstm", H, H, backend="cupy", mode="graph", buckets=False)
-    fixed.backend.chunk_frames = 0
+    fixed.load_state_dict(layer.state_dict())
     Tm, Bm = round(np.mean([s[0] for s in late])), round(np.mean([s[1] for s in late]))
     for _ in range(3):
         call(Tm, Bm, fixed)
     cupy.cuda.get_current_stream().synchronize()
-    start = time.perf_counter()
-    for _ in range(len(late)):
+    start, n_fixed = time.perf_counter(), min(len(late), 300)
+    for _ in range(n_fixed):
         call(Tm, Bm, fixed)
     cupy.cuda.get_current_stream().synchronize()
-    fixed_call = (time.perf_counter() - start) / len(late) * 1e3
-    print(f"second half again: {mean_call:.2f} ms/call; fixed T={Tm} B={Bm} replay: {fixed_call:.2f} ms/call "
+    fixed_call = (time.perf_counter() - start) / n_fixed * 1e3
+    end = (layer.backend.cache_info()["graphs"], used())
+    summary = dict(graphs_after_warm_up=end[0] - at_warm[0], graphs=end[0], graphs_at_warm_up=at_warm[0],
+                   device_mb_at_warm_up=at_warm[1] / 2**20, device_mb_at_end=end[1] / 2**20, ms_per_call=mean_call,
+                   fixed_shape=[Tm, Bm], fixed_ms_per_call=fixed_call, ratio=mean_call / fixed_call,
+                   staged_check_calls=len(sample), worst_relative_error=worst)
+    print(f"after call {args.warm}: {summary['graphs_after_warm_up']} graphs recorded ({at_warm[0]} then, {end[0]} in all); "
+          f"device {at_warm[1] / 2**20:.0f} MB then, {end[1] / 2**20:.0f} MB at the end")
+    print(f"second half: {mean_call:.2f} ms/call; fixed T={Tm} B={Bm} replay: {fixed_call:.2f} ms/call "
           f"(ratio {mean_call / fixed_call:.2f}); staged check on {len(sample)} calls: worst relative error {worst:.1e}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(machine=info, command="python experiments/graph_shapes_probe.py " +
+                                                   " ".join(argv if argv is not None else sys.argv[1:]),
+                                                   rows=rows, summary=summary), indent=1))
     return 0
 
 

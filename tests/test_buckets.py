@@ -69,7 +69,7 @@ def test_batch_first_and_no_gradient_for_the_output():
 def test_the_automatic_policy_pads_only_after_four_shapes():
     auto = Policy(None)
     assert [auto.pads(T, 2) for T in range(10, 14)] == [False] * 4
-    assert auto.pads(10, 2) is False and auto.pads(18, 2) is True and auto.pads(13, 2) is False
+    assert auto.pads(10, 2) is False and auto.pads(18, 2) is True and auto.pads(13, 2) is True     # bounded from then on
     assert Policy(True).pads(16, 4) and not Policy(False).pads(17, 9)
     assert Recurrent("gru", 2, 3).buckets is False and Recurrent("gru", 2, 3, buckets=True).buckets
     with pytest.raises(RnnGraphError, match="buckets must be True, False or None"):

@@ -1,6 +1,7 @@
-"""Graph mode in chunks on the GPU (run/chunks.py): replays of K-frame recordings equal staged mode in
-float64 for T = 1, K-1, K, K+1, 3K+2 and ragged batches, forward and backward, every built-in cell and a
-cell reading 3 frames back; the number of recordings stops growing with T; the default chunk length."""
+"""Graph mode in chunks on the GPU (run/chunks.py): replays of K-frame recordings, each chunk reading its place
+in the call from the cursor, equal staged mode in float64 for T = 1, K-1, K, K+1, 3K+2 and ragged batches,
+forward and backward, every built-in cell and a cell reading 3 frames back; the number of recordings stops
+growing with T; a sweep of shapes records and allocates nothing after warm-up; the default chunk length."""
 import numpy as np
 import pytest
 
@@ -41,6 +42,37 @@ def test_recordings_do_not_grow_with_t():
         layer.backward(cupy.ones_like(y))
         counts.append(layer.backend.cache_info()["graphs"])
     assert counts == [counts[0]] * 4
+
+
+def test_a_sweep_of_shapes_records_and_allocates_nothing_after_warm_up():
+    """Bounded shapes (buckets=True): once the longest call ran at every B bucket, a sweep of random (T, B)
+    records no graph, grows no arena and takes no more memory from the device (the pool's bytes); a sample
+    agrees with staged mode (float32)."""
+    import cupy
+    kw = dict(backend="cupy", dtype="float32", seed=1)
+    layer = Recurrent("lstm", 8, 16, mode="graph", buckets=True, **kw)
+    staged = Recurrent("lstm", 8, 16, mode="staged", buckets=False, **kw)
+    pool, rng = cupy.get_default_memory_pool(), np.random.default_rng(3)
+    x = cupy.asarray(rng.standard_normal((300, 16, 8)).astype(np.float32))
+
+    def go(T, B, lay=layer):
+        y, _ = lay(x[:T, :B])
+        gx, _, grads = lay.backward(cupy.ones_like(y))
+        return [y, gx, *grads.values()]
+    for B in (8, 4, 2, 1, 16):
+        go(300, B)
+    cupy.cuda.get_current_stream().synchronize()
+    ex = layer._stack.runs[0][0].ex
+    graphs, held, generation = layer.backend.cache_info()["graphs"], pool.total_bytes(), ex.arenas.generation
+    shapes = [(int(T), int(B)) for T, B in zip(rng.integers(1, 301, 40), rng.integers(1, 17, 40))]
+    for k, (T, B) in enumerate(shapes):
+        del go(T, B)[:]
+        cupy.cuda.get_current_stream().synchronize()
+        assert (layer.backend.cache_info()["graphs"], pool.total_bytes(), ex.arenas.generation) == \
+            (graphs, held, generation), (k, T, B)
+    for T, B in shapes[::8]:
+        for a, b in zip(go(T, B), go(T, B, staged), strict=True):
+            assert rel(a, b) <= 1e-4, (T, B)
 
 
 def test_graph_mode_chunks_by_default_and_staged_mode_does_not(monkeypatch):

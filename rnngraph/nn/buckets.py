@@ -24,18 +24,20 @@ def bucket(n: int) -> int:
 
 class Policy:
     """Whether a call of (T, B) runs bounded (B padded, T in ladder chunks): always (True), never (False), or
-    automatically (None): the first EXACT_SHAPES distinct shapes run as they are, later new ones bounded, so a
-    run of one shape records exactly what it did before and a run of many shapes records a bounded set."""
+    automatically (None): calls run as they are while they come in at most EXACT_SHAPES distinct shapes, and
+    every call is bounded from the first call of another shape on, so a run of a few shapes records exactly what
+    it did before and a run of many shapes records a bounded set."""
 
     def __init__(self, buckets: bool | None):
-        self.buckets, self.exact = buckets, set()
+        self.buckets, self.exact, self.bounded = buckets, set(), False
 
     def pads(self, T: int, B: int) -> bool:
         if self.buckets is not None:
             return self.buckets
-        if (T, B) in self.exact or len(self.exact) < EXACT_SHAPES:
+        if not self.bounded and ((T, B) in self.exact or len(self.exact) < EXACT_SHAPES):
             self.exact.add((T, B))
             return False
+        self.bounded = True         # from then on every call, the first shapes too: nothing more is recorded
         return True
 
 

@@ -70,9 +70,9 @@ class Executor:
         key = (T, B, str(dtype), chunk)
         ws = self._ws.get(key)
         if ws is None or ws.generation != self.arenas.generation:
-            ws = self._ws[key] = Workspace(self.sched, self.backend, T, B, dtype, self.arenas)
-            self._ws.move_to_end(key)
+            ws = Workspace(self.sched, self.backend, T, B, dtype, self.arenas)
             dead = [self._ws.pop(k) for k in [k for k, w in self._ws.items() if w.generation != ws.generation]]
+            self._ws[key] = ws
             while len(self._ws) > self.max_workspaces:
                 dead.append(self._ws.popitem(last=False)[1])
             self.backend.forget({w.serial for w in dead})

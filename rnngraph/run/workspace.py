@@ -133,10 +133,11 @@ def stored_bytes(sched: Schedule, T: int, B: int, dtype) -> int:
 
 
 class Arenas:
-    """The flat buffers an executor's workspaces are carved from, one per (values | grads, dtype),
-    shared by all of them (one call runs at a time) and grown, never per call: a request beyond the
-    capacity allocates exactly what it needs (shape buckets already step sizes by ≤ 25%) and bumps
-    `generation`, which retires every workspace carved before. `nbytes` is what they hold."""
+    """The flat buffers an executor's workspaces are carved from, one per (kind, dtype), shared by all of
+    them (one call runs at a time) and grown, never per call: a request beyond the capacity allocates what it
+    needs and at least a quarter more than before (a run whose longest call creeps up grows them a few times,
+    not at every call) and bumps `generation`, which retires every workspace carved before (and so its
+    recordings). `nbytes` is what they hold."""
 
     def __init__(self, backend):
         self.backend, self.bufs, self.generation = backend, {}, 0
@@ -146,7 +147,8 @@ class Arenas:
         key = (kind, str(dtype))
         buf = self.bufs.get(key)
         if buf is None or buf.size < n:
-            self.bufs[key] = buf = self.backend.zeros((max(n, 1),), dtype)
+            grown = 0 if buf is None else buf.size + buf.size // 4
+            self.bufs[key] = buf = self.backend.zeros((max(n, grown, 1),), dtype)
             self.generation += 1
         return buf[:n]
 
