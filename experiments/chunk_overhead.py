@@ -60,10 +60,8 @@ def main(argv=None) -> int:
                 print(f"{cell:8s} {loop:12s} {T:5d} {B:3d} {ex.chunk_frames:5d} {ms['chunks']:10.3f} {ms['whole']:9.3f} "
                       f"{ms['ladder']:10.3f} {ms['chunks'] / ms['whole']:12.3f} {ms['ladder'] / ms['whole']:12.3f}")
                 del layers
-    if args.json:
-        Path(args.json).write_text(json.dumps(dict(machine=info, command="python experiments/chunk_overhead.py " +
-                                                   " ".join(argv if argv is not None else sys.argv[1:]), rows=rows),
-                                              indent=1))
+    if args.json:               # as `rnngraph bench --json` writes: machine (with the command), settings, results
+        Path(args.json).write_text(json.dumps(dict(machine=info, settings=vars(args), results=rows), indent=1))
     return 0
 
 

@@ -105,10 +105,9 @@ def main(argv=None) -> int:
           f"device {at_warm[1] / 2**20:.0f} MB then, {end[1] / 2**20:.0f} MB at the end")
     print(f"second half: {mean_call:.2f} ms/call; fixed T={Tm} B={Bm} replay: {fixed_call:.2f} ms/call "
           f"(ratio {mean_call / fixed_call:.2f}); staged check on {len(sample)} calls: worst relative error {worst:.1e}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(dict(machine=info, command="python experiments/graph_shapes_probe.py " +
-                                                   " ".join(argv if argv is not None else sys.argv[1:]),
-                                                   rows=rows, summary=summary), indent=1))
+    if args.json:               # as `rnngraph bench --json` writes (machine, settings, results), and the summary
+        Path(args.json).write_text(json.dumps(dict(machine=info, settings=vars(args), results=rows, summary=summary),
+                                              indent=1))
     return 0
 
 

@@ -1,5 +1,6 @@
-"""The sections of docs/performance.md on whole models and newer cells: the char-LM through rnngraph.torch
-against torch.nn.LSTM (`rnngraph bench --model`), the head-wise cells, and a long sequence's memory."""
+"""The sections of docs/performance.md on whole models, newer cells and calls of many shapes: the char-LM through
+rnngraph.torch against torch.nn.LSTM (`rnngraph bench --model`), the head-wise cells, a long sequence's memory,
+and what chunks of time and calls of random shapes cost in graph mode."""
 from __future__ import annotations
 
 from ..errors import RnnGraphError
@@ -94,3 +95,46 @@ device memory peaks at {r['peak_gb']:.1f} GB, of which x, y and their gradients 
 boundaries and the memory pool's slack. The step takes {r['seconds']:.1f} s.
 
 {source(doc)}"""
+
+
+def shapes(results: Results, findings: Findings) -> str:
+    chunks, probe = results.bench("chunks"), results.bench("shapes")
+    rows = []
+    for r in chunks["records"]:
+        K = f"{r['K']}" if r["K"] else "whole calls"
+        rows.append([r["cell"], r["loop"], r["T"], r["B"], K, num(r["whole_ms"]), num(r["chunks_ms"]),
+                     times(r["chunks_ms"] / r["whole_ms"]), num(r["ladder_ms"]), times(r["ladder_ms"] / r["whole_ms"])])
+    worst = max(chunks["records"], key=lambda r: r["chunks_ms"] / r["whole_ms"])
+    s, st, last = probe["summary"], probe["settings"], probe["records"][-1]
+    (Tm, Bm) = s["fixed_shape"]
+    findings.compare("Calls of many shapes", f"{st['calls']:,} calls of random shapes", {"train_ms": s["ms_per_call"]},
+                     {"train_ms": s["fixed_ms_per_call"]}, f"one fixed shape (T = {Tm}, B = {Bm})")
+    return f"""## Calls of many shapes
+
+A training step (forward and backward) in graph mode, H = {chunks['settings']['H']}, float32: in the loop strategy's
+default chunks of time, in whole calls (chunks off), and in the ladder of chunks that calls of many lengths run in
+(`buckets=True`), interleaved in one process; milliseconds, and the ratio to whole calls.
+
+{table(["cell", "loop", "T", "B", "chunk K", "whole calls", "chunks", "chunks ÷ whole", "ladder", "ladder ÷ whole"], rows)}
+
+{source(chunks)}
+
+Where the values a call stores exceed `RNNGRAPH_STORE_BYTES` (2 GiB; the LSTM at B = 64 here) the backward
+recomputes, and with chunks off it does so in chunks of a quarter of that limit, so there "whole calls" run in
+chunks too. The costliest case is {worst['cell']} ({worst['loop']}) at T = {worst['T']}, B = {worst['B']}, at
+{times(worst['chunks_ms'] / worst['whole_ms'])} the time of whole calls: there one more chunk is one more replay of
+the whole body, which is most of the step. The ladder splits a call into more chunks still (T = 1000 is 13 chunks
+of 512, 64 and 8 frames), which costs most where a step is shortest.
+
+An LSTM layer (H = {st['H']}, graph mode, float32, the automatic shape policy) fed {st['calls']:,} training steps
+of random shapes, T in [{st['tmin']}, {st['tmax'] - 1}] and B in [{st['bmin']}, {st['bmax']}]: it holds
+{s['graphs_at_warm_up']} recordings after {st['warm']} calls and records {s['graphs_after_warm_up']} after that
+({last['graphs']} in all, {num(last['graph_mb'])} MB). Its arenas stay at {num(last['arenas_mb'])} MB; the device
+memory in use goes from {s['device_mb_at_warm_up']:,.0f} MB after {st['warm']} calls to {last['device_mb']:,.0f} MB
+after the last, outside its arenas and recordings (in the memory pool, which the probe does not break down). A call takes
+{num(s['ms_per_call'])} ms on average, {times(s['ratio'])} the time of one fixed shape of the mean size (T = {Tm},
+B = {Bm}, {num(s['fixed_ms_per_call'])} ms): padding B to a power of two and the ladder's extra chunks cost that
+much. The {st['check']} calls checked against staged mode agree to {s['worst_relative_error']:.1e} (relative,
+float32).
+
+{source(probe)}"""

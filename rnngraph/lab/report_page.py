@@ -8,7 +8,7 @@ import shlex
 
 from .figures import NAMES, headline_table
 from .report_bench import against_cudnn, half, headline, loops, norm, persistent, through_torch
-from .report_models import charlm, heads, memory
+from .report_models import charlm, heads, memory, shapes
 from .report_data import Findings, Results, best_val, num, per_frame, record, rel, seconds, source, table
 
 GENERATED = ("<!-- Rendered by `rnngraph report` from experiments/results; edit rnngraph/lab/report_*.py, "
@@ -259,11 +259,10 @@ These are not among the stored measurements:
 - the LSTM by hidden size (H = 128 to 2048) with the current loop strategies;
 - the tensor-core persistent loop in float16 and float32 (TF32), and GRU and MGU on it;
 - FlashRNN, which is not installed on the GPU machine (`rnngraph bench --impls flashrnn` times it where it is);
-- graph mode fed calls of many random shapes: recordings, memory and time per call as the calls go
-  (`experiments/graph_shapes_probe.py`), and the cost of chunks of time at a fixed long T;
 - the host time of a training step through `rnngraph.torch` against the raw layer, synced and pipelined
   (`experiments/profile_torch_step.py`);
 - the compiled CPU backend against `torch.nn.LSTM` on the CPU (`rnngraph bench --cell lstm --impls
   staged,torch_cpu` on a machine without a GPU times both, and names the BLAS kernels and threads in use)."""
 
-SECTIONS = [against_cudnn, persistent, half, loops, norm, through_torch, charlm, heads, memory, experiments, training]
+SECTIONS = [against_cudnn, persistent, half, loops, norm, through_torch, charlm, heads, memory, shapes, experiments,
+            training]
