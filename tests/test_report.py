@@ -71,8 +71,8 @@ def test_the_readme_needs_its_markers():
 
 # -- the stored files ------------------------------------------------------------------------------
 
-def test_at_most_30_files_each_named_by_the_page_or_read_by_a_test():
-    assert len(STORED) <= 30, [str(p.relative_to(RESULTS)) for p in STORED]
+def test_at_most_32_files_each_named_by_the_page_or_read_by_a_test():
+    assert len(STORED) <= 32, [str(p.relative_to(RESULTS)) for p in STORED]
     page = (ROOT / "docs" / "performance.md").read_text()
     for p in STORED:
         name = str(p.relative_to(ROOT))
@@ -80,7 +80,9 @@ def test_at_most_30_files_each_named_by_the_page_or_read_by_a_test():
 
 
 def _layer_bench(path) -> bool:
-    return " --model " not in json.loads(path.read_text())["machine"]["command"] and path.name != "memory.json"
+    """A layer's `rnngraph bench` (not a model's, nor a probe's: experiments/*.py writing the bench format)."""
+    command = json.loads(path.read_text())["machine"]["command"]
+    return command.startswith("rnngraph bench ") and " --model " not in command
 
 
 @pytest.mark.parametrize("path", [p for p in sorted((RESULTS / "bench").glob("*.json")) if _layer_bench(p)],
