@@ -118,6 +118,14 @@ def test_chunked_calls_and_carried_state_equal_numpy(cell):
     assert cpu._stack.runs[0][0].ex.chunked
 
 
+@pytest.mark.parametrize("cell", ["lstm", "min_gru", "sru", skip_cell])
+def test_bounded_calls_equal_numpy(cell):
+    """buckets=True: T in the ladder of chunks (their compiled loops on the chunks' workspaces), B padded."""
+    ref, cpu = twins(cell, buckets=True)
+    agree(ref, cpu, [frames(75), frames(75, seed=4)], np.array([70, 1, 9, 0]))
+    assert cpu._stack.runs[0][0].ex.chunked and all(loops_compiled(cpu))
+
+
 def test_dropout_between_layers_equals_numpy():
     ref, cpu = twins("lstm", dropout=0.4)
     ref.train(), cpu.train()
