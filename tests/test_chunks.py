@@ -148,8 +148,9 @@ def test_a_ladder_makes_one_workspace_a_step_and_writes_the_cursor_once_a_call(m
     for T in rng.integers(1, 700, 12):
         del uploads[:]
         y, _ = layer(x[:T])
+        assert len(ex.chunks.last[0]) == len(spans(int(T), LADDER_TOP, True)) > 0
         layer.backward(np.ones_like(y))
-        assert len(uploads) == 3 and len(ex.chunks.last[0]) == len(spans(int(T), LADDER_TOP, True)) > 0
+        assert len(uploads) == 3
     assert {L for L, _, _, _ in ex._ws} <= set(ladder(LADDER_TOP)) and all(chunk for *_, chunk in ex._ws)
 
 
@@ -184,3 +185,23 @@ def test_graph_modes_chunk_is_each_strategys_measured_one(monkeypatch):
         ex = Executor(load_cell(cell, 3, 4), backend, loop=loop)
         assert ex.chunk_frames == STRATEGIES[loop].chunk_frames == K
         assert Executor(load_cell(cell, 3, 4), backend, loop=loop, chunk=7).chunk_frames == 7
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_a_second_backward_of_a_call_in_chunks_is_a_clear_error(recompute):
+    """The chunks' stored values share one buffer, which the backward spends (restoring or recomputing each
+    chunk's over the others'): a second backward says so instead of differentiating what is left there, and
+    the call's arrays are not held after the first."""
+    from rnngraph.errors import RnnGraphError
+    cell = load_cell("gru", 3, 5)
+    ex = Executor(cell, get_backend("numpy"), chunk=K, recompute=recompute)
+    rng = np.random.default_rng(0)
+    params = {n: rng.standard_normal(s) for n, s in cell.params.items()}
+    x, gy = rng.standard_normal((3 * K + 2, 2, 3)), rng.standard_normal((3 * K + 2, 2, 5))
+    ex.forward(params, {"x": x}, {})
+    ex.backward({"h": gy})
+    assert ex.recomputed == recompute and ex.chunks.cur.arrays == [None] * 4     # x, h, their gradients
+    with pytest.raises(RnnGraphError, match="backward.. runs once after a call in chunks"):
+        ex.backward({"h": gy})
+    ex.forward(params, {"x": x}, {})
+    ex.backward({"h": gy})

@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..arrays import address, array_module
+from ..errors import RnnGraphError
 from .cursor import HEAD, Cursor
 from .workspace import Arenas, write_history
 
@@ -187,8 +188,11 @@ class Chunked:
         return outs, {s: self.carry[s][N, P - 1] if D == 1 else self.carry[s][N, P - D:] for s, D in cell.depths.items()}
 
     def backward(self, grad_outputs: dict | None, grad_finals: dict | None, into=None):
-        """As Executor.backward, over the chunks of the last forward, last chunk first."""
+        """As Executor.backward, over the chunks of the last forward, last chunk first; once a forward."""
         ex, be, cell, cur = self.ex, self.ex.backend, self.ex.cell, self.cur
+        if self.last is None:
+            raise RnnGraphError("backward() runs once after a call in chunks: the chunks' stored values share one "
+                                "buffer and are spent by it; run forward() again for another backward")
         chunks, ws, recompute = self.last
         (T, B), dtype, N = (chunks[-1][0] + chunks[-1][2], cur.B), self.acc.dtype, len(chunks)
         _, o0, go, gi = self.slots
@@ -215,6 +219,8 @@ class Chunked:
                 ex._run_body("chunk fwd", w, self._forward_body)
             ex._run_body("chunk bwd", w, self._backward_body)
         w, self.grad_flat = ex.ws, self.acc
+        cur.arrays[:] = [None] * cur.slots      # the caller's arrays are not held past the call
+        self.last = None                        # and its stored values are spent: the chunks' memory is shared
         grads = {}
         for n in cell.params:
             g = w.grads[n]
