@@ -10,20 +10,20 @@ first. A ladder's last chunk holds the n < 8 frames left and runs padded to the 
 past n read zero inputs and every sequence's length is clipped to n, as padded frames are, so they never
 feed a real one. A ladder records at most one chunk a step, whatever the lengths.
 
-The cursor [HEAD + B + 3·slots + 3·N] int64: c (the chunk running), step (what a forward adds to c: 1, or 0
-when the backward runs it again), T, N; the B lengths (T where none are given); the address and the frame and
-batch strides (elements) of each slot: the caller's arrays [T, B, F] the call reads and writes (inputs,
-outputs, then the outputs' and inputs' gradients); per chunk, (t0, n, stash offset or -1).
+The cursor (run/cursor.py) holds, for the chunk running, its first frame t0 and frame count n, the sequences'
+lengths, the addresses and strides of the caller's arrays the call reads and writes (its slots) and where
+each chunk's values are set aside.
 
 A chunk's forward: its states' history from carry slot c (the call's initial states for c = 0), its inputs
 at t0 (zeros past n), the forward body, its outputs written at t0, its values set aside in the stash (every
-chunk but the last, where the backward does not run it again: the next chunk reuses the memory), each
+chunk but the last, unless the backward recomputes: the next chunk reuses the memory), each
 sequence's state at its own last frame of the chunk into carry slot c + 1, c advanced. Its backward, last
 chunk first: its values from the stash (or its forward run again from carry slot c), the gradients of its
 outputs at t0 and of its final states (carried from the chunk after it, added at each sequence's own last
 frame), the backward body, its input gradients written at t0, its parameter gradients added up, the gradient
 of its history carried to the chunk before, c moved back. The results equal one pass over all T frames up
-to the order of the parameter gradients' sums.
+to the order of the parameter gradients' sums. A backward runs once a forward: restoring or recomputing each
+chunk's values over the others', it spends them.
 
 The boundary operations (OPS: name -> reference) are kernels where the backend compiles them
 (compile_chunk: run/backends/cuda/chunks.py); their buffers (cursor, carries, stash, summed gradients) live in
@@ -79,9 +79,9 @@ def _frames_in(cur, dst, k):
     where the slot is empty)."""
     _, t0, n, _, _ = cur.where()
     src = cur.arrays[k]
-    if src is None:             # no gradient given: zeros
-        n = 0
-    dst[:n] = src[t0:t0 + n] if n else dst[:0]
+    n = 0 if src is None else n         # no gradient given: zeros
+    if n:
+        dst[:n] = src[t0:t0 + n]
     dst[n:] = 0
 
 
