@@ -154,8 +154,8 @@ chunks' forward ([Layers](layers.md)).
 At T = 100 a training step is bound by host work, not by the GPU: issuing one graph-mode step takes Python and
 CuPy calls around four graph replays (the input in; the states, the gradients and PyTorch-layout gradients out)
 while the GPU waits, where JAX dispatches one compiled program. The same floor caps the elementwise loop's gain
-over `stages` at T = 100. At T = 65,536 recomputation costs a second forward pass and chunks that each replay
-and copy, so JAX, which stores every value, is faster there.
+over `stages` at T = 100. At T = 65,536 the scan's forward alone is slower than JAX's, and recomputation adds a
+second forward pass to the backward, so JAX, which stores every value, is faster there.
 
 The cost per frame (µs, forward / training step) of minGRU against T, from the `scan` experiment:
 
