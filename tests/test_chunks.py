@@ -15,6 +15,7 @@ from rnngraph.run.chunks import LADDER_TOP, ladder, spans
 from rnngraph.run.executor import Executor
 from rnngraph.ir.loading import load_cell
 from test_buckets import close, run
+from test_classify import LINEAR_FORMS, one_state
 from test_history import skip_cell
 
 K = 4
@@ -205,3 +206,25 @@ def test_a_second_backward_of_a_call_in_chunks_is_a_clear_error(recompute):
         ex.backward({"h": gy})
     ex.forward(params, {"x": x}, {})
     ex.backward({"h": gy})
+
+
+@pytest.mark.parametrize("delay", [1, 2, 3])
+@pytest.mark.parametrize("loop", ["scan", "elementwise", "stages"])
+def test_cells_reading_up_to_three_frames_back_in_chunks_and_in_the_ladder(delay, loop):
+    """A state read `delay` frames back carries its last `delay` frames across chunk boundaries (the scan's
+    chains starting from them), in K chunks and in the ladder, ragged, against whole calls."""
+    def cell(D, H, bias=True):
+        return one_state(LINEAR_FORMS["a*h + b"], delay=delay, D=D, H=H)
+    kw = dict(num_layers=2, bidirectional=True, dtype="float64", seed=5, loop=loop)
+    whole, chunked, bounded = (Recurrent(cell, 3, 5, buckets=b, **kw) for b in (False, False, True))
+    chunked.backend.chunk_frames = K
+    for T in (K + 1, 3 * K + 2, 75):
+        rng = np.random.default_rng(T)
+        x = rng.standard_normal((T, 3, 3))
+        lengths = np.array([T, int(rng.integers(0, T + 1)), max(T - K - 1, 0)])
+        state, gy, gstate = call(whole, x, lengths, rng)
+        want = run(whole, x, state, lengths, gy, gstate)
+        for layer in (chunked, bounded):
+            for a, b in zip(run(layer, x, state, lengths, gy, gstate), want, strict=True):
+                close(a, b)
+            assert layer._stack.runs[0][0].ex.chunked and layer.loop_strategy == loop
