@@ -171,6 +171,24 @@ def test_retain_graph_backward_twice():
     assert_same(*results)
 
 
+def test_retain_graph_backward_twice_of_a_call_in_chunks():
+    """A backward of a call in chunks spends its stored values: the second one runs the call again."""
+    ref, ours = pair("GRU", 3, 4, num_layers=2, bidirectional=True)
+    x = randn(9, 2, 3, seed=1)
+    ours(x)
+    for engine in ours._engines.values():
+        engine.backend.chunk_frames = 2
+    results = []
+    for model in (ours, ref):
+        model.zero_grad()
+        loss = weighted_loss(model(x)[0], ())
+        loss.backward(retain_graph=True)
+        loss.backward()
+        results.append([p.grad for p in model.parameters()])
+    assert_same(*results)
+    assert all(engine.spent for engine in ours._engines.values())
+
+
 def test_recompute_uses_the_call_s_own_parameters():
     ref, ours = pair("LSTM", 3, 4)
     x1, x2 = randn(5, 2, 3, seed=1), randn(5, 2, 3, seed=2)

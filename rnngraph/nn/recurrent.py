@@ -117,6 +117,9 @@ class Recurrent(Parameterized):
     loop_strategy = property(lambda self: self._stack.runs[0][0].ex.loop_runs)
     loop_note = property(lambda self: self._stack.runs[0][0].ex.loop_note)
     recomputed = property(lambda self: self._stack.runs[0][0].ex.recomputed)
+    # whether the last call's backward spent what another backward of it would need (a call in chunks: its
+    # stored values), so that differentiating it again needs the call run again
+    spent = property(lambda self: any(r.ex.chunked and r.ex.chunks.last is None for l in self._stack.runs for r in l))
 
     def _load_cells(self, spec) -> list:
         """One cell per layer, built for that layer's input size, or taken from a list (one per layer)."""

@@ -125,7 +125,8 @@ class RecurrentFunction(torch.autograd.Function):
         states = tuple(next(given) if g else None for g in ctx.given)
         params = saved[sum(ctx.given):]
         with on_stream(x.device):
-            if engine.torch_serial != ctx.serial:      # another call ran since: this one's forward again,
+            # another call ran since, or a backward in chunks spent this call's stored values (retain_graph):
+            if engine.torch_serial != ctx.serial or engine.spent:   # this call's forward again,
                 bind(engine, dict(zip(ctx.names, params)))      # on this call's parameters
                 later, mode = engine.rng.bit_generator.state, engine.training
                 if ctx.rng is not None:
