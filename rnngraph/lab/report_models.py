@@ -107,6 +107,11 @@ def shapes(results: Results, findings: Findings) -> str:
     worst = max(chunks["records"], key=lambda r: r["chunks_ms"] / r["whole_ms"])
     s, st, last = probe["summary"], probe["settings"], probe["records"][-1]
     (Tm, Bm) = s["fixed_shape"]
+    sched = build_schedule(load_cell("lstm", st["H"], st["H"]))
+
+    def over(B):            # the longest call of B rows whose values fit the default store limit (2 GiB)
+        fixed = stored_bytes(sched, 0, B, "float32")
+        return (2 ** 31 - fixed) // (stored_bytes(sched, 1, B, "float32") - fixed)
     findings.compare("Calls of many shapes", f"{st['calls']:,} calls of random shapes", {"train_ms": s["ms_per_call"]},
                      {"train_ms": s["fixed_ms_per_call"]}, f"one fixed shape (T = {Tm}, B = {Bm})")
     return f"""## Calls of many shapes
@@ -133,8 +138,9 @@ of random shapes, T in [{st['tmin']}, {st['tmax'] - 1}] and B in [{st['bmin']}, 
 memory in use goes from {s['device_mb_at_warm_up']:,.0f} MB after {st['warm']} calls to {last['device_mb']:,.0f} MB
 after the last, outside its arenas and recordings (in the memory pool, which the probe does not break down). A call takes
 {num(s['ms_per_call'])} ms on average, {times(s['ratio'])} the time of one fixed shape of the mean size (T = {Tm},
-B = {Bm}, {num(s['fixed_ms_per_call'])} ms): padding B to a power of two and the ladder's extra chunks cost that
-much. The {st['check']} calls checked against staged mode agree to {s['worst_relative_error']:.1e} (relative,
-float32).
+B = {Bm}, {num(s['fixed_ms_per_call'])} ms). With B padded to 64, a call of more than {over(64)} frames would store
+more than `RNNGRAPH_STORE_BYTES` and recomputes instead (at B = 32, from {over(32) + 1} frames), where the fixed
+shape stores everything; that, padding B to a power of two and the ladder's extra chunks make the difference. The
+{st['check']} calls checked against staged mode agree to {s['worst_relative_error']:.1e} (relative, float32).
 
 {source(probe)}"""
