@@ -59,10 +59,11 @@ def main(argv=None) -> int:
         return ex.arenas.nbytes + (ex.chunks.bufs.nbytes if ex.chunks else 0)
     shapes = [(int(rng.integers(args.tmin, args.tmax)), int(rng.integers(args.bmin, args.bmax + 1)))
               for _ in range(args.calls)]
-    worst, sample = 0.0, set(np.linspace(0, args.calls - 1, args.check).astype(int))
+    worst, sample, recomputed = 0.0, set(np.linspace(0, args.calls - 1, args.check).astype(int)), 0
     t0, last, at_warm, rows = time.perf_counter(), 0, None, []
     for k, (T, B) in enumerate(shapes):
         x, y, (gx, _, grads) = call(T, B)
+        recomputed += layer.recomputed          # the call's values exceeded RNNGRAPH_STORE_BYTES
         if k in sample:             # its time left out of the row's
             cupy.cuda.get_current_stream().synchronize()
             aside = time.perf_counter()
@@ -98,9 +99,11 @@ def main(argv=None) -> int:
     fixed_call = (time.perf_counter() - start) / n_fixed * 1e3
     end = (layer.backend.cache_info()["graphs"], used())
     summary = dict(graphs_after_warm_up=end[0] - at_warm[0], graphs=end[0], graphs_at_warm_up=at_warm[0],
+                   recomputed_calls=recomputed,
                    device_mb_at_warm_up=at_warm[1] / 2**20, device_mb_at_end=end[1] / 2**20, ms_per_call=mean_call,
                    fixed_shape=[Tm, Bm], fixed_ms_per_call=fixed_call, ratio=mean_call / fixed_call,
                    staged_check_calls=len(sample), worst_relative_error=worst)
+    print(f"{recomputed} of {args.calls} calls recomputed (their values over RNNGRAPH_STORE_BYTES)")
     print(f"after call {args.warm}: {summary['graphs_after_warm_up']} graphs recorded ({at_warm[0]} then, {end[0]} in all); "
           f"device {at_warm[1] / 2**20:.0f} MB then, {end[1] / 2**20:.0f} MB at the end")
     print(f"second half: {mean_call:.2f} ms/call; fixed T={Tm} B={Bm} replay: {fixed_call:.2f} ms/call "
