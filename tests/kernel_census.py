@@ -14,6 +14,7 @@ from pathlib import Path
 from rnngraph import CELLS, build_schedule, load_cell
 from rnngraph.plan.items import Fused, FusedGrad, Pair, ParamSum
 from rnngraph.plan.loops import ElementwiseLoop, PersistentLoop, ScanLoop
+from rnngraph.run.backends.cuda.chunks import chunk_source
 from rnngraph.run.backends.cuda.elementwise import elementwise_kernel, elementwise_nodes
 from rnngraph.run.backends.cuda.fused import fusable, fused_backward_kernel, fused_forward_kernel
 from rnngraph.run.backends.cuda.matmul import matmul_source
@@ -99,6 +100,7 @@ def census() -> dict:
     for ctype in CTYPES.values():
         for kind in ("gemv", "gemm"):
             out[f"{ctype} matmul {kind}"] = matmul_source(kind, ctype)
+        out[f"{ctype} chunk boundary"] = chunk_source(ctype)
         for name in sorted(CELLS):
             cell = load_cell(name, *SIZES)
             for loop in build_schedule(cell).loop_strategies:
