@@ -5,6 +5,8 @@ Pure strings and numpy: the generators run without numba; only compiling them ne
 """
 from __future__ import annotations
 
+import math
+
 import re
 
 import numpy as np
@@ -59,11 +61,13 @@ def window(a) -> tuple | None:
     it, F = a.itemsize, a.shape[-1]
     if a.ndim == 1:
         return (a, 0) if a.strides[0] == it or F <= 1 else None
-    lead = [(n, s // it, int(np.prod(a.shape[k + 1:-1]))) for k, (n, s) in enumerate(zip(a.shape[:-1], a.strides))]
+    if a.flags.c_contiguous:            # rows back to back (a hoisted GEMM's operands): itself, flat
+        return a.reshape(-1), F
+    lead = [(n, s // it, math.prod(a.shape[k + 1:-1])) for k, (n, s) in enumerate(zip(a.shape[:-1], a.strides))]
     lds = {s // inner for n, s, inner in lead if n > 1}        # each leading axis: its stride over the rows inside it
     ld = lds.pop() if len(lds) == 1 else F if not lds else None
     if ld is None or ld < F or (F > 1 and a.strides[-1] != it) or \
             any(n > 1 and s != ld * inner for n, s, inner in lead):
         return None
-    rows = int(np.prod(a.shape[:-1]))
+    rows = math.prod(a.shape[:-1])
     return np.lib.stride_tricks.as_strided(a, (max((rows - 1) * ld + F, 0),), (it,)), ld
