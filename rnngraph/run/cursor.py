@@ -1,5 +1,6 @@
 """A call's cursor: where each chunk of a call in chunks lies in it, as one small int64 array on the device
-that the chunks' kernels read (run/chunks.py), written by the host once a call.
+that the chunks' kernels read (run/chunks.py), written by the host once a forward (and, for its backward, the
+chunk index and the gradients' slots once more).
 
 Layout [HEAD + B + 3·slots + 3·N]: c (the chunk running), step (what a chunk's forward adds to c: 1, or 0 when
 the backward runs it again), T, N; the B lengths (T where none are given); the address and the frame and batch
@@ -59,7 +60,8 @@ class Cursor:
         r = self.table() + 3 * c
         return c, int(d[r]), int(d[r + 1]), int(d[r + 2]), int(d[3])
 
-    def parts(self, xp) -> tuple:
-        """(each sequence's frames in the chunk [B], clipped to 0 .. n) as the references read them."""
+    def parts(self, xp):
+        """Each sequence's frames in the chunk [B] (its length less t0, clipped to 0 .. n), as the references
+        read them."""
         _, t0, n, _, _ = self.where()
         return xp.clip(xp.asarray(self.dev[HEAD:HEAD + self.B]) - t0, 0, n)
