@@ -126,6 +126,17 @@ def test_bounded_calls_equal_numpy(cell):
     assert cpu._stack.runs[0][0].ex.chunked and all(loops_compiled(cpu))
 
 
+def test_the_kept_transpose_through_blas_equals_numpys():
+    """pack's transposed copy of per-frame weights (BLAS's ?omatcopy where it has one), contiguous or not."""
+    be = get_backend("cpu")
+    rng = np.random.default_rng(0)
+    for a in (rng.standard_normal((37, 11)), rng.standard_normal((40, 24)).astype(np.float32),
+              rng.standard_normal((20, 30))[:, :7], np.zeros((0, 5))):
+        out = np.full(a.shape[::-1], np.nan, a.dtype)
+        be.transpose_into(out, a)
+        np.testing.assert_array_equal(out, a.T)
+
+
 def test_dropout_between_layers_equals_numpy():
     ref, cpu = twins("lstm", dropout=0.4)
     ref.train(), cpu.train()

@@ -87,7 +87,11 @@ class ArrayBackend:
             kept = self._transposed.get(id(out))
             if kept is None or kept[0] is not out:
                 self._transposed[id(out)] = (out, self.xp.empty(out.shape[::-1], out.dtype))
-            self._transposed[id(out)][1][...] = out.T
+            self.transpose_into(self._transposed[id(out)][1], out)
+
+    def transpose_into(self, dst, src):
+        """dst [K, M] = srcᵀ, src [M, K]; a backend may do it faster."""
+        dst[...] = src.T
 
     def transposed(self, w):
         """The transpose [K, M] that pack keeps of per-frame weights w [M, K], or None."""

@@ -27,6 +27,8 @@ class Blas:
     sgemv: int
     dgemv: int
     set_threads: int | None     # OpenBLAS's openblas_set_num_threads_local: sets the count, returns the old one
+    somatcopy: int | None = None    # OpenBLAS's out-of-place transposes (s and d), an extension of CBLAS
+    domatcopy: int | None = None
 
     def describe(self) -> str:
         return f"{self.api} {self.version} ({self.kernel} kernels, {threads()} threads) {os.path.basename(self.path)}"
@@ -56,12 +58,29 @@ def numpy_blas() -> Blas | str:
         fns = [getattr(lib, pattern.format(k), None) for k in ("sgemm", "dgemm", "sgemv", "dgemv")]
         if None not in fns:
             local = getattr(lib, "openblas_set_num_threads_local", None)
+            copies = [getattr(lib, pattern.format(k), None) for k in ("somatcopy", "domatcopy")]
             return Blas(info["filepath"], info["internal_api"], str(info.get("version")),
                         str(info.get("architecture") or info.get("threading_layer") or "-"), bits,
-                        *(ctypes.cast(f, ctypes.c_void_p).value for f in fns),
-                        None if local is None else ctypes.cast(local, ctypes.c_void_p).value)
+                        *(_address(f) for f in fns + [local] + copies))
     return (f"numpy's BLAS ({info['filepath']}) exports no CBLAS sgemm/dgemm/sgemv/dgemv the loops know "
             f"({', '.join(p.format('sgemm') for p, _ in GEMM_SYMBOLS)})")
+
+
+def _address(fn) -> int | None:
+    return None if fn is None else ctypes.cast(fn, ctypes.c_void_p).value
+
+
+def omatcopy(blas: Blas, dtype: str):
+    """BLAS's out-of-place transpose of a row-major matrix for dtype ('float32' or 'float64'), called as
+    fn(rows, cols, a, b): b [cols, rows] = a [rows, cols]ᵀ (both contiguous); None where the BLAS has none."""
+    address = {"float32": blas.somatcopy, "float64": blas.domatcopy}.get(dtype)
+    if address is None:
+        return None
+    integer, real = (ctypes.c_int64 if blas.bits == 64 else ctypes.c_int32), \
+        (ctypes.c_float if dtype == "float32" else ctypes.c_double)
+    fn = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, integer, integer, real, ctypes.c_void_p, integer,
+                          ctypes.c_void_p, integer)(address)
+    return lambda rows, cols, a, b: fn(101, 112, rows, cols, 1.0, a.ctypes.data, cols, b.ctypes.data, rows)
 
 
 def threads() -> int:
