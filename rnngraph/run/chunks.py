@@ -31,6 +31,8 @@ the executor's arenas, at addresses that stay put while no call is longer than t
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..arrays import address, array_module
@@ -218,14 +220,10 @@ class Chunked:
             if recompute and i < N - 1:         # the last chunk's values are still in place
                 ex._run_body("chunk fwd", w, self._forward_body)
             ex._run_body("chunk bwd", w, self._backward_body)
-        w, self.grad_flat = ex.ws, self.acc
+        self.grad_flat = self.acc
         cur.arrays[:] = [None] * cur.slots      # the caller's arrays are not held past the call
         self.last = None                        # and its stored values are spent: the chunks' memory is shared
-        grads = {}
-        for n in cell.params:
-            g = w.grads[n]
-            off = (address(g) - address(w.grad_arena)) // g.itemsize
-            grads[n] = self.acc[off:off + g.size].reshape(g.shape)
+        grads = {n: self.acc[off:off + math.prod(shape)].reshape(shape) for n, (off, shape) in self.grad_at.items()}
         return gins, {s: self.gcarry[s][P - 1] if D == 1 else self.gcarry[s][P - D:]
                       for s, D in cell.depths.items()}, grads
 
@@ -247,8 +245,10 @@ class Chunked:
                           for s, (_, S) in cell.states.items()}
             self.gcarry = {s: take(f"chunk gcarry {s}", P * B * S, dtype).reshape(P, B, S)
                            for s, (_, S) in cell.states.items()}
-            ends = [(address(g) - address(w.grad_arena)) // g.itemsize + g.size for g in map(w.grads.get, cell.params)]
-            self.acc = take("chunk grads", max(ends, default=0), dtype)
+            base = address(w.grad_arena)    # the parameters' gradients lead every workspace's arena, at one offset each
+            self.grad_at = {n: ((address(w.grads[n]) - base) // w.grad_arena.itemsize, w.grads[n].shape)
+                            for n in cell.params}
+            self.acc = take("chunk grads", max((o + math.prod(sh) for o, sh in self.grad_at.values()), default=0), dtype)
             if ex.arenas.generation == generation:
                 return ws, offsets
 
