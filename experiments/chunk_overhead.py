@@ -56,7 +56,8 @@ def main(argv=None) -> int:
                 ms = {k: float(np.median(v)) for k, v in times.items()}
                 ex = layers["chunks"]._stack.runs[0][0].ex
                 rows.append(dict(cell=cell, loop=loop, T=T, B=B, H=args.H, K=ex.chunk_frames, ran=layers["chunks"].loop_strategy,
-                                 **{f"{k}_ms": v for k, v in ms.items()}))
+                                 **{f"{k}_ms": v for k, v in ms.items()},
+                                 **{f"{k}_recomputed": bool(layer.recomputed) for k, layer in layers.items()}))
                 print(f"{cell:8s} {loop:12s} {T:5d} {B:3d} {ex.chunk_frames:5d} {ms['chunks']:10.3f} {ms['whole']:9.3f} "
                       f"{ms['ladder']:10.3f} {ms['chunks'] / ms['whole']:12.3f} {ms['ladder'] / ms['whole']:12.3f}")
                 del layers

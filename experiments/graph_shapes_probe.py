@@ -3,10 +3,12 @@
 An LSTM layer (graph mode, float32, the automatic shape policy: the first 4 shapes exact, then B padded to a
 power of two and T run in the executor's ladder of chunks) runs forward and backward on `--calls` batches whose
 T is drawn uniformly from [--tmin, --tmax) and B from [--bmin, --bmax]. It prints, every tenth of the run, the
-recorded graphs, the device memory in use (driver) and the layer's arenas; then the graphs recorded after the
-first --warm calls, the mean time per call of the second half (as it ran, staged checks aside) against the same
-layer's weights replaying one fixed shape of the mean size (exact), and the worst relative error of a sample of calls against
-staged mode. A probe, not an experiment: it prints, and writes JSON where --json says.
+recorded graphs, the layer's arenas, the memory pool's bytes in use and held, and the device memory in use
+(driver); then the graphs recorded after the first --warm calls, the mean time per call of the second half (as
+it ran) against the same layer's weights replaying one fixed shape of the mean size (exact), and the worst
+relative error of a sample of calls against staged mode (their results kept on the host and checked after the
+run, so that staged mode's memory stays out of the rows). A probe, not an experiment: it prints, and writes
+JSON where --json says.
 
     python experiments/graph_shapes_probe.py [--calls 10000] [--tmin 1 --tmax 2001] [--bmin 1 --bmax 64] [--H 256]
 """
@@ -32,6 +34,7 @@ def main(argv=None) -> int:
 
     from rnngraph.lab.bench import machine_info
     from rnngraph.nn.recurrent import Recurrent
+    from rnngraph.run.executor import store_limit
     H, rng = args.H, np.random.default_rng(0)
     layer = Recurrent("lstm", H, H, backend="cupy", mode="graph")
     staged = Recurrent("lstm", H, H, backend="cupy", mode="staged")
@@ -53,24 +56,22 @@ def main(argv=None) -> int:
     print(" ".join(f"{k}={v}" for k, v in info.items() if k in ("gpu", "cupy", "commit")))
     print(f"LSTM H={H}, graph mode, the automatic shape policy: {args.calls} calls, T in [{args.tmin}, {args.tmax}), "
           f"B in [{args.bmin}, {args.bmax}]")
-    print(f"{'calls':>6s} {'graphs':>7s} {'graph MB':>9s} {'arenas MB':>10s} {'device MB':>10s} {'ms/call':>8s}")
+    print(f"{'calls':>6s} {'graphs':>7s} {'graph MB':>9s} {'arenas MB':>10s} {'pool MB':>8s} {'held MB':>8s} "
+          f"{'device MB':>10s} {'ms/call':>8s}")
 
     def arenas() -> int:        # the workspaces' arenas and the chunks' own buffers (outputs, input gradients)
         return ex.arenas.nbytes + (ex.chunks.bufs.nbytes if ex.chunks else 0)
     shapes = [(int(rng.integers(args.tmin, args.tmax)), int(rng.integers(args.bmin, args.bmax + 1)))
               for _ in range(args.calls)]
-    worst, sample, recomputed = 0.0, set(np.linspace(0, args.calls - 1, args.check).astype(int)), 0
+    sample, recomputed, kept = set(np.linspace(0, args.calls - 1, args.check).astype(int)), 0, []
     t0, last, at_warm, rows = time.perf_counter(), 0, None, []
     for k, (T, B) in enumerate(shapes):
         x, y, (gx, _, grads) = call(T, B)
         recomputed += layer.recomputed          # the call's values exceeded RNNGRAPH_STORE_BYTES
-        if k in sample:             # its time left out of the row's
+        if k in sample:             # kept on the host, checked after the run; the copy's time left out of the row's
             cupy.cuda.get_current_stream().synchronize()
             aside = time.perf_counter()
-            ys, _ = staged(x)
-            gs = staged.backward(cupy.ones_like(ys))
-            for a, b in [(y, ys), (gx, gs[0])] + [(grads[n], gs[2][n]) for n in grads]:
-                worst = max(worst, float(cupy.abs(a - b).max() / max(float(cupy.abs(b).max()), 1e-30)))
+            kept.append((T, B, [cupy.asnumpy(a) for a in [y, gx] + [grads[n] for n in sorted(grads)]]))
             t0 += time.perf_counter() - aside
         if k + 1 == args.warm:
             cupy.cuda.get_current_stream().synchronize()
@@ -79,9 +80,13 @@ def main(argv=None) -> int:
             cupy.cuda.get_current_stream().synchronize()
             now = time.perf_counter()
             g = layer.backend.cache_info()
+            mempool = cupy.get_default_memory_pool()
             rows.append(dict(calls=k + 1, graphs=g["graphs"], graph_mb=g["graph_bytes"] / 2**20,
-                             arenas_mb=arenas() / 2**20, device_mb=used() / 2**20, ms_per_call=1e3 * (now - t0) / (k + 1 - last)))
-            print("{calls:6d} {graphs:7d} {graph_mb:9.1f} {arenas_mb:10.1f} {device_mb:10.0f} {ms_per_call:8.2f}".format(**rows[-1]))
+                             arenas_mb=arenas() / 2**20, pool_used_mb=mempool.used_bytes() / 2**20,
+                             pool_held_mb=mempool.total_bytes() / 2**20, device_mb=used() / 2**20,
+                             ms_per_call=1e3 * (now - t0) / (k + 1 - last)))
+            print("{calls:6d} {graphs:7d} {graph_mb:9.1f} {arenas_mb:10.1f} {pool_used_mb:8.0f} {pool_held_mb:8.0f} "
+                  "{device_mb:10.0f} {ms_per_call:8.2f}".format(**rows[-1]))
             t0, last = now, k + 1
     late = shapes[args.calls // 2:]          # the second half: after warm-up, timed as it ran (the last tenths)
     halves = [r["ms_per_call"] for r in rows[len(rows) // 2:]]
@@ -98,8 +103,16 @@ def main(argv=None) -> int:
     cupy.cuda.get_current_stream().synchronize()
     fixed_call = (time.perf_counter() - start) / n_fixed * 1e3
     end = (layer.backend.cache_info()["graphs"], used())
+    worst = 0.0                 # the sample against staged mode, after the run (its memory outside the run's rows)
+    for T, B, got in kept:
+        x = pool[:T, :B]
+        ys, _ = staged(x)
+        gs = staged.backward(cupy.ones_like(ys))
+        for a, b in zip(got, [ys, gs[0]] + [gs[2][n] for n in sorted(gs[2])], strict=True):
+            b = cupy.asnumpy(b)
+            worst = max(worst, float(np.abs(a - b).max() / max(float(np.abs(b).max()), 1e-30)))
     summary = dict(graphs_after_warm_up=end[0] - at_warm[0], graphs=end[0], graphs_at_warm_up=at_warm[0],
-                   recomputed_calls=recomputed,
+                   recomputed_calls=recomputed, store_limit_bytes=store_limit(layer.backend),
                    device_mb_at_warm_up=at_warm[1] / 2**20, device_mb_at_end=end[1] / 2**20, ms_per_call=mean_call,
                    fixed_shape=[Tm, Bm], fixed_ms_per_call=fixed_call, ratio=mean_call / fixed_call,
                    staged_check_calls=len(sample), worst_relative_error=worst)

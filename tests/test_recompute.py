@@ -45,19 +45,30 @@ def test_recomputed_chunks_equal_storing_everything(cell, loop, ragged):
         assert again.recomputed == (T > K) and not stored.recomputed
 
 
+def test_the_default_store_limit_is_a_share_of_the_device_memory(monkeypatch):
+    """Without RNNGRAPH_STORE_BYTES: a sixteenth of the backend's device memory, and never below 2 GiB."""
+    monkeypatch.delenv("RNNGRAPH_STORE_BYTES", raising=False)
+    be = get_backend("numpy")
+    assert be.memory_bytes > 2 ** 30            # this machine's RAM
+    for memory, limit in ((141 * 2 ** 30, 141 * 2 ** 26), (16 * 2 ** 30, 2 ** 31)):
+        monkeypatch.setattr(be, "memory_bytes", memory)      # an H200's and a small device's memory
+        assert store_limit(be) == limit
+
+
 def test_the_store_limit_picks_recomputation(monkeypatch):
     """Over RNNGRAPH_STORE_BYTES the executor recomputes, in chunks whose values take a quarter of it."""
     cell = load_cell("lstm", 3, 8)
     sched = build_schedule(cell)
     per_frame = stored_bytes(sched, 1, 2, "float64") - stored_bytes(sched, 0, 2, "float64")
+    be = get_backend("numpy")
     monkeypatch.setenv("RNNGRAPH_STORE_BYTES", str(40 * per_frame))
-    assert store_limit() == 40 * per_frame
-    ex = Executor(cell, get_backend("numpy"))
+    assert store_limit(be) == 40 * per_frame
+    ex = Executor(cell, be)
     params = {n: np.full(s, 0.1) for n, s in cell.params.items()}
     for T, recomputed in ((30, False), (100, True)):
         ex.forward(params, {"x": np.ones((T, 2, 3))}, {})
         assert ex.recomputed == recomputed and ex.chunked == recomputed
-    assert ex.chunks.K == 10 and stored_bytes(sched, 10, 2, "float64") <= store_limit() / 4 + stored_bytes(sched, 0, 2, "float64")
+    assert ex.chunks.K == 10 and stored_bytes(sched, 10, 2, "float64") <= store_limit(be) / 4 + stored_bytes(sched, 0, 2, "float64")
     ex.backward({"h": np.ones((100, 2, 8))})
     assert ex.chunks.bufs.nbytes < stored_bytes(sched, 100, 2, "float64") / 8    # no values set aside: outputs, gradients
     monkeypatch.setenv("RNNGRAPH_STORE_BYTES", "plenty")

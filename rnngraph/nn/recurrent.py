@@ -59,10 +59,10 @@ class Recurrent(Parameterized):
     power of two, T run in a ladder of chunks (rnngraph.nn.buckets), so that a few recorded graphs serve every
     shape: True, False, or None (default: in graph mode, from a fifth distinct shape on), ``recompute`` keeps
     memory bounded over long sequences: the backward runs the forward again chunk by chunk instead of storing
-    every value (True,
-    False, or None (default): where the values a call stores would exceed RNNGRAPH_STORE_BYTES, 2 GiB by
-    default; ``layer.recomputed`` says whether the last call did). Other keywords are the cell function's
-    own options, passed on to it for every layer, e.g. ``Recurrent("slstm", 8, 64, heads=8)``.
+    every value (True, False, or None (default): where the values a call stores would exceed
+    RNNGRAPH_STORE_BYTES, by default a sixteenth of the device's memory and at least 2 GiB;
+    ``layer.recomputed`` says whether the last call did). Other keywords are the cell function's own options,
+    passed on to it for every layer, e.g. ``Recurrent("slstm", 8, 64, heads=8)``.
 
     Example::
 

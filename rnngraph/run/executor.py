@@ -58,7 +58,7 @@ class Executor:
         self.loop_runs, self.loop_note = schedule.loop_strategy, None
         self.chunk = chunk          # frames per chunk of a longer call; None: chunk_frames; 0: never
         self.recompute = recompute  # recompute chunks in the backward: True, False, or None (where storing
-        self.recomputed = False     # every value would exceed store_limit()); whether the last forward did
+        self.recomputed = False     # every value would exceed store_limit); whether the last forward did
         self.chunks, self.chunked = None, False
         self._costs: dict = {}      # (B, dtype) -> _store_cost
 
@@ -118,7 +118,7 @@ class Executor:
         [B, F] where D is 1 and [D, B, F] otherwise), views that the next call overwrites; finals end
         at each sequence's own last frame when lengths [B] is given. Parameters are used in place, not
         copied. T longer than the executor's chunk runs in chunks of that many frames (chunks.py); where
-        the values of a call would not fit in store_limit() (or recompute=True), in chunks that the
+        the values of a call would not fit in store_limit (or recompute=True), in chunks that the
         backward runs again instead of storing their values (the inputs are then referenced until it).
         into: output name -> [T, B, F], where a call in chunks writes that output (and returns it) instead of
         a buffer of its own; a whole call returns its workspace's views, for the caller to copy. ladder: calls
@@ -126,7 +126,7 @@ class Executor:
         recorded once each step of it is."""
         x0 = inputs[next(iter(self.cell.inputs))]
         (T, B), K = x0.shape[:2], self.chunk_frames
-        limit, (fixed, per_frame) = store_limit(), self._store_cost(B, x0.dtype)
+        limit, (fixed, per_frame) = store_limit(self.backend), self._store_cost(B, x0.dtype)
         recompute = self.recompute
         if recompute is None:
             recompute = fixed + T * per_frame > limit
@@ -378,7 +378,13 @@ def _call(name, fn):
     fn()
 
 
-def store_limit() -> int:
-    """RNNGRAPH_STORE_BYTES (suffixes K, M, G), else 2 GiB: the values and gradients a call may keep for its
-    backward; a longer call recomputes its chunks instead (Executor.forward)."""
-    return byte_count("RNNGRAPH_STORE_BYTES", "2G")
+STORE_SHARE = 16         # the default store limit is this share of the device's memory ...
+STORE_FLOOR = 2 ** 31    # ... and at least this
+
+
+def store_limit(backend) -> int:
+    """RNNGRAPH_STORE_BYTES (suffixes K, M, G), else a sixteenth of the backend's device memory and at least
+    2 GiB (an H200: 8.8 GB): the values and gradients a call may keep for its backward; a longer call
+    recomputes its chunks instead (Executor.forward)."""
+    default = max(STORE_FLOOR, backend.memory_bytes // STORE_SHARE)
+    return byte_count("RNNGRAPH_STORE_BYTES", str(default))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import os
 
 from ...arrays import float32_copies, is_half
 from ...errors import RnnGraphError
@@ -184,6 +185,11 @@ class ArrayBackend:
 
     def synchronize(self):
         pass
+
+    @functools.cached_property
+    def memory_bytes(self) -> int:
+        """The memory of the device the arrays live on: the machine's RAM here."""
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 

@@ -6,6 +6,7 @@ cupy-cuda13x) works: only the generic `cupy` module is used.
 """
 from __future__ import annotations
 
+import functools
 import warnings
 
 from ....errors import RnnGraphError, RnnGraphWarning
@@ -120,6 +121,10 @@ class CupyBackend(ArrayBackend):
 
     def synchronize(self):
         self.xp.cuda.get_current_stream().synchronize()
+
+    @functools.cached_property
+    def memory_bytes(self) -> int:
+        return self.xp.cuda.runtime.memGetInfo()[1]         # the current GPU's total
 
     def pack(self, out, parts, transpose: bool = False):
         super().pack(out, parts, transpose)
