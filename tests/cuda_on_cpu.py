@@ -133,7 +133,7 @@ F16 = {'float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(u)); return f;':
        "_Float16 h = (_Float16)f; std::memcpy(&u, &h, 2); return *this;"}    # round to nearest even, as cvt.rn
 
 LAUNCH = r"""
-extern "C" void rg_launch(void** ptrs, long long* lds, int T, int P, int rg_nblocks, int NTH, long long smem, int in_turn) {
+extern "C" void rg_launch(void** ptrs, long long* lds, const long long* run, int tab, int T, int P, int rg_nblocks, int NTH, long long smem, int in_turn) {
     rg_grid_count = 0;
     auto block = [&](int blk, std::vector<std::thread>& threads, std::barrier<>* bb,
                      std::vector<std::barrier<>*>* wb, double* shuffle, unsigned char* smem_block, unsigned* mma_regs) {
@@ -167,7 +167,7 @@ extern "C" void rg_launch(void** ptrs, long long* lds, int T, int P, int rg_nblo
 
 def cpp_source(k) -> str:
     """The kernel's source as C++ for the emulator, with a launcher
-    rg_launch(ptrs, lds, T, P, blocks, threads, smem, in_turn)."""
+    rg_launch(ptrs, lds, run, tab, T, P, blocks, threads, smem, in_turn)."""
     src = k.source.replace(SYNC.replace("{{", "{").replace("}}", "}"), "")      # the grid barrier: PRELUDE's
     src = src.replace("extern __shared__ __align__(16) unsigned char smem_raw[];", "unsigned char* smem_raw = rg_smem;")
     src = src.replace('extern "C" __global__ void', "static void")
@@ -176,7 +176,7 @@ def cpp_source(k) -> str:
         call.append(f"({'unsigned long long' if kind == 'xb' else 'ST'}*)ptrs[{j + 1}]")
         if kind not in ("w", "xb"):
             call.append(f"lds[{j}]")
-    call = f"{k.name}((unsigned int*)ptrs[0], {', '.join(call)}, T, P)"
+    call = f"{k.name}((unsigned int*)ptrs[0], {', '.join(call)}, run, tab, T, P)"
     half = HALF_PRELUDE
     for a, b in F16.items():
         half = half.replace(a, b)
@@ -195,8 +195,9 @@ def built(k):
         subprocess.run([CXX, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", str(cpp), "-o", str(so)],
                        check=True, capture_output=True, text=True)
         lib = ctypes.CDLL(str(so))
-        lib.rg_launch.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_longlong), ctypes.c_int,
-                                  ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_int]
+        lib.rg_launch.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_longlong), ctypes.c_void_p,
+                                  ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_longlong, ctypes.c_int]
         _BUILT[key] = lib
     return _BUILT[key]
 
@@ -205,21 +206,24 @@ class Emulated(NumpyBackend):
     """numpy, with the persistent loops run by their generated kernels on the CPU: G blocks (None: the first
     of phases.block_counts for 132 SMs), in turn or at once, each running `rows` rows (None: all; fewer: the
     rest in more blocks, G a row group), on tensor cores where `tensor_cores` says (None: beyond MAX_ROWS rows);
-    `ran` lists each kernel run (its Persistent)."""
+    `ran` lists each kernel run (its Persistent), `walked` the frames each walked (a chunk's n, else T)."""
     name = "emulated"
-    kernel_loops = frozenset({"persistent"})
+    kernel_loops = walking_loops = frozenset({"persistent"})
     compiles_heads = True
 
     def __init__(self, G=None, blocks_in_turn=False, rows=None, tensor_cores=None):
         super().__init__("staged")
-        self.G, self.in_turn, self.rows, self.ran = G, blocks_in_turn, rows, []
+        self.G, self.in_turn, self.rows, self.ran, self.walked = G, blocks_in_turn, rows, [], []
         self.tensor_cores = tensor_cores
+
+    def loop_problem(self, cell, loop, B, dtype):
+        return None
 
     def compile(self, cell, item, views, per_frame):
         if not isinstance(item, PersistentLoop):
             return None
         from rnngraph.run.backends.cuda.persistent.phases import block_counts
-        vals, grads, cat, wcat, P, T, B = views
+        vals, grads, cat, wcat, P, T, B, running = views
         dtype = next(iter(cat.values()))[0].dtype
         G = self.G or block_counts(cell, item, 132)[0]
         rows = self.rows or B           # rows a block: the rest of B in more blocks (row groups)
@@ -229,14 +233,19 @@ class Emulated(NumpyBackend):
                 "xb": lambda n: np.zeros((2, B, cell.op(n).size), np.uint64)}
         arrays = [np.zeros(2, np.uint32)] + [pick[kind](key) for kind, key in k.args]
         lds = [0 if a.ndim == 1 else a.strides[0] // (B * a.itemsize) for a in arrays[1:]]
-        return [(self._launcher(k, arrays, lds, T, P), None, None, None)]
+        return [(self._launcher(k, arrays, lds, running, T, P), None, None, None)]
 
-    def _launcher(self, k, arrays, lds, T, P):
+    def _launcher(self, k, arrays, lds, running, T, P):
         lib = built(k)
         ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
         ld = (ctypes.c_longlong * max(len(lds), 1))(*lds)
 
+        cur, tab = running or (None, 0)         # a chunk's workspace: the kernel walks the running chunk's n frames
+
         def run(grid, block, args):
+            arrays[0][1] += 1                   # a new launch number, as rg_persist_zero: the words' tags move on
             self.ran.append(k)
-            lib.rg_launch(ptrs, ld, T, P, k.blocks, k.threads, k.smem, int(self.in_turn))
+            self.walked.append(T if cur is None else int(cur[tab + 3 * cur[0] + 1]))
+            lib.rg_launch(ptrs, ld, None if cur is None else cur.ctypes.data, tab, T, P, k.blocks, k.threads, k.smem,
+                          int(self.in_turn))
         return run

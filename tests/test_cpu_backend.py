@@ -13,6 +13,7 @@ import pytest
 from rnngraph import RnnGraphError, RnnGraphWarning
 from rnngraph.ir.cells import CELLS
 from rnngraph.ir.loading import load_cell
+from rnngraph.plan.loops.stages import frame_views
 from rnngraph.nn import Recurrent
 from rnngraph.run import backends
 from rnngraph.run.backends import get_backend
@@ -159,7 +160,7 @@ def test_generated_sources_are_deterministic_and_independent_of_T_and_B():
         ws = ex.workspace(T, B, np.dtype("float32"))
         ws.bind_params({n: np.zeros(s, np.float32) for n, s in ex.cell.params.items()})
         for loop in (ex.sched.forward[1].items[0], ex.sched.backward[1].items[0]):
-            gen = Loop(ex.cell, (ws.vals, ws.grads, ws.cat, ws.wcat, ws.P, ws.T, ws.B), "float32")
+            gen = Loop(ex.cell, frame_views(ws, None), "float32")
             assert all(ITEMS[type(it)](gen, it) for st in loop.stages for it in st.items)
             sources.append(gen.source(loop.reverse))
     assert sources[:2] == sources[2:] and sources[0] != sources[1]

@@ -118,3 +118,28 @@ def test_a_million_frames_within_device_memory():
     cupy.cuda.get_current_stream().synchronize()
     assert layer.recomputed and bool(cupy.isfinite(gx).all())
     assert pool.total_bytes() <= 3.5 * 2 ** 30, pool.total_bytes() / 2 ** 30   # x, y and their gradients: 2 GiB; the layer's copies
+
+
+@pytest.mark.parametrize("cell,loop", [("lstm", "persistent"), ("min_gru", "elementwise"), ("lstm", "stages")])
+def test_walking_kernels_in_padded_chunks_equal_staged(cell, loop):
+    """A ladder of 64 and 8 frames: where the loop's kernel walks only a chunk's n frames (persistent,
+    elementwise) a rest within 8 frames of 64 runs padded in one chunk of 64 (T = 60: one chunk walking 60;
+    T = 130: two of 64 and one of 8 walking 2), ragged, against staged mode; 'stages' walks every frame, so its
+    ladder stays the greedy one."""
+    import cupy
+
+    from rnngraph.run.chunks import spans
+    kw = dict(dtype="float64", seed=2, loop=loop)
+    graph = Recurrent(cell, 3, 6, backend="cupy", mode="graph", buckets=True, **kw)
+    staged = Recurrent(cell, 3, 6, backend="cupy", mode="staged", buckets=False, **kw)
+    graph.backend.chunk_frames = 64
+    ex, rng = graph._stack.runs[0][0].ex, np.random.default_rng(3)
+    for T in (60, 130, 63, 7):
+        x = cupy.asarray(rng.standard_normal((T, 4, 3)))
+        for lengths in (None, np.array([T, T // 2, 1, int(rng.integers(0, T + 1))])):
+            for a, b in zip(step(graph, x, lengths), step(staged, x, lengths), strict=True):
+                assert rel(a, b) <= TOL, (T, lengths, rel(a, b))
+        y, _ = graph(x)                 # which chunks the call ran in
+        assert ex.chunks.last[0] == spans(T, 64, True, walks=loop != "stages"), T
+        graph.backward(cupy.ones_like(y))
+    assert graph.loop_strategy == loop and ex._walks(4, np.float64) == (loop != "stages")

@@ -74,7 +74,7 @@ def late_write_cell():
 def test_backward_loads_wait_for_a_later_group_adding_into_them():
     cell = late_write_cell()
     k = persistent_kernel(cell, loops(cell)[1], "float", 1, 8)
-    loop = k.source[k.source.index("for (int s = 0; s < T; ++s)"):]
+    loop = k.source[k.source.index("for (int s = 0; s < NF; ++s)"):]
     i = k.args.index(("grad", "s"))
     assert f"AT(pp{i}, ld{i}, 0, f)" not in loop[:loop.index("grid_barrier(bar")]    # not before the barrier
     assert f"AT(pp{i}, ld{i}, 0, f)" in loop

@@ -57,19 +57,24 @@ def ladder(K: int) -> list:
     return steps
 
 
-def spans(T: int, K: int, in_ladder: bool = False) -> list:
+def spans(T: int, K: int, in_ladder: bool = False, walks: bool = False) -> list:
     """[(t0, L, n)]: the chunks of a call of T frames, each recorded at L frames and holding the n ≤ L
     frames t0 .. t0 + n - 1; chunks of K frames then the rest as one chunk, or, in_ladder, greedily from the
-    ladder, the last chunk padded up to its smallest step.
+    ladder, the last chunk padded up to its smallest step. walks: the loop walks only a chunk's n frames
+    (a padded frame costs its share of the chunk's parallel work, not a frame of the loop), so in the ladder
+    a rest short of a step by less than the next step runs padded in that step, not in up to 7 chunks more.
 
-    >>> spans(10, 4), spans(20, 16, True)
-    ([(0, 4, 4), (4, 4, 4), (8, 2, 2)], [(0, 16, 16), (16, 4, 4)])
+    >>> spans(10, 4), spans(20, 16, True), len(spans(60, 64, True)), spans(60, 64, True, walks=True)
+    ([(0, 4, 4), (4, 4, 4), (8, 2, 2)], [(0, 16, 16), (16, 16, 4)], 8, [(0, 64, 60)])
     """
     steps, out, t0 = (ladder(K) if in_ladder else [K]), [], 0
-    for L in steps:
+    for k, L in enumerate(steps):
         while T - t0 >= L:
             out.append((t0, L, L))
             t0 += L
+        if walks and k + 1 < len(steps) and T - t0 > L - steps[k + 1]:
+            out.append((t0, L, T - t0))
+            return out
     if t0 < T:
         out.append((t0, steps[-1] if in_ladder else T - t0, T - t0))
     return out
@@ -159,15 +164,15 @@ class Chunked:
         i, o = len(self.ex.cell.inputs), len(self.ex.cell.outputs)
         return 0, i, i + o, i + 2 * o
 
-    def forward(self, params: dict, inputs: dict, init: dict, lengths, K: int, in_ladder: bool = False,
-                recompute: bool = False, into=None):
-        """As Executor.forward, in the chunks spans(T, K, in_ladder) says; recompute: set no values aside and
+    def forward(self, params: dict, inputs: dict, init: dict, lengths, K: int, walks: bool = False,
+                in_ladder: bool = False, recompute: bool = False, into=None):
+        """As Executor.forward, in the chunks spans(T, K, in_ladder, walks) says; recompute: set no values aside and
         run each chunk's forward again in the backward (the inputs are then read again: keep them unchanged).
         Outputs are `into`'s arrays (name -> [T, B, F]) where given, else this object's (the next call reuses)."""
         ex, be, cell = self.ex, self.ex.backend, self.ex.cell
         x0 = inputs[next(iter(cell.inputs))]
         T, B, dtype = x0.shape[0], x0.shape[1], x0.dtype
-        self.K, chunks = K, spans(T, K, in_ladder)
+        self.K, chunks = K, spans(T, K, in_ladder, walks)
         ws, offsets = self._carve(B, dtype, chunks, recompute)
         i0, o0, _, _ = self.slots
         for k, x in enumerate(inputs.values()):
@@ -240,6 +245,8 @@ class Chunked:
             w = next(iter(ws.values()))
             P, slots = w.P, 2 * (len(cell.inputs) + len(cell.outputs))
             self.cur = Cursor(take("chunk cursor", HEAD + B + 3 * slots + 3 * N, np.int64), B, slots)
+            for w in ws.values():       # the loops walking time read the running chunk's frame count n there
+                w.running = (self.cur.dev, self.cur.table())
             self.stash = take("chunk stash", sum(sizes), dtype)
             self.carry = {s: take(f"chunk carry {s}", (N + 1) * P * B * S, dtype).reshape(N + 1, P, B, S)
                           for s, (_, S) in cell.states.items()}

@@ -60,7 +60,7 @@ class Executor:
         self.recompute = recompute  # recompute chunks in the backward: True, False, or None (where storing
         self.recomputed = False     # every value would exceed store_limit); whether the last forward did
         self.chunks, self.chunked = None, False
-        self._costs: dict = {}      # (B, dtype) -> _store_cost
+        self._costs: dict = {}      # (B, dtype) -> _store_cost; ("walks", B, dtype) -> _walks
 
     def workspace(self, T: int, B: int, dtype, chunk: bool = False) -> Workspace:
         """The workspace for (T, B, dtype) of whole calls, or of chunks (chunk: its recordings read the call's
@@ -95,6 +95,18 @@ class Executor:
         if key not in self._costs:
             fixed = stored_bytes(self.sched, 0, B, dtype)
             self._costs[key] = fixed, stored_bytes(self.sched, 1, B, dtype) - fixed
+        return self._costs[key]
+
+    def _walks(self, B: int, dtype) -> bool:
+        """Whether the loop's kernel walks only a chunk's n frames at B rows of dtype, so that a ladder pads a
+        chunk at little cost (chunks.spans): the backend's kernel for the strategy does (walking_loops) and runs
+        here, not the reference. Only the cost depends on it: padded frames are masked either way."""
+        key = ("walks", B, str(dtype))
+        if key not in self._costs:
+            loop = self.sched.forward[1].items[0]
+            s, be = strategy_of(loop), self.backend
+            self._costs[key] = s.name in be.walking_loops and not be.loop_problem(
+                self.cell, loop, B, dtype) and not (self.loop_asked == "auto" and be.auto_problem(self.cell, loop, B, dtype))
         return self._costs[key]
 
     @property
@@ -138,7 +150,8 @@ class Executor:
         self.recomputed = self.chunked and recompute
         if self.chunked:
             self.chunks = self.chunks or Chunked(self)
-            return self.chunks.forward(params, inputs, init, lengths, K, ladder, self.recomputed, into)
+            return self.chunks.forward(params, inputs, init, lengths, K, ladder and self._walks(B, x0.dtype),
+                                       ladder, self.recomputed, into)
         return self._forward(params, inputs, init, lengths)
 
     def backward(self, grad_outputs: dict, grad_finals: dict | None = None, into: dict | None = None):

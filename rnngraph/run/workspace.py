@@ -35,6 +35,7 @@ class Workspace:
         self.T, self.B, self.dtype, self.serial, self.version = T, B, dtype, next(SERIAL), 0
         self.P = max(cell.depths.values(), default=1)       # history rows before frame 0
         self.vals, self.grads, self.cat, self.wcat, self.memo = {}, {}, {}, {}, {}
+        self.running = None     # a chunk's: (its call's cursor, where the chunks' rows start in it), set by Chunked
         self.shared_weights = shared_weights(cell)
         blocks, wblocks, pblocks = _blocks(sched, self.P + T, B)
         self.val_arena, vals = carve(arenas, "values", dtype, [s for s, _ in blocks + wblocks])

@@ -3,6 +3,7 @@ can walk time for each feature, its delayed values in registers."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .stages import stages_plan, staged_only
 from .strategy import LoopStrategy
@@ -22,6 +23,16 @@ def elementwise_plan(sched, loop=None) -> tuple:
     return stages_plan(sched, loop, ElementwiseLoop)
 
 
+class ElementViews(NamedTuple):
+    """What a backend's kernel for an elementwise loop runs on (the fields as stages.FrameViews')."""
+    vals: dict          # node -> its values [P+T, B, F]
+    grads: dict         # node -> its gradients, likewise
+    P: int
+    T: int
+    B: int
+    running: tuple | None
+
+
 def frame_by_frame(run, loop, ws, views):
     """The reference: the stages' items frame by frame, in order (bit for bit what 'stages' computes)."""
     run.walk(loop, ws, overlap=False)
@@ -31,4 +42,4 @@ STRATEGY = LoopStrategy(
     name="elementwise", item=ElementwiseLoop, needs="every state linear_diagonal or elementwise",
     admits=lambda kinds: kinds <= {"linear_diagonal", "elementwise"}, plan=elementwise_plan,
     title="loop in reverse time, each feature on its own (stages listed)",
-    views=lambda ws, loop: (ws.vals, ws.grads, ws.P, ws.T, ws.B), reference=frame_by_frame)
+    views=lambda ws, loop: ElementViews(ws.vals, ws.grads, ws.P, ws.T, ws.B, ws.running), reference=frame_by_frame)

@@ -3,6 +3,7 @@ reuse its planner."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ...errors import RnnGraphError
 from ...ir.ops import REDUCE, OpKind
@@ -75,10 +76,21 @@ def staged_only(sched, name: str):
                             "runs loop='stages'")
 
 
-def frame_views(ws, loop) -> tuple:
-    """What a backend's kernels for a loop of stages run on: the values and gradients of every node, the merged
-    GEMMs' outputs and packed weights (with their gradients), the history rows P, frames T and rows B."""
-    return ws.vals, ws.grads, ws.cat, ws.wcat, ws.P, ws.T, ws.B
+class FrameViews(NamedTuple):
+    """What a backend's kernels for a loop of stages run on."""
+    vals: dict          # node -> its values [P+T, B, F]
+    grads: dict         # node -> its gradients, likewise
+    cat: dict           # merged Gemm -> (its output [P+T, B, ΣF], that output's gradient)
+    wcat: dict          # merged Gemm -> (its packed weights [ΣF, K], their gradient)
+    P: int              # history rows before frame 0
+    T: int              # frames
+    B: int              # rows
+    running: tuple | None   # a chunk's workspace: (the call's cursor [.] int64, where its chunks' rows start);
+                            # a kernel walking time may stop after the running chunk's n frames (run/chunks.py)
+
+
+def frame_views(ws, loop) -> FrameViews:
+    return FrameViews(ws.vals, ws.grads, ws.cat, ws.wcat, ws.P, ws.T, ws.B, ws.running)
 
 
 def walk(run, loop, ws, views):

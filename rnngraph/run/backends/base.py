@@ -28,6 +28,7 @@ class ArrayBackend:
     records = None      # what the backend records as CUDA graphs: None, "all" (whole bodies) or "loops"
     loops = frozenset(STRATEGIES)   # the loop strategies it runs: every one, by its reference at least
     kernel_loops = frozenset()      # those it has kernels for
+    walking_loops = frozenset()     # those whose kernels walk only a chunk's n frames (Workspace.running)
     chunk_frames = 0    # executors run longer calls in chunks of this many frames (run/chunks.py); 0: never;
                         # None: as many as the loop strategy's record says
     compiles_heads = False  # whether compile() knows head-wise GEMMs (plan.items.head_wise); else the executor

@@ -30,9 +30,9 @@ class Loop:
     functions it calls, and its body, item by item."""
 
     def __init__(self, cell, views, storage: str, transposed=lambda w: None):
-        self.cell, self.storage, self.B, self.transposed = cell, storage, views[-1], transposed
-        self.vals, self.grads = views[0], views[1]
-        self.cat, self.wcat = (views[2], views[3]) if len(views) == 7 else ({}, {})     # elementwise: no GEMMs
+        self.cell, self.storage, self.B, self.transposed = cell, storage, views.B, transposed
+        self.vals, self.grads = views.vals, views.grads
+        self.cat, self.wcat = getattr(views, "cat", {}), getattr(views, "wcat", {})     # elementwise: no GEMMs
         self.args, self.arrays, self.functions, self.setup, self.body = {}, [], {}, [], []
 
     def arg(self, key, array) -> tuple | None:
@@ -140,7 +140,7 @@ ITEMS = {Gemm: Loop.gemm, Fused: Loop.fused, Pair: Loop.pair, GemmGrad: Loop.gem
 
 def compile(be, cell, loop, views):
     """The loop as one compiled call on the executor's views, or None where an item has no compiled form."""
-    vals, T, B, P = views[0], views[-2], views[-1], views[-3]
+    vals, T, B, P = views.vals, views.T, views.B, views.P
     storage = storage_of(next(v for v in vals.values() if v.ndim == 3))
     if storage is None or be.mode == "naive":
         return None

@@ -71,6 +71,7 @@ class CupyBackend(ArrayBackend):
     compiles_heads = True
     keeps_transposes = True
     kernel_loops = frozenset(s.name for s in STRATEGIES.values() if s.item in ROOM)
+    walking_loops = frozenset({"persistent", "elementwise"})      # their kernels read n from the cursor
 
     def __init__(self, mode: str = "staged", matmul: str = "cublas", lanes: int = 1, max_graphs: int = 1024,
                  max_graph_bytes: int | None = None, chunk_frames: int | None = None):
@@ -281,6 +282,11 @@ class CupyBackend(ArrayBackend):
                 raise RnnGraphError("internal: loop kernel operands need frame-major rows with unit column stride")
             args += [a, self.xp.int64(ld)]
         return args
+
+    def running_args(self, running) -> tuple:
+        """(run, tab) of a kernel walking time: a chunk's workspace's cursor and where its chunks' rows start
+        (the kernel walks the running chunk's n frames), else a null pointer (it walks all T)."""
+        return (running[0], self.xp.int32(running[1])) if running else (self.xp.uint64(0), self.xp.int32(0))
 
     def raw(self, name: str, src: str, cooperative: bool = False):
         """The compiled kernel `name` of `src`, built once per process (cooperative: launched so)."""

@@ -16,9 +16,10 @@ from .source import CTYPES, HALF_TYPES, kernel_name, op_expr
 # (backward). Frames go in blocks of U whose loads are issued before any of their arithmetic.
 
 ELEMENTWISE_SOURCE = r"""
-extern "C" __global__ void {name}({args}int T, int B, int F, int P) {{
+extern "C" __global__ void {name}({args}const long long* __restrict__ run, int tab, int T, int B, int F, int P) {{
     long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= (long long)B * F) return;
+    if (run) T = (int)run[tab + 3 * run[0] + 1];        // a chunk: the running one's n frames (run/cursor.py)
     int b = (int)(e / F), f = (int)(e - (long long)b * F);
 {init}
     for (int t0 = {first}; {more}; t0 {step} {U}) {{
@@ -138,7 +139,7 @@ def _indent(lines, level: int) -> str:
 def compile(be, cell, loop, views):
     """The whole loop as one kernel walking time per (b, f), or None where it cannot (a GEMM in the loop,
     half storage)."""
-    vals, grads, P, T, B = views
+    vals, grads, P, T, B, running = views
     nodes = elementwise_nodes(loop)
     made = nodes and elementwise_kernel(cell, nodes, "bwd" if loop.reverse else "fwd", CTYPES[str(vals[nodes[0]].dtype)])
     if not made:
@@ -147,4 +148,4 @@ def compile(be, cell, loop, views):
     cp, F = be.xp, cell.op(nodes[0]).size
     args = be.frame_args([(vals if kind == "val" else grads)[n] for kind, n in keys], B)
     return ((be.raw(name, src), ((B * F + 127) // 128,), (128,),
-             (*args, cp.int32(T), cp.int32(B), cp.int32(F), cp.int32(P))),)
+             (*args, *be.running_args(running), cp.int32(T), cp.int32(B), cp.int32(F), cp.int32(P))),)

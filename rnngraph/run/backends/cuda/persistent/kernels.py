@@ -57,7 +57,8 @@ static __device__ __forceinline__ void exchange(unsigned long long* w, unsigned 
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" :: "l"(w), "l"(((unsigned long long)tag << 32) | __float_as_uint(x)) : "memory");
 }}
 """
-KERNEL_HEAD = r"""extern "C" __global__ void __launch_bounds__(NT, 1) {name}(unsigned int* bar, {args}int T, int P) {{
+KERNEL_HEAD = r"""extern "C" __global__ void __launch_bounds__(NT, 1) {name}(unsigned int* bar, {args}const long long* __restrict__ run, int tab, int T, int P) {{
+    const int NF = run ? (int)run[tab + 3 * run[0] + 1] : T;     // frames to walk: a chunk's n (run/cursor.py)
     extern __shared__ __align__(16) unsigned char smem_raw[];
     ST* sw = (ST*)smem_raw;         // the GEMM phases' weight rows, as stored (half storage: twice as many fit)
     CT* smem = (CT*)(smem_raw + W_BYTES);
@@ -73,7 +74,7 @@ SYNC_VARS = r"""    unsigned int barriers = 0;      // the grid barriers passed:
 BODY = r"""{load}
     __syncthreads();
 {prologue}
-    for (int s = 0; s < T; ++s) {{
+    for (int s = 0; s < NF; ++s) {{
         const int t = {frame};
 {phases}
     }}
@@ -186,10 +187,10 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
         else:
             body += pre + run
     if k:
-        nxt = "        if (s + 1 < T) {{\n        const int t = T - 2 - s;\n{}\n        }}"
+        nxt = "        if (s + 1 < NF) {{\n        const int t = NF - 2 - s;\n{}\n        }}"
         decl = [ln for ln in tail_loads if ln.lstrip().startswith("CT ")]
         body = decl + [nxt.format("\n".join(ln for ln in tail_loads if ln not in decl))] + body + [nxt.format("\n".join(tail))]
-        prologue = ["    {\n    const int t = T - 1;"] + prologue + ["    }"]
+        prologue = ["    {\n    const int t = NF - 1;"] + prologue + ["    }"]
     names = list(args)
     ptr = {"w": "ST* pp{}, ", "xb": "unsigned long long* pp{}, "}
     sig = "".join(ptr.get(kind, "ST* pp{0}, long long ld{0}, ").format(k) for k, (kind, _) in enumerate(names))
@@ -204,7 +205,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
     text = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + (mma.helpers(ctype) if tc else "") + \
         source.format(
         name="{name}", args=sig, load="\n".join(dict.fromkeys(load)), prologue="\n".join(prologue), phases="\n".join(body),
-        frame="T - 1 - s" if loop.reverse else "s")
+        frame="NF - 1 - s" if loop.reverse else "s")
     name = kernel_name("persist", text)
     return Persistent(name, text.replace("{name}", name), tuple(names), G * row_groups, THREADS,
                       w_bytes + total * itemsize, cooperative=not apart, tensor_cores=tc is not None)

@@ -39,7 +39,7 @@ AUTO_HEAD_ROWS = 64             # 'auto' runs a per-head kernel up to this B (me
 def compile(be, cell, loop, views):
     """The launches running `loop` on the executor's views: zeroing the barrier counter (and numbering the
     launch), then the cooperative kernel (per head the kernel alone); None where why_not() says why not."""
-    vals, grads, cat, wcat, P, T, B = views
+    vals, grads, cat, wcat, P, T, B, running = views
     dtype = next(iter(cat.values()))[0].dtype
     if why_not(be, cell, loop, B, dtype):
         return None
@@ -54,7 +54,8 @@ def compile(be, cell, loop, views):
     bar = cp.zeros(2, cp.uint32)            # barrier count, launch number; kept with the launch (the memo)
     raw = be.raw(k.name, k.source, cooperative=k.cooperative)
     raw.max_dynamic_shared_size_bytes = k.smem
-    run = (functools.partial(raw, shared_mem=k.smem), (k.blocks,), (k.threads,), (bar, *args, cp.int32(T), cp.int32(P)))
+    tail = (*be.running_args(running), cp.int32(T), cp.int32(P))
+    run = (functools.partial(raw, shared_mem=k.smem), (k.blocks,), (k.threads,), (bar, *args, *tail))
     return ((be.raw("rg_persist_zero", ZERO_SOURCE), (1,), (1,), (bar,)), run) if k.cooperative else (run,)
 
 
