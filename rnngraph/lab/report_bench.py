@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..ir.loading import load_cell
+from ..plan.schedule import build_schedule
 from ..run.backends.cuda.persistent.runner import TENSOR_CORES_FROM
+from ..run.executor import STORE_FLOOR, STORE_SHARE
+from ..run.workspace import stored_bytes
 from .figures import NAMES
 from .report_data import (Findings, Results, best_val, loop, num, pair, per_frame, ratio, record, seconds, source,
                           table, times)
@@ -135,6 +139,15 @@ def loops(results: Results, findings: Findings) -> str:
                                                               for v in ("stages", "elementwise", "scan")), pair(jax)])
             findings.compare("Loop strategies against JAX", f"{NAMES.get(cell, cell)} at T = {T}, B = {B}, "
                              f"graph mode (`{best}`)", got[best], jax, "JAX")
+    long = docs[1]
+    T_long, r_long = max(long["settings"]["T"]), {}
+    for impl in ("graph", "jax_scan"):
+        r_long[impl] = record(long, cell="min_gru", T=T_long, B=1, impl=impl)
+    gb = stored_bytes(build_schedule(load_cell("min_gru", r_long["graph"]["D"], r_long["graph"]["H"])), T_long, 1,
+                      "float32") / 1e9
+    limit = max(STORE_FLOOR, long["metadata"]["gpu_memory_gib"] * 2 ** 30 / STORE_SHARE) / 1e9
+    kept = "within" if gb <= limit else "beyond"
+    fwd, train = (r_long["graph"][k] / r_long["jax_scan"][k] for k in ("forward_ms", "train_ms"))
     scan = results.experiment("scan")
     Ts = sorted({r["T"] for r in scan["records"]})
     frames = [[T, *(per_frame(record(scan, T=T, impl="graph", loop=v)) for v in ("stages", "elementwise", "scan")),
@@ -143,9 +156,10 @@ def loops(results: Results, findings: Findings) -> str:
 
 Cells with a linear-diagonal or elementwise state in graph mode, each loop strategy they admit, against JAX's
 `lax.associative_scan` under `jit` (JAX has the linear-diagonal cells only); the fastest training step of
-rnngraph's in bold. At T = 4096 and 65,536 graph mode runs the scan with its default chunks (whole calls for the
-scan), and at T = 65,536 the call's stored values exceed `RNNGRAPH_STORE_BYTES`, so the backward recomputes its
-chunks' forward ([Layers](layers.md)).
+rnngraph's in bold. At T = 4096 and {T_long:,} graph mode runs the scan with its default chunks (whole calls for the
+scan). At T = {T_long:,} minGRU's call stores {gb:.1f} GB, {kept} the default `RNNGRAPH_STORE_BYTES` on this GPU
+({limit:.1f} GB, a sixteenth of its memory), so its backward {"reads the stored values" if kept == "within" else
+"recomputes its chunks' forward"} ([Layers](layers.md)).
 
 {table(["cell", "T, B", "stages", "elementwise", "scan", "JAX"], rows)}
 
@@ -154,8 +168,9 @@ chunks' forward ([Layers](layers.md)).
 At T = 100 a training step is bound by host work, not by the GPU: issuing one graph-mode step takes Python and
 CuPy calls around four graph replays (the input in; the states, the gradients and PyTorch-layout gradients out)
 while the GPU waits, where JAX dispatches one compiled program. The same floor caps the elementwise loop's gain
-over `stages` at T = 100. At T = 65,536 the scan's forward alone is slower than JAX's, and recomputation adds a
-second forward pass to the backward, so JAX, which stores every value, is faster there.
+over `stages` at T = 100. At T = {T_long:,} the scan's forward takes {times(fwd)} JAX's time and its training step
+{times(train)}: the difference is in the backward, where rnngraph writes the gradient of every stored value of every
+frame into its workspace (zeroed first for each call).
 
 The cost per frame (µs, forward / training step) of minGRU against T, from the `scan` experiment:
 

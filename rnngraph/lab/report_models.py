@@ -102,16 +102,15 @@ def shapes(results: Results, findings: Findings) -> str:
     rows = []
     for r in chunks["records"]:
         K = f"{r['K']}" if r["K"] else "whole calls"
-        rows.append([r["cell"], r["loop"], r["T"], r["B"], K, num(r["whole_ms"]), num(r["chunks_ms"]),
+        whole = num(r["whole_ms"]) + (" (recomputes)" if r.get("whole_recomputed") else "")
+        rows.append([r["cell"], r["loop"], r["T"], r["B"], K, whole, num(r["chunks_ms"]),
                      times(r["chunks_ms"] / r["whole_ms"]), num(r["ladder_ms"]), times(r["ladder_ms"] / r["whole_ms"])])
     worst = max(chunks["records"], key=lambda r: r["chunks_ms"] / r["whole_ms"])
     s, st, last = probe["summary"], probe["settings"], probe["records"][-1]
     (Tm, Bm) = s["fixed_shape"]
-    sched = build_schedule(load_cell("lstm", st["H"], st["H"]))
-
-    def over(B):            # the longest call of B rows whose values fit the default store limit (2 GiB)
-        fixed = stored_bytes(sched, 0, B, "float32")
-        return (2 ** 31 - fixed) // (stored_bytes(sched, 1, B, "float32") - fixed)
+    Bs = range(st["bmin"], st["bmax"] + 1)
+    padded = sum(1 << (B - 1).bit_length() for B in Bs) / len(Bs)        # the mean B once padded to a power of two
+    limit = s["store_limit_bytes"]
     findings.compare("Calls of many shapes", f"{st['calls']:,} calls of random shapes", {"train_ms": s["ms_per_call"]},
                      {"train_ms": s["fixed_ms_per_call"]}, f"one fixed shape (T = {Tm}, B = {Bm})")
     return f"""## Calls of many shapes
@@ -124,9 +123,9 @@ default chunks of time, in whole calls (chunks off), and in the ladder of chunks
 
 {source(chunks)}
 
-Where the values a call stores exceed `RNNGRAPH_STORE_BYTES` (2 GiB; the LSTM at B = 64 here) the backward
-recomputes, and with chunks off it does so in chunks of a quarter of that limit, so there "whole calls" run in
-chunks too. The costliest case is {worst['cell']} ({worst['loop']}) at T = {worst['T']}, B = {worst['B']}, at
+Where the values a call stores exceed `RNNGRAPH_STORE_BYTES` ({limit / 1e9:.1f} GB by default on this GPU) the
+backward recomputes, and with chunks off it does so in chunks of a quarter of that limit, so there "whole calls"
+(marked "recomputes") run in chunks too. The costliest case is {worst['cell']} ({worst['loop']}) at T = {worst['T']}, B = {worst['B']}, at
 {times(worst['chunks_ms'] / worst['whole_ms'])} the time of whole calls: there one more chunk is one more replay of
 the whole body, which is most of the step. The ladder splits a call into more chunks still (T = 1000 is 13 chunks
 of 512, 64 and 8 frames), which costs most where a step is shortest.
@@ -134,13 +133,13 @@ of 512, 64 and 8 frames), which costs most where a step is shortest.
 An LSTM layer (H = {st['H']}, graph mode, float32, the automatic shape policy) fed {st['calls']:,} training steps
 of random shapes, T in [{st['tmin']}, {st['tmax'] - 1}] and B in [{st['bmin']}, {st['bmax']}]: it holds
 {s['graphs_at_warm_up']} recordings after {st['warm']} calls and records {s['graphs_after_warm_up']} after that
-({last['graphs']} in all, {num(last['graph_mb'])} MB). Its arenas stay at {num(last['arenas_mb'])} MB; the device
-memory in use goes from {s['device_mb_at_warm_up']:,.0f} MB after {st['warm']} calls to {last['device_mb']:,.0f} MB
-after the last, outside its arenas and recordings (in the memory pool, which the probe does not break down). A call takes
-{num(s['ms_per_call'])} ms on average, {times(s['ratio'])} the time of one fixed shape of the mean size (T = {Tm},
-B = {Bm}, {num(s['fixed_ms_per_call'])} ms). With B padded to 64, a call of more than {over(64)} frames would store
-more than `RNNGRAPH_STORE_BYTES` and recomputes instead (at B = 32, from {over(32) + 1} frames), where the fixed
-shape stores everything; that, padding B to a power of two and the ladder's extra chunks make the difference. The
-{st['check']} calls checked against staged mode agree to {s['worst_relative_error']:.1e} (relative, float32).
+({last['graphs']} in all, {num(last['graph_mb'])} MB). Its arenas stay at {num(last['arenas_mb'])} MB and the memory
+pool holds {last['pool_held_mb']:,.0f} MB from the first tenth of the run to the last; the device memory in use is
+{s['device_mb_at_warm_up']:,.0f} MB after {st['warm']} calls and {s['device_mb_at_end']:,.0f} MB at the end (after the
+fixed-shape runs below). A call takes {num(s['ms_per_call'])} ms on average, {s['ratio']:.3f}× the time of one fixed
+shape of the mean size (T = {Tm}, B = {Bm}, {num(s['fixed_ms_per_call'])} ms). {s['recomputed_calls']:,} of the calls
+recompute (the store limit is {s['store_limit_bytes'] / 1e9:.1f} GB); the difference is padding B to a power of two
+(a mean of {padded:.1f} rows for {sum(Bs) / len(Bs):.1f}) and the ladder's extra chunks. The {st['check']} calls
+checked against staged mode agree to {s['worst_relative_error']:.1e} (relative, float32).
 
 {source(probe)}"""

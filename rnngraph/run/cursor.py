@@ -1,6 +1,7 @@
 """A call's cursor: where each chunk of a call in chunks lies in it, as one small int64 array on the device
-that the chunks' kernels read (run/chunks.py), written by the host once a forward (and, for its backward, the
-chunk index and the gradients' slots once more).
+that the chunks' kernels read (run/chunks.py), and the loop kernels that walk only a chunk's n frames
+(ArrayBackend.walking_loops, through Workspace.running), written by the host once a forward (and, for its
+backward, the chunk index and the gradients' slots once more).
 
 Layout [HEAD + B + 3·slots + 3·N]: c (the chunk running), step (what a chunk's forward adds to c: 1, or 0 when
 the backward runs it again), T, N; the B lengths (T where none are given); the address and the frame and batch

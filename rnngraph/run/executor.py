@@ -397,7 +397,7 @@ STORE_FLOOR = 2 ** 31    # ... and at least this
 
 def store_limit(backend) -> int:
     """RNNGRAPH_STORE_BYTES (suffixes K, M, G), else a sixteenth of the backend's device memory and at least
-    2 GiB (an H200: 8.8 GB): the values and gradients a call may keep for its backward; a longer call
+    2 GiB (an H200: 9.4 GB): the values and gradients a call may keep for its backward; a longer call
     recomputes its chunks instead (Executor.forward)."""
     default = max(STORE_FLOOR, backend.memory_bytes // STORE_SHARE)
     return byte_count("RNNGRAPH_STORE_BYTES", str(default))
