@@ -182,7 +182,7 @@ def test_graph_modes_chunk_is_each_strategys_measured_one(monkeypatch):
     from rnngraph.plan.loops import STRATEGIES
     backend = get_backend("numpy")
     monkeypatch.setattr(backend, "chunk_frames", None)
-    for cell, loop, K in (("lstm", "stages", 512), ("min_gru", "scan", 0), ("sru", "elementwise", 512)):
+    for cell, loop, K in (("lstm", "stages", 1024), ("min_gru", "scan", 0), ("sru", "elementwise", 1024)):
         ex = Executor(load_cell(cell, 3, 4), backend, loop=loop)
         assert ex.chunk_frames == STRATEGIES[loop].chunk_frames == K
         assert Executor(load_cell(cell, 3, 4), backend, loop=loop, chunk=7).chunk_frames == 7

@@ -79,7 +79,7 @@ def test_graph_mode_chunks_by_default_and_staged_mode_does_not(monkeypatch):
     from rnngraph.run.backends import get_backend
     monkeypatch.delenv("RNNGRAPH_CHUNK_FRAMES", raising=False)
     assert get_backend("cupy", "graph").chunk_frames is None and get_backend("cupy").chunk_frames == 0    # None: the strategy's
-    assert Recurrent("lstm", 4, 8, backend="cupy", mode="graph", loop="stages")._stack.runs[0][0].ex.chunk_frames == 512
+    assert Recurrent("lstm", 4, 8, backend="cupy", mode="graph", loop="stages")._stack.runs[0][0].ex.chunk_frames == 1024
     assert Recurrent("min_gru", 4, 8, backend="cupy", mode="graph")._stack.runs[0][0].ex.chunk_frames == 0
     monkeypatch.setenv("RNNGRAPH_CHUNK_FRAMES", "64")
     assert get_backend("cupy", "graph").chunk_frames == 64

@@ -55,6 +55,27 @@ def test_the_default_store_limit_is_a_share_of_the_device_memory(monkeypatch):
         assert store_limit(be) == limit
 
 
+def test_a_strategys_chunk_stays_within_the_store_limit(monkeypatch):
+    """Graph mode's chunks come from the loop strategy (chunk_frames None): K is cut to the longest power of two
+    of frames whose values fit the limit (never below 8); a K the user sets is kept."""
+    from rnngraph.plan.loops import STRATEGIES
+    cell = load_cell("lstm", 3, 8)
+    sched = build_schedule(cell, loop="stages")
+    fixed = stored_bytes(sched, 0, 2, "float64")
+    per_frame = stored_bytes(sched, 1, 2, "float64") - fixed
+    be = get_backend("numpy")
+    be.chunk_frames = None                  # as graph mode's: the strategy's own K
+    params = {n: np.full(s, 0.1) for n, s in cell.params.items()}
+    for frames, K in ((100, 64), (20, 16), (3, 8), (10 ** 6, STRATEGIES["stages"].chunk_frames)):
+        monkeypatch.setenv("RNNGRAPH_STORE_BYTES", str(fixed + frames * per_frame))
+        ex = Executor(cell, be, loop="stages", recompute=False)
+        ex.forward(params, {"x": np.ones((2000, 2, 3))}, {})
+        assert ex.chunked and ex.chunks.K == K, (frames, ex.chunks.K)
+    ex = Executor(cell, be, loop="stages", recompute=False, chunk=512)
+    ex.forward(params, {"x": np.ones((2000, 2, 3))}, {})
+    assert ex.chunks.K == 512
+
+
 def test_the_store_limit_picks_recomputation(monkeypatch):
     """Over RNNGRAPH_STORE_BYTES the executor recomputes, in chunks whose values take a quarter of it."""
     cell = load_cell("lstm", 3, 8)

@@ -103,9 +103,15 @@ def shapes(results: Results, findings: Findings) -> str:
     for r in chunks["records"]:
         K = f"{r['K']}" if r["K"] else "whole calls"
         whole = num(r["whole_ms"]) + (" (recomputes)" if r.get("whole_recomputed") else "")
-        rows.append([r["cell"], r["loop"], r["T"], r["B"], K, whole, num(r["chunks_ms"]),
+        ran = r["loop"] if r["ran"] == r["loop"] else f"{r['loop']} (runs {r['ran']})"
+        rows.append([r["cell"], ran, r["T"], r["B"], K, whole, num(r["chunks_ms"]),
                      times(r["chunks_ms"] / r["whole_ms"]), num(r["ladder_ms"]), times(r["ladder_ms"] / r["whole_ms"])])
-    worst = max(chunks["records"], key=lambda r: r["chunks_ms"] / r["whole_ms"])
+    cost = lambda r: r["chunks_ms"] / r["whole_ms"]        # noqa: E731
+    plain = [r for r in chunks["records"] if r["loop"] != "scan"]
+    worst, best = max(plain, key=cost), min(plain, key=cost)
+    scan = max((r for r in chunks["records"] if r["loop"] == "scan"), key=cost)
+    K = worst["K"]
+    aside = stored_bytes(build_schedule(load_cell(worst["cell"], worst["H"], worst["H"])), K, worst["B"], "float32") / 2e9
     s, st, last = probe["summary"], probe["settings"], probe["records"][-1]
     (Tm, Bm) = s["fixed_shape"]
     Bs = range(st["bmin"], st["bmax"] + 1)
@@ -115,9 +121,11 @@ def shapes(results: Results, findings: Findings) -> str:
                      {"train_ms": s["fixed_ms_per_call"]}, f"one fixed shape (T = {Tm}, B = {Bm})")
     return f"""## Calls of many shapes
 
-A training step (forward and backward) in graph mode, H = {chunks['settings']['H']}, float32: in the loop strategy's
-default chunks of time, in whole calls (chunks off), and in the ladder of chunks that calls of many lengths run in
-(`buckets=True`), interleaved in one process; milliseconds, and the ratio to whole calls.
+A training step (forward and backward) in graph mode, H = {chunks['settings']['H']}, float32: in chunks of {K}
+frames (the default of `stages`, `elementwise` and `persistent`; the scan, which runs whole calls by default, is
+given them through `RNNGRAPH_CHUNK_FRAMES` to show what they would cost it), in whole calls (chunks off), and in
+the ladder of chunks that calls of many lengths run in (`buckets=True`), interleaved in one process;
+milliseconds, and the ratio to whole calls.
 
 {table(["cell", "loop", "T", "B", "chunk K", "whole calls", "chunks", "chunks ÷ whole", "ladder", "ladder ÷ whole"], rows)}
 
@@ -125,10 +133,13 @@ default chunks of time, in whole calls (chunks off), and in the ladder of chunks
 
 Where the values a call stores exceed `RNNGRAPH_STORE_BYTES` ({limit / 1e9:.1f} GB by default on this GPU) the
 backward recomputes, and with chunks off it does so in chunks of a quarter of that limit, so there "whole calls"
-(marked "recomputes") run in chunks too. The costliest case is {worst['cell']} ({worst['loop']}) at T = {worst['T']}, B = {worst['B']}, at
-{times(worst['chunks_ms'] / worst['whole_ms'])} the time of whole calls: there one more chunk is one more replay of
-the whole body, which is most of the step. The ladder splits a call into more chunks still (T = 1000 is 13 chunks
-of 512, 64 and 8 frames), which costs most where a step is shortest.
+(marked "recomputes") run in chunks too. Chunks of {K} frames take {times(cost(best))} to {times(cost(worst))} the
+time of whole calls; the costliest case is {worst['cell']} ({worst['loop']}) at T = {worst['T']}, B = {worst['B']}, where
+the chunk before the last sets its values aside for the backward, {aside:.1f} GB copied out and back (computed, not
+timed apart). The scan in chunks takes up to {times(cost(scan))} (T = {scan['T']}, B = {scan['B']}), so it runs whole
+calls. In the ladder, the `persistent` and `elementwise` kernels walk only the frames a chunk holds, so T = 1000
+is one chunk of 1024 holding 1000 frames; `stages` runs it as 14 chunks of 128 and 16 frames (the last padded),
+which costs most where a step is shortest.
 
 An LSTM layer (H = {st['H']}, graph mode, float32, the automatic shape policy) fed {st['calls']:,} training steps
 of random shapes, T in [{st['tmin']}, {st['tmax'] - 1}] and B in [{st['bmin']}, {st['bmax']}]: it holds
@@ -139,7 +150,8 @@ pool holds {last['pool_held_mb']:,.0f} MB from the first tenth of the run to the
 fixed-shape runs below). A call takes {num(s['ms_per_call'])} ms on average, {s['ratio']:.3f}× the time of one fixed
 shape of the mean size (T = {Tm}, B = {Bm}, {num(s['fixed_ms_per_call'])} ms). {s['recomputed_calls']:,} of the calls
 recompute (the store limit is {s['store_limit_bytes'] / 1e9:.1f} GB); the difference is padding B to a power of two
-(a mean of {padded:.1f} rows for {sum(Bs) / len(Bs):.1f}) and the ladder's extra chunks. The {st['check']} calls
+(a mean of {padded:.1f} rows for {sum(Bs) / len(Bs):.1f}) and the ladder's extra chunks (its K was
+{s['chunk_frames']} frames in this run). The {st['check']} calls
 checked against staged mode agree to {s['worst_relative_error']:.1e} (relative, float32).
 
 {source(probe)}"""

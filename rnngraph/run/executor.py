@@ -18,7 +18,7 @@ from ..plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, Share
 from ..plan.loops import STRATEGIES, strategy_of
 from ..plan.schedule import Schedule, build_schedule
 from .backends.base import head_parts, run_fused_backward, run_fused_forward, run_param_grad
-from .chunks import LADDER_TOP, Chunked
+from .chunks import LADDER_MIN, LADDER_TOP, Chunked
 from .settings import byte_count
 from .workspace import ALL, SERIAL, Arenas, Workspace, rows, stored_bytes, write_history
 
@@ -144,6 +144,8 @@ class Executor:
             recompute = fixed + T * per_frame > limit
         if recompute and not K:      # a chunk's values within a quarter of the limit
             K = max(1, limit // (4 * per_frame))
+        elif K and self.chunk is None and self.backend.chunk_frames is None:
+            K = min(K, within(limit - fixed, per_frame))      # the strategy's K: a chunk within the limit
         if ladder and not K:
             K = LADDER_TOP
         self.chunked = bool(K) and (T > K or ladder)
@@ -389,6 +391,12 @@ HANDLERS = {Gemm: Executor._gemm, Fused: Executor._fused, Pair: Executor._pair, 
 
 def _call(name, fn):
     fn()
+
+
+def within(room: int, per_frame: int) -> int:
+    """The most frames, a power of two and at least LADDER_MIN, whose values take at most `room` bytes."""
+    frames = max(LADDER_MIN, room // per_frame)
+    return 1 << (frames.bit_length() - 1)
 
 
 STORE_SHARE = 16         # the default store limit is this share of the device's memory ...
