@@ -112,7 +112,8 @@ def main(argv=None) -> int:
             b = cupy.asnumpy(b)
             worst = max(worst, float(np.abs(a - b).max() / max(float(np.abs(b).max()), 1e-30)))
     summary = dict(graphs_after_warm_up=end[0] - at_warm[0], graphs=end[0], graphs_at_warm_up=at_warm[0],
-                   recomputed_calls=recomputed, store_limit_bytes=store_limit(layer.backend), chunk_frames=ex.chunk_frames,
+                   recomputed_calls=recomputed, store_limit_bytes=store_limit(layer.backend),
+                   chunk_frames=ex.chunk_frames,
                    device_mb_at_warm_up=at_warm[1] / 2**20, device_mb_at_end=end[1] / 2**20, ms_per_call=mean_call,
                    fixed_shape=[Tm, Bm], fixed_ms_per_call=fixed_call, ratio=mean_call / fixed_call,
                    staged_check_calls=len(sample), worst_relative_error=worst)

@@ -111,7 +111,8 @@ def shapes(results: Results, findings: Findings) -> str:
     worst, best = max(plain, key=cost), min(plain, key=cost)
     scan = max((r for r in chunks["records"] if r["loop"] == "scan"), key=cost)
     K = worst["K"]
-    aside = stored_bytes(build_schedule(load_cell(worst["cell"], worst["H"], worst["H"])), K, worst["B"], "float32") / 2e9
+    sched = build_schedule(load_cell(worst["cell"], worst["H"], worst["H"]))
+    aside = stored_bytes(sched, K, worst["B"], "float32") / 2e9      # its values, not their gradients
     s, st, last = probe["summary"], probe["settings"], probe["records"][-1]
     (Tm, Bm) = s["fixed_shape"]
     Bs = range(st["bmin"], st["bmax"] + 1)

@@ -164,8 +164,8 @@ class Chunked:
         i, o = len(self.ex.cell.inputs), len(self.ex.cell.outputs)
         return 0, i, i + o, i + 2 * o
 
-    def forward(self, params: dict, inputs: dict, init: dict, lengths, K: int, walks: bool = False,
-                in_ladder: bool = False, recompute: bool = False, into=None):
+    def forward(self, params: dict, inputs: dict, init: dict, lengths, K: int, in_ladder: bool = False,
+                walks: bool = False, recompute: bool = False, into=None):
         """As Executor.forward, in the chunks spans(T, K, in_ladder, walks) says; recompute: set no values aside and
         run each chunk's forward again in the backward (the inputs are then read again: keep them unchanged).
         Outputs are `into`'s arrays (name -> [T, B, F]) where given, else this object's (the next call reuses)."""

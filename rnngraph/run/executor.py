@@ -105,8 +105,9 @@ class Executor:
         if key not in self._costs:
             loop = self.sched.forward[1].items[0]
             s, be = strategy_of(loop), self.backend
-            self._costs[key] = s.name in be.walking_loops and not be.loop_problem(
-                self.cell, loop, B, dtype) and not (self.loop_asked == "auto" and be.auto_problem(self.cell, loop, B, dtype))
+            reference = be.loop_problem(self.cell, loop, B, dtype) or \
+                (self.loop_asked == "auto" and be.auto_problem(self.cell, loop, B, dtype))
+            self._costs[key] = s.name in be.walking_loops and not reference
         return self._costs[key]
 
     @property
@@ -152,8 +153,8 @@ class Executor:
         self.recomputed = self.chunked and recompute
         if self.chunked:
             self.chunks = self.chunks or Chunked(self)
-            return self.chunks.forward(params, inputs, init, lengths, K, ladder and self._walks(B, x0.dtype),
-                                       ladder, self.recomputed, into)
+            return self.chunks.forward(params, inputs, init, lengths, K, ladder, ladder and self._walks(B, x0.dtype),
+                                       self.recomputed, into)
         return self._forward(params, inputs, init, lengths)
 
     def backward(self, grad_outputs: dict, grad_finals: dict | None = None, into: dict | None = None):
