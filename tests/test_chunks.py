@@ -11,7 +11,7 @@ from rnngraph import build_schedule
 from rnngraph.ir.cells import CELLS
 from rnngraph.nn import Recurrent
 from rnngraph.run.backends import get_backend
-from rnngraph.run.chunks import LADDER_TOP, ladder, spans
+from rnngraph.run.chunks import LADDER_TOP, ladder, most_chunks, spans
 from rnngraph.run.executor import Executor
 from rnngraph.ir.loading import load_cell
 from test_buckets import close, run
@@ -228,3 +228,40 @@ def test_cells_reading_up_to_three_frames_back_in_chunks_and_in_the_ladder(delay
             for a, b in zip(run(layer, x, state, lengths, gy, gstate), want, strict=True):
                 close(a, b)
             assert layer._stack.runs[0][0].ex.chunked and layer.loop_strategy == loop
+
+
+def test_most_chunks_bounds_every_shorter_call_tightly():
+    for K in (8, 64, 100, 1024):
+        for in_ladder in (False, True):
+            most = 0
+            for T in range(1, 2 * K + 300):
+                most = max(most, len(spans(T, K, in_ladder)))
+                assert most_chunks(T, K, in_ladder) == most and len(spans(T, K, in_ladder, walks=True)) <= most
+
+
+def test_after_the_longest_call_no_shorter_one_grows_a_buffer():
+    """In the ladder, a shorter call may run in more chunks than the longest (T = 300 with K = 1024: 5 chunks,
+    T = 255: 9); the cursor and the carried states have room for them, so nothing grows after the longest call
+    and, in graph mode, no recording is retired."""
+    cell = load_cell("lstm", 3, 5)
+    ex = Executor(cell, get_backend("numpy"), chunk=1024)
+    params = {n: np.random.default_rng(0).standard_normal(s) for n, s in cell.params.items()}
+    x = np.ones((300, 2, 3))
+
+    def go(T):
+        ex.forward(params, {"x": x[:T]}, {}, ladder=True)
+        ex.backward({"h": np.ones((T, 2, 5))})
+        return ex.arenas.generation, ex.arenas.nbytes
+    held = go(300)
+    assert len(spans(300, 1024, True)) == 5 and len(spans(255, 1024, True)) == 9
+    for T in (255, 1, 17, 143, 299, 300, 127):
+        assert go(T) == held, T
+
+
+def test_value_size_is_the_workspaces_value_arena():
+    from rnngraph.plan.schedule import build_schedule
+    from rnngraph.run.workspace import Workspace, value_size
+    for cell in ("lstm", "min_gru", skip_cell):
+        sched = build_schedule(load_cell(cell, 3, 5) if isinstance(cell, str) else cell(3, 5))
+        for T, B, dtype in ((1, 1, "float64"), (16, 3, "float32"), (1024, 2, "float64")):
+            assert value_size(sched, T, B, dtype) == Workspace(sched, get_backend("numpy"), T, B, dtype).val_arena.size

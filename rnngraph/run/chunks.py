@@ -38,7 +38,7 @@ import numpy as np
 from ..arrays import address, array_module
 from ..errors import RnnGraphError
 from .cursor import HEAD, Cursor
-from .workspace import Arenas, write_history
+from .workspace import Arenas, value_size, write_history
 
 LADDER_BASE = 8              # a ladder's steps: K, K/8, K/64, ...
 LADDER_MIN = 8               # ... down to no fewer frames than this
@@ -78,6 +78,32 @@ def spans(T: int, K: int, in_ladder: bool = False, walks: bool = False) -> list:
     if t0 < T:
         out.append((t0, steps[-1] if in_ladder else T - t0, T - t0))
     return out
+
+
+def most_chunks(T: int, K: int, in_ladder: bool = False, weight=None) -> int:
+    """The most chunks spans() makes of any call of at most T frames, or, given weight (chunk length L -> a
+    number), the most that the weights of all its chunks but the last add up to: buffers sized by them serve
+    every shorter call. In the ladder a shorter call may run in more chunks (T = 300 with K = 1024: 5 chunks,
+    T = 255: 9), so each step takes either as many full chunks as fit or one fewer, leaving the most below.
+
+    >>> most_chunks(300, 1024, True), max(len(spans(t, 1024, True)) for t in range(1, 301))
+    (9, 9)
+    """
+    if T < 1:
+        return 0
+    if weight is None:
+        return most_chunks(T, K, in_ladder, lambda L: 1) + 1
+    if not in_ladder:
+        return (-(-T // K) - 1) * weight(K)
+    steps = ladder(K)
+
+    def most(T: int, j: int) -> int:            # all chunks but the last, steps j, ..., at most T ≥ 1 frames
+        L, q = steps[j], T // steps[j]
+        if j == len(steps) - 1:
+            return (-(-T // L) - 1) * weight(L)
+        ways = [most(T - q * L, j + 1) + q * weight(L)] if T > q * L else [(q - 1) * weight(L)]
+        return max(ways + ([most(L - 1, j + 1) + (q - 1) * weight(L)] if q else []))
+    return most(T, 0)
 
 
 # -- the boundary operations' references: (cursor, arrays...) ------------------------------------------------
@@ -173,7 +199,7 @@ class Chunked:
         x0 = inputs[next(iter(cell.inputs))]
         T, B, dtype = x0.shape[0], x0.shape[1], x0.dtype
         self.K, chunks = K, spans(T, K, in_ladder, walks)
-        ws, offsets = self._carve(B, dtype, chunks, recompute)
+        ws, offsets = self._carve(T, B, dtype, chunks, recompute, in_ladder)
         i0, o0, _, _ = self.slots
         for k, x in enumerate(inputs.values()):
             self.cur.arrays[i0 + k] = _unit_columns(be, x)
@@ -232,11 +258,15 @@ class Chunked:
         return gins, {s: self.gcarry[s][P - 1] if D == 1 else self.gcarry[s][P - D:]
                       for s, D in cell.depths.items()}, grads
 
-    def _carve(self, B: int, dtype, chunks: list, recompute: bool) -> tuple:
+    def _carve(self, T: int, B: int, dtype, chunks: list, recompute: bool, in_ladder: bool) -> tuple:
         """(workspace by chunk length, stash offset by chunk), the buffers the recordings read carved from the
-        executor's arenas: were one to grow, every workspace carved before is retired, so carve until none does."""
+        executor's arenas: were one to grow, every workspace carved before is retired, so carve until none does.
+        The cursor, the carried states and the stash have room for any call of at most T frames (most_chunks),
+        so that no call after the longest one grows a buffer."""
         ex, cell = self.ex, self.ex.cell
-        N, take = len(chunks), ex.arenas.take
+        N, take, K = len(chunks), ex.arenas.take, self.K
+        room = most_chunks(T, K, in_ladder)
+        aside = 0 if recompute else most_chunks(T, K, in_ladder, lambda L: value_size(ex.sched, L, B, dtype))
         while True:
             generation = ex.arenas.generation
             ws = {L: ex.workspace(L, B, dtype, chunk=True) for L in sorted({L for _, L, _ in chunks})}
@@ -244,11 +274,11 @@ class Chunked:
             offsets = [int(o) if s else -1 for o, s in zip(np.cumsum([0] + sizes[:-1]), sizes)]
             w = next(iter(ws.values()))
             P, slots = w.P, 2 * (len(cell.inputs) + len(cell.outputs))
-            self.cur = Cursor(take("chunk cursor", HEAD + B + 3 * slots + 3 * N, np.int64), B, slots)
+            self.cur = Cursor(take("chunk cursor", HEAD + B + 3 * slots + 3 * room, np.int64), B, slots)
             for w in ws.values():       # the loops walking time read the running chunk's frame count n there
                 w.running = (self.cur.dev, self.cur.table())
-            self.stash = take("chunk stash", sum(sizes), dtype)
-            self.carry = {s: take(f"chunk carry {s}", (N + 1) * P * B * S, dtype).reshape(N + 1, P, B, S)
+            self.stash = take("chunk stash", max(sum(sizes), aside), dtype)
+            self.carry = {s: take(f"chunk carry {s}", (room + 1) * P * B * S, dtype).reshape(room + 1, P, B, S)
                           for s, (_, S) in cell.states.items()}
             self.gcarry = {s: take(f"chunk gcarry {s}", P * B * S, dtype).reshape(P, B, S)
                            for s, (_, S) in cell.states.items()}

@@ -162,18 +162,29 @@ PAGE, LINE = 4096, 64     # bytes
 
 
 def carve(arenas: Arenas, kind: str, dtype, shapes):
-    """(flat [Σ sizes and gaps], views of the given shapes cut from it), the flat part taken from `arenas`.
-    Block k starts k mod 64 cache lines past a 4 KiB boundary: a frame's rows of different buffers then map
-    to different cache sets (at one offset mod 4 KiB, a pass over many buffers evicts its own lines)."""
-    item = numpy_itemsize(dtype)
-    sizes = [int(math.prod(s)) for s in shapes]
-    starts, end = [], 0
-    for k, n in enumerate(sizes):
-        start = -(-end * item // PAGE) * PAGE // item + (k % (PAGE // LINE)) * LINE // item
-        starts.append(start)
-        end = start + n
+    """(flat [Σ sizes and gaps], views of the given shapes cut from it), the flat part taken from `arenas`."""
+    sizes, (starts, end) = [int(math.prod(s)) for s in shapes], layout(shapes, dtype)
     flat = arenas.take(kind, end, dtype)
     return flat, [flat[o:o + n].reshape(s) for o, n, s in zip(starts, sizes, shapes)]
+
+
+def layout(shapes, dtype) -> tuple:
+    """(the blocks' starts, the end), in elements, of buffers of these shapes carved one after another: block
+    k starts k mod 64 cache lines past a 4 KiB boundary, so a frame's rows of different buffers map to
+    different cache sets (at one offset mod 4 KiB, a pass over many buffers evicts its own lines)."""
+    item = numpy_itemsize(dtype)
+    starts, end = [], 0
+    for k, s in enumerate(shapes):
+        start = -(-end * item // PAGE) * PAGE // item + (k % (PAGE // LINE)) * LINE // item
+        starts.append(start)
+        end = start + int(math.prod(s))
+    return starts, end
+
+
+def value_size(sched: Schedule, T: int, B: int, dtype) -> int:
+    """The elements of a (T, B) workspace's value arena (Workspace.val_arena.size), without carving it."""
+    blocks, wblocks, _ = _blocks(sched, max(sched.cell.depths.values(), default=1) + T, B)
+    return layout([s for s, _ in blocks + wblocks], dtype)[1]
 
 
 def numpy_itemsize(dtype) -> int:
