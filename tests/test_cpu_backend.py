@@ -138,6 +138,14 @@ def test_the_kept_transpose_through_blas_equals_numpys():
         np.testing.assert_array_equal(out, a.T)
 
 
+def test_zeroing_a_gradient_arena():
+    """zero() (memset for a contiguous arena, numpy's fill otherwise) clears NaN and inf too."""
+    be = get_backend("cpu")
+    for a in (np.full(1000, np.nan, np.float32), np.full(33, np.inf), np.full((40, 6), 7.0)[:, ::2], np.zeros(0)):
+        be.zero(a)
+        assert not a.any() and not np.isnan(a).any()
+
+
 def test_dropout_between_layers_equals_numpy():
     ref, cpu = twins("lstm", dropout=0.4)
     ref.train(), cpu.train()

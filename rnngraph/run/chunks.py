@@ -319,7 +319,7 @@ class Chunked:
         ex, cell = self.ex, self.ex.cell
         _, _, go, gi = self.slots
         self._op(ws, ("stash", "load"), ws.val_arena, self.stash, False)
-        ws.grad_arena.fill(0)
+        self.ex.backend.zero(ws.grad_arena)
         for k, o in enumerate(cell.outputs):
             self._op(ws, ("frames_in", "grad", o), ws.frames(ws.grads[o]), go + k)
         for s, (p, _) in cell.states.items():

@@ -188,7 +188,7 @@ class Executor:
     def _backward(self, grad_outputs: dict, grad_finals: dict | None = None):
         """backward() of the last _forward, in its workspace: the results are views into it."""
         cell, ws = self.cell, self.ws
-        ws.grad_arena.fill(0)
+        self.backend.zero(ws.grad_arena)
         for o, g in (grad_outputs or {}).items():
             if g is not None:           # the arena is zero: a copy is the sum
                 self.backend.copy(ws.frames(ws.grads[o]), g)

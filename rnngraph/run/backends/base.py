@@ -72,6 +72,10 @@ class ArrayBackend:
         """dst[...] = src (dst a view of a workspace or result buffer); a backend may do it faster."""
         dst[...] = src
 
+    def zero(self, a):
+        """a [n] (a contiguous arena, every gradient of a workspace) = 0; a backend may do it faster."""
+        a.fill(0)
+
     def upload(self, dst, host):
         """dst [n] (a backend array) = host [n] (a numpy array)."""
         dst[...] = host

@@ -6,6 +6,7 @@ results are the numpy backend's (float64 to rounding, 1e-12; float32 to 1e-5).
 numba is imported only when the backend is made; run/backends/__init__.py falls back to 'numpy' without it."""
 from __future__ import annotations
 
+import ctypes
 
 import numpy
 
@@ -53,6 +54,13 @@ class CpuBackend(ArrayBackend):
             return super().gemm(a, b, out, ta=ta, tb=tb, accumulate=accumulate)
         (M, N), K = out.shape, a.shape[0 if ta else 1]
         self.threads.run(fn, ta, tb, M, N, K, wa[0], 0, wa[1], wb[0], wb[1], 1 if accumulate else 0, wc[0], 0, wc[1])
+
+    def zero(self, a):
+        """memset: a workspace's gradients (LSTM, T = 100, B = 32, H = 256: 104 MB) in 1.9 ms, against 4.7 for
+        numpy's fill, once a backward."""
+        if not a.flags.c_contiguous:
+            return super().zero(a)
+        ctypes.memset(a.ctypes.data, 0, a.nbytes)
 
     def transpose_into(self, dst, src):
         """Through BLAS's out-of-place transpose where it has one (OpenBLAS): a [1024, 256] float32 matrix in
