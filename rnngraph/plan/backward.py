@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..ir.ops import MATMUL, OpKind
+from ..ir.ops import KERNEL, MATMUL, OpKind
 from .items import FusedGrad, Gemm, GemmGrad, ParamSum, Section, SharedWeight, WeightGrad
 
 
@@ -40,6 +40,29 @@ def reductions(cell, items) -> list:
                     terms.setdefault(u, []).append((n, slot))
         out += [ParamSum(it, p, tuple(ts)) for p, ts in terms.items()]
     return out
+
+
+def kept_values(cell, nodes) -> set:
+    """The members of a fused group whose values a forward must store: the cell's outputs and states, those
+    read outside the group or at a delay, and those a gradient reads, by the kernel rules' gradient templates
+    (ir/ops.py KERNEL: '{y}' its own output, '{k}' a reader's operand k; an op without a rule reads all).
+    The others live only inside the group's pass, as an add of two products does in an LSTM's gates."""
+    members, states = set(nodes), {p for p, _ in cell.states.values()}
+    reads = lambda kind: " ".join(KERNEL[kind][1]) if kind in KERNEL else None     # noqa: E731
+    keep = set()
+    for n in nodes:
+        own = reads(cell.op(n).kind)
+        if n in cell.outputs or n in states or own is None or "{y}" in own:
+            keep.add(n)
+            continue
+        for c in set(cell.graph.successors(n)):
+            theirs = reads(cell.op(c).kind)
+            slots = [k for k, (u, d) in enumerate(cell.reads(c)) if u == n]
+            if c not in members or theirs is None or any(cell.reads(c)[k][1] for k in slots) or \
+                    any(f"{{{k}}}" in theirs for k in slots):
+                keep.add(n)
+                break
+    return keep
 
 
 def shared_weights(cell) -> set:

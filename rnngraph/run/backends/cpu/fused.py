@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import replace
 
 from ....ir.ops import REDUCE
+from ....plan.backward import kept_values
 from ..cuda.fused import fusable, fused_backward_kernel, fused_forward_kernel
 from .source import STORAGE, python_statement
 
@@ -27,12 +29,16 @@ def {name}(R, {args}):
 
 def group_spec(cell, nodes, direction: str):
     """The CUDA spec of a group's function, or None where it has no elementwise kernel (a row reduction,
-    an op without a kernel rule)."""
+    an op without a kernel rule). A forward stores only the values the rest of the step reads
+    (plan.backward.kept_values): an LSTM's loop group 7 of its 17, a pass over memory that bounds it here."""
     if any(cell.op(n).kind in REDUCE for n in nodes) or not fusable(cell, nodes):
         return None
-    if direction == "fwd":
-        return fused_forward_kernel(cell, nodes)
-    return fused_backward_kernel(cell, nodes, set(cell.params))
+    if direction == "bwd":
+        return fused_backward_kernel(cell, nodes, set(cell.params))
+    spec, kept = fused_forward_kernel(cell, nodes), kept_values(cell, nodes)
+    outs = [k for k, (_, n) in enumerate(spec.outputs) if n in kept]
+    return replace(spec, outputs=tuple(spec.outputs[k] for k in outs), out_names=tuple(spec.out_names[k] for k in outs),
+                   stores=tuple(spec.stores[k] for k in outs))
 
 
 def fused_source(spec, F: int, storage: str) -> tuple[str, str, tuple]:

@@ -1,0 +1,48 @@
+"""What a fused group's forward stores (plan.backward.kept_values): outputs, states, values read outside the
+group or at a delay, and values a gradient reads by the kernel rules' templates, which must name every value
+the numpy gradient rules (ir/ops.py VJP, the spec) read too."""
+import dis
+
+from rnngraph.ir.loading import load_cell
+from rnngraph.ir.ops import KERNEL, VJP
+from rnngraph.plan.backward import kept_values
+from rnngraph.plan.items import Fused
+from rnngraph.plan.schedule import build_schedule
+
+
+def used(fn) -> set:
+    """The arguments a gradient rule (lambda xp, add, g, *operands, y, attrs) reads."""
+    return {i.argval for i in dis.get_instructions(fn) if i.opname.startswith("LOAD_FAST")}
+
+
+def test_the_kernel_templates_read_what_the_numpy_rules_read():
+    for kind, (_, grads) in KERNEL.items():
+        rules = VJP[kind]
+        for slot, template in enumerate(grads):
+            fn = rules[slot]
+            names = fn.__code__.co_varnames[:fn.__code__.co_argcount]
+            operands = names[3:-2]              # after xp, add, g; before y, attrs
+            read = used(fn)
+            want = {f"{{{k}}}" for k, nm in enumerate(operands) if nm in read} | ({"{y}"} if "y" in read else set())
+            assert all(w in template for w in want), (kind, slot, want, template)
+
+
+def test_an_lstm_loop_group_stores_its_gates_cell_and_output_only():
+    cell = load_cell("lstm", 4, 8)
+    loop = [it for st in build_schedule(cell, loop="stages").loop for it in st if isinstance(it, Fused)]
+    (group,) = loop
+    assert kept_values(cell, group.nodes) == {"i", "f", "g", "o", "c", "tanh24", "h"}
+
+
+def test_what_a_user_cells_group_keeps():
+    """s feeds only tanh (whose gradient reads its own value), p feeds only an add: both live in the pass; t is
+    read by its gradient and by p's (a product), q by a linear outside the group."""
+    from rnngraph import Cell
+    c = Cell("keep")
+    x, h = c.input("x", 3), c.state("h", 3)
+    s = c.add(x, h.ago(1), name="s")
+    t = c.tanh(s, name="t")
+    p = c.mul(t, x, name="p")
+    q = c.add(p, x, name="q")
+    c.output(c.bind(h, c.tanh(c.linear(q, "W", 3), name="hn"), name="h"))
+    assert kept_values(c.build(), ["s", "t", "p", "q"]) == {"t", "q"}
