@@ -46,3 +46,12 @@ def test_what_a_user_cells_group_keeps():
     q = c.add(p, x, name="q")
     c.output(c.bind(h, c.tanh(c.linear(q, "W", 3), name="hn"), name="h"))
     assert kept_values(c.build(), ["s", "t", "p", "q"]) == {"t", "q"}
+
+
+def test_a_group_stores_the_gradients_of_members_reading_a_parameter():
+    """Their sums over frames are the parameters' gradients (ParamSum); the others are spent in the pass."""
+    from rnngraph.plan.backward import kept_grads
+    cell = load_cell("lstm", 4, 8)
+    (group,) = [it for st in build_schedule(cell, loop="stages").loop for it in st if isinstance(it, Fused)]
+    kept = kept_grads(cell, group.nodes)
+    assert kept == {n for n in group.nodes if any(u in cell.params for u, _ in cell.reads(n))} and len(kept) == 4

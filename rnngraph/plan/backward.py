@@ -65,6 +65,13 @@ def kept_values(cell, nodes) -> set:
     return keep
 
 
+def kept_grads(cell, nodes) -> set:
+    """The members of a fused group whose gradients its backward must store: those reading a parameter, whose
+    sums over frames are the parameter's gradient (reductions: ParamSum). Every other member's gradient is
+    spent inside the group's pass, on its operands'."""
+    return {n for n in nodes if any(cell.op(u).kind is OpKind.PARAM for u, _ in cell.reads(n))}
+
+
 def shared_weights(cell) -> set:
     """Weights read by several linear ops: each op's block of the merged gradient is added into one."""
     reads = Counter(cell.reads(n)[1][0] for n in cell.graph if cell.op(n).kind in MATMUL)

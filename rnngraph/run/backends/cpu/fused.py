@@ -13,7 +13,7 @@ import re
 from dataclasses import replace
 
 from ....ir.ops import REDUCE
-from ....plan.backward import kept_values
+from ....plan.backward import kept_grads, kept_values
 from ..cuda.fused import fusable, fused_backward_kernel, fused_forward_kernel
 from .source import STORAGE, python_statement
 
@@ -30,15 +30,21 @@ def {name}(R, {args}):
 def group_spec(cell, nodes, direction: str):
     """The CUDA spec of a group's function, or None where it has no elementwise kernel (a row reduction,
     an op without a kernel rule). A forward stores only the values the rest of the step reads
-    (plan.backward.kept_values): an LSTM's loop group 7 of its 17, a pass over memory that bounds it here."""
+    (plan.backward.kept_values: an LSTM's loop group 7 of its 17), a backward only the gradients a parameter's
+    sum reads (kept_grads; it still reads every member's arriving sum): passes over memory bound them here."""
     if any(cell.op(n).kind in REDUCE for n in nodes) or not fusable(cell, nodes):
         return None
-    if direction == "bwd":
-        return fused_backward_kernel(cell, nodes, set(cell.params))
-    spec, kept = fused_forward_kernel(cell, nodes), kept_values(cell, nodes)
-    outs = [k for k, (_, n) in enumerate(spec.outputs) if n in kept]
+    if direction == "fwd":
+        spec, kept = fused_forward_kernel(cell, nodes), kept_values(cell, nodes)
+    else:
+        spec, kept = fused_backward_kernel(cell, nodes, set(cell.params)), kept_grads(cell, nodes)
+    drop = [k for k, (kind, n) in enumerate(spec.outputs) if kind in ("out", "grad") and n not in kept]
+    outs = [k for k in range(len(spec.outputs)) if k not in drop]
+    gm = [k for k in drop if spec.outputs[k][0] == "grad"]      # still read: the sums arriving from outside
     return replace(spec, outputs=tuple(spec.outputs[k] for k in outs), out_names=tuple(spec.out_names[k] for k in outs),
-                   stores=tuple(spec.stores[k] for k in outs))
+                   stores=tuple(s for s in spec.stores if s[0] not in {spec.out_names[k] for k in drop}),
+                   inputs=spec.inputs + tuple(spec.outputs[k] for k in gm),
+                   in_names=spec.in_names + tuple(spec.out_names[k] for k in gm))
 
 
 def fused_source(spec, F: int, storage: str) -> tuple[str, str, tuple]:
