@@ -226,3 +226,21 @@ def test_a_changed_prelude_names_new_modules(tmp_path, monkeypatch):
     assert jit.load(body).answer() == 42
     files = sorted(p.read_text().split("\n")[1] for p in (tmp_path / "cpu-kernels").glob("rg_*.py"))
     assert files == ["# prelude " + "0" * 16, "# prelude " + jit.PRELUDE]
+
+
+def test_the_finite_check_skips_the_values_a_fused_pass_keeps_to_itself():
+    """The compiled forward never stores an LSTM's gate sums (unstored): check_finite=True reads only what was
+    stored, so stale NaN in those buffers raises nothing, while a NaN the forward stores is still named."""
+    layer = Recurrent("lstm", 3, 4, backend="cpu", dtype="float32")
+    layer.check_finite = True
+    x = frames(5, "float32")
+    layer(x)
+    ex = layer._stack.runs[0][0].ex
+    dropped = ex.backend.unstored(ex.sched)
+    assert {"add4", "mul21"} <= dropped and not dropped & {"i", "f", "g", "o", "c", "h"}
+    for n in dropped:
+        ex.ws.vals[n][...] = np.nan
+    layer(x)                                     # the buffers stay stale: nothing to report
+    with pytest.raises(RnnGraphError, match="not finite"):
+        layer(np.full_like(x, np.nan))
+    assert get_backend("numpy").unstored(ex.sched) == frozenset()

@@ -72,6 +72,10 @@ class ArrayBackend:
         """dst[...] = src (dst a view of a workspace or result buffer); a backend may do it faster."""
         dst[...] = src
 
+    def unstored(self, sched) -> frozenset:
+        """The nodes whose values this backend's forward keeps inside a fused pass, never storing them: none."""
+        return frozenset()
+
     def zero(self, a):
         """a [n] (a contiguous arena, every gradient of a workspace) = 0; a backend may do it faster."""
         a.fill(0)
