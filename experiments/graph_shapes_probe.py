@@ -34,7 +34,7 @@ def main(argv=None) -> int:
 
     from rnngraph.lab.bench import machine_info
     from rnngraph.nn.recurrent import Recurrent
-    from rnngraph.run.executor import store_limit
+    from rnngraph.run.settings import store_limit
     H, rng = args.H, np.random.default_rng(0)
     layer = Recurrent("lstm", H, H, backend="cupy", mode="graph")
     staged = Recurrent("lstm", H, H, backend="cupy", mode="staged")

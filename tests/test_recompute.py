@@ -12,7 +12,8 @@ from rnngraph import RnnGraphError, build_schedule, load_cell
 from rnngraph.ir.cells import CELLS
 from rnngraph.nn import Recurrent
 from rnngraph.run.backends import get_backend
-from rnngraph.run.executor import Executor, store_limit
+from rnngraph.run.executor import Executor
+from rnngraph.run.settings import store_limit
 from rnngraph.run.workspace import stored_bytes
 from test_buckets import close, run
 from test_chunks import LENGTHS, K, call

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from ..ir.loading import load_cell
 from ..plan.schedule import build_schedule
 from ..run.backends.cuda.persistent.runner import TENSOR_CORES_FROM
-from ..run.executor import STORE_FLOOR, STORE_SHARE
+from ..run.settings import default_store_limit
 from ..run.workspace import stored_bytes
 from .figures import NAMES
 from .report_data import (Findings, Results, best_val, loop, num, pair, per_frame, ratio, record, seconds, source,
@@ -145,7 +145,7 @@ def loops(results: Results, findings: Findings) -> str:
         r_long[impl] = record(long, cell="min_gru", T=T_long, B=1, impl=impl)
     gb = stored_bytes(build_schedule(load_cell("min_gru", r_long["graph"]["D"], r_long["graph"]["H"])), T_long, 1,
                       "float32") / 1e9
-    limit = max(STORE_FLOOR, long["metadata"]["gpu_memory_gib"] * 2 ** 30 / STORE_SHARE) / 1e9
+    limit = default_store_limit(int(long["metadata"]["gpu_memory_gib"] * 2 ** 30)) / 1e9
     kept = "within" if gb <= limit else "beyond"
     fwd, train = (r_long["graph"][k] / r_long["jax_scan"][k] for k in ("forward_ms", "train_ms"))
     scan = results.experiment("scan")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..errors import RnnGraphError
 from ..ir.loading import load_cell
+from ..nn.buckets import bucket
 from ..plan.schedule import build_schedule
 from ..run.workspace import stored_bytes
 from .report_data import Findings, Results, num, pair, ratio, record, source, table, times
@@ -116,7 +117,7 @@ def shapes(results: Results, findings: Findings) -> str:
     s, st, last = probe["summary"], probe["settings"], probe["records"][-1]
     (Tm, Bm) = s["fixed_shape"]
     Bs = range(st["bmin"], st["bmax"] + 1)
-    padded = sum(1 << (B - 1).bit_length() for B in Bs) / len(Bs)        # the mean B once padded to a power of two
+    padded = sum(bucket(B) for B in Bs) / len(Bs)        # the mean B once padded to a power of two
     limit = s["store_limit_bytes"]
     findings.compare("Calls of many shapes", f"{st['calls']:,} calls of random shapes", {"train_ms": s["ms_per_call"]},
                      {"train_ms": s["fixed_ms_per_call"]}, f"one fixed shape (T = {Tm}, B = {Bm})")

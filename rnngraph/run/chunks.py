@@ -80,6 +80,12 @@ def spans(T: int, K: int, in_ladder: bool = False, walks: bool = False) -> list:
     return out
 
 
+def within(room: int, per_frame: int) -> int:
+    """The most frames, a power of two and at least LADDER_MIN, whose values take at most `room` bytes."""
+    frames = max(LADDER_MIN, room // per_frame)
+    return 1 << (frames.bit_length() - 1)
+
+
 def most_chunks(T: int, K: int, in_ladder: bool = False, weight=None) -> int:
     """The most chunks spans() makes of any call of at most T frames, or, given weight (chunk length L -> a
     number), the most that the weights of all its chunks but the last add up to: buffers sized by them serve

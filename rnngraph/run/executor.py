@@ -18,8 +18,8 @@ from ..plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, Share
 from ..plan.loops import STRATEGIES, strategy_of
 from ..plan.schedule import Schedule, build_schedule
 from .backends.base import head_parts, run_fused_backward, run_fused_forward, run_param_grad
-from .chunks import LADDER_MIN, LADDER_TOP, Chunked
-from .settings import byte_count
+from .chunks import LADDER_TOP, Chunked, within
+from .settings import store_limit
 from .workspace import ALL, SERIAL, Arenas, Workspace, rows, stored_bytes, write_history
 
 
@@ -392,21 +392,3 @@ HANDLERS = {Gemm: Executor._gemm, Fused: Executor._fused, Pair: Executor._pair, 
 
 def _call(name, fn):
     fn()
-
-
-def within(room: int, per_frame: int) -> int:
-    """The most frames, a power of two and at least LADDER_MIN, whose values take at most `room` bytes."""
-    frames = max(LADDER_MIN, room // per_frame)
-    return 1 << (frames.bit_length() - 1)
-
-
-STORE_SHARE = 16         # the default store limit is this share of the device's memory ...
-STORE_FLOOR = 2 ** 31    # ... and at least this
-
-
-def store_limit(backend) -> int:
-    """RNNGRAPH_STORE_BYTES (suffixes K, M, G), else a sixteenth of the backend's device memory and at least
-    2 GiB (an H200: 9.4 GB): the values and gradients a call may keep for its backward; a longer call
-    recomputes its chunks instead (Executor.forward)."""
-    default = max(STORE_FLOOR, backend.memory_bytes // STORE_SHARE)
-    return byte_count("RNNGRAPH_STORE_BYTES", str(default))

@@ -1,4 +1,4 @@
-"""Settings read from the environment by the run floor: byte counts such as 2G or 500M."""
+"""Settings read from the environment by the run floor: byte counts such as 2G or 500M, and the store limit."""
 from __future__ import annotations
 
 import os
@@ -18,3 +18,19 @@ def byte_count(variable: str, default: str) -> int:
     if value < 0:
         raise RnnGraphError(f"{variable} must be a byte count such as 2G or 500M, got {text!r}")
     return value
+
+
+STORE_SHARE = 16         # the default store limit is this share of the device's memory ...
+STORE_FLOOR = 2 ** 31    # ... and at least this
+
+
+def default_store_limit(memory_bytes: int) -> int:
+    """The store limit of a device of this much memory: a sixteenth, at least 2 GiB (an H200: 9.4 GB)."""
+    return max(STORE_FLOOR, memory_bytes // STORE_SHARE)
+
+
+def store_limit(backend) -> int:
+    """RNNGRAPH_STORE_BYTES (suffixes K, M, G), else default_store_limit of the backend's device memory: the
+    values and gradients a call may keep for its backward; a longer call recomputes its chunks instead
+    (Executor.forward)."""
+    return byte_count("RNNGRAPH_STORE_BYTES", str(default_store_limit(backend.memory_bytes)))
