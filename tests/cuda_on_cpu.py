@@ -1,14 +1,16 @@
 """A generated persistent kernel run on the CPU: its CUDA source compiled as C++ by the system's g++, each CUDA
 thread a std::thread, __syncthreads a std::barrier of the block, a warp shuffle an exchange through memory
 between barriers of the warp, a tensor-core mma.sync the same (the warp's fragments exchanged, each output
-summed in float32), the grid barrier a shared atomic counter, float16 through _Float16 (bfloat16 as the GPU's own
+summed in float32), the grid barrier its row group's atomic counter, float16 through _Float16 (bfloat16 as the GPU's own
 bit arithmetic). A test
 backend (Emulated) runs the persistent loops this way on the numpy workspace and everything else as numpy
 does, so a kernel's indexing, arguments and synchronisation are checked against the reference without a GPU.
 
 blocks_in_turn=True runs the blocks one after another, each to its end: a kernel that reads another block's
 values then reads them unwritten (zeros), so where every block owns whole heads the results say that no block
-waits for another; a kernel with grid barriers needs its blocks at once (blocks_in_turn=False).
+waits for another; a kernel with grid barriers needs its blocks at once (blocks_in_turn=False), or a row group's
+at once (blocks_in_turn="groups": one row group after another, so no group reads another's rows or waits at
+another's barrier).
 """
 from __future__ import annotations
 
@@ -82,12 +84,11 @@ static inline unsigned int atomicCAS(unsigned int* p, unsigned int seen, unsigne
     __atomic_compare_exchange_n(p, &seen, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
     return seen;
 }
-static std::atomic<unsigned int> rg_grid_count;
 static inline void grid_barrier(unsigned int* count, unsigned int target) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        rg_grid_count.fetch_add(1);
-        while (rg_grid_count.load() < target) std::this_thread::yield();
+        __atomic_fetch_add(count, 1u, __ATOMIC_SEQ_CST);
+        while (__atomic_load_n(count, __ATOMIC_SEQ_CST) < target) std::this_thread::yield();
     }
     __syncthreads();
 }
@@ -133,8 +134,7 @@ F16 = {'float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(u)); return f;':
        "_Float16 h = (_Float16)f; std::memcpy(&u, &h, 2); return *this;"}    # round to nearest even, as cvt.rn
 
 LAUNCH = r"""
-extern "C" void rg_launch(void** ptrs, long long* lds, const long long* run, int tab, int T, int P, int rg_nblocks, int NTH, long long smem, int in_turn) {
-    rg_grid_count = 0;
+extern "C" void rg_launch(void** ptrs, long long* lds, const long long* run, int tab, int T, int P, int rg_nblocks, int NTH, long long smem, int together) {
     auto block = [&](int blk, std::vector<std::thread>& threads, std::barrier<>* bb,
                      std::vector<std::barrier<>*>* wb, double* shuffle, unsigned char* smem_block, unsigned* mma_regs) {
         for (int tid = 0; tid < NTH; ++tid)
@@ -157,9 +157,10 @@ extern "C" void rg_launch(void** ptrs, long long* lds, const long long* run, int
     std::vector<std::vector<std::thread>> threads(rg_nblocks);
     for (int blk = 0; blk < rg_nblocks; ++blk) {
         block(blk, threads[blk], bbs[blk], wbs[blk], shuffles[blk].data(), smems[blk].data(), mma_regs[blk].data());
-        if (in_turn) for (auto& t : threads[blk]) t.join();
+        if ((blk + 1) % together == 0 || blk + 1 == rg_nblocks)      // `together` blocks at a time, then the next
+            for (int b = blk + 1 - ((blk + 1) % together ? (blk + 1) % together : together); b <= blk; ++b)
+                for (auto& t : threads[b]) t.join();
     }
-    if (!in_turn) for (auto& ts : threads) for (auto& t : ts) t.join();
     for (int blk = 0; blk < rg_nblocks; ++blk) { delete bbs[blk]; for (auto* b : *wbs[blk]) delete b; delete wbs[blk]; }
 }
 """
@@ -167,7 +168,7 @@ extern "C" void rg_launch(void** ptrs, long long* lds, const long long* run, int
 
 def cpp_source(k) -> str:
     """The kernel's source as C++ for the emulator, with a launcher
-    rg_launch(ptrs, lds, run, tab, T, P, blocks, threads, smem, in_turn)."""
+    rg_launch(ptrs, lds, run, tab, T, P, blocks, threads, smem, together): `together` blocks at once."""
     src = k.source.replace(SYNC.replace("{{", "{").replace("}}", "}"), "")      # the grid barrier: PRELUDE's
     src = src.replace("extern __shared__ __align__(16) unsigned char smem_raw[];", "unsigned char* smem_raw = rg_smem;")
     src = src.replace('extern "C" __global__ void', "static void")
@@ -204,7 +205,7 @@ def built(k):
 
 class Emulated(NumpyBackend):
     """numpy, with the persistent loops run by their generated kernels on the CPU: G blocks (None: the first
-    of phases.block_counts for 132 SMs), in turn or at once, each running `rows` rows (None: all; fewer: the
+    of phases.block_counts for 132 SMs), in turn, a row group at a time or at once, each running `rows` rows (None: all; fewer: the
     rest in more blocks, G a row group), on tensor cores where `tensor_cores` says (None: beyond MAX_ROWS rows);
     `ran` lists each kernel run (its Persistent), `walked` the frames each walked (a chunk's n, else T)."""
     name = "emulated"
@@ -231,7 +232,7 @@ class Emulated(NumpyBackend):
         pick = {"val": vals.__getitem__, "grad": grads.__getitem__, "cat": lambda it: cat[it][0],
                 "dcat": lambda it: cat[it][1], "w": lambda it: wcat[it][0],
                 "xb": lambda n: np.zeros((2, B, cell.op(n).size), np.uint64)}
-        arrays = [np.zeros(2, np.uint32)] + [pick[kind](key) for kind, key in k.args]
+        arrays = [np.zeros(1 + k.row_groups, np.uint32)] + [pick[kind](key) for kind, key in k.args]
         lds = [0 if a.ndim == 1 else a.strides[0] // (B * a.itemsize) for a in arrays[1:]]
         return [(self._launcher(k, arrays, lds, running, T, P), None, None, None)]
 
@@ -243,9 +244,11 @@ class Emulated(NumpyBackend):
         cur, tab = running or (None, 0)         # a chunk's workspace: the kernel walks the running chunk's n frames
 
         def run(grid, block, args):
-            arrays[0][1] += 1                   # a new launch number, as rg_persist_zero: the words' tags move on
+            arrays[0][0] += 1                   # as rg_persist_zero: a new launch number (the words' tags move on),
+            arrays[0][1:] = 0                   # each row group's barrier count from 0
             self.ran.append(k)
             self.walked.append(T if cur is None else int(cur[tab + 3 * cur[0] + 1]))
+            together = {True: 1, "groups": k.blocks // k.row_groups}.get(self.in_turn, k.blocks)
             lib.rg_launch(ptrs, ld, None if cur is None else cur.ctypes.data, tab, T, P, k.blocks, k.threads, k.smem,
-                          int(self.in_turn))
+                          together)
         return run

@@ -23,7 +23,6 @@ from rnngraph.run.backends.cuda.param_grad import param_grad_kernel
 from rnngraph.run.backends.cuda.persistent.kernels import ZERO_SOURCE, persistent_kernel
 from rnngraph.run.backends.cuda.persistent.heads import one_head
 from rnngraph.run.backends.cuda.persistent.phases import block_counts, loop_heads, phases, problem
-from rnngraph.run.backends.cuda.persistent.runner import max_rows
 from rnngraph.run.backends.cuda.rows import row_backward_kernel, row_forward_kernel, row_group
 from rnngraph.run.backends.cuda.scan import scan_source
 from rnngraph.run.backends.cuda.source import CTYPES
@@ -79,14 +78,14 @@ def _sources(name: str, cell, sched, ctype: str):
             if made:
                 yield f"elementwise {'bwd' if it.reverse else 'fwd'}", made[1]
         elif isinstance(it, PersistentLoop) and problem(cell, it) is None:
-            tc = ctype in HALF and max_rows(cell, it, HALF[ctype]) > ROWS[-1]   # tensor cores: half storage,
-            groups = phases(cell, it)                                           # head-wise one head a block
+            tc = ctype in HALF          # tensor cores: half storage, full matrices or head-wise one head a block
+            groups = phases(cell, it)
             for k, G in enumerate(block_counts(cell, it, BLOCKS)):     # per head first, where head-wise
                 more = MMA_ROWS if tc and (loop_heads(groups) == 1 or one_head(groups, G)) else ()
                 for B in ROWS + more:
                     yield (f"persistent {'bwd' if it.reverse else 'fwd'} B={B}{f' G={G}' if k else ''}",
                            persistent_kernel(cell, it, ctype, B, G).source)
-                if loop_heads(groups) > 1 and k == 0:       # per head: rows split over blocks, 4 groups
+                if k == 0:                  # rows split over blocks, 4 groups (per head, or full matrices)
                     for B in (2,) + more:
                         yield (f"persistent {'bwd' if it.reverse else 'fwd'} B={B}x4",
                                persistent_kernel(cell, it, ctype, B, G, 4).source)

@@ -88,9 +88,12 @@ def test_replay_after_an_in_place_update():
 
 def test_too_large_falls_back_to_stages_and_says_why():
     ref, gpu = pair("lstm", "persistent", 8, 64, "float32", "graph")
-    x = np.random.default_rng(1).standard_normal((5, 9, 8))       # B = 9 > 8 rows
-    agree(ref, gpu, [x], None, "float32", "B=9")
-    assert gpu.loop_strategy == "stages" and "at most 8" in gpu.loop_note
+    x = np.random.default_rng(1).standard_normal((5, 9, 8))       # B = 9 > 8 rows: 3 row groups of 3
+    agree(ref, gpu, [x], np.arange(9) % 6, "float32", "B=9")
+    ran_persistent(gpu)
+    x = np.random.default_rng(1).standard_normal((3, 137, 8))     # B = 137: no row groups of 8 or fewer on 132 SMs
+    agree(ref, gpu, [x], None, "float32", "B=137")
+    assert gpu.loop_strategy == "stages" and "no such row groups" in gpu.loop_note
     big = Recurrent("lstm", 8, 2048, backend="cupy", mode="graph", loop="persistent")
     big(big.backend.asarray(np.zeros((2, 8, 8), "float32")))
     assert big.loop_strategy == "stages" and "KiB of shared memory" in big.loop_note

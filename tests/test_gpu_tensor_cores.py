@@ -64,10 +64,31 @@ def test_beyond_the_tensor_core_limits_it_says_why():
     import cupy
     big = half_pair("lstm", "bfloat16", "graph", hidden=64, size=8, loop="persistent")[1]
     big(cupy.zeros((3, 300, 8), big.dtype))
-    assert big.loop_strategy == "stages" and "at most 256 in bfloat16" in big.loop_note
-    f32 = half_pair("lstm", "float32", "graph", hidden=64, size=8, loop="persistent")[1]
-    f32(cupy.zeros((3, 16, 8), "float32"))
-    assert f32.loop_strategy == "stages" and "at most 8 in float32" in f32.loop_note
+    assert big.loop_strategy == "stages" and "takes at most 256" in big.loop_note
+    f32 = half_pair("lstm", "float32", "graph", hidden=512, size=8, loop="persistent")[1]
+    f32(cupy.zeros((3, 64, 8), "float32"))      # 8 groups of 8 rows on CUDA cores: 256 KiB of weights a block
+    assert f32.loop_strategy == "stages" and "KiB of shared memory" in f32.loop_note
+
+
+@pytest.mark.parametrize("dtype, B, rows", [("bfloat16", 64, None), ("float16", 48, 8), ("float32", 16, None),
+                                            ("float32", 40, 4)])
+def test_full_matrices_in_row_groups(dtype, B, rows, monkeypatch):
+    """Row groups (runner.full_groups): each group of blocks meets at its own barriers; ragged, chunked, and
+    bit-identical run to run."""
+    import cupy
+    if rows:
+        monkeypatch.setenv("RNNGRAPH_PERSISTENT_ROWS", str(rows))
+    ref, gpu = half_pair("lstm", dtype, "graph", hidden=256, size=32, loop="persistent")
+    x = np.random.default_rng(B).standard_normal((30, B, 32))
+    agree(ref, gpu, [x], np.arange(B) % 31, dtype, f"B={B} ragged")
+    agree(ref, gpu, [x[:20], x[20:]], None, dtype, f"B={B} chunked")
+    on_tensor_cores(gpu)
+    from rnngraph.run.backends.cuda.persistent import runner
+    assert any(k.row_groups == B // (rows or {"float32": 8}.get(dtype, 16)) and k.cooperative
+               for _, k in runner._KERNELS.values())
+    first, second = (calls(gpu, [x], None, cupy, gpu.dtype) for _ in range(2))
+    for a, b in zip(first, second, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_auto_runs_tensor_cores_where_they_measured_faster_and_stages_beyond():

@@ -43,7 +43,7 @@ BARRIERS = {"lstm": (1, 1), "gru": (1, 1), "rnn_tanh": (1, 1), "peephole_lstm": 
 @pytest.mark.parametrize("name", sorted(BARRIERS))
 def test_one_grid_barrier_per_gemm_phase(name):
     cell = load_cell(name, 8, 64)
-    got = tuple(persistent_kernel(cell, lp, "float", 1, 132).source.count("grid_barrier(bar,") for lp in loops(cell))
+    got = tuple(persistent_kernel(cell, lp, "float", 1, 132).source.count("grid_barrier(count,") for lp in loops(cell))
     assert got == BARRIERS[name]
 
 
@@ -54,7 +54,7 @@ def test_float32_forward_exchanges_tagged_words_instead_of_barriers(name):
     keep them; the backward keeps its barriers."""
     cell = load_cell(name, 8, 512)
     fwd, bwd = loops(cell)
-    count = lambda lp, ctype, B, G: persistent_kernel(cell, lp, ctype, B, G).source.count("grid_barrier(bar,")
+    count = lambda lp, ctype, B, G: persistent_kernel(cell, lp, ctype, B, G).source.count("grid_barrier(count,")
     assert count(fwd, "float", 1, 132) == 0 and "exchanged(" in persistent_kernel(cell, fwd, "float", 1, 132).source
     assert count(fwd, "double", 1, 132) == count(fwd, "float", 8, 132) == count(fwd, "float", 1, 600) == BARRIERS[name][0]
     assert count(bwd, "float", 1, 132) == BARRIERS[name][1]
@@ -76,7 +76,7 @@ def test_backward_loads_wait_for_a_later_group_adding_into_them():
     k = persistent_kernel(cell, loops(cell)[1], "float", 1, 8)
     loop = k.source[k.source.index("for (int s = 0; s < NF; ++s)"):]
     i = k.args.index(("grad", "s"))
-    assert f"AT(pp{i}, ld{i}, 0, f)" not in loop[:loop.index("grid_barrier(bar")]    # not before the barrier
+    assert f"AT(pp{i}, ld{i}, 0, f)" not in loop[:loop.index("grid_barrier(count")]    # not before the barrier
     assert f"AT(pp{i}, ld{i}, 0, f)" in loop
 
 

@@ -59,7 +59,7 @@ def test_per_head_kernels_have_no_grid_barrier(name):
         assert "grid_barrier(" not in k.source and "exchange" not in k.source and not k.cooperative
         for G in more:                  # the heads split over more blocks: barriers, a cooperative launch
             k = persistent_kernel(cell, lp, "float", 2, G)
-            assert "grid_barrier(bar," in k.source and k.cooperative
+            assert "grid_barrier(count," in k.source and k.cooperative
 
 
 def test_full_matrix_cells_keep_their_grid_barriers():
@@ -67,7 +67,7 @@ def test_full_matrix_cells_keep_their_grid_barriers():
     for lp in loops(cell):
         assert block_counts(cell, lp, 132) == [64]
         k = persistent_kernel(cell, lp, "double", 1, 64)
-        assert "grid_barrier(bar," in k.source and k.cooperative
+        assert "grid_barrier(count," in k.source and k.cooperative
     for heads in (1, 2):
         cell = load_cell("mh_lstm", 8, 64, heads=heads)
         assert ("grid_barrier(" in persistent_kernel(cell, loops(cell)[0], "double", 1, 2).source) == (heads == 1)
@@ -233,11 +233,9 @@ def test_per_head_kernels_split_rows_over_blocks():
         assert gpu_loop(cell, fwd, B, dtype, *H200) == f"persistent ({ran} cores)"
     assert gpu_loop(cell, fwd, 128, ml_dtypes.bfloat16, *H200).startswith("stages: at B=128 > 64 rows the per-head")
     assert gpu_loop(cell, fwd, 128, ml_dtypes.bfloat16, *H200, auto=False) == "persistent (tensor cores)"
-    assert fit(cell, fwd, 257, np.float32, *H200) == "B=257 rows: a persistent kernel takes at most 256 in float32"
+    assert fit(cell, fwd, 257, np.float32, *H200) == "B=257 rows: a persistent kernel takes at most 256"
     with pytest.raises(Exception, match="one head a block, not on 6 blocks"):
         persistent_kernel(cell, fwd, "rg_bf16", 16, 6)
-    with pytest.raises(Exception, match="rows split over blocks need blocks that own whole heads"):
-        persistent_kernel(load_cell("lstm", 8, 16), loops(load_cell("lstm", 8, 16))[0], "float", 2, 4, 2)
 
 
 @needs_cxx

@@ -22,7 +22,7 @@ H200 = dict(sms=132, smem=227 * 1024)
 @pytest.mark.parametrize("cell", GEMM_CORES)
 def test_tensor_core_kernels_compile(cell, B):
     """On the blocks a GPU would run them (head-wise GEMMs: one head a block, 16 rows a block from 32 rows on; B = 9
-    on CUDA cores, 1 row a block)."""
+    on CUDA cores, 1 row a block; full matrices beyond 16 rows in row groups of 16 on 128 blocks)."""
     import ml_dtypes
     c = load_cell(cell, 24, 64)
     heads = cell in ("slstm", "mh_lstm")
@@ -31,7 +31,8 @@ def test_tensor_core_kernels_compile(cell, B):
         return
     for lp in loops(c):
         k = chosen(c, lp, B, ml_dtypes.bfloat16, **H200)
-        assert k.blocks == (4 * B // 16 if heads else 64) and k.tensor_cores
+        assert k.blocks == (4 * B // 16 if heads else 64 if B <= 16 else 128) and k.tensor_cores
+        assert k.row_groups == (B // 16 if heads or B > 16 else 1)
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in k.source and "acc[NB]" not in k.source
         nvrtc_compile(k.source, k.name)
 
@@ -67,9 +68,17 @@ def test_what_the_gpu_runs_is_said_by_batch_and_dtype():
     fwd, _ = loops(c)
     assert gpu_loop(c, fwd, 1, np.float32, **H200) == "persistent (CUDA cores)"
     assert gpu_loop(c, fwd, 16, ml_dtypes.bfloat16, **H200) == "persistent (tensor cores)"
-    assert gpu_loop(c, fwd, 64, ml_dtypes.bfloat16, **H200, auto=False) == "persistent (tensor cores)"
+    assert gpu_loop(c, fwd, 64, ml_dtypes.bfloat16, **H200, auto=False) == \
+        "persistent (tensor cores, 4 row groups of 16)"
     assert gpu_loop(c, fwd, 64, ml_dtypes.bfloat16, **H200).startswith("stages: at B=64 > 16 rows the tensor-core")
-    assert gpu_loop(c, fwd, 64, np.float32, **H200) == "stages: B=64 rows: a persistent kernel takes at most 8 in float32"
+    # float32 beyond 8 rows: row groups of 8 on CUDA cores, where their blocks' weights fit
+    assert gpu_loop(c, fwd, 16, np.float32, **H200, auto=False) == "persistent (CUDA cores, 2 row groups of 8)"
+    assert gpu_loop(c, fwd, 16, np.float32, **H200).startswith("stages: at B=16 > 8 rows the persistent kernel on CUDA")
+    assert gpu_loop(c, fwd, 64, np.float32, **H200) == ("stages: its weights and rows need 280 KiB of shared memory per "
+                                                        "block at B=64, more than the 227 KiB the GPU has")
+    assert gpu_loop(c, fwd, 137, np.float32, **H200) == ("stages: B=137 rows: on CUDA cores a persistent kernel's blocks "
+                                                         "take at most 8 rows, and B splits into no such row groups on "
+                                                         "132 SMs")
     assert gpu_loop(c, fwd, MMA_ROWS + 1, np.float16, **H200).startswith(f"stages: B={MMA_ROWS + 1} rows")
     huge = load_cell("lstm", 32, 4096)
     assert "KiB of shared memory" in gpu_loop(huge, loops(huge)[0], 64, np.float16, **H200)
@@ -87,8 +96,9 @@ def test_a_gpu_without_tensor_core_mma_runs_cuda_cores_or_stages_and_says_why():
     fwd, _ = loops(c)
     assert gpu_loop(c, fwd, 8, np.float16, **old) == "persistent (CUDA cores)"
     assert not chosen(c, fwd, 8, np.float16, **old).tensor_cores
-    assert gpu_loop(c, fwd, 16, np.float16, **old) == ("stages: B=16 rows: a persistent kernel takes at most 8 in float16 "
-                                                       "on this GPU (tensor cores need compute capability 8.0)")
+    assert gpu_loop(c, fwd, 16, np.float16, **old, auto=False) == "persistent (CUDA cores, 2 row groups of 8)"
+    assert gpu_loop(c, fwd, 131, np.float16, **old).endswith("on 40 SMs on this GPU (tensor cores need compute "
+                                                             "capability 8.0)")
     heads = load_cell("slstm", 64, 64, heads=4)
     hf, _ = loops(heads)
     assert not chosen(heads, hf, 64, ml_dtypes.bfloat16, **old).tensor_cores       # rows split over blocks instead

@@ -15,8 +15,9 @@ needs no barrier, its backward one a frame (before the dgemm). Weights sit in sh
 storage type (half: twice float32's rows); x rows and sums in the math type. Where every block owns whole
 heads (phases.per_head: head-wise GEMMs, G dividing their heads) it reads only what it wrote itself, so the
 source (HEAD_SOURCE) has no grid barrier and no tagged word, and the launch is an ordinary one; the
-head-wise GEMV is heads.py's. Such a kernel may also split the rows over blocks (row groups: sequences never
-read one another either), G blocks a group, block k the heads of k mod G and its group's rows.
+head-wise GEMV is heads.py's. Any kernel may also split the rows over blocks (row groups: sequences never
+read one another), G blocks a group, block k the units (or heads) of k mod G and its group's rows; a group's
+blocks wait only for one another, at their own barrier count (bar[1 + group]; bar[0] numbers the launches).
 
 Arrays are addressed by frame as in ../scan.py: element (t, b, f) of a node's [P+T, B, F]
 buffer (row stride ld; a vector parameter has ld = 0) is p[((P + t - delay)·B + b)·ld + f].
@@ -67,9 +68,10 @@ KERNEL_HEAD = r"""extern "C" __global__ void __launch_bounds__(NT, 1) {name}(uns
     CT* gp = smem + GP_OFF;         // their partial sums [(row, slice), NB]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, blk = blockIdx.x;
 """
-SYNC_VARS = r"""    unsigned int barriers = 0;      // the grid barriers passed: *bar counts G arrivals each (zeroed before launch)
-    const unsigned int tags = bar[1] * (unsigned int)(T + 1) + 1;   // exchanged words of frame t carry tags + t
-    (void)tags;
+SYNC_VARS = r"""    unsigned int barriers = 0;      // the barriers passed: the group's count counts G arrivals each (zeroed before launch)
+    unsigned int* count = bar + 1 + blockIdx.x / G;     // the row group's barrier count (one group: bar[1])
+    const unsigned int tags = bar[0] * (unsigned int)(T + 1) + 1;   // exchanged words of frame t carry tags + t
+    (void)tags; (void)count;
 """
 BODY = r"""{load}
     __syncthreads();
@@ -90,8 +92,11 @@ SOURCE = AT_DEFINE + SYNC + KERNEL_HEAD + SYNC_VARS + BODY
 HEAD_SOURCE = AT_DEFINE + KERNEL_HEAD + "    (void)bar;\n" + BODY
 
 ZERO_SOURCE = r"""
-extern "C" __global__ void rg_persist_zero(unsigned int* bar) { bar[0] = 0u; bar[1] += 1u; }
-"""   # before each launch: the barrier count from 0, a new launch number for the exchanged words' tags
+extern "C" __global__ void rg_persist_zero(unsigned int* bar, int groups) {
+    bar[0] += 1u;
+    for (int g = 0; g < groups; ++g) bar[1 + g] = 0u;
+}
+"""   # before each launch: a new launch number for the exchanged words' tags, each row group's barrier count from 0
 
 GEMV = r"""
         for (int e = tid; e < NB * {K}; e += NT) {{
@@ -116,6 +121,7 @@ class Persistent:
     smem: int           # dynamic shared memory bytes
     cooperative: bool = True    # False per head: no block waits for another, an ordinary launch
     tensor_cores: bool = False  # its GEMMs on tensor cores (mma.py)
+    row_groups: int = 1         # the groups of rows its blocks split B into, each with its own barrier count
 
 
 def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 1,
@@ -123,8 +129,9 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
     """The kernel running `loop` (a PersistentLoop; problem() is None) for B ≤ MAX_ROWS rows on G blocks, or
     in half storage up to mma.MMA_ROWS on tensor cores (mma.py; head-wise GEMMs one head a block, heads.py):
     tensor_cores None takes them beyond MAX_ROWS rows; True (half storage, full matrices) at any B.
-    row_groups > 1 (where every block owns whole heads): the frames hold B·row_groups rows, and G·row_groups
-    blocks run them, block k the heads of k mod G and rows B·(k div G) on (sequences never read one another)."""
+    row_groups > 1: the frames hold B·row_groups rows, and G·row_groups blocks run them, block k the units (or
+    heads) of k mod G and rows B·(k div G) on (sequences never read one another), each group's G blocks meeting
+    at their own barriers."""
     groups = phases(cell, loop)
     itemsize = ITEMSIZE[math_type(ctype)]
     tc, on_tc = None, B > MAX_ROWS if tensor_cores is None else tensor_cores
@@ -150,7 +157,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
     written = {n: (gi, p) for gi, g in enumerate(groups) for p in g for n in nodes_of(p)}
     apart = per_head(groups, G)     # each block owns whole heads: it reads only what it wrote, after its own sync
     need = [False] * len(groups) if apart else barriers(groups)
-    swaps = {} if apart or on_tc else exchanges(cell, groups, written, ctype, B, G)   # group -> operand in tagged words
+    swaps = {} if apart or on_tc or row_groups > 1 else exchanges(cell, groups, written, ctype, B, G)   # group -> operand in tagged words
     need = [n and gi not in swaps for gi, n in enumerate(need)]
     tagged = {u: arg("xb", u) for u in swaps.values()}
     # backward: groups before the frame's first barrier read only values (read-only here) and gradients of
@@ -176,7 +183,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
             ok = (lambda *source: True) if apart else ok
             lines, early[pi] = _prefetch(cell, p, f"r{gi}_{pi}_", arg, ok, G, B)
             pre += lines
-        run = (["        grid_barrier(bar, ++barriers * G);"] if need[gi] else []) + \
+        run = (["        grid_barrier(count, ++barriers * G);"] if need[gi] else []) + \
             [ln for pi, p in enumerate(g) for ln in _phase_lines(cell, p, arg, early[pi], woff.get(id(p)), load,
                                                                     tagged.get(swaps.get(gi)), tagged, ctype,
                                                                     staged(p, G, apart), apart, tc)]
@@ -198,8 +205,6 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
             "XS_OFF": xs_off, "GS_OFF": gs_off, "GP_OFF": gp_off}
     source = HEAD_SOURCE if apart else SOURCE
     if row_groups > 1:
-        if not apart:
-            raise RnnGraphError("internal: rows split over blocks need blocks that own whole heads")
         defs["BT"] = B * row_groups
         source = ROWS_AT_DEFINE + source[len(AT_DEFINE):].replace(", blk = blockIdx.x;", ROWS_BLOCK, 1)
     text = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + (mma.helpers(ctype) if tc else "") + \
@@ -208,7 +213,8 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
         frame="NF - 1 - s" if loop.reverse else "s")
     name = kernel_name("persist", text)
     return Persistent(name, text.replace("{name}", name), tuple(names), G * row_groups, THREADS,
-                      w_bytes + total * itemsize, cooperative=not apart, tensor_cores=tc is not None)
+                      w_bytes + total * itemsize, cooperative=not apart, tensor_cores=tc is not None,
+                      row_groups=row_groups)
 
 
 def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, st: str, xw: int,

@@ -22,6 +22,8 @@ _REFUSED: set = set()
 # 'auto' runs it up to B = 16 (1.51-1.57 ms, 'stages' 1.76) and 'stages' beyond (B = 64: 2.6 against 3.7 ms).
 TENSOR_CORE_BLOCKS = 64
 AUTO_TENSOR_CORE_ROWS = 16
+# Full matrices beyond this many rows on tensor cores split them into row groups of at most this many (full_groups)
+GROUP_ROWS = 16
 # Full matrices in half storage on tensor cores from 4 rows (a 16-row tile, the rows past B masked), measured on an
 # H200 (bfloat16 LSTM, H = 512, T = 100, training step, CUDA cores against tensor cores): B = 1 0.985 / 1.007 ms,
 # B = 4 1.385 / 1.005, B = 8 1.832 / 1.173.
@@ -51,12 +53,13 @@ def compile(be, cell, loop, views):
     for kind, key in k.args:
         a = pick[kind](key)
         args += [a] if kind in ("w", "xb") else be.frame_args([a], B)
-    bar = cp.zeros(2, cp.uint32)            # barrier count, launch number; kept with the launch (the memo)
+    bar = cp.zeros(1 + k.row_groups, cp.uint32)     # launch number, each row group's barrier count; kept with the launch
     raw = be.raw(k.name, k.source, cooperative=k.cooperative)
     raw.max_dynamic_shared_size_bytes = k.smem
     tail = (*be.running_args(running), cp.int32(T), cp.int32(P))
     run = (functools.partial(raw, shared_mem=k.smem), (k.blocks,), (k.threads,), (bar, *args, *tail))
-    return ((be.raw("rg_persist_zero", ZERO_SOURCE), (1,), (1,), (bar,)), run) if k.cooperative else (run,)
+    zero = (be.raw("rg_persist_zero", ZERO_SOURCE), (1,), (1,), (bar, cp.int32(k.row_groups)))
+    return (zero, run) if k.cooperative else (run,)
 
 
 def why_not(be, cell, loop, B: int, dtype) -> str | None:
@@ -73,25 +76,31 @@ def fit(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True) -> str
     """Why a GPU of `sms` SMs and `smem` bytes of shared memory per block (`mma`: whether it runs the tensor-core
     kernels) runs `loop` frame by frame at B rows of dtype, or None: what no persistent kernel runs, B, or the
     weights and rows exceeding shared memory."""
-    why, rows = problem(cell, loop), max_rows(cell, loop, dtype, mma)
-    if why or B > rows:
-        short = "" if rows == max_rows(cell, loop, dtype) else \
-            f" on this GPU (tensor cores need compute capability {MMA_CAPABILITY // 10}.{MMA_CAPABILITY % 10})"
-        return why or f"B={B} rows: a persistent kernel takes at most {rows} in {float_dtype(dtype, half=True).name}{short}"
-    need = chosen(cell, loop, B, dtype, sms, smem, mma).smem
-    if need > smem:
-        return (f"its weights and rows need {need / 1024:.0f} KiB of shared memory per block at B={B}, "
-                f"more than the {smem / 1024:.0f} KiB the GPU has")
+    why = problem(cell, loop)
+    if why or B > MMA_ROWS:
+        return why or f"B={B} rows: a persistent kernel takes at most {MMA_ROWS}"
+    short = "" if mma or float_dtype(dtype, half=True).itemsize != 2 else \
+        f" on this GPU (tensor cores need compute capability {MMA_CAPABILITY // 10}.{MMA_CAPABILITY % 10})"
+    k = chosen(cell, loop, B, dtype, sms, smem, mma)
+    if k is None:
+        return (f"B={B} rows: on CUDA cores a persistent kernel's blocks take at most {MAX_ROWS} rows, and B splits "
+                f"into no such row groups on {sms} SMs{short}")
+    if k.smem > smem:
+        return (f"its weights and rows need {k.smem / 1024:.0f} KiB of shared memory per block at B={B}, "
+                f"more than the {smem / 1024:.0f} KiB the GPU has{short}")
     return None
 
 
 def gpu_loop(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, auto: bool = True) -> str:
     """What runs `loop` (a PersistentLoop) at B rows of dtype on such a GPU, for loop='auto' or (auto False)
     loop='persistent', in words: 'persistent (tensor cores)', 'persistent (CUDA cores)' or 'stages: <why>'."""
-    why = fit(cell, loop, B, dtype, sms, smem, mma) or (auto and _slower(cell, loop, B))
+    why = fit(cell, loop, B, dtype, sms, smem, mma)
+    k = None if why else chosen(cell, loop, B, dtype, sms, smem, mma)
+    why = why or auto and _slower(cell, loop, B, k)
     if why:
         return f"stages: {why}"
-    return f"persistent ({'tensor' if chosen(cell, loop, B, dtype, sms, smem, mma).tensor_cores else 'CUDA'} cores)"
+    groups = f", {k.row_groups} row groups of {B // k.row_groups}" if k.row_groups > 1 and k.cooperative else ""
+    return f"persistent ({'tensor' if k.tensor_cores else 'CUDA'} cores{groups})"
 
 
 def gpu_facts(facts: dict) -> tuple:
@@ -99,22 +108,18 @@ def gpu_facts(facts: dict) -> tuple:
     return facts["MultiProcessorCount"], facts["MaxSharedMemoryPerBlockOptin"], facts["ComputeCapability"] >= MMA_CAPABILITY
 
 
-def _slower(cell, loop, B: int) -> str | None:
+def _slower(cell, loop, B: int, k) -> str | None:
+    """Why 'auto' runs stages where kernel k would run B rows, or None."""
     if loop_heads(phases(cell, loop)) > 1:
         return (f"at B={B} > {AUTO_HEAD_ROWS} rows the per-head persistent kernel is not measured against stages "
                 "(loop='persistent' runs it)") if B > AUTO_HEAD_ROWS else None
-    if B > max(MAX_ROWS, AUTO_TENSOR_CORE_ROWS):
+    if k.tensor_cores and B > AUTO_TENSOR_CORE_ROWS:
         return (f"at B={B} > {AUTO_TENSOR_CORE_ROWS} rows the tensor-core persistent kernel measured slower than "
                 "stages (loop='persistent' runs it)")
+    if not k.tensor_cores and B > MAX_ROWS:
+        return (f"at B={B} > {MAX_ROWS} rows the persistent kernel on CUDA cores, in row groups, is not measured "
+                "against stages (loop='persistent' runs it)")
     return None
-
-
-def max_rows(cell, loop, dtype, mma: bool = True) -> int:
-    """The batch rows a persistent kernel takes: with head-wise GEMMs MMA_ROWS in any dtype (rows split over
-    blocks, head_rows), with full matrices on tensor cores in half storage (where the GPU runs them, `mma`), else
-    MAX_ROWS on CUDA cores."""
-    heads = loop_heads(phases(cell, loop)) > 1
-    return MMA_ROWS if heads or mma and float_dtype(dtype, half=True).itemsize == 2 else MAX_ROWS
 
 
 def head_rows(B: int, tensor_cores: bool, blocks: int, sms: int) -> int:
@@ -123,17 +128,15 @@ def head_rows(B: int, tensor_cores: bool, blocks: int, sms: int) -> int:
     of at most HEAD_TENSOR_CORE_ROWS rows that split B evenly, more than MAX_ROWS each; else, on CUDA cores, the
     fewest rows dividing B whose blocks all fit on the `sms` SMs at once (a block runs every frame: a second wave
     waits for the first), at most MAX_ROWS. RNNGRAPH_PERSISTENT_ROWS, where set, is the rows wanted (measuring)."""
-    given = os.environ.get("RNNGRAPH_PERSISTENT_ROWS")
-    if given is not None and not (given.isdigit() and int(given) >= 1):
-        raise RnnGraphError(f"RNNGRAPH_PERSISTENT_ROWS must be a whole number of rows >= 1, got {given!r}")
-    if tensor_cores and (int(given) if given else HEAD_TENSOR_CORE_ROWS * (B >= HEAD_TENSOR_CORES_FROM)) > MAX_ROWS:
-        want = int(given) if given else HEAD_TENSOR_CORE_ROWS
+    given = rows_setting()
+    if tensor_cores and (given or HEAD_TENSOR_CORE_ROWS * (B >= HEAD_TENSOR_CORES_FROM)) > MAX_ROWS:
+        want = given or HEAD_TENSOR_CORE_ROWS
         rows = [B // R for R in range(-(-B // want), B + 1) if B % R == 0 and B // R > MAX_ROWS]
         if rows:
             return rows[0]
     divisors = [d for d in range(1, min(B, MAX_ROWS) + 1) if B % d == 0]
     if given:
-        return max(d for d in divisors if d <= int(given))
+        return max(d for d in divisors if d <= given)
     return next((d for d in divisors if blocks * (B // d) <= sms), divisors[-1])
 
 
@@ -144,9 +147,10 @@ def kernel(be, cell, loop, B: int, dtype):
 
 def chosen(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True):
     """The kernel for a GPU of `sms` SMs and `smem` bytes of shared memory a block (`mma`: tensor cores usable):
-    the first of phases.block_counts whose shared memory fits, else the last: per head first where the GEMMs are
-    head-wise (its rows split over blocks, head_rows; beyond MAX_ROWS the only one), on tensor cores fewer blocks
-    first (tensor_core_blocks)."""
+    the first of phases.block_counts whose shared memory fits, else the last (None: none runs B): per head first where the GEMMs are
+    head-wise (its rows split over blocks, head_rows; beyond MAX_ROWS the only one); for full matrices row groups
+    first where B splits into them (full_groups), then one group, on tensor cores fewer blocks first
+    (tensor_core_blocks), on CUDA cores only up to MAX_ROWS rows."""
     ctype = CTYPES[float_dtype(dtype, half=True).name]
     counts, groups = block_counts(cell, loop, sms), phases(cell, loop)
     if loop_heads(groups) > 1:          # per head first: its rows split over blocks (head_rows)
@@ -157,10 +161,39 @@ def chosen(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True):
             return apart
         counts = counts[1:]             # heads too large for a block: split over more blocks, with barriers
     tc = mma and loop_heads(groups) == 1 and full_tensor_cores(B, dtype)
+    units = max(p.units for g in groups for p in g)
+    made = [_made(cell, loop, ctype, rows, G, B // rows, tensor_cores=tc) for rows, G in full_groups(B, tc, sms, units)]
     if tc:
         counts = [G for G in dict.fromkeys(tensor_core_blocks(B, sms) + counts) if G <= counts[-1]]
-    made = [_made(cell, loop, ctype, B, G, tensor_cores=tc) for G in counts]
-    return next((k for k in made if k.smem <= smem), made[-1])
+    made += [_made(cell, loop, ctype, B, G, tensor_cores=tc) for G in counts] if tc or B <= MAX_ROWS else []
+    return next((k for k in made if k.smem <= smem), made[-1] if made else None)
+
+
+def full_groups(B: int, tc: bool, sms: int, units: int) -> list:
+    """(rows, blocks) of each row group to try, best first, for a kernel of full matrices at B rows whose largest
+    phase has `units` units: groups of the most rows dividing B up to GROUP_ROWS on tensor cores (`tc`), MAX_ROWS on
+    CUDA cores, then of more rows (fewer groups, more blocks each: the weights split finer), each group on its share
+    of the SMs (on tensor cores at most TENSOR_CORE_BLOCKS), as many blocks as divide the units where that loses
+    at most a quarter of them; [] where B fits one group. RNNGRAPH_PERSISTENT_ROWS, where set, caps the rows."""
+    most = MMA_ROWS if tc else MAX_ROWS
+    cap = min(rows_setting() or (GROUP_ROWS if tc else MAX_ROWS), most)
+    if B <= cap:
+        return []
+    rows = [d for d in range(1, min(B - 1, most) + 1) if B % d == 0 and B // d <= sms]
+    rows = [d for d in rows if d <= cap][-1:] + [d for d in rows if d > cap]
+    out = []
+    for r in rows:
+        bound = min(units, sms // (B // r), TENSOR_CORE_BLOCKS if tc else sms)
+        out.append((r, next((g for g in range(bound, bound * 3 // 4 - 1, -1) if units % g == 0), bound)))
+    return out
+
+
+def rows_setting() -> int | None:
+    """RNNGRAPH_PERSISTENT_ROWS, the rows a block (a row group) wanted, where set (for measuring)."""
+    given = os.environ.get("RNNGRAPH_PERSISTENT_ROWS")
+    if given is not None and not (given.isdigit() and int(given) >= 1):
+        raise RnnGraphError(f"RNNGRAPH_PERSISTENT_ROWS must be a whole number of rows >= 1, got {given!r}")
+    return int(given) if given else None
 
 
 def full_tensor_cores(B: int, dtype) -> bool:
@@ -186,7 +219,7 @@ def auto_problem(be, cell, loop, B: int, dtype) -> str | None:
     """Why 'auto' runs this loop frame by frame although the persistent kernel would run: beyond
     AUTO_TENSOR_CORE_ROWS rows the tensor-core kernel of full matrices measured slower than 'stages', beyond
     AUTO_HEAD_ROWS a per-head one is not measured; None where it runs."""
-    return _slower(cell, loop, B) if why_not(be, cell, loop, B, dtype) is None else None
+    return _slower(cell, loop, B, kernel(be, cell, loop, B, dtype)) if why_not(be, cell, loop, B, dtype) is None else None
 
 
 def _made(cell, loop, ctype: str, B: int, G: int, row_groups: int = 1, tensor_cores: bool | None = None):

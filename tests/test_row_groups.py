@@ -1,0 +1,88 @@
+"""Full-matrix persistent kernels split the batch into row groups, without a GPU: sequences never read one another,
+so each group of G blocks runs its rows to the end, meeting only at its own barriers (bar[1 + group]). Run by the
+emulator (cuda_on_cpu.py) one group after another against numpy's loop; which groups a GPU would run is said."""
+import numpy as np
+import pytest
+
+from cuda_on_cpu import Emulated, needs_cxx
+from rnngraph import load_cell
+from rnngraph.errors import RnnGraphError
+from rnngraph.run.backends import get_backend
+from rnngraph.run.backends.cuda.persistent.kernels import ZERO_SOURCE, persistent_kernel
+from rnngraph.run.backends.cuda.persistent.runner import GROUP_ROWS, chosen, full_groups
+from rnngraph.run.executor import Executor
+from test_loops import run_executor
+from test_persistent import loops
+from test_persistent_heads import assert_agree, problem_arrays
+
+H200 = dict(sms=132, smem=227 * 1024)
+
+
+def run_groups(cell, B, rows, dtype, tc=None, T=7, chunk=None, G=3):
+    """(every array of a forward and backward by the emulated kernels, row groups of `rows` run one after another,
+    the same by numpy 'stages', the backend); lengths ragged."""
+    be = Emulated(G, "groups", rows, tensor_cores=tc)
+    args, lengths = problem_arrays(cell, T, B, dtype), np.arange(B) * 5 % (T + 1)
+    got = run_executor(Executor(cell, be, loop="persistent", chunk=chunk), *args, lengths)
+    ref = Executor(cell, get_backend("numpy"), loop="stages", chunk=chunk)
+    return got, run_executor(ref, *args, lengths), be
+
+
+@needs_cxx
+@pytest.mark.parametrize("name, B, rows, dtype, tc", [("lstm", 6, 2, "float64", False), ("gru", 12, 4, "float32", False),
+                                                      ("peephole_lstm", 4, 1, "float64", False),
+                                                      ("lstm", 32, 16, "bfloat16", True),
+                                                      ("gru", 20, 10, "float16", True), ("mgu", 24, 8, "float32", False)])
+def test_row_groups_compute_the_reference_one_group_after_another(name, B, rows, dtype, tc):
+    """A group that read another's rows, or waited at its barrier, would read zeros or never finish."""
+    cell = load_cell(name, 8, 16)
+    got, want, be = run_groups(cell, B, rows, dtype, tc)
+    assert_agree(got, want, dtype)
+    assert [(k.row_groups, k.blocks, k.cooperative, k.tensor_cores) for k in be.ran] == [(B // rows, 3 * B // rows, True, tc)] * 2
+
+
+@needs_cxx
+def test_row_groups_in_chunks():
+    """Chunks of 3, 3 and 1 frames: each chunk's launch starts every group's barrier count from 0."""
+    cell = load_cell("lstm", 8, 16)
+    got, want, be = run_groups(cell, 8, 4, "float64", T=7, chunk=3)
+    assert_agree(got, want, "float64")
+    assert len(be.ran) == 6 and be.walked == [3, 3, 1, 1, 3, 3]
+
+
+def test_each_group_meets_at_its_own_count():
+    k = persistent_kernel(load_cell("lstm", 8, 16), loops(load_cell("lstm", 8, 16))[1], "float", 4, 3, 2)
+    assert "unsigned int* count = bar + 1 + blockIdx.x / G;" in k.source and "grid_barrier(count," in k.source
+    assert "b0 = (blockIdx.x / G) * NB" in k.source and "#define BT 8" in k.source
+    assert "exchange(" not in k.source.split("__global__")[1]        # no tagged words across groups
+    assert "for (int g = 0; g < groups; ++g) bar[1 + g] = 0u;" in ZERO_SOURCE
+
+
+def test_which_row_groups_a_gpu_runs(monkeypatch):
+    """Tensor cores: groups of at most GROUP_ROWS rows dividing B, each on its share of the SMs (at most 64 blocks),
+    the blocks dividing the units where that costs at most a quarter of them; CUDA cores: at most 8 rows a group."""
+    monkeypatch.delenv("RNNGRAPH_PERSISTENT_ROWS", raising=False)
+    assert GROUP_ROWS == 16
+    assert full_groups(16, True, 132, 512) == []                            # one group
+    assert full_groups(32, True, 132, 512) == [(16, 64)]
+    assert full_groups(64, True, 132, 512) == [(16, 32), (32, 64)]         # then fewer groups: finer weights
+    assert full_groups(256, True, 132, 512) == [(16, 8), (32, 16), (64, 32), (128, 64)]
+    assert full_groups(100, True, 132, 512) == [(10, 13), (20, 26), (25, 32), (50, 64)]
+    assert full_groups(64, True, 132, 400) == [(16, 25), (32, 50)]         # 25 of 33 blocks, 50 of 64 divide 400
+    assert full_groups(8, False, 132, 512) == []
+    assert full_groups(24, False, 132, 512) == [(8, 44)]
+    assert full_groups(137, False, 132, 512) == []                          # no group of 8 rows or fewer on 132 SMs
+    monkeypatch.setenv("RNNGRAPH_PERSISTENT_ROWS", "8")
+    assert full_groups(16, True, 132, 512) == [(8, 64)]
+    monkeypatch.setenv("RNNGRAPH_PERSISTENT_ROWS", "eight")
+    with pytest.raises(RnnGraphError, match="RNNGRAPH_PERSISTENT_ROWS must be a whole number"):
+        full_groups(16, True, 132, 512)
+
+
+def test_a_group_whose_weights_do_not_fit_gives_way_to_fewer_groups():
+    """bfloat16 LSTM, H = 1024, B = 256: groups of 16 rows (16 groups of 8 blocks) hold 1 MiB of weights a block;
+    the first that fits is taken."""
+    import ml_dtypes
+    cell = load_cell("lstm", 32, 1024)
+    k = chosen(cell, loops(cell)[0], 256, ml_dtypes.bfloat16, **H200)
+    assert k.smem <= H200["smem"] and k.row_groups < 16 and k.tensor_cores
