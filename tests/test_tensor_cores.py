@@ -69,10 +69,10 @@ def test_what_the_gpu_runs_is_said_by_batch_and_dtype():
     assert gpu_loop(c, fwd, 1, np.float32, **H200) == "persistent (CUDA cores)"
     assert gpu_loop(c, fwd, 16, ml_dtypes.bfloat16, **H200) == "persistent (tensor cores)"
     assert gpu_loop(c, fwd, 64, ml_dtypes.bfloat16, **H200, auto=False) == \
-        "persistent (tensor cores, 4 row groups of 16)"
+        "persistent (tensor cores, 4 groups of 16 rows)"
     assert gpu_loop(c, fwd, 64, ml_dtypes.bfloat16, **H200).startswith("stages: at B=64 > 16 rows the tensor-core")
     # float32 beyond 8 rows: row groups of 8 on CUDA cores, where their blocks' weights fit
-    assert gpu_loop(c, fwd, 16, np.float32, **H200, auto=False) == "persistent (CUDA cores, 2 row groups of 8)"
+    assert gpu_loop(c, fwd, 16, np.float32, **H200, auto=False) == "persistent (CUDA cores, 2 groups of 8 rows)"
     assert gpu_loop(c, fwd, 16, np.float32, **H200).startswith("stages: at B=16 > 8 rows the persistent kernel on CUDA")
     assert gpu_loop(c, fwd, 64, np.float32, **H200) == ("stages: its weights and rows need 280 KiB of shared memory per "
                                                         "block at B=64, more than the 227 KiB the GPU has")
@@ -96,7 +96,7 @@ def test_a_gpu_without_tensor_core_mma_runs_cuda_cores_or_stages_and_says_why():
     fwd, _ = loops(c)
     assert gpu_loop(c, fwd, 8, np.float16, **old) == "persistent (CUDA cores)"
     assert not chosen(c, fwd, 8, np.float16, **old).tensor_cores
-    assert gpu_loop(c, fwd, 16, np.float16, **old, auto=False) == "persistent (CUDA cores, 2 row groups of 8)"
+    assert gpu_loop(c, fwd, 16, np.float16, **old, auto=False) == "persistent (CUDA cores, 2 groups of 8 rows)"
     assert gpu_loop(c, fwd, 131, np.float16, **old).endswith("on 40 SMs on this GPU (tensor cores need compute "
                                                              "capability 8.0)")
     heads = load_cell("slstm", 64, 64, heads=4)

@@ -93,13 +93,14 @@ def fit(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True) -> str
 
 def gpu_loop(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, auto: bool = True) -> str:
     """What runs `loop` (a PersistentLoop) at B rows of dtype on such a GPU, for loop='auto' or (auto False)
-    loop='persistent', in words: 'persistent (tensor cores)', 'persistent (CUDA cores)' or 'stages: <why>'."""
+    loop='persistent', in words: 'persistent (tensor cores)', 'persistent (CUDA cores)' (with ', R groups of r rows'
+    where full matrices split the batch, full_groups) or 'stages: <why>'."""
     why = fit(cell, loop, B, dtype, sms, smem, mma)
     k = None if why else chosen(cell, loop, B, dtype, sms, smem, mma)
     why = why or auto and _slower(cell, loop, B, k)
     if why:
         return f"stages: {why}"
-    groups = f", {k.row_groups} row groups of {B // k.row_groups}" if k.row_groups > 1 and k.cooperative else ""
+    groups = f", {k.row_groups} groups of {B // k.row_groups} rows" if k.row_groups > 1 and k.cooperative else ""
     return f"persistent ({'tensor' if k.tensor_cores else 'CUDA'} cores{groups})"
 
 
