@@ -28,9 +28,15 @@ bench)
         loops_t4096) bench --cell min_gru -T 4096 -B 1,64 --impls graph,jax_scan --loop stages,elementwise,scan \
                             --repeats 10 --json "$OUT/loops_t4096.json" ;;
         # the persistent loop on tensor cores and CUDA cores against cuDNN, bfloat16, B = 1 ... 256
-        tensor_cores) bench --cell lstm -T 100 -B 1,4,8,16,64,128,256 -H 512 --dtype bfloat16 \
+        tensor_cores) bench --cell lstm -T 100 -B 1,4,8,16,32,64,128,256 -H 512 --dtype bfloat16 \
                             --impls graph,cudnn@float16,cudnn@float32 --loop auto,persistent --repeats 15 \
                             --json "$OUT/tensor_cores.json" ;;
+        # float32 (TF32 off): the persistent loop, in row groups beyond B = 8, against stages and cuDNN
+        float32) bench --cell lstm -T 100 -B 1,8,16,32,64 -H 512 --dtype float32 --impls graph,cudnn \
+                            --loop auto,stages --repeats 15 --json "$OUT/float32.json" ;;
+        # GRU and MGU in bfloat16 at B = 64 against the LSTM and cuDNN float16
+        gru_b64) bench --cell lstm,gru,mgu -T 100 -B 64 -H 512 --dtype bfloat16 --impls graph,cudnn@float16 \
+                            --loop auto,stages --repeats 15 --json "$OUT/gru_b64.json" ;;
         # the whole char-LM, torch.nn.LSTM against rnngraph.torch as it ships
         charlm) bench --model charlm -B 1,32,128 --impls torch,default --json "$OUT/charlm.json" ;;
         # sLSTM and the multi-head LSTM in 12 heads of 64, against cuDNN's single-head LSTM and the torch loop

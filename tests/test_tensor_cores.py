@@ -70,10 +70,12 @@ def test_what_the_gpu_runs_is_said_by_batch_and_dtype():
     assert gpu_loop(c, fwd, 16, ml_dtypes.bfloat16, **H200) == "persistent (tensor cores)"
     assert gpu_loop(c, fwd, 64, ml_dtypes.bfloat16, **H200, auto=False) == \
         "persistent (tensor cores, 4 groups of 16 rows)"
-    assert gpu_loop(c, fwd, 64, ml_dtypes.bfloat16, **H200).startswith("stages: at B=64 > 16 rows the tensor-core")
+    assert gpu_loop(c, fwd, 64, ml_dtypes.bfloat16, **H200) == "persistent (tensor cores, 4 groups of 16 rows)"
+    assert gpu_loop(c, fwd, 128, ml_dtypes.bfloat16, **H200).startswith("stages: at B=128 > 64 rows the tensor-core")
     # float32 beyond 8 rows: row groups of 8 on CUDA cores, where their blocks' weights fit
-    assert gpu_loop(c, fwd, 16, np.float32, **H200, auto=False) == "persistent (CUDA cores, 2 groups of 8 rows)"
-    assert gpu_loop(c, fwd, 16, np.float32, **H200).startswith("stages: at B=16 > 8 rows the persistent kernel on CUDA")
+    assert gpu_loop(c, fwd, 16, np.float32, **H200) == "persistent (CUDA cores, 2 groups of 8 rows)"
+    small = load_cell("lstm", 32, 128)
+    assert gpu_loop(small, loops(small)[0], 64, np.float32, **H200).startswith("stages: at B=64 > 32 rows the persistent")
     assert gpu_loop(c, fwd, 64, np.float32, **H200) == ("stages: its weights and rows need 280 KiB of shared memory per "
                                                         "block at B=64, more than the 227 KiB the GPU has")
     assert gpu_loop(c, fwd, 137, np.float32, **H200) == ("stages: B=137 rows: on CUDA cores a persistent kernel's blocks "
@@ -107,8 +109,8 @@ def test_a_gpu_without_tensor_core_mma_runs_cuda_cores_or_stages_and_says_why():
 
 def test_schedule_says_which_loop_the_gpu_runs(capsys):
     from rnngraph.lab.cli import main
-    assert main(["schedule", "lstm", "--batch", "64", "--dtype", "bfloat16"]) == 0
-    assert "on the GPU at B=64 in bfloat16: stages: at B=64 > 16 rows" in capsys.readouterr().out
+    assert main(["schedule", "lstm", "--batch", "128", "--dtype", "bfloat16"]) == 0
+    assert "on the GPU at B=128 in bfloat16: stages: at B=128 > 64 rows" in capsys.readouterr().out
     assert main(["schedule", "lstm", "--batch", "16", "--dtype", "bfloat16", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["gpu_loop"].startswith("persistent (tensor cores), on ")
     assert main(["schedule", "lstm", "--batch", "1", "--json"]) == 0

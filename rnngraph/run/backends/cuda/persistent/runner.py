@@ -18,12 +18,18 @@ from .phases import MAX_ROWS, block_counts, loop_heads, phases, problem
 _KERNELS: dict = {}      # (id(cell), loop, ctype, rows a block, blocks, row groups, tensor cores) -> (cell, Persistent)
 _REFUSED: set = set()
 # Measured on an H200 (bfloat16 LSTM, H = 512, T = 100, training step; docs/performance.md): 64 blocks ran the
-# tensor-core kernel fastest of 16, 32, 64 and 132 at B = 16 to 256 (B = 64: 3.7 ms, against 4.1 on 132 blocks);
-# 'auto' runs it up to B = 16 (1.51-1.57 ms, 'stages' 1.76) and 'stages' beyond (B = 64: 2.6 against 3.7 ms).
+# one-group tensor-core kernel fastest of 16, 32, 64 and 132 at B = 16 to 256 (B = 64: 3.7 ms, against 4.1 on 132).
 TENSOR_CORE_BLOCKS = 64
-AUTO_TENSOR_CORE_ROWS = 16
-# Full matrices beyond this many rows on tensor cores split them into row groups of at most this many (full_groups)
-GROUP_ROWS = 16
+# Beyond 16 rows full matrices split the batch into row groups (full_groups): of at most GROUP_ROWS rows, at least
+# GROUPS groups where B allows. Measured (same LSTM, training ms, rows a group 8 / 16 / 32; 'stages', cuDNN float16):
+# B = 32 1.65 / 1.81 / 2.19 (2.12, 1.32); B = 64 2.57 / 2.32 / 2.91 (2.66, 2.04); B = 128 3.70 / 3.66 / 3.86 (3.57,
+# 3.23). 'auto' runs them up to AUTO_TENSOR_CORE_ROWS, 'stages' beyond.
+GROUP_ROWS, GROUPS = 16, 4
+AUTO_TENSOR_CORE_ROWS = 64
+# On CUDA cores (float32) groups of at most MAX_ROWS rows, measured (LSTM, H = 512, training ms, persistent /
+# stages / cuDNN float32): B = 16 2.31 / 3.37 / 4.97, B = 32 3.40 / 4.04 / 5.88; 'auto' runs them up to
+# AUTO_CUDA_CORE_ROWS (B = 64 at H = 512 needs 280 KiB of shared memory a block).
+AUTO_CUDA_CORE_ROWS = 32
 # Full matrices in half storage on tensor cores from 4 rows (a 16-row tile, the rows past B masked), measured on an
 # H200 (bfloat16 LSTM, H = 512, T = 100, training step, CUDA cores against tensor cores): B = 1 0.985 / 1.007 ms,
 # B = 4 1.385 / 1.005, B = 8 1.832 / 1.173.
@@ -115,11 +121,11 @@ def _slower(cell, loop, B: int, k) -> str | None:
         return (f"at B={B} > {AUTO_HEAD_ROWS} rows the per-head persistent kernel is not measured against stages "
                 "(loop='persistent' runs it)") if B > AUTO_HEAD_ROWS else None
     if k.tensor_cores and B > AUTO_TENSOR_CORE_ROWS:
-        return (f"at B={B} > {AUTO_TENSOR_CORE_ROWS} rows the tensor-core persistent kernel measured slower than "
+        return (f"at B={B} > {AUTO_TENSOR_CORE_ROWS} rows the tensor-core persistent kernel measured no faster than "
                 "stages (loop='persistent' runs it)")
-    if not k.tensor_cores and B > MAX_ROWS:
-        return (f"at B={B} > {MAX_ROWS} rows the persistent kernel on CUDA cores, in row groups, is not measured "
-                "against stages (loop='persistent' runs it)")
+    if not k.tensor_cores and B > AUTO_CUDA_CORE_ROWS:
+        return (f"at B={B} > {AUTO_CUDA_CORE_ROWS} rows the persistent kernel on CUDA cores is not measured against "
+                "stages (loop='persistent' runs it)")
     return None
 
 
@@ -172,14 +178,15 @@ def chosen(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True):
 
 def full_groups(B: int, tc: bool, sms: int, units: int) -> list:
     """(rows, blocks) of each row group to try, best first, for a kernel of full matrices at B rows whose largest
-    phase has `units` units: groups of the most rows dividing B up to GROUP_ROWS on tensor cores (`tc`), MAX_ROWS on
-    CUDA cores, then of more rows (fewer groups, more blocks each: the weights split finer), each group on its share
+    phase has `units` units, where B exceeds one group's GROUP_ROWS on tensor cores (`tc`), MAX_ROWS on CUDA cores
+    (else []): groups of the most rows dividing B up to that (on tensor cores in at least GROUPS groups where B
+    allows), then of more rows (fewer groups, more blocks each: the weights split finer), each group on its share
     of the SMs (on tensor cores at most TENSOR_CORE_BLOCKS), as many blocks as divide the units where that loses
-    at most a quarter of them; [] where B fits one group. RNNGRAPH_PERSISTENT_ROWS, where set, caps the rows."""
-    most = MMA_ROWS if tc else MAX_ROWS
-    cap = min(rows_setting() or (GROUP_ROWS if tc else MAX_ROWS), most)
-    if B <= cap:
+    at most a quarter of them. RNNGRAPH_PERSISTENT_ROWS, where set, is the rows wanted."""
+    most, given = MMA_ROWS if tc else MAX_ROWS, rows_setting()
+    if B <= min(given or (GROUP_ROWS if tc else MAX_ROWS), most):
         return []
+    cap = min(given or (min(GROUP_ROWS, max(B // GROUPS, 1)) if tc else MAX_ROWS), most)
     rows = [d for d in range(1, min(B - 1, most) + 1) if B % d == 0 and B // d <= sms]
     rows = [d for d in rows if d <= cap][-1:] + [d for d in rows if d > cap]
     out = []
