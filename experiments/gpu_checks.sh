@@ -27,13 +27,11 @@ bench)
         # the loop strategies at T = 4096 with graph mode's default chunks, against JAX
         loops_t4096) bench --cell min_gru -T 4096 -B 1,64 --impls graph,jax_scan --loop stages,elementwise,scan \
                             --repeats 10 --json "$OUT/loops_t4096.json" ;;
-        # the persistent loop on tensor cores and CUDA cores against cuDNN, bfloat16, B = 1 ... 256
+        # the LSTM in bfloat16, float16 and float32 against cuDNN in each precision, B = 1 ... 256 (auto), and bfloat16
+        # with loop="persistent" (tensor cores from B = 4, groups of rows beyond B = 16)
         tensor_cores) bench --cell lstm -T 100 -B 1,4,8,16,32,64,128,256 -H 512 --dtype bfloat16 \
-                            --impls graph,cudnn@float16,cudnn@float32 --loop auto,persistent --repeats 15 \
-                            --json "$OUT/tensor_cores.json" ;;
-        # float32 (TF32 off): the persistent loop, in row groups beyond B = 8, against stages and cuDNN
-        float32) bench --cell lstm -T 100 -B 1,8,16,32,64 -H 512 --dtype float32 --impls graph,cudnn \
-                            --loop auto,stages --repeats 15 --json "$OUT/float32.json" ;;
+                            --impls graph,graph@float16,graph@float32,cudnn@bfloat16,cudnn@float16,cudnn@float32 \
+                            --loop auto,persistent --repeats 15 --json "$OUT/tensor_cores.json" ;;
         # GRU and MGU in bfloat16 at B = 64 against the LSTM and cuDNN float16
         gru_b64) bench --cell lstm,gru,mgu -T 100 -B 64 -H 512 --dtype bfloat16 --impls graph,cudnn@float16 \
                             --loop auto,stages --repeats 15 --json "$OUT/gru_b64.json" ;;

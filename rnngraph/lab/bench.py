@@ -24,6 +24,7 @@ import numpy as np
 
 from ..version import __version__
 from ..ir.loading import load_cell
+from ..plan.schedule import build_schedule
 from ..errors import RnnGraphError
 
 IMPLS = ("naive", "staged", "graph", "cudnn", "torch_eager", "jax_scan", "rnngraph_torch", "torch_compile", "flashrnn",
@@ -233,8 +234,15 @@ def _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed, loop="auto", cell
         layer(x)
         layer.backward(gy)
     where = "gpu" if be.name == "cupy" else "cpu"
-    return ({"forward": lambda: layer(x), "train": train}, be.name, where,
-            {"loop_strategy": lambda: layer.loop_strategy, "loop_note": lambda: layer.loop_note})
+    extra = {"loop_strategy": lambda: layer.loop_strategy, "loop_note": lambda: layer.loop_note}
+    if where == "gpu":          # the persistent kernel that ran: its cores and groups of rows (`rnngraph schedule --batch`)
+        extra["gpu_loop"] = lambda: _gpu_loop(layer, loop, B, dtype) if layer.loop_strategy == "persistent" else None
+    return {"forward": lambda: layer(x), "train": train}, be.name, where, extra
+
+
+def _gpu_loop(layer, loop: str, B: int, dtype: str) -> str:
+    from .cli import gpu_loop
+    return gpu_loop(build_schedule(layer.cells[0], loop=loop), B, dtype, auto=loop == "auto").rsplit(", on ", 1)[0]
 
 
 # -- where it ran -----------------------------------------------------------------------------

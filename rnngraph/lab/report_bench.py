@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from ..ir.loading import load_cell
 from ..plan.schedule import build_schedule
-from ..run.backends.cuda.persistent.runner import TENSOR_CORES_FROM
+from ..run.backends.cuda.persistent.phases import MAX_ROWS
+from ..run.backends.cuda.persistent.runner import AUTO_CUDA_CORE_ROWS, AUTO_TENSOR_CORE_ROWS, GROUP_ROWS, TENSOR_CORES_FROM
 from ..run.settings import default_store_limit
 from ..run.workspace import stored_bytes
 from .figures import NAMES
@@ -190,39 +191,52 @@ def _admits(doc: dict, cell: str, strategy: str) -> bool:
         or strategy == "stages"
 
 
+PRECISIONS = (("bfloat16", "graph", "cudnn@bfloat16"), ("float16", "graph@float16", "cudnn@float16"),
+              ("float32", "graph@float32", "cudnn@float32"))
+
+
 def half(results: Results, findings: Findings) -> str:
     doc = results.bench("tensor_cores")
-    rows, faster = [], []           # faster: the B where rnngraph trains faster than cuDNN float16
+    rows, faster = [], []           # faster: the B where rnngraph's bfloat16 trains faster than cuDNN float16
+    c16 = lambda B: record(doc, B=B, impl="cudnn@float16")
     for B in doc["settings"]["B"]:
-        auto, pers = (record(doc, B=B, impl="graph", loop=v) for v in ("auto", "persistent"))
-        c32, c16 = (record(doc, B=B, impl=f"cudnn@{d}") for d in ("float32", "float16"))
-        cores = "tensor cores" if B >= TENSOR_CORES_FROM else "CUDA cores"
-        rows.append([B, f"**{pair(auto)}** ({_ran(auto, B)})",
-                     f"{pair(pers)} ({cores})", pair(c16), pair(c32), times(ratio(auto, c16)), times(ratio(auto, c32))])
-        findings.compare("Half precision and tensor cores", f"bfloat16 LSTM at B = {B} (`auto`: {_ran(auto, B)})",
-                         auto, c16, "cuDNN float16")
-        if (ratio(auto, c16) or 1) < 1:
+        row = [B]
+        for dtype, ours, peer in PRECISIONS:
+            auto, c = record(doc, B=B, impl=ours, loop="auto"), record(doc, B=B, impl=peer)
+            row += [f"**{pair(auto)}** ({_ran(auto)})", pair(c)]
+            findings.compare("Half precision and tensor cores", f"{dtype} LSTM at B = {B} (`auto`: {_ran(auto)})",
+                             auto, c, f"cuDNN {dtype}")
+        auto = record(doc, B=B, impl="graph", loop="auto")
+        row += [times(ratio(auto, c16(B))), pair(record(doc, B=B, impl="graph", loop="persistent"))]
+        findings.compare("Half precision and tensor cores", f"bfloat16 LSTM at B = {B} (`auto`: {_ran(auto)})",
+                         auto, c16(B), "cuDNN float16")
+        if (ratio(auto, c16(B)) or 1) < 1:
             faster.append(str(B))
+        rows.append(row)
     runs = results.training()
     b16, f32 = runs["gpu_bfloat16"], runs["gpu_float32"]
+    head = ["B"] + [h for d, _, _ in PRECISIONS for h in (f"rnngraph {d}, `auto` (loop)", f"cuDNN {d}")] + \
+        ["bfloat16 ÷ cuDNN float16, training", "bfloat16 `persistent`"]
     return f"""## Half precision and tensor cores
 
-The LSTM in bfloat16, graph mode, as `auto` runs it and with `loop="persistent"` (up to B = {TENSOR_CORES_FROM - 1} on CUDA
-cores, from B = {TENSOR_CORES_FROM} on tensor cores), against cuDNN in float16 and in float32 in the same process, T = 100,
-H = 512.
+The LSTM in graph mode as `auto` runs it, in bfloat16, float16 and float32 (TF32 off), against cuDNN in
+each precision, all in one process, T = 100, H = 512; the last columns set rnngraph's bfloat16 against
+cuDNN's float16 (its fastest LSTM) and show bfloat16 with `loop="persistent"` at every B.
 
-{table(["B", "rnngraph bfloat16, `auto` (loop)", "`persistent`", "cuDNN float16", "cuDNN float32",
-        "auto ÷ cuDNN float16, training", "auto ÷ cuDNN float32, training"], rows)}
+{table(head, rows)}
 
 {source(doc)}
 
-Up to B = 16 `auto` runs the persistent loop: on tensor cores from B = {TENSOR_CORES_FROM} (`mma.sync` with float32 sums
-in a 16-row tile, the rows past B masked, the weights held in shared memory). Beyond B = 16 it runs `stages`, a
-`GemmEx` and a fused kernel a frame, since there the tensor-core kernel measured slower. Every block of that kernel
-stages all of x's rows (B × K values) from L2 each frame, after a grid barrier: profiled at B = 16, that wait is a
-third of a frame, the largest part. Its backward stages all 4H gate gradients.
+In half precision `auto` runs the persistent loop up to B = {AUTO_TENSOR_CORE_ROWS}: up to B = {TENSOR_CORES_FROM - 1} on CUDA
+cores, from B = {TENSOR_CORES_FROM} on tensor cores (`mma.sync` with float32 sums in 16-row tiles, the rows past B masked, the
+weights held in shared memory), beyond B = {GROUP_ROWS} in groups of at most {GROUP_ROWS} rows, each group on its own blocks
+([On a GPU](gpu.md#the-persistent-kernel)). Beyond B = {AUTO_TENSOR_CORE_ROWS} it runs `stages`, a `GemmEx` and a fused
+kernel a frame, where the persistent kernel measured no faster. In float32 it runs the persistent loop on CUDA cores
+up to B = {AUTO_CUDA_CORE_ROWS}, beyond B = {MAX_ROWS} in groups of {MAX_ROWS} rows; at H = 512 a block's share of the weights no longer
+fits from B = 64. The persistent backward stages all 4H gate gradients of its rows each frame, four times the
+forward's rows: there the kernel loses most of its time against cuDNN.
 
-In this run rnngraph's training step is faster than cuDNN float16's at B = {", ".join(faster) or "none"}. cuDNN's
+In this run rnngraph's bfloat16 training step is faster than cuDNN float16's at B = {", ".join(faster) or "none"}. cuDNN's
 float16 LSTM is a persistent kernel on tensor cores. Its small-batch times move between processes, so compare within one
 run: at B = 8 they ranged from 0.92 to 1.42 ms over runs of the same day.
 
@@ -234,8 +248,12 @@ kernels and recording the graphs).
 ![Training curves in bfloat16 and float32](../figures/training_h200_bf16.png)"""
 
 
-def _ran(r: dict, B: int) -> str:
-    return f"persistent on {'tensor' if B >= TENSOR_CORES_FROM else 'CUDA'} cores" if loop(r) == "persistent" else loop(r)
+def _ran(r: dict | None) -> str:
+    """What `auto` ran for a record: the loop strategy, for the persistent one on which cores and in how many
+    groups of rows, as the bench recorded it."""
+    if r is None or loop(r) != "persistent" or not r.get("gpu_loop"):
+        return "–" if r is None else loop(r)
+    return r["gpu_loop"]
 
 
 def _first_step(run: dict) -> float:
