@@ -122,8 +122,9 @@ on tensor cores, are under [Half precision and tensor cores](#half-precision-and
 
 {source(doc)}
 
-The backward waits on a grid barrier each frame and then stages all 4H gate gradients from L2. In float32 the
-kernel takes at most B = 8 (its accumulators live in registers); beyond that the loop runs frame by frame."""
+The backward waits on a grid barrier each frame and then stages all 4H gate gradients from L2. In float32 a block
+takes at most 8 rows (its accumulators live in registers); beyond B = 8 the batch splits into groups of rows, each
+on its own blocks ([Half precision and tensor cores](#half-precision-and-tensor-cores))."""
 
 
 def loops(results: Results, findings: Findings) -> str:
@@ -233,8 +234,8 @@ weights held in shared memory), beyond B = {GROUP_ROWS} in groups of at most {GR
 ([On a GPU](gpu.md#the-persistent-kernel)). Beyond B = {AUTO_TENSOR_CORE_ROWS} it runs `stages`, a `GemmEx` and a fused
 kernel a frame, where the persistent kernel measured no faster. In float32 it runs the persistent loop on CUDA cores
 up to B = {AUTO_CUDA_CORE_ROWS}, beyond B = {MAX_ROWS} in groups of {MAX_ROWS} rows; at H = 512 a block's share of the weights no longer
-fits from B = 64. The persistent backward stages all 4H gate gradients of its rows each frame, four times the
-forward's rows: there the kernel loses most of its time against cuDNN.
+fits from B = 64. The persistent backward stages all 4H gate gradients of its group's rows each frame, four times
+the values its forward stages.
 
 In this run rnngraph's bfloat16 training step is faster than cuDNN float16's at B = {", ".join(faster) or "none"}. cuDNN's
 float16 LSTM is a persistent kernel on tensor cores. Its small-batch times move between processes, so compare within one
@@ -253,7 +254,7 @@ def _ran(r: dict | None) -> str:
     groups of rows, as the bench recorded it."""
     if r is None or loop(r) != "persistent" or not r.get("gpu_loop"):
         return "–" if r is None else loop(r)
-    return r["gpu_loop"]
+    return r["gpu_loop"].replace(" (", " on ", 1).removesuffix(")")
 
 
 def _first_step(run: dict) -> float:

@@ -70,7 +70,7 @@ class Results:
 def loop(r: dict) -> str | None:
     """The loop strategy an rnngraph record ran, or was asked for where it was skipped (records that name
     neither ran `stages`, as every loop did before there were others); None for a peer."""
-    if r["impl"] not in ("naive", "staged", "graph"):
+    if r["impl"].partition("@")[0] not in ("naive", "staged", "graph"):
         return None
     asked = r.get("loop") if r.get("loop") != "auto" else None
     return r.get("loop_strategy") or asked or "stages"
