@@ -182,16 +182,17 @@ def full_groups(B: int, tc: bool, sms: int, units: int) -> list:
     (else []): groups of the most rows dividing B up to that (on tensor cores in at least GROUPS groups where B
     allows), then of more rows (fewer groups, more blocks each: the weights split finer), each group on its share
     of the SMs (on tensor cores at most TENSOR_CORE_BLOCKS), as many blocks as divide the units where that loses
-    at most a quarter of them. RNNGRAPH_PERSISTENT_ROWS, where set, is the rows wanted."""
+    at most a quarter of them. RNNGRAPH_PERSISTENT_ROWS, where set, is the rows wanted, RNNGRAPH_PERSISTENT_BLOCKS
+    the most blocks a group (for measuring)."""
     most, given = MMA_ROWS if tc else MAX_ROWS, rows_setting()
     if B <= min(given or (GROUP_ROWS if tc else MAX_ROWS), most):
         return []
     cap = min(given or (min(GROUP_ROWS, max(B // GROUPS, 1)) if tc else MAX_ROWS), most)
     rows = [d for d in range(1, min(B - 1, most) + 1) if B % d == 0 and B // d <= sms]
     rows = [d for d in rows if d <= cap][-1:] + [d for d in rows if d > cap]
-    out = []
+    out, blocks = [], os.environ.get("RNNGRAPH_PERSISTENT_BLOCKS")
     for r in rows:
-        bound = min(units, sms // (B // r), TENSOR_CORE_BLOCKS if tc else sms)
+        bound = min(units, sms // (B // r), int(blocks) if blocks else TENSOR_CORE_BLOCKS if tc else sms)
         out.append((r, next((g for g in range(bound, bound * 3 // 4 - 1, -1) if units % g == 0), bound)))
     return out
 
