@@ -241,7 +241,7 @@ def _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed, loop="auto", cell
 
 
 def _gpu_loop(layer, loop: str, B: int, dtype: str) -> str:
-    from .cli import gpu_loop
+    from .gpu_loop import gpu_loop
     return gpu_loop(build_schedule(layer.cells[0], loop=loop), B, dtype, auto=loop == "auto").rsplit(", on ", 1)[0]
 
 

@@ -29,6 +29,7 @@ from ..ir.cells import CELLS
 from ..plan.schedule import build_schedule
 from ..version import __version__
 from .options import LOOP_CHOICES, add_cell_arguments, cell_from_args, positive_int
+from .gpu_loop import gpu_loop
 from .outputs import check_replaceable, write_output
 
 
@@ -83,22 +84,6 @@ def _schedule_run(args: argparse.Namespace) -> None:
     if args.draw is not None:
         write_output(args.draw, lambda tmp: draw_schedule(schedule, tmp), args.overwrite)
         print(f"rnngraph: drew {args.draw}", file=sys.stderr)
-
-
-def gpu_loop(schedule, B: int, dtype: str, auto: bool) -> str:
-    """Which loop the GPU runs for `schedule` at B rows of dtype, and why: the strategy, and for 'persistent'
-    whether on tensor cores or CUDA cores (on this machine's GPU where one is usable, else on an H200's 132 SMs
-    and 227 KiB of shared memory a block)."""
-    if schedule.loop_strategy != "persistent":
-        return schedule.loop_strategy
-    from ..run.backends import gpu_problem
-    from ..run.backends.cuda.persistent import runner
-    if gpu_problem() is None:
-        import cupy
-        (sms, smem, mma), where = runner.gpu_facts(runner.device(cupy.cuda.Device().id)), "this GPU"
-    else:
-        (sms, smem, mma), where = (132, 227 * 1024, True), "an H200 (no GPU usable here)"
-    return f"{runner.gpu_loop(schedule.cell, schedule.forward[1].items[0], B, dtype, sms, smem, mma, auto)}, on {where}"
 
 
 # -- figures (here: --help needs no matplotlib) --------------------------------------------------
