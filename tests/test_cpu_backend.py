@@ -244,3 +244,49 @@ def test_the_finite_check_skips_the_values_a_fused_pass_keeps_to_itself():
     with pytest.raises(RnnGraphError, match="not finite"):
         layer(np.full_like(x, np.nan))
     assert get_backend("numpy").unstored(ex.sched) == frozenset()
+
+
+@pytest.mark.parametrize("cell", sorted(COMPILED))
+def test_sums_written_column_by_column_equal_numpy(cell, monkeypatch):
+    """Every pair whose GEMM sums only its group's forward reads takes them column by column ([ΣF, B], W · xᵀ) at
+    any size here (the threshold at 0); the rest as before. Ragged, float64 and float32, and in chunks."""
+    from rnngraph.run.backends.cpu import stages
+    monkeypatch.setattr(stages, "COLUMN_GEMM_MACS", 0)
+    taken = []
+    real = stages.Loop.gemm_columns
+    monkeypatch.setattr(stages.Loop, "gemm_columns", lambda self, *a: taken.append(a[0]) or real(self, *a))
+    ref, cpu = twins(cell)
+    agree(ref, cpu, [frames(9)], np.array([9, 4, 1, 7]))
+    if cell in ("lstm", "peephole_lstm", "cifg_lstm", "rnn_tanh"):
+        assert taken, "an LSTM-like pair reads its sums in its forward alone"
+    ref, cpu = twins(cell, dtype="float32")
+    cpu.backend.chunk_frames = 4
+    agree(ref, cpu, [frames(9, "float32")], np.array([9, 5, 2, 9]), dtype="float32")
+
+
+def test_small_or_shared_sums_keep_rows():
+    """Below COLUMN_GEMM_MACS or at B = 1 the GEMM writes rows as before, and where the group's backward reads its
+    sums (here V·h, a factor of the product): that cell still equals numpy."""
+    from rnngraph import Cell
+    from rnngraph.plan.items import Pair
+    from rnngraph.plan.schedule import build_schedule
+    from rnngraph.run.backends.cpu import stages
+
+    def pairs(cell, B):
+        views = type("Views", (), {"B": B, "vals": {}, "grads": {}})()
+        loop = Loop(cell, views, "float32")
+        return [loop.by_columns(it) for st in build_schedule(cell).forward[1].items[0].stages for it in st.items
+                if isinstance(it, Pair)]
+    lstm = lambda H: load_cell("lstm", H, H)
+    assert stages.COLUMN_GEMM_MACS == 1 << 20
+    assert pairs(lstm(256), 32) == [True] and pairs(lstm(256), 1) == [False] and pairs(lstm(128), 8) == [False]
+    assert pairs(load_cell("gru", 256, 256), 32) == [True]      # its backward reads none of the sums
+    c = Cell("gated")
+    x, h = c.input("x", 3), c.state("h", 512)
+    c.output(c.bind(h, c.tanh(c.linear(h, "U", 512) + c.linear(x, "W", 512)) * c.linear(h, "V", 512), name="h"))
+    gated = c.build()
+    assert pairs(gated, 32) == [False]
+    ref = Recurrent(gated, 3, 512, backend="numpy", seed=2, dtype="float64")
+    cpu = Recurrent(gated, 3, 512, backend="cpu", seed=2, dtype="float64")
+    cpu.load_state_dict(ref.state_dict())
+    agree(ref, cpu, [np.random.default_rng(1).standard_normal((4, 32, 3)) * 0.1])
