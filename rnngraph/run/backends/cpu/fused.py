@@ -4,8 +4,7 @@ its C statements translated into Python (source.py); and the arrays it runs on, 
 
 The function walks R rows of F features once. Each argument name nm of the spec arrives as a window, its
 first element and its row stride (p_nm, s_nm, l_nm): row r's feature f is p_nm[s_nm + r·l_nm + f], and a
-vector parameter [F] has l_nm = 0; one stored column by column (a GEMM's sums, stages.Loop.pair) has its
-column stride as l_nm, row r's feature f at p_nm[s_nm + r + f·l_nm]. Its source is named by its text, so the same group gives the same name.
+vector parameter [F] has l_nm = 0. Its source is named by its text, so the same group gives the same name.
 """
 from __future__ import annotations
 
@@ -48,25 +47,23 @@ def group_spec(cell, nodes, direction: str):
                    in_names=spec.in_names + tuple(spec.out_names[k] for k in gm))
 
 
-def fused_source(spec, F: int, storage: str, by_column=frozenset()) -> tuple[str, str, tuple]:
+def fused_source(spec, F: int, storage: str) -> tuple[str, str, tuple]:
     """(function name, Python source, the spec's (kind, key) of each array argument, in order) of a spec over
-    F features in a storage dtype (source.STORAGE); inputs its body never reads are left out. An argument named in
-    by_column is stored column by column: its (p, s, l) has row r's feature f at p[s + r + f·l]."""
+    F features in a storage dtype (source.STORAGE); inputs its body never reads are left out."""
     _, load, store = STORAGE[storage]
     body = [python_statement(ln, storage) for ln in spec.body]
     read = set(re.findall(r"\b[a-z]+\d+\b", " ".join(body + [v for _, v, _ in spec.stores])))
     keep = [k for k, nm in enumerate(spec.in_names) if nm in read] + \
         [len(spec.in_names) + k for k in range(len(spec.out_names))]
     names = [(spec.in_names + spec.out_names)[k] for k in keep]
-    at = lambda nm: f"p_{nm}[np.uint64(o_{nm} + f{f' * l_{nm}' if nm in by_column else ''})]"  # unsigned: no wrap
+    at = lambda nm: f"p_{nm}[np.uint64(o_{nm} + f)]"       # unsigned: no negative-index wrap to test
     loaded = [nm for nm in names if nm in spec.in_names or nm.startswith("gm")]
     body = [f"{nm} = {load.format(e=at(nm))}" for nm in loaded] + body
     for nm, v, op in spec.stores:
         total = v if op == "=" else f"{load.format(e=at(nm))} + {v}"
         body.append(f"{at(nm)} = {store.format(v=total)}")
     text = FUSED_SOURCE.format(name="{name}", args=", ".join(f"p_{nm}, s_{nm}, l_{nm}" for nm in names), F=F,
-                               rows="\n".join(f"        o_{nm} = s_{nm} + r{'' if nm in by_column else f' * l_{nm}'}"
-                                              for nm in names),
+                               rows="\n".join(f"        o_{nm} = s_{nm} + r * l_{nm}" for nm in names),
                                body="\n".join(" " * 12 + ln for ln in body))
     name = f"fused_{hashlib.sha1(text.encode()).hexdigest()[:12]}"
     keys = spec.inputs + spec.outputs

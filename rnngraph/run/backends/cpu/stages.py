@@ -16,12 +16,6 @@ from .fused import fused_source, group_spec, overlaps
 from .jit import load
 from .source import storage_of, window
 
-# A per-frame GEMM of at least this many multiply-adds (B·ΣF·K) writes its sums column by column (Loop.pair): OpenBLAS
-# ran W · xᵀ faster than x · Wᵀ on this project's 2-core machine (SkylakeX kernels, 2 threads, µs, x · Wᵀ / W · xᵀ):
-# B = 32, H = 256 (LSTM) 92 / 49; B = 4, H = 256 49 / 25; B = 20, H = 128 17.0 / 11.8; B = 64, H = 512 425 / 360;
-# but B = 8, H = 128 (0.5M) 6.1 / 8.3.
-COLUMN_GEMM_MACS = 1 << 20
-
 LOOP_SOURCE = '''
 @njit(**JIT)
 def {name}(T, P, B, {args}):
@@ -110,25 +104,16 @@ class Loop:
         self.body.append(f"gemm_bf16({tb}, B, {N}, {K}, {a[0]}, {a[1]}, {a[2]}, {w32}, {ldb}, {beta}, {c[0]}, {c[1]}, "
                          f"{c[2]}, {a32}, {c32})")
 
-    def fused(self, it: Fused, direction: str = "fwd", step=None, columns: dict | None = None) -> bool:
-        """The group's compiled function at frame t, its arguments the rows of what it reads and writes; columns:
-        {node: (window, its first element at frame t, row count)} of values stored column by column ([F, B])."""
+    def fused(self, it: Fused, direction: str = "fwd", step=None) -> bool:
+        """The group's compiled function at frame t, its arguments the rows of what it reads and writes."""
         spec = group_spec(self.cell, it.nodes, direction)
         if spec is None or overlaps(spec, per_frame=True):
             return False
-        columns = columns or {}
-        keys = spec.inputs + spec.outputs
-        by_column = {nm for nm, (kind, key) in zip(spec.in_names + spec.out_names, keys)
-                     if kind == "ext" and key[0] in columns and key[1] == 0}
-        name, src, keys = fused_source(spec, self.cell.op(it.nodes[-1]).size, self.storage, by_column)
+        name, src, keys = fused_source(spec, self.cell.op(it.nodes[-1]).size, self.storage)
         self.functions[name] = src
         parts = []
         for kind, key in keys:
             grads, (n, d, cols) = kind in ("grad", "gext"), (key if kind in ("ext", "gext") else (key, 0, None))
-            if kind == "ext" and n in columns and d == 0:
-                w, first, rows = columns[n]
-                parts.append(f"{w}, {first} + {cols[0] if cols else 0} * {rows}, {rows}")
-                continue
             r = self.rows(grads, n, d, cols)
             if r is None:
                 return False
@@ -140,43 +125,7 @@ class Loop:
         return step.one_kernel and not step.params and not step.atomic and self.fused(step.item, "bwd")
 
     def pair(self, it: Pair) -> bool:
-        """The GEMM, then the group reading its sums; where nothing else reads them and the GEMM is not small, the
-        sums [ΣF, B] come column by column (gemm_columns), which the group reads so."""
-        if not self.by_columns(it):
-            return self.gemm(it.gemm) and self.fused(it.fused)
-        g = it.gemm
-        out = self.arg(("cat", g), self.cat[g][0])
-        N, offsets = sum(g.sizes), [sum(g.sizes[:j]) for j in range(len(g.nodes))]
-        first = f"(P + t) * B * {N}"
-        columns = {n: (out[0], f"{first} + {o} * B", "B") for n, o in zip(g.nodes, offsets)}
-        return self.gemm_columns(g, out[0], first) and self.fused(it.fused, columns=columns)
-
-    def by_columns(self, it: Pair) -> bool:
-        """Whether pair it's GEMM writes its sums column by column: float32 or float64, B > 1, at least
-        COLUMN_GEMM_MACS multiply-adds, and its sums read by the group's forward alone (not its backward, not
-        another node, not an output or state)."""
-        g, cell = it.gemm, self.cell
-        if self.storage not in ("float32", "float64") or self.B < 2 or \
-                self.B * sum(g.sizes) * cell.op(g.operand).size < COLUMN_GEMM_MACS:
-            return False
-        group, ends = set(it.fused.nodes), set(cell.outputs) | {p for p, _ in cell.states.values()}
-        if any(n in ends or not set(cell.graph.successors(n)) <= group for n in g.nodes):
-            return False
-        back = group_spec(cell, it.fused.nodes, "bwd")
-        if back is None:
-            return False
-        _, _, read = fused_source(back, cell.op(it.fused.nodes[-1]).size, self.storage)    # what its body reads
-        return not any(kind == "ext" and key[0] in g.nodes for kind, key in read)
-
-    def gemm_columns(self, it: Gemm, out: str, first: str) -> bool:
-        """out [ΣF, B] = W [ΣF, K] · (x@t-d [B, K])ᵀ at frame t: the GEMM's sums column by column."""
-        x, w = self.rows(False, it.operand, it.delay), self.arg(("w", it), self.wcat[it][0])
-        if x is None or w is None:
-            return False
-        N, K = sum(it.sizes), self.cell.op(it.operand).size
-        fn = "gemm32" if self.storage == "float32" else "gemm64"
-        self.body.append(f"{fn}(False, True, {N}, B, {K}, {w[0]}, 0, {K}, {x[0]}[{x[1]}:], {x[2]}, 0, {out}, {first}, B)")
-        return True
+        return self.gemm(it.gemm) and self.fused(it.fused)
 
     def source(self, reverse: bool) -> str:
         frames = "range(T - 1, -1, -1)" if reverse else "range(T)"
