@@ -75,9 +75,16 @@ def test_which_row_groups_a_gpu_runs(monkeypatch):
     assert full_groups(137, False, 132, 512) == []                          # no group of 8 rows or fewer on 132 SMs
     monkeypatch.setenv("RNNGRAPH_PERSISTENT_ROWS", "8")
     assert full_groups(16, True, 132, 512) == [(8, 64)]
+    monkeypatch.delenv("RNNGRAPH_PERSISTENT_ROWS")
+    monkeypatch.setenv("RNNGRAPH_PERSISTENT_BLOCKS", "16")        # a group's most blocks
+    assert full_groups(64, True, 132, 512) == [(16, 16), (32, 16)]
     monkeypatch.setenv("RNNGRAPH_PERSISTENT_ROWS", "eight")
-    with pytest.raises(RnnGraphError, match="RNNGRAPH_PERSISTENT_ROWS must be a whole number"):
+    with pytest.raises(RnnGraphError, match="RNNGRAPH_PERSISTENT_ROWS must be a whole number of rows"):
         full_groups(16, True, 132, 512)
+    monkeypatch.setenv("RNNGRAPH_PERSISTENT_ROWS", "16")
+    monkeypatch.setenv("RNNGRAPH_PERSISTENT_BLOCKS", "0")
+    with pytest.raises(RnnGraphError, match="RNNGRAPH_PERSISTENT_BLOCKS must be a whole number of blocks >= 1"):
+        full_groups(64, True, 132, 512)
 
 
 def test_a_group_whose_weights_do_not_fit_gives_way_to_fewer_groups():

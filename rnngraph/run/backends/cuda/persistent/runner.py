@@ -154,10 +154,10 @@ def kernel(be, cell, loop, B: int, dtype):
 
 def chosen(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True):
     """The kernel for a GPU of `sms` SMs and `smem` bytes of shared memory a block (`mma`: tensor cores usable):
-    the first of phases.block_counts whose shared memory fits, else the last (None: none runs B): per head first where the GEMMs are
-    head-wise (its rows split over blocks, head_rows; beyond MAX_ROWS the only one); for full matrices row groups
-    first where B splits into them (full_groups), then one group, on tensor cores fewer blocks first
-    (tensor_core_blocks), on CUDA cores only up to MAX_ROWS rows."""
+    the first of phases.block_counts whose shared memory fits, else the last (None: none runs B): per head first
+    where the GEMMs are head-wise (its rows split over blocks, head_rows; beyond MAX_ROWS the only one); for full
+    matrices row groups first where B splits into them (full_groups), then one group, on tensor cores fewer blocks
+    first (tensor_core_blocks), on CUDA cores only up to MAX_ROWS rows."""
     ctype = CTYPES[float_dtype(dtype, half=True).name]
     counts, groups = block_counts(cell, loop, sms), phases(cell, loop)
     if loop_heads(groups) > 1:          # per head first: its rows split over blocks (head_rows)
@@ -190,18 +190,27 @@ def full_groups(B: int, tc: bool, sms: int, units: int) -> list:
     cap = min(given or (min(GROUP_ROWS, max(B // GROUPS, 1)) if tc else MAX_ROWS), most)
     rows = [d for d in range(1, min(B - 1, most) + 1) if B % d == 0 and B // d <= sms]
     rows = [d for d in rows if d <= cap][-1:] + [d for d in rows if d > cap]
-    out, blocks = [], os.environ.get("RNNGRAPH_PERSISTENT_BLOCKS")
+    out, blocks = [], blocks_setting()
     for r in rows:
-        bound = min(units, sms // (B // r), int(blocks) if blocks else TENSOR_CORE_BLOCKS if tc else sms)
+        bound = min(units, sms // (B // r), blocks or (TENSOR_CORE_BLOCKS if tc else sms))
         out.append((r, next((g for g in range(bound, bound * 3 // 4 - 1, -1) if units % g == 0), bound)))
     return out
 
 
 def rows_setting() -> int | None:
     """RNNGRAPH_PERSISTENT_ROWS, the rows a block (a row group) wanted, where set (for measuring)."""
-    given = os.environ.get("RNNGRAPH_PERSISTENT_ROWS")
+    return _count_setting("RNNGRAPH_PERSISTENT_ROWS", "rows")
+
+
+def blocks_setting() -> int | None:
+    """RNNGRAPH_PERSISTENT_BLOCKS, the blocks wanted (a row group's most), where set (for measuring)."""
+    return _count_setting("RNNGRAPH_PERSISTENT_BLOCKS", "blocks")
+
+
+def _count_setting(name: str, what: str) -> int | None:
+    given = os.environ.get(name)
     if given is not None and not (given.isdigit() and int(given) >= 1):
-        raise RnnGraphError(f"RNNGRAPH_PERSISTENT_ROWS must be a whole number of rows >= 1, got {given!r}")
+        raise RnnGraphError(f"{name} must be a whole number of {what} >= 1, got {given!r}")
     return int(given) if given else None
 
 
@@ -220,14 +229,15 @@ def full_tensor_cores(B: int, dtype) -> bool:
 def tensor_core_blocks(B: int, sms: int) -> list:
     """Block counts for a tensor-core kernel, best first: TENSOR_CORE_BLOCKS (measured), then more where their
     weights do not fit. RNNGRAPH_PERSISTENT_BLOCKS, where set, is tried first (for measuring)."""
-    given = os.environ.get("RNNGRAPH_PERSISTENT_BLOCKS")
-    return ([int(given)] if given else []) + [G for G in (TENSOR_CORE_BLOCKS, 2 * TENSOR_CORE_BLOCKS) if G <= sms]
+    given = blocks_setting()
+    return ([given] if given else []) + [G for G in (TENSOR_CORE_BLOCKS, 2 * TENSOR_CORE_BLOCKS) if G <= sms]
 
 
 def auto_problem(be, cell, loop, B: int, dtype) -> str | None:
     """Why 'auto' runs this loop frame by frame although the persistent kernel would run: beyond
-    AUTO_TENSOR_CORE_ROWS rows the tensor-core kernel of full matrices measured slower than 'stages', beyond
-    AUTO_HEAD_ROWS a per-head one is not measured; None where it runs."""
+    AUTO_TENSOR_CORE_ROWS rows the tensor-core kernel of full matrices measured no faster than 'stages', beyond
+    AUTO_CUDA_CORE_ROWS the CUDA-core one and beyond AUTO_HEAD_ROWS a per-head one are not measured; None where
+    it runs."""
     return _slower(cell, loop, B, kernel(be, cell, loop, B, dtype)) if why_not(be, cell, loop, B, dtype) is None else None
 
 
