@@ -98,12 +98,16 @@ class SGD(Optimizer):
             p -= self.lr * g
 
 
-def _lerp_(a, b, w: float) -> None:
-    """a = a + w·(b - a) in place, split at w = 0.5 the way torch's lerp is."""
+def _lerp_(a, b, w: float, t=None) -> None:
+    """a = a + w·(b - a) in place, split at w = 0.5 the way torch's lerp is; t: a scratch like a (else a temporary)."""
+    xp = array_module(a)
+    t = xp.subtract(b, a, out=t)
     if w < 0.5:
-        a += w * (b - a)
+        t *= w
+        a += t
     else:
-        a[...] = b - (b - a) * (1 - w)
+        t *= 1 - w
+        xp.subtract(b, t, out=a)
 
 
 class Adam(Optimizer):
@@ -124,6 +128,7 @@ class Adam(Optimizer):
         if eps < 0 or weight_decay < 0:
             raise RnnGraphError(f"eps and weight_decay must be >= 0, got {eps}, {weight_decay}")
         self.betas, self.eps, self.weight_decay = tuple(betas), eps, weight_decay
+        self._scratch: dict = {}
 
     def step(self, grads: dict) -> None:
         """Updates the parameters in place from grads (name -> array); the gradient arrays are not modified."""
@@ -137,12 +142,21 @@ class Adam(Optimizer):
             if self.weight_decay != 0:
                 g = g + self.weight_decay * p
             m, v = st["exp_avg"], st["exp_avg_sq"]
-            _lerp_(m, g, 1 - b1)
+            t = self._scratch.get(name)
+            if t is None:                                   # one buffer for every intermediate: no temporaries
+                t = self._scratch[name] = xp.empty_like(p)  # (not state: checkpoints never hold it)
+            _lerp_(m, g, 1 - b1, t)
             v *= b2
-            v += (1 - b2) * (g * g)
+            xp.multiply(g, g, out=t)
+            t *= 1 - b2
+            v += t
             step_size = self.lr / (1 - b1 ** st["step"])
-            denom = xp.sqrt(v) / (1 - b2 ** st["step"]) ** 0.5 + self.eps
-            p -= step_size * (m / denom)
+            xp.sqrt(v, out=t)                               # denom = sqrt(v) / sqrt(1 - b2^step) + eps
+            t /= (1 - b2 ** st["step"]) ** 0.5
+            t += self.eps
+            xp.divide(m, t, out=t)
+            t *= step_size
+            p -= t
 
 
 def clip_grad_norm(grads: dict, max_norm: float, error_if_nonfinite: bool = False):
