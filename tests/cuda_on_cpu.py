@@ -1,8 +1,8 @@
 """A generated persistent kernel run on the CPU: its CUDA source compiled as C++ by the system's g++, each CUDA
 thread a std::thread, __syncthreads a std::barrier of the block, a warp shuffle an exchange through memory
 between barriers of the warp, a tensor-core mma.sync the same (the warp's fragments exchanged, each output
-summed in float32), the grid barrier its row group's atomic counter, float16 through _Float16 (bfloat16 as the GPU's own
-bit arithmetic). A test
+summed in float32), the grid barrier its row group's atomic counter, float16 through _Float16 (bfloat16 as the
+GPU's own bit arithmetic). A test
 backend (Emulated) runs the persistent loops this way on the numpy workspace and everything else as numpy
 does, so a kernel's indexing, arguments and synchronisation are checked against the reference without a GPU.
 
@@ -205,8 +205,9 @@ def built(k):
 
 class Emulated(NumpyBackend):
     """numpy, with the persistent loops run by their generated kernels on the CPU: G blocks (None: the first
-    of phases.block_counts for 132 SMs), in turn, a row group at a time or at once, each running `rows` rows (None: all; fewer: the
-    rest in more blocks, G a row group), on tensor cores where `tensor_cores` says (None: beyond MAX_ROWS rows);
+    of phases.block_counts for 132 SMs), in turn, a row group at a time or at once, each running `rows` rows
+    (None: all; fewer: the rest in more blocks, G a row group), on tensor cores where `tensor_cores` says (None:
+    beyond MAX_ROWS rows);
     `ran` lists each kernel run (its Persistent), `walked` the frames each walked (a chunk's n, else T)."""
     name = "emulated"
     kernel_loops = walking_loops = frozenset({"persistent"})
