@@ -1,4 +1,4 @@
-"""Settings read from the environment by the run floor: byte counts such as 2G or 500M, and the store limit."""
+"""Settings read from the environment by the run floor: byte counts such as 2G or 500M, counts, and the store limit."""
 from __future__ import annotations
 
 import os
@@ -18,6 +18,14 @@ def byte_count(variable: str, default: str) -> int:
     if value < 0:
         raise RnnGraphError(f"{variable} must be a byte count such as 2G or 500M, got {text!r}")
     return value
+
+
+def count(variable: str, what: str) -> int | None:
+    """The environment variable `variable` as a whole number of `what` >= 1, or None where it is unset."""
+    text = os.environ.get(variable)
+    if text is not None and not (text.isdigit() and int(text) >= 1):
+        raise RnnGraphError(f"{variable} must be a whole number of {what} >= 1, got {text!r}")
+    return int(text) if text else None
 
 
 STORE_SHARE = 16         # the default store limit is this share of the device's memory ...

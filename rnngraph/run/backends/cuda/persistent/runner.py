@@ -9,6 +9,7 @@ import warnings
 
 from .....arrays import float_dtype
 from .....errors import RnnGraphError, RnnGraphWarning
+from ....settings import count
 from ..source import CTYPES
 from .heads import one_head
 from .kernels import ZERO_SOURCE, persistent_kernel
@@ -199,19 +200,12 @@ def full_groups(B: int, tc: bool, sms: int, units: int) -> list:
 
 def rows_setting() -> int | None:
     """RNNGRAPH_PERSISTENT_ROWS, the rows a block (a row group) wanted, where set (for measuring)."""
-    return _count_setting("RNNGRAPH_PERSISTENT_ROWS", "rows")
+    return count("RNNGRAPH_PERSISTENT_ROWS", "rows")
 
 
 def blocks_setting() -> int | None:
     """RNNGRAPH_PERSISTENT_BLOCKS, the blocks wanted (a row group's most), where set (for measuring)."""
-    return _count_setting("RNNGRAPH_PERSISTENT_BLOCKS", "blocks")
-
-
-def _count_setting(name: str, what: str) -> int | None:
-    given = os.environ.get(name)
-    if given is not None and not (given.isdigit() and int(given) >= 1):
-        raise RnnGraphError(f"{name} must be a whole number of {what} >= 1, got {given!r}")
-    return int(given) if given else None
+    return count("RNNGRAPH_PERSISTENT_BLOCKS", "blocks")
 
 
 def full_tensor_cores(B: int, dtype) -> bool:
