@@ -9,8 +9,9 @@ from rnngraph.run.backends.cuda.elementwise import elementwise_kernel, elementwi
 from rnngraph.run.backends.cuda.fused import fused_backward_kernel, fused_forward_kernel
 from rnngraph.run.backends.cuda.matmul import matmul_source
 from rnngraph.run.backends.cuda.pair import gemv_fused_kernel
-from rnngraph.run.backends.cuda.param_grad import param_grad_kernel
+from rnngraph.run.backends.cuda.param_grad import chunks, param_grad_kernel, sum_source
 from rnngraph.run.backends.cuda.persistent.kernels import persistent_kernel
+from rnngraph.run.backends.cuda.source import CTYPES
 from rnngraph.run.backends.cuda.rows import row_backward_kernel, row_forward_kernel
 from rnngraph.run.backends.cuda.scan import scan_source
 from rnngraph.run.backends.cuda.source import HALF_PRELUDE, complete, math_type
@@ -133,3 +134,15 @@ def test_half_weights_take_half_the_shared_memory():
     f32, b16 = (persistent_kernel(cell, fwd, ct, 1, 132).smem for ct in ("float", "rg_bf16"))
     weights = -(-1024 // 132) * 4 * 1024 * 4        # a block's features × 4 gates × K = H, float32 bytes
     assert f32 - b16 == pytest.approx(weights / 2, abs=16)
+
+
+def test_parameter_gradients_sum_many_rows_in_chunks_and_the_chunks_in_order():
+    """Few rows: one kernel, one chunk (as many frames as a B = 1 call has); many: chunks of at least 256 rows over
+    about 528 blocks, then a kernel adding them in order (no atomics either way)."""
+    assert chunks(100, 512) == (1, 100) and chunks(0, 512) == (1, 1)
+    assert chunks(6400, 512) == (25, 256)               # B = 64, T = 100: 400 blocks, not 16
+    assert chunks(6401, 512) == (26, 247) and chunks(1000, 32) == (4, 250)
+    for ctype in CTYPES.values():
+        source = sum_source(ctype)
+        assert "atomic" not in source
+        nvrtc_compile(source, f"rg_pgrad_sum_{ctype}")

@@ -17,7 +17,7 @@ from .chunks import chunk_launch
 from .fused import fusable, fused_backward_kernel, fused_forward_kernel
 from .matmul import GEMV_ROWS, matmul_source
 from .pair import GEMV_FUSED_ROWS, PAIR_MAX_BYTES, pair_kernel
-from .param_grad import param_grad_kernel
+from .param_grad import chunks, param_grad_kernel, sum_source
 from .recordings import Recordings, chunk_frames_setting
 from .rows import row_backward_kernel, row_forward_kernel, row_group
 from .source import CTYPES, complete
@@ -179,12 +179,22 @@ class CupyBackend(ArrayBackend):
     def _compile_param_sum(self, cell, item, views, per_frame):
         """out [F] += Σ_rows of each reading node's backward expression for the vector parameter."""
         terms, out = views
-        return tuple(self._param_grad_launch(cell, n, slot, g, ins, y, out) for n, slot, g, ins, y in terms)
+        return tuple(ln for n, slot, g, ins, y in terms for ln in self._param_grad_launches(cell, n, slot, g, ins, y, out))
 
-    def _param_grad_launch(self, cell, n, slot, g, ins, y, out):
-        kernel = self.raw(*param_grad_kernel(cell, n, slot, CTYPES[str(out.dtype)]))
+    def _param_grad_launches(self, cell, n, slot, g, ins, y, out):
+        """The launches summing one term over g's N rows into out [F]: one kernel, or over many rows the chunks'
+        kernel into a buffer of partial sums [R, F] made here, then the kernel adding them in order."""
+        ctype = CTYPES[str(out.dtype)]
+        kernel = self.raw(*param_grad_kernel(cell, n, slot, ctype))
         cp, N, F = self.xp, g.shape[0], out.shape[0]
-        return kernel, ((F + 31) // 32,), (32, 32), (*self.row_args([g, *ins, y]), out, cp.int32(N), cp.int32(F))
+        R, L = chunks(N, F)
+        part = cp.empty((R, F), cp.float64 if ctype == "double" else cp.float32) if R > 1 else None
+        head = (*self.row_args([g, *ins, y]), out, cp.int32(N), cp.int32(F), cp.int32(L))
+        first = (kernel, ((F + 31) // 32, R), (32, 32), (*head, cp.uint64(0) if part is None else part))
+        if part is None:
+            return (first,)
+        total = self.raw(f"rg_pgrad_sum_{ctype}", sum_source(ctype))
+        return first, (total, ((F + 255) // 256,), (256,), (part, cp.int32(R), cp.int32(F), out))
 
     def matmul_launch(self, a, w, c, accumulate: bool):
         """c [N, M] (+)= a [N, K] · w [M, K]ᵀ with our own kernels (capturable without cuBLAS): one launch."""
