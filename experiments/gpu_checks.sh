@@ -32,6 +32,9 @@ bench)
         tensor_cores) bench --cell lstm -T 100 -B 1,4,8,16,32,64,128,256 -H 512 --dtype bfloat16 \
                             --impls graph,graph@float16,graph@float32,cudnn@bfloat16,cudnn@float16,cudnn@float32 \
                             --loop auto,persistent --repeats 15 --json "$OUT/tensor_cores.json" ;;
+        # float32 with TF32 allowed on both sides: rnngraph on tensor cores (m16n8k8) against cuDNN, and with TF32 off
+        tf32) bench --cell lstm -T 100 -B 1,4,8,16,32,64,128 -H 512 --dtype float32 --impls graph,cudnn --tf32 \
+                            --loop auto,persistent --repeats 15 --json "$OUT/tf32.json" ;;
         # the wide LSTMs auto runs in groups of rows by the H = 512 rule, against stages and cuDNN float16
         wide) bench --cell lstm -T 100 -B 32,64 -H 768,1024 --dtype bfloat16 --impls graph,cudnn@float16 \
                             --loop auto,stages --repeats 15 --json "$OUT/wide.json" ;;

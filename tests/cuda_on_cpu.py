@@ -1,8 +1,8 @@
 """A generated persistent kernel run on the CPU: its CUDA source compiled as C++ by the system's g++, each CUDA
 thread a std::thread, __syncthreads a std::barrier of the block, a warp shuffle an exchange through memory
 between barriers of the warp, a tensor-core mma.sync the same (the warp's fragments exchanged, each output
-summed in float32), the grid barrier its row group's atomic counter, float16 through _Float16 (bfloat16 as the
-GPU's own bit arithmetic). A test
+summed in float32; TF32 rounding as cvt.rna), the grid barrier its row group's atomic counter, float16 through
+_Float16 (bfloat16 as the GPU's own bit arithmetic). A test
 backend (Emulated) runs the persistent loops this way on the numpy workspace and everything else as numpy
 does, so a kernel's indexing, arguments and synchronisation are checked against the reference without a GPU.
 
@@ -94,12 +94,11 @@ static inline void grid_barrier(unsigned int* count, unsigned int target) {
 }
 """
 MMA = r"""
-static inline float rg_half_value(unsigned r, int hi) {
-    const unsigned short u = (unsigned short)(hi ? r >> 16 : r & 0xffffu);
-    HALF_TO_FLOAT
+static inline float rg_value(unsigned r, int hi) {      // an element of a fragment register
+    VALUE
 }
 static inline void rg_mma(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
-    // mma.sync.m16n8k16 row.col, float32 accumulation: the warp's fragments exchanged through memory
+    // mma.sync row.col, float32 accumulation: the warp's fragments exchanged through memory
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     std::barrier<>* bar = (*rg_warp_barriers)[warp];
     unsigned* regs = rg_mma_regs + warp * 32 * 6;
@@ -110,10 +109,10 @@ static inline void rg_mma(float* c, unsigned a0, unsigned a1, unsigned a2, unsig
     for (int i = 0; i < 4; ++i) {
         const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
         float sum = 0.f;
-        for (int k = 0; k < 16; ++k) {      // A[row][k]: lane (row % 8, (k % 8) / 2), a0..a3 by row and k halves
-            const int ka = (k % 8) / 2, hi = k & 1;
-            const float a = rg_half_value(regs[((row % 8) * 4 + ka) * 6 + (row >= 8) + 2 * (k >= 8)], hi);
-            const float b = rg_half_value(regs[(col * 4 + ka) * 6 + 4 + (k >= 8)], hi);   // B[k][col]: lane (col, ..)
+        for (int k = 0; k < 2 * KH; ++k) {  // A[row][k]: lane (row % 8, (k % KH) / PER), a0..a3 by row and k halves
+            const int ka = (k % KH) / PER, hi = k % PER;
+            const float a = rg_value(regs[((row % 8) * 4 + ka) * 6 + (row >= 8) + 2 * (k >= KH)], hi);
+            const float b = rg_value(regs[(col * 4 + ka) * 6 + 4 + (k >= KH)], hi);   // B[k][col]: lane (col, ..)
             sum += a * b;
         }
         c[i] += sum;
@@ -125,8 +124,27 @@ static inline void rg_copy16(void* smem, const void* global, bool full) {      /
 }
 static inline void rg_copies_wait() {}
 """
-HALF_TO_FLOAT = {"bf16": "unsigned v = (unsigned)u << 16; float f; std::memcpy(&f, &v, 4); return f;",
-                 "f16": "_Float16 h; std::memcpy(&h, &u, 2); return (float)h;"}
+# per MMA input type: an element's value (VALUE), half the k-step (KH) and the elements a register (PER)
+MMA_TYPES = {
+    "bf16": ("const unsigned short u = (unsigned short)(hi ? r >> 16 : r & 0xffffu); "
+             "unsigned v = (unsigned)u << 16; float f; std::memcpy(&f, &v, 4); return f;", 8, 2),
+    "f16": ("const unsigned short u = (unsigned short)(hi ? r >> 16 : r & 0xffffu); "
+            "_Float16 h; std::memcpy(&h, &u, 2); return (float)h;", 8, 2),
+    "tf32": ("(void)hi; return __uint_as_float(r);", 4, 1)}
+TF32 = r"""
+static inline unsigned rg_tf32(unsigned x) {    // cvt.rna.tf32.f32: to nearest, ties away from zero (inf, NaN kept)
+    return (x & 0x7f800000u) == 0x7f800000u ? x : (x + 0x1000u) & 0xffffe000u;
+}
+static inline float rg_tf32f(float x) { return __uint_as_float(rg_tf32(__float_as_uint(x))); }
+"""
+
+
+def emulated_mma(ptx: str) -> str:
+    """The C++ standing in for mma.helpers of PTX input type ptx."""
+    value, kh, per = MMA_TYPES[ptx]
+    text = MMA.replace("VALUE", value).replace("2 * KH", str(2 * kh)).replace("KH", str(kh)).replace("PER", str(per))
+    return text + (TF32 if ptx == "tf32" else "")
+
 
 F16 = {'float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(u)); return f;':
        "_Float16 h; std::memcpy(&h, &u, 2); return (float)h;",
@@ -181,8 +199,8 @@ def cpp_source(k) -> str:
     half = HALF_PRELUDE
     for a, b in F16.items():
         half = half.replace(a, b)
-    for ptx in mma.PTX_TYPE.values():       # tensor cores: the MMA emulated (its half type's values)
-        src = src.replace(mma.HELPERS.format(ptx=ptx), MMA.replace("HALF_TO_FLOAT", HALF_TO_FLOAT[ptx]))
+    for ctype, ptx in mma.PTX_TYPE.items():     # tensor cores: the MMA emulated (its input type's values)
+        src = src.replace(mma.helpers(ctype), emulated_mma(ptx))
     return PRELUDE + (half if any(h in src for h in HALF_TYPES) else "") + src + LAUNCH.replace("KERNEL_CALL", call)
 
 

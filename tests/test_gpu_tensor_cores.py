@@ -103,3 +103,37 @@ def test_auto_runs_tensor_cores_where_they_measured_faster_and_stages_beyond():
     on_tensor_cores(layer)
     layer(cupy.zeros((3, 128, 8), layer.dtype))
     assert layer.loop_strategy == "stages" and "measured no faster than stages" in layer.loop_note
+
+
+@pytest.mark.parametrize("cell, B, H", [("lstm", 16, 512), ("lstm", 64, 512), ("gru", 100, 256), ("mgu", 5, 1000)])
+def test_float32_in_tf32_on_tensor_cores(cell, B, H):
+    """TF32 allowed (the backend's tf32=True, as torch's allow_tf32): float32 runs on tensor cores (m16n8k8), each
+    array within the TF32 bound of the float64 reference (test_tf32.TF32_BOUND: a GEMM's inputs rounded within
+    2⁻¹¹, a few units of 2⁻¹⁰ over the step), visibly rounded (beyond float32's 1e-5), ragged and chunked, and
+    bit-identical run to run. B = 64 at H = 512 runs in 4 groups of 16 rows, where CUDA cores' weights do not fit."""
+    import cupy
+
+    from rnngraph.nn.recurrent import Recurrent
+    from rnngraph.run.backends import get_backend
+    from rnngraph.run.backends.cuda.persistent import runner
+    from test_tf32 import TF32_BOUND
+    ref = Recurrent(cell, 32, H, dtype="float64", loop="stages", seed=1)
+    gpu = Recurrent(cell, 32, H, backend=get_backend("cupy", "graph", tf32=True), dtype="float32", loop="persistent")
+    gpu.load_state_dict({k: cupy.asarray(v.astype("float32")) for k, v in ref.state_dict().items()})
+    x = np.random.default_rng(B).standard_normal((23, B, 32))
+    for xs, lengths in (([x], np.arange(B) % 24), ([x[:9], x[9:]], None)):
+        got, want = calls(gpu, xs, lengths, cupy, "float32"), calls(ref, xs, lengths, np, "float64")
+        errors = [np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300) for a, b in zip(got, want, strict=True)]
+        assert 1e-5 < max(errors) <= TF32_BOUND, errors
+    on_tensor_cores(gpu)
+    assert any(k.tensor_cores and "m16n8k8" in k.source for _, k in runner._KERNELS.values())
+    first, second = (calls(gpu, [x], None, cupy, "float32") for _ in range(2))
+    for a, b in zip(first, second, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_tf32_needs_cublas():
+    from rnngraph.errors import RnnGraphError
+    from rnngraph.run.backends import get_backend
+    with pytest.raises(RnnGraphError, match="tf32=True needs cuBLAS"):
+        get_backend("cupy", "graph", matmul="own", tf32=True)

@@ -242,7 +242,8 @@ def _rnngraph_fns(cell, impl, T, B, H, D, layers, dtype, seed, loop="auto", cell
 
 def _gpu_loop(layer, loop: str, B: int, dtype: str) -> str:
     from .gpu_loop import gpu_loop
-    return gpu_loop(build_schedule(layer.cells[0], loop=loop), B, dtype, auto=loop == "auto").rsplit(", on ", 1)[0]
+    return gpu_loop(build_schedule(layer.cells[0], loop=loop), B, dtype, auto=loop == "auto",
+                    tf32=_TF32["on"]).rsplit(", on ", 1)[0]
 
 
 # -- where it ran -----------------------------------------------------------------------------

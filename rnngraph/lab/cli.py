@@ -67,6 +67,9 @@ def _schedule_arguments(p: argparse.ArgumentParser) -> None:
                    help="also say which loop the GPU runs at this batch size (with --dtype)")
     p.add_argument("--dtype", choices=("float32", "float64", "bfloat16", "float16"), default="float32",
                    help="the dtype --batch asks about (default: %(default)s)")
+    p.add_argument("--tf32", action="store_true",
+                   help="with --batch and float32: as where TF32 is allowed (torch's allow_tf32, "
+                        "rnngraph bench --tf32)")
 
 
 def _schedule_run(args: argparse.Namespace) -> None:
@@ -77,10 +80,11 @@ def _schedule_run(args: argparse.Namespace) -> None:
     schedule = build_schedule(cell_from_args(args), loop=args.loop)
     summary = schedule.summary()
     if args.batch:
-        summary["gpu_loop"] = gpu_loop(schedule, args.batch, args.dtype, auto=args.loop == "auto")
+        summary["gpu_loop"] = gpu_loop(schedule, args.batch, args.dtype, auto=args.loop == "auto", tf32=args.tf32)
     print(json.dumps(summary) if args.json else schedule)
     if args.batch and not args.json:
-        print(f"  on the GPU at B={args.batch} in {args.dtype}: {summary['gpu_loop']}")
+        tf32 = " with TF32 allowed" if args.tf32 and args.dtype == "float32" else ""
+        print(f"  on the GPU at B={args.batch} in {args.dtype}{tf32}: {summary['gpu_loop']}")
     if args.draw is not None:
         write_output(args.draw, lambda tmp: draw_schedule(schedule, tmp), args.overwrite)
         print(f"rnngraph: drew {args.draw}", file=sys.stderr)

@@ -228,14 +228,15 @@ cuDNN's float16 (its fastest LSTM) and show bfloat16 with `loop="persistent"` at
 
 {source(doc)}
 
-In half precision `auto` runs the persistent loop up to B = {AUTO_TENSOR_CORE_ROWS}: up to B = {TENSOR_CORES_FROM - 1} on CUDA
+In half precision `auto` runs the persistent loop up to {_auto_rows()}: up to B = {TENSOR_CORES_FROM - 1} on CUDA
 cores, from B = {TENSOR_CORES_FROM} on tensor cores (`mma.sync` with float32 sums in 16-row tiles, the rows past B masked, the
 weights held in shared memory), beyond B = {GROUP_ROWS} in groups of at most {GROUP_ROWS} rows, each group on its own blocks
-([On a GPU](gpu.md#the-persistent-kernel)). Beyond B = {AUTO_TENSOR_CORE_ROWS} it runs `stages`, a `GemmEx` and a fused
-kernel a frame, where the persistent kernel measured no faster. In float32 it runs the persistent loop on CUDA cores
-up to B = {AUTO_CUDA_CORE_ROWS}, beyond B = {MAX_ROWS} in groups of {MAX_ROWS} rows; at H = 512 a block's share of the weights no longer
-fits from B = 64. The persistent backward stages all 4H gate gradients of its group's rows each frame, four times
-the values its forward stages.
+([On a GPU](gpu.md#the-persistent-kernel)). Beyond those it runs `stages`, a `GemmEx` and a fused kernel a frame,
+where the persistent kernel measured no faster (the wider LSTMs are in [the next section](#wider-lstms-gru-and-mgu)).
+In float32 with TF32 off it runs the persistent loop on CUDA cores up to B = {AUTO_CUDA_CORE_ROWS}, beyond B = {MAX_ROWS} in groups
+of {MAX_ROWS} rows; at H = 512 a block's share of the weights no longer fits from B = 64. With TF32 allowed, float32 runs
+on tensor cores as half precision does ([float32 in TF32](#float32-in-tf32)). The persistent backward stages all 4H
+gate gradients of its group's rows each frame, four times the values its forward stages.
 
 In this run rnngraph's bfloat16 training step is faster than cuDNN float16's at B = {", ".join(faster) or "none"}. cuDNN's
 float16 LSTM is a persistent kernel on tensor cores. Its small-batch times move between processes, so compare within one
@@ -247,6 +248,12 @@ faster, within run-to-run noise of the same bpc. Its first step takes {_first_st
 kernels and recording the graphs).
 
 ![Training curves in bfloat16 and float32](../figures/training_h200_bf16.png)"""
+
+
+def _auto_rows() -> str:
+    """'B = 128 at H ≤ 512, ...': where 'auto' runs the tensor-core kernel (runner.AUTO_TENSOR_CORE_ROWS)."""
+    return ", ".join(f"B = {rows} at H ≤ {width}" for width, rows in AUTO_TENSOR_CORE_ROWS) + \
+        f" (wider cells as H = {AUTO_TENSOR_CORE_ROWS[-1][0]})"
 
 
 def _ran(r: dict | None) -> str:

@@ -65,6 +65,9 @@ class CupyBackend(ArrayBackend):
     matmul: 'cublas' runs every GEMM through cuBLAS's C API, which can be recorded, so whole bodies
     are captured; 'own' (with capture) compiles the per-frame GEMMs into our capturable GEMV (B ≤ 8)
     and tiled GEMM kernels and runs CuPy's cuBLAS eagerly around the loop, so only time loops are captured.
+    tf32: float32 products may round their inputs to TF32 (10-bit mantissa) on tensor cores, as torch's
+    allow_tf32: cuBLAS's GEMMs and the persistent loop's (needs matmul 'cublas'; rnngraph.torch sets it from
+    torch's flags). Off by default: float32 then rounds as float32.
     """
     name = "cupy"
     modes = ("naive", "staged", "graph")
@@ -74,7 +77,7 @@ class CupyBackend(ArrayBackend):
     walking_loops = frozenset({"persistent", "elementwise"})      # their kernels read n from the cursor
 
     def __init__(self, mode: str = "staged", matmul: str = "cublas", lanes: int = 1, max_graphs: int = 1024,
-                 max_graph_bytes: int | None = None, chunk_frames: int | None = None):
+                 max_graph_bytes: int | None = None, chunk_frames: int | None = None, tf32: bool = False):
         import cupy
         from .cublas import Cublas
         super().__init__(mode)
@@ -95,6 +98,11 @@ class CupyBackend(ArrayBackend):
                 warnings.warn(f"cuBLAS C API unavailable ({e}); using rnngraph's own GEMM kernels",
                               RnnGraphWarning, stacklevel=2)
         self.matmul = "cublas" if self.blas else "own"
+        if tf32 and not self.blas:
+            raise RnnGraphError("tf32=True needs cuBLAS (matmul='cublas'): rnngraph's own GEMM kernels compute "
+                                "float32 in float32")
+        if self.blas:
+            self.blas.tf32 = bool(tf32)
         self.records = ("all" if self.blas else "loops") if capture else None
         self.own_loop_gemms = capture and self.matmul == "own"    # per-frame GEMMs as our own kernels
         self.lanes = [cupy.cuda.Stream(non_blocking=True) for _ in range(lanes if lanes > 1 else 0)]

@@ -119,6 +119,6 @@ def head_mma(p, woff: int, lay, x: str, ld: str) -> str:
     if p.kind != "dgemm":
         it = p.item.gemm if p.kind == "pair" else p.item
         return mma.gemm(p, woff, lay, x, ld, it.delay, col=f"{h} * {p.width} + k")
-    F, WLD = p.item.sizes[0], mma.padded(p.width) + 8
+    F, WLD = p.item.sizes[0], lay.wld(p.width)
     return "".join(mma.gemm(p, f"{woff} + {j} * nu * {WLD}", lay, x, ld, 0, col=f"{F * j} + {h} * {p.width} + k",
                             m=1, sums=f"(gs + {j} * nu * NB)") for j in range(p.m))

@@ -128,20 +128,23 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
                       tensor_cores: bool | None = None) -> Persistent:
     """The kernel running `loop` (a PersistentLoop; problem() is None) for B ≤ MAX_ROWS rows on G blocks, or
     in half storage up to mma.MMA_ROWS on tensor cores (mma.py; head-wise GEMMs one head a block, heads.py):
-    tensor_cores None takes them beyond MAX_ROWS rows; True (half storage, full matrices) at any B.
+    tensor_cores None takes them beyond MAX_ROWS rows; True (half storage; float32 in TF32, full matrices) at any B.
     row_groups > 1: the frames hold B·row_groups rows, and G·row_groups blocks run them, block k the units (or
     heads) of k mod G and rows B·(k div G) on (sequences never read one another), each group's G blocks meeting
     at their own barriers."""
     groups = phases(cell, loop)
     itemsize = ITEMSIZE[math_type(ctype)]
     tc, on_tc = None, B > MAX_ROWS if tensor_cores is None else tensor_cores
-    if on_tc and (ITEMSIZE[ctype] != 2 or B <= MAX_ROWS and loop_heads(groups) > 1):
-        raise RnnGraphError(f"internal: tensor cores take half storage, and head-wise GEMMs beyond {MAX_ROWS} rows")
+    tf32 = tensor_cores is True and ctype == "float" and loop_heads(groups) == 1     # asked for, full matrices
+    if on_tc and (ITEMSIZE[ctype] != 2 and not tf32 or B <= MAX_ROWS and loop_heads(groups) > 1):
+        raise RnnGraphError(f"internal: tensor cores take half storage (float32 in TF32 where asked, full matrices), "
+                            f"and head-wise GEMMs beyond {MAX_ROWS} rows")
     if on_tc and loop_heads(groups) > 1 and not one_head(groups, G):
         raise RnnGraphError(f"internal: a head-wise persistent kernel at B={B} > {MAX_ROWS} rows runs on tensor "
                             f"cores, one head a block, not on {G} blocks")
     if on_tc:                   # tensor cores: their layout of the weights and the x slice
-        tc = mma.layout([p for g in groups for p in g if p.kind in ("gemm", "pair", "dgemm")], B, G, THREADS)
+        tc = mma.layout([p for g in groups for p in g if p.kind in ("gemm", "pair", "dgemm")], B, G, THREADS,
+                        ITEMSIZE[ctype])
         woff, n_w = tc.woff, tc.weights
         xs = -(-tc.x_rows * tc.xld * ITEMSIZE[ctype] // itemsize)
         gs = max((-(-p.units // G) * p.m * B for g in groups for p in g if id(p) in woff), default=0)
@@ -227,12 +230,11 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
            f"        {block_units(p.units)}"]
     if woff is not None and tc is not None and p.heads > 1:
         x = _head_x(p, arg)
-        load.append(mma.weights(p, woff, head_weight(p, arg("w", p.item.gemm if p.kind == "pair" else p.item)),
-                                mma.padded(p.width) + 8))
+        load.append(mma.weights(p, woff, head_weight(p, arg("w", p.item.gemm if p.kind == "pair" else p.item)), tc))
         out.append(head_mma(p, woff, tc, x, _ld(x)))
     elif woff is not None and tc is not None:
         src, x, lag = _operand(p, arg)
-        load.append(mma.weights(p, woff, src, mma.padded(p.width) + 8))
+        load.append(mma.weights(p, woff, src, tc))
         out.append(mma.gemm(p, woff, tc, x, _ld(x), lag))
     elif woff is not None and p.heads > 1 and apart:     # a thread a sum, the rows padded apart
         x, rs = _head_x(p, arg), row_stride(p.width, ITEMSIZE[st])

@@ -1,12 +1,15 @@
 """The persistent kernel's per-frame GEMMs on tensor cores, for half storage (full matrices from
-runner.TENSOR_CORES_FROM rows, head-wise ones beyond MAX_ROWS; up to MMA_ROWS).
+runner.TENSOR_CORES_FROM rows, head-wise ones beyond MAX_ROWS; up to MMA_ROWS), and for float32 in TF32
+where the user allows it (full matrices, as torch's allow_tf32).
 
-A GEMM phase's block holds its weight rows in shared memory as stored (bfloat16 or float16), each row
-padded to KP = K rounded up to 16 and strided WLD = KP + 8 halves (the pad zero; the stride keeps the
-fragments' loads free of bank conflicts). Per frame it stages x's B rows, as stored, K in slices of KS
-columns of even width ([ceil(B/16)·16, KS + 8] halves: B = 256 and K = 2048 do not fit at once; each slice's
-16-byte copies all in flight at once, cp.async through L2, where rows are 16-byte aligned), and every warp runs
-`mma.sync.m16n8k16` with float32 accumulation on its tiles of 16 rows × 8 weight rows, fixed per warp:
+A GEMM phase's block holds its weight rows in shared memory as stored (bfloat16 or float16; float32 rounded
+to TF32 once), each row padded to KP = K rounded up to 16 and strided WLD = KP + PAD elements (PAD: 16 bytes;
+the pad zero; the stride keeps the fragments' loads free of bank conflicts). Per frame it stages x's B rows,
+as stored, K in slices of KS columns of even width ([ceil(B/16)·16, KS + PAD] elements: B = 256 and K = 2048
+do not fit at once; each slice's 16-byte copies all in flight at once, cp.async through L2, where rows are
+16-byte aligned), and every warp runs `mma.sync` with float32 accumulation on its tiles of 16 rows × 8 weight
+rows, fixed per warp: m16n8k16 on halves, m16n8k8 on TF32 (x's values rounded to TF32, to nearest, as they
+enter the MMA: a product's inputs each within 2⁻¹¹ relative, the product exact in float32, the sums float32);
 no atomics, so runs are bit for bit reproducible. The sums land where the CUDA-core GEMV puts them
 (gs[q·NB + b]), so the phases' stores and fused bodies are the same code. Rows of x past B and weight
 rows past the block's are read but never stored (an MMA's output element reads only its own row and
@@ -21,13 +24,14 @@ from .phases import block_units
 MMA_ROWS = 256              # the batch rows a tensor-core persistent kernel takes
 XS_BYTES = 96 << 10         # the staged slice of x takes at most this much shared memory
 
-PTX_TYPE = {"rg_bf16": "bf16", "rg_f16": "f16"}
+PTX_TYPE = {"rg_bf16": "bf16", "rg_f16": "f16", "float": "tf32"}
+K_STEP = {"bf16": 16, "f16": 16, "tf32": 8}             # the MMA's k: m16n8k16 on halves, m16n8k8 on TF32
 
 HELPERS = r"""
 static __device__ __forceinline__ void rg_mma(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
                                               unsigned b0, unsigned b1) {{
-    // D = A·B + D: A 16x16 (rows of x), B 16x8 (weight rows, k-major), D 16x8 in float32
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{ptx}.{ptx}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};"
+    // D = A·B + D: A 16x{k} (rows of x), B {k}x8 (weight rows, k-major), D 16x8 in float32
+    asm volatile("mma.sync.aligned.m16n8k{k}.row.col.f32.{ptx}.{ptx}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }}
@@ -38,6 +42,15 @@ static __device__ __forceinline__ void rg_copy16(void* smem, const void* global,
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(global), "r"(full ? 16 : 0) : "memory");
 }}
 static __device__ __forceinline__ void rg_copies_wait() {{ asm volatile("cp.async.wait_all;" ::: "memory"); }}
+"""
+TF32 = r"""
+static __device__ __forceinline__ unsigned rg_tf32(unsigned x) {
+    // a float32's bits rounded to TF32 (10-bit mantissa), to nearest, ties away from zero
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(__uint_as_float(x)));
+    return r;
+}
+static __device__ __forceinline__ float rg_tf32f(float x) { return __uint_as_float(rg_tf32(__float_as_uint(x))); }
 """
 
 GEMM = r"""
@@ -57,12 +70,12 @@ GEMM = r"""
                 for (int i = 0; i < {TPW}; ++i) {{
                     const int wt = warp + i * (NT / 32), tile = wt / S, sl = wt - tile * S;
                     if (tile < tiles) {{
-                        const int r = (tile / nt) * 16 + (lane >> 2), c = (lane & 3) * 2;
+                        const int r = (tile / nt) * 16 + (lane >> 2), c = (lane & 3) * {E};
                         const unsigned* w = (const unsigned*)(sw + {woff} + ((tile % nt) * 8 + (lane >> 2)) * {WLD} + k0 + c);
                         const unsigned* x0 = (const unsigned*)(xh + r * {XLD} + c);
                         const unsigned* x8 = (const unsigned*)(xh + (r + 8) * {XLD} + c);
-                        for (int h = sl * 8; h < kw / 2; h += 8 * S)
-                            rg_mma(acc[i], x0[h], x8[h], x0[h + 4], x8[h + 4], w[h], w[h + 4]);
+                        for (int h = sl * 8; h < kw / {E}; h += 8 * S)
+                            rg_mma(acc[i], {a}, w[h], w[h + 4]);
                     }}
                 }}
                 __syncthreads();
@@ -97,17 +110,18 @@ STAGE = r"""                for (int e = tid; e < NB * kw; e += NT) {{
                     if (k < {K}) xh[b * {XLD} + kk] = {load}; else xh[b * {XLD} + kk] = 0.f;
                 }}"""
 
-STAGE_WIDE = r"""                if ((((unsigned long long)&{x}[0]) & 15) == 0 && {ld} % 8 == 0) {{
+STAGE_WIDE = r"""                if ((((unsigned long long)&{x}[0]) & 15) == 0 && {ld} % {V} == 0) {{
                     // 16 bytes a copy, every copy in flight at once (cp.async): the frame's rows come from L2
-                    const int per = kw / 8;
+                    const int per = kw / {V};
                     for (int e = tid; e < NB * per; e += NT) {{
-                        const int b = e / per, k = k0 + (e - b * per) * 8;
-                        rg_copy16(&xh[b * {XLD} + (e - b * per) * 8], k < {K} ? (const void*)&{load} : (const void*){x}, k < {K});
+                        const int b = e / per, k = k0 + (e - b * per) * {V};
+                        rg_copy16(&xh[b * {XLD} + (e - b * per) * {V}], k < {K} ? (const void*)&{load} : (const void*){x}, k < {K});
                     }}
                     rg_copies_wait();
                 }} else
 """ + STAGE
 
+A_WORDS = ("x0[h]", "x8[h]", "x0[h + 4]", "x8[h + 4]")    # a lane's A fragment: rows r and r + 8, k-words h and h + 4
 SUMS = 4 * 32               # a warp's partial sums of one tile: 4 floats a lane
 UNROLLED_SLICES = 4         # x staged in at most this many slices: the slice loop unrolled (its bounds constants)
 
@@ -119,35 +133,49 @@ def padded(K: int) -> int:
 
 @dataclass(frozen=True)
 class Layout:
-    """Shared memory of a tensor-core kernel: per GEMM phase its weights' offset (halves), their row stride
-    WLD and rows; the x slice's columns KS per phase, its row stride XLD and rows (B padded to 16)."""
-    woff: dict          # id(phase) -> offset of its weight rows, in halves
-    weights: int        # halves of all weight rows
+    """Shared memory of a tensor-core kernel: per GEMM phase its weights' offset (elements), their row stride
+    (wld) and rows; the x slice's columns KS per phase, its row stride XLD and rows (B padded to 16); the
+    element's bytes (2: halves, 4: float32 in TF32)."""
+    woff: dict          # id(phase) -> offset of its weight rows, in elements
+    weights: int        # elements of all weight rows
     ks: dict            # id(phase) -> columns of x staged at once
     xld: int
     x_rows: int
     tiles_per_warp: int
+    itemsize: int = 2
+
+    @property
+    def pad(self) -> int:
+        """The elements a row of weights or of staged x is padded by: 16 bytes (keeps the fragments' loads in
+        distinct banks)."""
+        return 16 // self.itemsize
+
+    def wld(self, width: int) -> int:
+        """The row stride of a phase's weight rows of `width` columns."""
+        return padded(width) + self.pad
 
 
-def layout(gemm_phases, B: int, G: int, threads: int) -> Layout:
-    """The layout for `gemm_phases` (each with units, m and width K) at B rows on G blocks."""
-    rows = -(-B // 16) * 16
-    cap = max(16, (XS_BYTES // (2 * rows) - 8) // 16 * 16)
+def layout(gemm_phases, B: int, G: int, threads: int, itemsize: int = 2) -> Layout:
+    """The layout for `gemm_phases` (each with units, m and width K) at B rows on G blocks, elements of
+    `itemsize` bytes (2: half storage; 4: float32 in TF32)."""
+    rows, pad = -(-B // 16) * 16, 16 // itemsize
+    cap = max(16, (XS_BYTES // (itemsize * rows) - pad) // 16 * 16)
     woff, n, ks, tiles = {}, 0, {}, 1
     for p in gemm_phases:
         per, KP = -(-p.units // G) * p.m, padded(p.width)
         woff[id(p)] = n
-        n += -(-per // 8) * 8 * (KP + 8)
+        n += -(-per // 8) * 8 * (KP + pad)
         ks[id(p)] = padded(-(-KP // -(-KP // cap)))     # slices of even width, each within the cap
         tiles = max(tiles, rows // 16 * -(-per // 8))
-    xld = max(ks.values()) + 8
-    return Layout(woff, n, ks, xld, rows, -(-tiles // (threads // 32)))
+    xld = max(ks.values()) + pad
+    return Layout(woff, n, ks, xld, rows, -(-tiles // (threads // 32)), itemsize)
 
 
-def weights(p, off: int, src: str, WLD: int) -> str:
-    """Copies the block's weight rows of phase p into shared memory, padded to KP with zeros; src: the
-    element of row q (j, u: its merged block and unit), column k."""
-    KP = padded(p.width)
+def weights(p, off: int, src: str, lay: Layout) -> str:
+    """Copies the block's weight rows of phase p into shared memory, padded to KP with zeros (float32 rounded to
+    TF32); src: the element of row q (j, u: its merged block and unit), column k."""
+    KP, WLD = padded(p.width), lay.wld(p.width)
+    src = f"rg_tf32f({src})" if lay.itemsize == 4 else src
     return (f"    {{   {block_units(p.units)}\n"
             f"        for (int e = tid; e < nu * {p.m * KP}; e += NT) {{\n"
             f"            const int q = e / {KP}, k = e - q * {KP}, j = q / nu, u = q - j * nu;\n"
@@ -162,12 +190,15 @@ def gemm(p, off, lay: Layout, x: str, ld: str, lag: int, col: str = "k", m: int 
     expression; m: p.m), the sums into `sums` (gs, or an offset into it). A head-wise phase's x columns are its
     head's (heads.head_mma)."""
     load, KP, KS = f"AT({x}, {ld}, {lag}, {col})", padded(p.width), lay.ks[id(p)]
-    slices = -(-KP // KS)
-    stage = (STAGE_WIDE if p.width % 8 == 0 else STAGE).format(K=p.width, XLD=lay.xld, load=load, x=x, ld=ld)
+    slices, V = -(-KP // KS), 16 // lay.itemsize        # V: elements a 16-byte copy
+    cvt = "rg_tf32({})" if lay.itemsize == 4 else "{}"      # TF32: x's words rounded as they enter the MMA
+    stage = (STAGE_WIDE if p.width % V == 0 else STAGE).format(K=p.width, XLD=lay.xld, load=load, x=x, ld=ld, V=V)
     return GEMM.format(m=p.m if m is None else m, MT=lay.x_rows // 16, TPW=lay.tiles_per_warp, KP=KP, KS=KS,
-                       UNROLL=slices if slices <= UNROLLED_SLICES else 1, XLD=lay.xld, WLD=KP + 8, woff=off,
-                       stage=stage, gs=sums)
+                       UNROLL=slices if slices <= UNROLLED_SLICES else 1, XLD=lay.xld, WLD=lay.wld(p.width), woff=off,
+                       stage=stage, gs=sums, E=4 // lay.itemsize, a=", ".join(cvt.format(v) for v in A_WORDS))
 
 
 def helpers(ctype: str) -> str:
-    return HELPERS.format(ptx=PTX_TYPE[ctype])
+    """The MMA's helpers for storage type ctype (PTX_TYPE's keys)."""
+    ptx = PTX_TYPE[ctype]
+    return HELPERS.format(ptx=ptx, k=K_STEP[ptx]) + (TF32 if ptx == "tf32" else "")

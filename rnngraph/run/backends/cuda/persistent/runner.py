@@ -24,9 +24,14 @@ TENSOR_CORE_BLOCKS = 64
 # Beyond 16 rows full matrices split the batch into row groups (full_groups): of at most GROUP_ROWS rows, at least
 # GROUPS groups where B allows. Measured (same LSTM, training ms, rows a group 8 / 16 / 32; 'stages', cuDNN float16):
 # B = 32 1.65 / 1.81 / 2.19 (2.12, 1.32); B = 64 2.57 / 2.32 / 2.91 (2.66, 2.04); B = 128 3.70 / 3.66 / 3.86 (3.57,
-# 3.23). 'auto' runs them up to AUTO_TENSOR_CORE_ROWS, 'stages' beyond.
+# 3.23).
 GROUP_ROWS, GROUPS = 16, 4
-AUTO_TENSOR_CORE_ROWS = 64
+# 'auto' runs the tensor-core kernel of full matrices up to B rows by the width of the cell (its largest phase's
+# units: H for an LSTM), 'stages' beyond. Measured on an H200 (bfloat16 LSTM, T = 100, training ms, persistent /
+# stages; experiments/gpu_checks.sh bench tensor_cores wide): H = 512 B = 128 2.45 / 2.55, B = 256 4.47 / 3.40;
+# H = 768 B = 32 2.03 / 2.08, B = 64 2.81 / 2.71; H = 1024 B = 32 2.61 / 2.53, B = 64 4.16 / 3.12 (B = 16 not
+# measured). Wider cells follow the last row.
+AUTO_TENSOR_CORE_ROWS = ((512, 128), (768, 32), (1024, 16))     # (units up to, B up to)
 # On CUDA cores (float32) groups of at most MAX_ROWS rows, measured (LSTM, H = 512, training ms, persistent /
 # stages / cuDNN float32): B = 16 2.31 / 3.37 / 4.97, B = 32 3.40 / 4.04 / 5.88; 'auto' runs them up to
 # AUTO_CUDA_CORE_ROWS (B = 64 at H = 512 needs 280 KiB of shared memory a block).
@@ -73,22 +78,22 @@ def why_not(be, cell, loop, B: int, dtype) -> str | None:
     """Why this GPU runs `loop` frame by frame at B rows of dtype, or None: what no persistent kernel runs,
     B, no cooperative launch (said once in a warning), or shared memory too small for the weights in dtype."""
     facts = device(be.xp.cuda.Device().id)
-    why = fit(cell, loop, B, dtype, *gpu_facts(facts))
+    why = fit(cell, loop, B, dtype, *gpu_facts(facts), tf32=tf32(be))
     if why is None and kernel(be, cell, loop, B, dtype).cooperative and not facts.get("CooperativeLaunch", 0):
         return refused("this GPU cannot launch cooperative kernels")
     return why
 
 
-def fit(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True) -> str | None:
+def fit(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, tf32: bool = False) -> str | None:
     """Why a GPU of `sms` SMs and `smem` bytes of shared memory per block (`mma`: whether it runs the tensor-core
-    kernels) runs `loop` frame by frame at B rows of dtype, or None: what no persistent kernel runs, B, or the
-    weights and rows exceeding shared memory."""
+    kernels; `tf32`: float32 may run on them in TF32) runs `loop` frame by frame at B rows of dtype, or None: what
+    no persistent kernel runs, B, or the weights and rows exceeding shared memory."""
     why = problem(cell, loop)
     if why or B > MMA_ROWS:
         return why or f"B={B} rows: a persistent kernel takes at most {MMA_ROWS}"
     short = "" if mma or float_dtype(dtype, half=True).itemsize != 2 else \
         f" on this GPU (tensor cores need compute capability {MMA_CAPABILITY // 10}.{MMA_CAPABILITY % 10})"
-    k = chosen(cell, loop, B, dtype, sms, smem, mma)
+    k = chosen(cell, loop, B, dtype, sms, smem, mma, tf32)
     if k is None:
         return (f"B={B} rows: on CUDA cores a persistent kernel's blocks take at most {MAX_ROWS} rows, and B splits "
                 f"into no such row groups on {sms} SMs{short}")
@@ -98,17 +103,20 @@ def fit(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True) -> str
     return None
 
 
-def gpu_loop(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, auto: bool = True) -> str:
+def gpu_loop(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, auto: bool = True,
+             tf32: bool = False) -> str:
     """What runs `loop` (a PersistentLoop) at B rows of dtype on such a GPU, for loop='auto' or (auto False)
-    loop='persistent', in words: 'persistent (tensor cores)', 'persistent (CUDA cores)' (with ', R groups of r rows'
-    where full matrices split the batch, full_groups) or 'stages: <why>'."""
-    why = fit(cell, loop, B, dtype, sms, smem, mma)
-    k = None if why else chosen(cell, loop, B, dtype, sms, smem, mma)
+    loop='persistent', float32 in TF32 where `tf32` allows, in words: 'persistent (tensor cores)', 'persistent
+    (tensor cores in TF32)', 'persistent (CUDA cores)' (with ', R groups of r rows' where full matrices split the
+    batch, full_groups) or 'stages: <why>'."""
+    why = fit(cell, loop, B, dtype, sms, smem, mma, tf32)
+    k = None if why else chosen(cell, loop, B, dtype, sms, smem, mma, tf32)
     why = why or auto and _slower(cell, loop, B, k)
     if why:
         return f"stages: {why}"
     groups = f", {k.row_groups} groups of {B // k.row_groups} rows" if k.row_groups > 1 and k.cooperative else ""
-    return f"persistent ({'tensor' if k.tensor_cores else 'CUDA'} cores{groups})"
+    how = " in TF32" if k.tensor_cores and float_dtype(dtype, half=True).itemsize == 4 else ""
+    return f"persistent ({'tensor' if k.tensor_cores else 'CUDA'} cores{how}{groups})"
 
 
 def gpu_facts(facts: dict) -> tuple:
@@ -121,13 +129,20 @@ def _slower(cell, loop, B: int, k) -> str | None:
     if loop_heads(phases(cell, loop)) > 1:
         return (f"at B={B} > {AUTO_HEAD_ROWS} rows the per-head persistent kernel is not measured against stages "
                 "(loop='persistent' runs it)") if B > AUTO_HEAD_ROWS else None
-    if k.tensor_cores and B > AUTO_TENSOR_CORE_ROWS:
-        return (f"at B={B} > {AUTO_TENSOR_CORE_ROWS} rows the tensor-core persistent kernel measured no faster than "
-                "stages (loop='persistent' runs it)")
+    units = max(p.units for g in phases(cell, loop) for p in g)
+    if k.tensor_cores and B > auto_tensor_core_rows(units):
+        return (f"at B={B} > {auto_tensor_core_rows(units)} rows the tensor-core persistent kernel of width {units} "
+                "measured no faster than stages (loop='persistent' runs it)")
     if not k.tensor_cores and B > AUTO_CUDA_CORE_ROWS:
         return (f"at B={B} > {AUTO_CUDA_CORE_ROWS} rows the persistent kernel on CUDA cores is not measured against "
                 "stages (loop='persistent' runs it)")
     return None
+
+
+def auto_tensor_core_rows(units: int) -> int:
+    """The most rows 'auto' runs on the tensor-core kernel of full matrices whose largest phase has `units` units
+    (AUTO_TENSOR_CORE_ROWS)."""
+    return next((rows for width, rows in AUTO_TENSOR_CORE_ROWS if units <= width), AUTO_TENSOR_CORE_ROWS[-1][1])
 
 
 def head_rows(B: int, tensor_cores: bool, blocks: int, sms: int) -> int:
@@ -150,11 +165,18 @@ def head_rows(B: int, tensor_cores: bool, blocks: int, sms: int) -> int:
 
 def kernel(be, cell, loop, B: int, dtype):
     """The generated kernel for this GPU."""
-    return chosen(cell, loop, B, dtype, *gpu_facts(device(be.xp.cuda.Device().id)))
+    return chosen(cell, loop, B, dtype, *gpu_facts(device(be.xp.cuda.Device().id)), tf32(be))
 
 
-def chosen(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True):
-    """The kernel for a GPU of `sms` SMs and `smem` bytes of shared memory a block (`mma`: tensor cores usable):
+def tf32(be) -> bool:
+    """Whether backend be lets float32 products round their inputs to TF32 (its cuBLAS handle's setting, which
+    rnngraph.torch takes from torch's allow_tf32 and `rnngraph bench --tf32` sets)."""
+    return bool(getattr(getattr(be, "blas", None), "tf32", False))
+
+
+def chosen(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, tf32: bool = False):
+    """The kernel for a GPU of `sms` SMs and `smem` bytes of shared memory a block (`mma`: tensor cores usable;
+    `tf32`: float32 may run on them in TF32):
     the first of phases.block_counts whose shared memory fits, else the last (None: none runs B): per head first
     where the GEMMs are head-wise (its rows split over blocks, head_rows; beyond MAX_ROWS the only one); for full
     matrices row groups first where B splits into them (full_groups), then one group, on tensor cores fewer blocks
@@ -168,7 +190,7 @@ def chosen(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True):
         if apart.smem <= smem or B > MAX_ROWS or len(counts) == 1:
             return apart
         counts = counts[1:]             # heads too large for a block: split over more blocks, with barriers
-    tc = mma and loop_heads(groups) == 1 and full_tensor_cores(B, dtype)
+    tc = mma and loop_heads(groups) == 1 and full_tensor_cores(B, dtype, tf32)
     units = max(p.units for g in groups for p in g)
     made = [_made(cell, loop, ctype, rows, G, B // rows, tensor_cores=tc) for rows, G in full_groups(B, tc, sms, units)]
     if tc:
@@ -208,11 +230,13 @@ def blocks_setting() -> int | None:
     return count("RNNGRAPH_PERSISTENT_BLOCKS", "blocks")
 
 
-def full_tensor_cores(B: int, dtype) -> bool:
+def full_tensor_cores(B: int, dtype, tf32: bool = False) -> bool:
     """Whether a persistent kernel of full matrices runs its GEMMs on tensor cores at B rows of dtype: in half
-    storage from TENSOR_CORES_FROM rows (beyond MAX_ROWS always: CUDA cores take no more). Where set,
-    RNNGRAPH_PERSISTENT_TENSOR_CORES (1 or 0) says so for B ≤ MAX_ROWS in half storage (for measuring)."""
-    if float_dtype(dtype, half=True).itemsize != 2:
+    storage, and float32 in TF32 where `tf32` allows, from TENSOR_CORES_FROM rows (beyond MAX_ROWS always: CUDA
+    cores take no more in groups of rows). Where set, RNNGRAPH_PERSISTENT_TENSOR_CORES (1 or 0) says so for
+    B ≤ MAX_ROWS (for measuring)."""
+    size = float_dtype(dtype, half=True).itemsize
+    if size != 2 and not (size == 4 and tf32):
         return False
     given = os.environ.get("RNNGRAPH_PERSISTENT_TENSOR_CORES")
     if given is not None and given not in ("0", "1"):
@@ -229,7 +253,7 @@ def tensor_core_blocks(B: int, sms: int) -> list:
 
 def auto_problem(be, cell, loop, B: int, dtype) -> str | None:
     """Why 'auto' runs this loop frame by frame although the persistent kernel would run: beyond
-    AUTO_TENSOR_CORE_ROWS rows the tensor-core kernel of full matrices measured no faster than 'stages', beyond
+    auto_tensor_core_rows the tensor-core kernel of full matrices measured no faster than 'stages', beyond
     AUTO_CUDA_CORE_ROWS the CUDA-core one and beyond AUTO_HEAD_ROWS a per-head one are not measured; None where
     it runs."""
     return _slower(cell, loop, B, kernel(be, cell, loop, B, dtype)) if why_not(be, cell, loop, B, dtype) is None else None
