@@ -101,7 +101,9 @@ def test_auto_runs_tensor_cores_where_they_measured_faster_and_stages_beyond():
     on_tensor_cores(layer)
     layer(cupy.zeros((3, 64, 8), layer.dtype))        # 4 groups of 16 rows
     on_tensor_cores(layer)
-    layer(cupy.zeros((3, 128, 8), layer.dtype))
+    layer(cupy.zeros((3, 128, 8), layer.dtype))       # 8 groups of 16 rows
+    on_tensor_cores(layer)
+    layer(cupy.zeros((3, 256, 8), layer.dtype))
     assert layer.loop_strategy == "stages" and "measured no faster than stages" in layer.loop_note
 
 
