@@ -11,8 +11,8 @@ from ..run.backends.cuda.persistent.runner import AUTO_CUDA_CORE_ROWS, AUTO_TENS
 from ..run.settings import default_store_limit
 from ..run.workspace import stored_bytes
 from .figures import NAMES
-from .report_data import (Findings, Results, best_val, loop, num, pair, per_frame, ratio, record, seconds, source,
-                          table, times)
+from .report_data import (Findings, Results, best_val, loop, num, pair, per_frame, ran, ratio, record, seconds,
+                          source, table, times)
 
 
 @dataclass(frozen=True)
@@ -204,12 +204,12 @@ def half(results: Results, findings: Findings) -> str:
         row = [B]
         for dtype, ours, peer in PRECISIONS:
             auto, c = record(doc, B=B, impl=ours, loop="auto"), record(doc, B=B, impl=peer)
-            row += [f"**{pair(auto)}** ({_ran(auto)})", pair(c)]
-            findings.compare("Half precision and tensor cores", f"{dtype} LSTM at B = {B} (`auto`: {_ran(auto)})",
+            row += [f"**{pair(auto)}** ({ran(auto)})", pair(c)]
+            findings.compare("Half precision and tensor cores", f"{dtype} LSTM at B = {B} (`auto`: {ran(auto)})",
                              auto, c, f"cuDNN {dtype}")
         auto = record(doc, B=B, impl="graph", loop="auto")
         row += [times(ratio(auto, c16(B))), pair(record(doc, B=B, impl="graph", loop="persistent"))]
-        findings.compare("Half precision and tensor cores", f"bfloat16 LSTM at B = {B} (`auto`: {_ran(auto)})",
+        findings.compare("Half precision and tensor cores", f"bfloat16 LSTM at B = {B} (`auto`: {ran(auto)})",
                          auto, c16(B), "cuDNN float16")
         if (ratio(auto, c16(B)) or 1) < 1:
             faster.append(str(B))
@@ -254,14 +254,6 @@ def _auto_rows() -> str:
     """'B = 128 at H ≤ 512, ...': where 'auto' runs the tensor-core kernel (runner.AUTO_TENSOR_CORE_ROWS)."""
     return ", ".join(f"B = {rows} at H ≤ {width}" for width, rows in AUTO_TENSOR_CORE_ROWS) + \
         f" (wider cells as H = {AUTO_TENSOR_CORE_ROWS[-1][0]})"
-
-
-def _ran(r: dict | None) -> str:
-    """What `auto` ran for a record: the loop strategy, for the persistent one on which cores and in how many
-    groups of rows, as the bench recorded it."""
-    if r is None or loop(r) != "persistent" or not r.get("gpu_loop"):
-        return "–" if r is None else loop(r)
-    return r["gpu_loop"].replace(" (", " on ", 1).removesuffix(")")
 
 
 def _first_step(run: dict) -> float:

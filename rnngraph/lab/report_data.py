@@ -76,6 +76,14 @@ def loop(r: dict) -> str | None:
     return r.get("loop_strategy") or asked or "stages"
 
 
+def ran(r: dict | None) -> str:
+    """What `auto` ran for a record: the loop strategy, for the persistent one on which cores and in how many
+    groups of rows, as the bench recorded it."""
+    if r is None or loop(r) != "persistent" or not r.get("gpu_loop"):
+        return "–" if r is None else loop(r)
+    return r["gpu_loop"].replace(" (", " on ", 1).removesuffix(")")
+
+
 def record(doc: dict, optional: bool = False, **match) -> dict | None:
     """The one measured record of `doc` matching every key (loop_strategy: see loop()), or None when it was
     skipped (or, `optional`, not there); an RnnGraphError when several match, or none and not `optional`

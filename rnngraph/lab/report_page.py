@@ -9,6 +9,7 @@ import shlex
 from .figures import NAMES, headline_table
 from .report_bench import against_cudnn, half, headline, loops, norm, persistent, through_torch
 from .report_models import charlm, heads, memory, shapes
+from .report_tensor import tf32, wider
 from .report_data import Findings, Results, best_val, num, per_frame, record, rel, seconds, source, table
 
 GENERATED = ("<!-- Rendered by `rnngraph report` from experiments/results; edit rnngraph/lab/report_*.py, "
@@ -33,7 +34,8 @@ def render_page(results: Results) -> str:
 
 
 def _slower(findings: Findings) -> str:
-    lines = [f"- {what} ([{section}](#{section.lower().replace(' ', '-')}))" for section, what in findings.slower]
+    lines = [f"- {what} ([{section}](#{re.sub(r'[^a-z0-9 -]', '', section.lower()).replace(' ', '-')}))"
+             for section, what in findings.slower]
     return ("## Where rnngraph is slower\n\nIn the stored measurements rnngraph is slower than its peer here:\n\n"
             + "\n".join(dict.fromkeys(lines)))
 
@@ -257,12 +259,11 @@ These are not among the stored measurements:
 - the persistent loop's cost per frame as a slope over T (`experiments/persistent_frames.py` measures it),
   and the LSTM with the persistent loop against torch.compile;
 - the LSTM by hidden size (H = 128 to 2048) with the current loop strategies;
-- the tensor-core persistent loop in float16 and float32 (TF32), and GRU and MGU on it;
 - FlashRNN, which is not installed on the GPU machine (`rnngraph bench --impls flashrnn` times it where it is);
 - the host time of a training step through `rnngraph.torch` against the raw layer, synced and pipelined
   (`experiments/profile_torch_step.py`);
 - the compiled CPU backend against `torch.nn.LSTM` on the CPU (`rnngraph bench --cell lstm --impls
   staged,torch_cpu` on a machine without a GPU times both, and names the BLAS kernels and threads in use)."""
 
-SECTIONS = [against_cudnn, persistent, half, loops, norm, through_torch, charlm, heads, memory, shapes, experiments,
-            training]
+SECTIONS = [against_cudnn, persistent, half, wider, tf32, loops, norm, through_torch, charlm, heads, memory, shapes,
+            experiments, training]

@@ -29,7 +29,7 @@ GROUP_ROWS, GROUPS = 16, 4
 # 'auto' runs the tensor-core kernel of full matrices up to B rows by the width of the cell (its largest phase's
 # units: H for an LSTM), 'stages' beyond. Measured on an H200 (bfloat16 LSTM, T = 100, training ms, persistent /
 # stages; experiments/gpu_checks.sh bench tensor_cores wide): H = 512 B = 128 2.45 / 2.55, B = 256 4.47 / 3.40;
-# H = 768 B = 32 2.03 / 2.08, B = 64 2.81 / 2.71; H = 1024 B = 32 2.61 / 2.53, B = 64 4.16 / 3.12 (B = 16 not
+# H = 768 B = 32 2.03 / 2.08 (a second run 2.23 / 2.17), B = 64 2.81 / 2.71; H = 1024 B = 32 2.61 / 2.53, B = 64 4.16 / 3.12 (B = 16 not
 # measured). Wider cells follow the last row.
 AUTO_TENSOR_CORE_ROWS = ((512, 128), (768, 32), (1024, 16))     # (units up to, B up to)
 # On CUDA cores (float32) groups of at most MAX_ROWS rows, measured (LSTM, H = 512, training ms, persistent /
