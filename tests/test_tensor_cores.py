@@ -71,7 +71,15 @@ def test_what_the_gpu_runs_is_said_by_batch_and_dtype():
     assert gpu_loop(c, fwd, 64, ml_dtypes.bfloat16, **H200, auto=False) == \
         "persistent (tensor cores, 4 groups of 16 rows)"
     assert gpu_loop(c, fwd, 64, ml_dtypes.bfloat16, **H200) == "persistent (tensor cores, 4 groups of 16 rows)"
-    assert gpu_loop(c, fwd, 128, ml_dtypes.bfloat16, **H200).startswith("stages: at B=128 > 64 rows the tensor-core")
+    assert gpu_loop(c, fwd, 128, ml_dtypes.bfloat16, **H200) == "persistent (tensor cores, 8 groups of 16 rows)"
+    assert gpu_loop(c, fwd, 256, ml_dtypes.bfloat16, **H200).startswith(
+        "stages: at B=256 > 128 rows the tensor-core persistent kernel of width 512 measured no faster")
+    wide = load_cell("lstm", 32, 1024)             # 'auto' by width (runner.AUTO_TENSOR_CORE_ROWS)
+    assert gpu_loop(wide, loops(wide)[0], 16, ml_dtypes.bfloat16, **H200) == "persistent (tensor cores)"
+    assert gpu_loop(wide, loops(wide)[0], 32, ml_dtypes.bfloat16, **H200).startswith("stages: at B=32 > 16 rows")
+    mid = load_cell("lstm", 32, 600)
+    assert gpu_loop(mid, loops(mid)[0], 32, ml_dtypes.bfloat16, **H200).startswith("persistent (tensor cores")
+    assert gpu_loop(mid, loops(mid)[0], 64, ml_dtypes.bfloat16, **H200).startswith("stages: at B=64 > 32 rows")
     # float32 beyond 8 rows: row groups of 8 on CUDA cores, where their blocks' weights fit
     assert gpu_loop(c, fwd, 16, np.float32, **H200) == "persistent (CUDA cores, 2 groups of 8 rows)"
     small = load_cell("lstm", 32, 128)
@@ -109,8 +117,11 @@ def test_a_gpu_without_tensor_core_mma_runs_cuda_cores_or_stages_and_says_why():
 
 def test_schedule_says_which_loop_the_gpu_runs(capsys):
     from rnngraph.lab.cli import main
-    assert main(["schedule", "lstm", "--batch", "128", "--dtype", "bfloat16"]) == 0
-    assert "on the GPU at B=128 in bfloat16: stages: at B=128 > 64 rows" in capsys.readouterr().out
+    assert main(["schedule", "lstm", "--batch", "256", "--dtype", "bfloat16"]) == 0
+    assert "on the GPU at B=256 in bfloat16: stages: at B=256 > 128 rows" in capsys.readouterr().out
+    assert main(["schedule", "lstm", "--batch", "64", "--tf32"]) == 0
+    assert "in float32 with TF32 allowed: persistent (tensor cores in TF32, 4 groups of 16 rows)" in \
+        capsys.readouterr().out
     assert main(["schedule", "lstm", "--batch", "16", "--dtype", "bfloat16", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["gpu_loop"].startswith("persistent (tensor cores), on ")
     assert main(["schedule", "lstm", "--batch", "1", "--json"]) == 0
