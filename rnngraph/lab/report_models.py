@@ -1,7 +1,10 @@
 """The sections of docs/performance.md on whole models, newer cells and calls of many shapes: the char-LM through
-rnngraph.torch against torch.nn.LSTM (`rnngraph bench --model`), the head-wise cells, a long sequence's memory,
-and what chunks of time and calls of random shapes cost in graph mode."""
+rnngraph.torch against torch.nn.LSTM (`rnngraph bench --model`), the head-wise cells, the compiled CPU backend
+against torch on the CPU, a long sequence's memory, and what chunks of time and calls of random shapes cost in
+graph mode."""
 from __future__ import annotations
+
+import re
 
 from ..errors import RnnGraphError
 from ..ir.loading import load_cell
@@ -160,3 +163,38 @@ recompute (the store limit is {s['store_limit_bytes'] / 1e9:.1f} GB); the differ
 checked against staged mode agree to {s['worst_relative_error']:.1e} (relative, float32).
 
 {source(probe)}"""
+
+
+def cpu(results: Results, findings: Findings) -> str:
+    doc = results.bench("cpu")
+    rows = []
+    for cell in doc["settings"]["cells"]:
+        for B in doc["settings"]["B"]:
+            ours, nn, eager = (record(doc, cell=cell, B=B, impl=i, optional=True)
+                               for i in ("staged", "torch_cpu", "torch_eager"))
+            rows.append([cell, B, f"**{pair(ours)}**", pair(nn), pair(eager), times(ratio(ours, nn)),
+                         times(ratio(ours, eager))])
+            findings.compare("On the CPU", f"{cell} on the CPU at B = {B}", ours, nn, "torch.nn.LSTM's (oneDNN)")
+    m, B = doc["metadata"], max(doc["settings"]["B"])
+    ours, nn = (record(doc, cell="lstm", B=B, impl=i) for i in ("staged", "torch_cpu"))
+    return f"""## On the CPU
+
+The compiled CPU backend (what `backend="auto"` runs without a GPU: each direction's loop one compiled function,
+the merged GEMMs through numpy's BLAS) against torch on the same CPU: `torch.nn.LSTM` (oneDNN's fused RNN) and
+the cell written as a torch eager loop; float32, T = {doc['settings']['T'][0]}, H = {doc['settings']['H'][0]}, one
+process, on a 2-core machine like the project's CI machine ({m['device']}; {_libraries(m['cpu'])}), shared with other work: torch's
+own training step has varied by up to 2× between runs there, so compare within a row.
+
+{table(["cell", "B", "rnngraph, compiled CPU", "torch.nn.LSTM", "torch eager loop", "÷ torch.nn.LSTM, training",
+        "÷ eager, training"], rows)}
+
+{source(doc)}
+
+oneDNN runs the LSTM's per-frame GEMMs on weights it packed once; numpy's OpenBLAS has no such API, and at
+B = {B} rnngraph's forward takes {times(ratio(ours, nn, "forward"))} oneDNN's. The command unsets `OPENBLAS_CORETYPE`, which this
+machine's environment sets to Haswell kernels (half the SkylakeX kernels' speed for the hoisted GEMM)."""
+
+
+def _libraries(cpu: str) -> str:
+    """The bench's CPU line without the BLAS library's file name (its hash suffix reads like a commit)."""
+    return re.sub(r" \S+\.so\b", "", cpu)

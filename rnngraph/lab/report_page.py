@@ -8,7 +8,7 @@ import shlex
 
 from .figures import NAMES, headline_table
 from .report_bench import against_cudnn, half, headline, loops, norm, persistent, through_torch
-from .report_models import charlm, heads, memory, shapes
+from .report_models import charlm, cpu, heads, memory, shapes
 from .report_tensor import tf32, wider
 from .report_data import Findings, Results, best_val, num, per_frame, record, rel, seconds, source, table
 
@@ -262,8 +262,8 @@ These are not among the stored measurements:
 - FlashRNN, which is not installed on the GPU machine (`rnngraph bench --impls flashrnn` times it where it is);
 - the host time of a training step through `rnngraph.torch` against the raw layer, synced and pipelined
   (`experiments/profile_torch_step.py`);
-- the compiled CPU backend against `torch.nn.LSTM` on the CPU (`rnngraph bench --cell lstm --impls
-  staged,torch_cpu` on a machine without a GPU times both, and names the BLAS kernels and threads in use)."""
+- the compiled CPU backend against `torch.compile` of the cell's loop on the CPU, and at B = 64, H = 512 (`rnngraph
+  bench --impls staged,torch_cpu,torch_compile` on a machine without a GPU times them)."""
 
-SECTIONS = [against_cudnn, persistent, half, wider, tf32, loops, norm, through_torch, charlm, heads, memory, shapes,
-            experiments, training]
+SECTIONS = [against_cudnn, persistent, half, wider, tf32, loops, norm, through_torch, charlm, heads, cpu, memory,
+            shapes, experiments, training]
