@@ -182,8 +182,8 @@ def cpu(results: Results, findings: Findings) -> str:
 The compiled CPU backend (what `backend="auto"` runs without a GPU: each direction's loop one compiled function,
 the merged GEMMs through numpy's BLAS) against torch on the same CPU: `torch.nn.LSTM` (oneDNN's fused RNN) and
 the cell written as a torch eager loop; float32, T = {doc['settings']['T'][0]}, H = {doc['settings']['H'][0]}, one
-process, on a 2-core machine like the project's CI machine ({m['device']}; {_libraries(m['cpu'])}), shared with other work: torch's
-own training step has varied by up to 2× between runs there, so compare within a row.
+process, on a 2-core machine like the project's CI machine ({m['device']}; {_libraries(m['cpu'])}), shared with
+other work: torch's own training step has varied by up to 2× between runs there, so compare within a row.
 
 {table(["cell", "B", "rnngraph, compiled CPU", "torch.nn.LSTM", "torch eager loop", "÷ torch.nn.LSTM, training",
         "÷ eager, training"], rows)}
@@ -191,8 +191,9 @@ own training step has varied by up to 2× between runs there, so compare within 
 {source(doc)}
 
 oneDNN runs the LSTM's per-frame GEMMs on weights it packed once; numpy's OpenBLAS has no such API, and at
-B = {B} rnngraph's forward takes {times(ratio(ours, nn, "forward"))} oneDNN's. The command unsets `OPENBLAS_CORETYPE`, which this
-machine's environment sets to Haswell kernels (half the SkylakeX kernels' speed for the hoisted GEMM)."""
+B = {B} rnngraph's forward takes {times(ratio(ours, nn, "forward"))} oneDNN's. The command unsets `OPENBLAS_CORETYPE`,
+which this machine's environment sets to Haswell kernels (half the SkylakeX kernels' speed for the hoisted
+GEMM)."""
 
 
 def _libraries(cpu: str) -> str:
