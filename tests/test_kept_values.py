@@ -55,3 +55,38 @@ def test_a_group_stores_the_gradients_of_members_reading_a_parameter():
     (group,) = [it for st in build_schedule(cell, loop="stages").loop for it in st if isinstance(it, Fused)]
     kept = kept_grads(cell, group.nodes)
     assert kept == {n for n in group.nodes if any(u in cell.params for u, _ in cell.reads(n))} and len(kept) == 4
+
+
+def test_only_states_outputs_and_members_read_elsewhere_get_arriving_gradients():
+    """In an LSTM's loop group only h (the caller's output gradient, the recurrent GEMM's) and c (the next frame's)
+    receive a gradient from outside the pass; in the user cell above, q's comes from the linear reading it."""
+    from rnngraph import Cell
+    from rnngraph.plan.backward import arriving
+    cell = load_cell("lstm", 4, 8)
+    (group,) = [it for st in build_schedule(cell, loop="stages").loop for it in st if isinstance(it, Fused)]
+    assert arriving(cell, group.nodes) == {"c", "h"}
+    c = Cell("arrive")
+    x, h = c.input("x", 3), c.state("h", 3)
+    s = c.add(x, h.ago(1), name="s")
+    q = c.add(c.tanh(s, name="t"), x, name="q")
+    c.output(c.bind(h, c.tanh(c.linear(q, "W", 3), name="hn"), name="h"))
+    assert arriving(c.build(), ["s", "t", "q"]) == {"q"}
+
+
+def test_a_backward_spec_stores_kept_gradients_and_reads_only_what_arrives():
+    """stored_only: the LSTM group's backward stores the 4 gradients its bias sums read (and its operands'), loads
+    the arriving sums of c and h only, and reads only the values its templates name (the kept ones)."""
+    from rnngraph.run.backends.cuda.fused import fused_backward_kernel, fused_forward_kernel, stored_only
+    cell = load_cell("lstm", 4, 8)
+    (group,) = [it for st in build_schedule(cell, loop="stages").loop for it in st if isinstance(it, Fused)]
+    nodes = group.nodes
+    spec = stored_only(cell, nodes, "bwd", fused_backward_kernel(cell, nodes, set(cell.params)))
+    stored = {n for kind, n in spec.outputs if kind == "grad"}
+    assert stored == {"add4", "add8", "add12", "add16"}
+    assert {dict(zip(spec.in_names + spec.out_names, spec.inputs + spec.outputs))[nm][1]
+            for nm in spec.arrivals() + [n for n in spec.read_inputs() if n.startswith("gm")]} == {"c", "h"}
+    values = {key for nm, (kind, key) in zip(spec.in_names, spec.inputs) if kind == "val" and nm in spec.read_inputs()}
+    assert values <= kept_values(cell, nodes)
+    assert "T d4 = 0;" in spec.body and "T d14 = gm14;" in spec.body
+    fwd = stored_only(cell, nodes, "fwd", fused_forward_kernel(cell, nodes))
+    assert {n for _, n in fwd.outputs} == kept_values(cell, nodes)

@@ -303,6 +303,7 @@ def test_distributed_data_parallel_on_the_cpu():
                         what=f"step {step} gradient")
             for opt in opts:
                 opt.step()
+        del ddp, opts       # DDP's reducer goes while its process group lives (gloo's teardown once hung otherwise)
     finally:
         dist.destroy_process_group()
 

@@ -72,6 +72,15 @@ def kept_grads(cell, nodes) -> set:
     return {n for n in nodes if any(cell.op(u).kind is OpKind.PARAM for u, _ in cell.reads(n))}
 
 
+def arriving(cell, nodes) -> set:
+    """The members of a fused group whose gradients arrive from outside its pass: the cell's outputs and states
+    (the caller's output and final-state gradients), and those read outside the group or at a delay. Every other
+    member's gradient starts at zero in the group's backward (nothing else writes it)."""
+    members, states = set(nodes), {p for p, _ in cell.states.values()}
+    return {n for n in nodes if n in cell.outputs or n in states or
+            any(c not in members or d for c in cell.graph.successors(n) for u, d in cell.reads(c) if u == n)}
+
+
 def shared_weights(cell) -> set:
     """Weights read by several linear ops: each op's block of the merged gradient is added into one."""
     reads = Counter(cell.reads(n)[1][0] for n in cell.graph if cell.op(n).kind in MATMUL)

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import replace
 
 from ....ir.ops import REDUCE
-from ....plan.backward import kept_grads, kept_values
-from ..cuda.fused import fusable, fused_backward_kernel, fused_forward_kernel
+from ..cuda.fused import fusable, fused_backward_kernel, fused_forward_kernel, stored_only
 from .source import STORAGE, python_statement
 
 FUSED_SOURCE = '''
@@ -29,22 +27,13 @@ def {name}(R, {args}):
 
 def group_spec(cell, nodes, direction: str):
     """The CUDA spec of a group's function, or None where it has no elementwise kernel (a row reduction,
-    an op without a kernel rule). A forward stores only the values the rest of the step reads
-    (plan.backward.kept_values: an LSTM's loop group 7 of its 17), a backward only the gradients a parameter's
-    sum reads (kept_grads; it still reads every member's arriving sum): passes over memory bound them here."""
+    an op without a kernel rule). It stores only what the rest of the step reads (cuda.fused.stored_only): passes
+    over memory bound them here."""
     if any(cell.op(n).kind in REDUCE for n in nodes) or not fusable(cell, nodes):
         return None
-    if direction == "fwd":
-        spec, kept = fused_forward_kernel(cell, nodes), kept_values(cell, nodes)
-    else:
-        spec, kept = fused_backward_kernel(cell, nodes, set(cell.params)), kept_grads(cell, nodes)
-    drop = [k for k, (kind, n) in enumerate(spec.outputs) if kind in ("out", "grad") and n not in kept]
-    outs = [k for k in range(len(spec.outputs)) if k not in drop]
-    gm = [k for k in drop if spec.outputs[k][0] == "grad"]      # still read: the sums arriving from outside
-    return replace(spec, outputs=tuple(spec.outputs[k] for k in outs), out_names=tuple(spec.out_names[k] for k in outs),
-                   stores=tuple(s for s in spec.stores if s[0] not in {spec.out_names[k] for k in drop}),
-                   inputs=spec.inputs + tuple(spec.outputs[k] for k in gm),
-                   in_names=spec.in_names + tuple(spec.out_names[k] for k in gm))
+    spec = fused_forward_kernel(cell, nodes) if direction == "fwd" else \
+        fused_backward_kernel(cell, nodes, set(cell.params))
+    return stored_only(cell, nodes, direction, spec)
 
 
 def fused_source(spec, F: int, storage: str) -> tuple[str, str, tuple]:
@@ -57,7 +46,7 @@ def fused_source(spec, F: int, storage: str) -> tuple[str, str, tuple]:
         [len(spec.in_names) + k for k in range(len(spec.out_names))]
     names = [(spec.in_names + spec.out_names)[k] for k in keep]
     at = lambda nm: f"p_{nm}[np.uint64(o_{nm} + f)]"       # unsigned: no negative-index wrap to test
-    loaded = [nm for nm in names if nm in spec.in_names or nm.startswith("gm")]
+    loaded = [nm for nm in names if nm in spec.in_names or nm in spec.arrivals()]
     body = [f"{nm} = {load.format(e=at(nm))}" for nm in loaded] + body
     for nm, v, op in spec.stores:
         total = v if op == "=" else f"{load.format(e=at(nm))} + {v}"

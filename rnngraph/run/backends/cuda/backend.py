@@ -10,6 +10,7 @@ import functools
 import warnings
 
 from ....errors import RnnGraphError, RnnGraphWarning
+from ....plan.backward import kept_values
 from ....plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum
 from ....plan.loops import STRATEGIES
 from ..base import ArrayBackend, head_parts, strategy_runners
@@ -109,6 +110,14 @@ class CupyBackend(ArrayBackend):
 
     def to_numpy(self, a):
         return self.xp.asnumpy(a)
+
+    def unstored(self, sched) -> frozenset:
+        """The loop's fused members a persistent kernel never stores (fused.stored_only), where the schedule's loop
+        is persistent (at a B where it runs frame by frame they are stored, and go unchecked all the same)."""
+        if sched.loop_strategy != "persistent":
+            return frozenset()
+        return frozenset(n for st in sched.loop for it in st if isinstance(it, Fused)
+                         for n in set(it.nodes) - kept_values(sched.cell, it.nodes))
 
     def gather(self, src, idx, runs, out):
         """One take kernel, whatever the runs (a copy a run would be a launch each)."""

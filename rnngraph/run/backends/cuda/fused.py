@@ -9,9 +9,11 @@ argument is a pointer with a row stride (0 for a vector parameter [F], which bro
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 
 from ....ir.ops import KERNEL, OpKind
+from ....plan.backward import arriving, kept_grads, kept_values
 from .source import kernel_name, math_type, op_expr
 
 FUSED_SOURCE = r"""
@@ -34,6 +36,17 @@ class KernelSpec:
     out_names: tuple
     body: tuple        # C statements over locals
     stores: tuple      # (output name, local, "=" or "+=")
+
+    def arrivals(self) -> list:
+        """The member gradients (gm<k>) the body reads: each sum arriving from outside, loaded before the body."""
+        return [nm for nm in self.out_names if nm.startswith("gm") and self._reads(nm)]
+
+    def read_inputs(self) -> list:
+        """The input names the body or the stores read (a backward reads only the values its rules' templates use)."""
+        return [nm for nm in self.in_names if self._reads(nm)]
+
+    def _reads(self, nm: str) -> bool:
+        return re.search(rf"\b{nm}\b", " ".join(self.body + tuple(v for _, v, _ in self.stores))) is not None
 
     def olds(self, at, ctype: str, loaded: dict | None = None) -> list:
         """Loads of what the '+=' stores add to, issued with the other loads: after each other's stores
@@ -60,7 +73,7 @@ class KernelSpec:
         """(kernel name, CUDA source) for element type ctype (CTYPES' values)."""
         at, mt, args = (lambda nm: f"p_{nm}[r * s_{nm} + f]"), math_type(ctype), self.args(ctype)
         lines = [f"{mt} {nm} = {at(nm)};" for nm in self.in_names]
-        lines += [f"{mt} {nm} = {at(nm)};" for nm in self.out_names if nm.startswith("gm")]
+        lines += [f"{mt} {nm} = {at(nm)};" for nm in self.arrivals()]
         lines += self.olds(at, mt) + [ln.replace("T ", f"{mt} ") for ln in self.body] + self.writes(at)
         text = FUSED_SOURCE.format(name="{name}", args=args, body="\n".join("    " + ln for ln in lines))
         name = kernel_name("fused", text)
@@ -138,3 +151,23 @@ def fused_backward_kernel(cell, nodes, param_names, atomic: bool = False) -> Ker
             e = op_expr(KERNEL[op.kind][1][slot], cell, n, ops, g=f"d{idx[n]}", y=f"v{idx[n]}")
             body.append(f"{'d' if name[0] == 'v' else 'a'}{name[1:]} += {e};")
     return KernelSpec(body=tuple(body), **io["spec"])
+
+
+def stored_only(cell, nodes, direction: str, spec: KernelSpec) -> KernelSpec:
+    """A group's spec storing only what the rest of the step reads: a forward the values of
+    plan.backward.kept_values (an LSTM's loop group 7 of its 17), a backward the gradients of kept_grads (those a
+    parameter's sum reads: 4 of 17). A dropped gradient's arriving sum is still read where one arrives
+    (plan.backward.arriving), else it starts at zero, unread. Used by the compiled CPU loops and the GPU's persistent
+    kernels, whose passes over memory these bound."""
+    kept = kept_values(cell, nodes) if direction == "fwd" else kept_grads(cell, nodes)
+    drop = [k for k, (kind, n) in enumerate(spec.outputs) if kind in ("out", "grad") and n not in kept]
+    outs = [k for k in range(len(spec.outputs)) if k not in drop]
+    come = arriving(cell, nodes)
+    read = [k for k in drop if spec.outputs[k][0] == "grad" and spec.outputs[k][1] in come]
+    zero = {nm for nm, (kind, n) in zip(spec.out_names, spec.outputs) if kind == "grad" and n not in come}
+    starts = {f"T d{nm[2:]} = {nm};": f"T d{nm[2:]} = 0;" for nm in zero}     # fused_backward_kernel's first lines
+    body = tuple(starts.get(ln, ln) for ln in spec.body)
+    return replace(spec, outputs=tuple(spec.outputs[k] for k in outs), out_names=tuple(spec.out_names[k] for k in outs),
+                   stores=tuple(st for st in spec.stores if st[0] not in {spec.out_names[k] for k in drop}),
+                   inputs=spec.inputs + tuple(spec.outputs[k] for k in read),
+                   in_names=spec.in_names + tuple(spec.out_names[k] for k in read), body=body)

@@ -321,8 +321,8 @@ def _prefetch(cell, p, prefix: str, arg, ok, G: int, B: int) -> tuple:
     else:
         nodes, given = (p.item.fused.nodes, set(p.item.gemm.nodes)) if p.kind == "pair" else (p.item.nodes, set())
         spec, where = sources(cell, nodes, "bwd" if p.kind == "dfused" else "fwd")
-        wanted = [(nm, where[nm]) for nm in spec.in_names if where[nm][1] not in given or where[nm][2]]
-        wanted += [(nm, where[nm]) for nm in spec.out_names if nm.startswith("gm")]
+        wanted = [(nm, where[nm]) for nm in spec.read_inputs() if where[nm][1] not in given or where[nm][2]]
+        wanted += [(nm, where[nm]) for nm in spec.arrivals()]
         wanted += [(f"{nm}_old", where[nm]) for nm, _, op in spec.stores if op == "+="]
     early = {nm: (prefix + nm, src) for nm, src in wanted if ok(*src)}
     if not early:
@@ -378,12 +378,14 @@ def _body(cell, nodes, direction: str, arg, given: dict, early: dict, tagged: di
     given: external nodes (read at delay 0) whose values are already in locals (a pair's GEMM sums);
     early: inputs already loaded into registers (_prefetch); tagged: members also written as tagged words."""
     spec, where = sources(cell, nodes, direction)
-    lines = []
+    lines, read = [], set(spec.read_inputs())
     for nm, (kind, key) in zip(spec.in_names, spec.inputs):
+        if nm not in read:
+            continue
         local = given.get(key[0]) if kind == "ext" and key[1] == 0 else None
         lines.append(f"CT {nm} = {local or early.get(nm) or _at(arg, where[nm])};")
     at = lambda nm: _at(arg, where[nm])
-    lines += [f"CT {nm} = {early.get(nm) or at(nm)};" for nm in spec.out_names if nm.startswith("gm")]
+    lines += [f"CT {nm} = {early.get(nm) or at(nm)};" for nm in spec.arrivals()]
     lines += spec.olds(at, "CT", early)
     lines += [ln.replace("T ", "CT ", 1) if ln.startswith("T ") else ln for ln in spec.body] + spec.writes(at)
     F = cell.op(nodes[0]).size

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from .....plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair
 from .....plan.loops.persistent import blocks
-from ..fused import fused_backward_kernel, fused_forward_kernel
+from ..fused import fused_backward_kernel, fused_forward_kernel, stored_only
 from ..source import math_type
 
 THREADS = 512               # threads per block: 16 warps, one weight row each at a time
@@ -234,9 +234,10 @@ def own(writer, p, lag: int, gi: int) -> bool:
 
 
 def sources(cell, nodes, direction: str) -> tuple:
-    """(the group's KernelSpec, {argument name: (kind, node, lag)}) for its forward or backward body."""
-    spec = fused_forward_kernel(cell, nodes) if direction == "fwd" else \
-        fused_backward_kernel(cell, nodes, set(cell.params))
+    """(the group's KernelSpec, {argument name: (kind, node, lag)}) for its forward or backward body, storing only
+    what the rest of the step reads (fused.stored_only)."""
+    spec = stored_only(cell, nodes, direction, fused_forward_kernel(cell, nodes) if direction == "fwd" else
+                       fused_backward_kernel(cell, nodes, set(cell.params)))
     src = {"ext": lambda k: ("val", k[0], k[1]), "val": lambda n: ("val", n, 0), "out": lambda n: ("val", n, 0),
            "grad": lambda n: ("grad", n, 0), "gext": lambda k: ("grad", k[0], k[1])}
     return spec, {nm: src[kind](key) for nm, (kind, key) in zip(spec.in_names + spec.out_names,
