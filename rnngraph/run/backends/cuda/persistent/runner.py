@@ -29,8 +29,8 @@ GROUP_ROWS, GROUPS = 16, 4
 # 'auto' runs the tensor-core kernel of full matrices up to B rows by the width of the cell (its largest phase's
 # units: H for an LSTM), 'stages' beyond. Measured on an H200 (bfloat16 LSTM, T = 100, training ms, persistent /
 # stages; experiments/gpu_checks.sh bench tensor_cores wide): H = 512 B = 128 2.45 / 2.55, B = 256 4.47 / 3.40;
-# H = 768 B = 32 2.03 / 2.08 (a second run 2.23 / 2.17), B = 64 2.81 / 2.71; H = 1024 B = 32 2.61 / 2.53, B = 64 4.16 / 3.12 (B = 16 not
-# measured). Wider cells follow the last row.
+# H = 768 B = 32 2.03 / 2.08 (a second run 2.23 / 2.17), B = 64 2.81 / 2.71; H = 1024 B = 32 2.61 / 2.53, B = 64
+# 4.16 / 3.12 (B = 16 not measured). Wider cells follow the last row.
 AUTO_TENSOR_CORE_ROWS = ((512, 128), (768, 32), (1024, 16))     # (units up to, B up to)
 # On CUDA cores (float32) groups of at most MAX_ROWS rows, measured (LSTM, H = 512, training ms, persistent /
 # stages / cuDNN float32): B = 16 2.31 / 3.37 / 4.97, B = 32 3.40 / 4.04 / 5.88; 'auto' runs them up to
@@ -78,7 +78,7 @@ def why_not(be, cell, loop, B: int, dtype) -> str | None:
     """Why this GPU runs `loop` frame by frame at B rows of dtype, or None: what no persistent kernel runs,
     B, no cooperative launch (said once in a warning), or shared memory too small for the weights in dtype."""
     facts = device(be.xp.cuda.Device().id)
-    why = fit(cell, loop, B, dtype, *gpu_facts(facts), tf32=tf32(be))
+    why = fit(cell, loop, B, dtype, *gpu_facts(facts), tf32=allows_tf32(be))
     if why is None and kernel(be, cell, loop, B, dtype).cooperative and not facts.get("CooperativeLaunch", 0):
         return refused("this GPU cannot launch cooperative kernels")
     return why
@@ -165,10 +165,10 @@ def head_rows(B: int, tensor_cores: bool, blocks: int, sms: int) -> int:
 
 def kernel(be, cell, loop, B: int, dtype):
     """The generated kernel for this GPU."""
-    return chosen(cell, loop, B, dtype, *gpu_facts(device(be.xp.cuda.Device().id)), tf32(be))
+    return chosen(cell, loop, B, dtype, *gpu_facts(device(be.xp.cuda.Device().id)), allows_tf32(be))
 
 
-def tf32(be) -> bool:
+def allows_tf32(be) -> bool:
     """Whether backend be lets float32 products round their inputs to TF32 (its cuBLAS handle's setting, which
     rnngraph.torch takes from torch's allow_tf32 and `rnngraph bench --tf32` sets)."""
     return bool(getattr(getattr(be, "blas", None), "tf32", False))
