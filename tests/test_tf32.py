@@ -125,3 +125,14 @@ def test_emulated_tf32_rounding_is_to_nearest_ties_away():
              one | 0x80000000 | 0x1000: (one + 0x2000) | 0x80000000, np.float32(np.inf).view(np.uint32): 0x7f800000}
     assert {int(a): lib.r(int(a)) for a in cases} == {int(a): int(b) for a, b in cases.items()}
     assert mma.K_STEP["tf32"] == 8
+
+
+def test_the_backend_s_cublas_setting_allows_tf32():
+    """runner.allows_tf32 reads the backend's cuBLAS handle (CupyBackend(tf32=True), rnngraph.torch, bench --tf32); a
+    backend without one (numpy, the cpu backend, matmul='own') never allows it."""
+    from types import SimpleNamespace
+
+    from rnngraph.run.backends.cuda.persistent.runner import allows_tf32
+    assert allows_tf32(SimpleNamespace(blas=SimpleNamespace(tf32=True)))
+    assert not allows_tf32(SimpleNamespace(blas=SimpleNamespace(tf32=False)))
+    assert not allows_tf32(SimpleNamespace(blas=None)) and not allows_tf32(get_backend("numpy"))
