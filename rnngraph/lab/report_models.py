@@ -170,23 +170,24 @@ def cpu(results: Results, findings: Findings) -> str:
     rows = []
     for cell in doc["settings"]["cells"]:
         for B in doc["settings"]["B"]:
-            ours, nn, eager = (record(doc, cell=cell, B=B, impl=i, optional=True)
-                               for i in ("staged", "torch_cpu", "torch_eager"))
-            rows.append([cell, B, f"**{pair(ours)}**", pair(nn), pair(eager), times(ratio(ours, nn)),
-                         times(ratio(ours, eager))])
+            ours, nn, eager, compiled = (record(doc, cell=cell, B=B, impl=i, optional=True)
+                                         for i in ("staged", "torch_cpu", "torch_eager", "torch_compile"))
+            rows.append([cell, B, f"**{pair(ours)}**", pair(nn), pair(eager), pair(compiled), times(ratio(ours, nn)),
+                         times(ratio(ours, compiled))])
             findings.compare("On the CPU", f"{cell} on the CPU at B = {B}", ours, nn, "torch.nn.LSTM's (oneDNN)")
+            findings.compare("On the CPU", f"{cell} on the CPU at B = {B}", ours, compiled, "torch.compile's")
     m, B = doc["metadata"], max(doc["settings"]["B"])
     ours, nn = (record(doc, cell="lstm", B=B, impl=i) for i in ("staged", "torch_cpu"))
     return f"""## On the CPU
 
 The compiled CPU backend (what `backend="auto"` runs without a GPU: each direction's loop one compiled function,
-the merged GEMMs through numpy's BLAS) against torch on the same CPU: `torch.nn.LSTM` (oneDNN's fused RNN) and
-the cell written as a torch eager loop; float32, T = {doc['settings']['T'][0]}, H = {doc['settings']['H'][0]}, one
+the merged GEMMs through numpy's BLAS) against torch on the same CPU: `torch.nn.LSTM` (oneDNN's fused RNN), and
+the cell written as a torch eager loop and through `torch.compile`; float32, T = {doc['settings']['T'][0]}, H = {doc['settings']['H'][0]}, one
 process, on a 2-core machine like the project's CI machine ({m['device']}; {_libraries(m['cpu'])}), shared with
 other work: torch's own training step has varied by up to 2× between runs there, so compare within a row.
 
-{table(["cell", "B", "rnngraph, compiled CPU", "torch.nn.LSTM", "torch eager loop", "÷ torch.nn.LSTM, training",
-        "÷ eager, training"], rows)}
+{table(["cell", "B", "rnngraph, compiled CPU", "torch.nn.LSTM", "torch eager loop", "torch.compile",
+        "÷ torch.nn.LSTM, training", "÷ torch.compile, training"], rows)}
 
 {source(doc)}
 

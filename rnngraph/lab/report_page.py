@@ -262,8 +262,8 @@ These are not among the stored measurements:
 - FlashRNN, which is not installed on the GPU machine (`rnngraph bench --impls flashrnn` times it where it is);
 - the host time of a training step through `rnngraph.torch` against the raw layer, synced and pipelined
   (`experiments/profile_torch_step.py`);
-- the compiled CPU backend against `torch.compile` of the cell's loop on the CPU, and at B = 64, H = 512 (`rnngraph
-  bench --impls staged,torch_cpu,torch_compile` on a machine without a GPU times them)."""
+- the compiled CPU backend at B = 64, H = 512 (`rnngraph bench --impls staged,torch_cpu,torch_compile` on a machine
+  without a GPU times it)."""
 
 SECTIONS = [against_cudnn, persistent, half, wider, tf32, loops, norm, through_torch, charlm, heads, cpu, memory,
             shapes, experiments, training]
