@@ -228,7 +228,7 @@ cuDNN's float16 (its fastest LSTM) and show bfloat16 with `loop="persistent"` at
 
 {source(doc)}
 
-In half precision `auto` runs the persistent loop up to {_auto_rows()}: up to B = {TENSOR_CORES_FROM - 1} on CUDA
+In half precision `auto` runs the persistent loop up to {auto_rows()}: up to B = {TENSOR_CORES_FROM - 1} on CUDA
 cores, from B = {TENSOR_CORES_FROM} on tensor cores (`mma.sync` with float32 sums in 16-row tiles, the rows past B masked, the
 weights held in shared memory), beyond B = {GROUP_ROWS} in groups of at most {GROUP_ROWS} rows, each group on its own blocks
 ([On a GPU](gpu.md#the-persistent-kernel)). Beyond those it runs `stages`, a `GemmEx` and a fused kernel a frame,
@@ -250,7 +250,7 @@ kernels and recording the graphs).
 ![Training curves in bfloat16 and float32](../figures/training_h200_bf16.png)"""
 
 
-def _auto_rows() -> str:
+def auto_rows() -> str:
     """'B = 128 at H ≤ 512, ...': where 'auto' runs the tensor-core kernel (runner.AUTO_TENSOR_CORE_ROWS)."""
     return ", ".join(f"B = {rows} at H ≤ {width}" for width, rows in AUTO_TENSOR_CORE_ROWS) + \
         f" (wider cells as H = {AUTO_TENSOR_CORE_ROWS[-1][0]})"

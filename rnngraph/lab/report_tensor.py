@@ -3,7 +3,8 @@ wider LSTMs, GRU and MGU (bfloat16 against cuDNN float16), and float32 in TF32 (
 on both sides, and both with TF32 off)."""
 from __future__ import annotations
 
-from ..run.backends.cuda.persistent.runner import AUTO_TENSOR_CORE_ROWS, TENSOR_CORES_FROM
+from ..run.backends.cuda.persistent.runner import TENSOR_CORES_FROM
+from .report_bench import auto_rows
 from .report_data import Findings, Results, num, pair, ran, ratio, record, source, table, times
 
 WIDER = "Wider LSTMs, GRU and MGU"
@@ -12,17 +13,16 @@ TF32 = "float32 in TF32"
 
 def wider(results: Results, findings: Findings) -> str:
     wide, cells = results.bench("wide"), results.bench("gru_b64")
-    rows, lost = [], []         # lost: where the persistent kernel 'auto' ran trained slower than stages here
+    rows, lost, gaps = [], [], []   # lost: where the persistent kernel 'auto' ran trained slower than stages here
     for H in wide["settings"]["H"]:
         for B in wide["settings"]["B"]:
             auto, c = record(wide, H=H, B=B, impl="graph", loop="auto"), record(wide, H=H, B=B, impl="cudnn@float16")
             stages = record(wide, H=H, B=B, impl="graph", loop="stages")
-            rows.append([H, B, f"**{pair(auto)}** ({ran(auto)})", pair(stages), pair(c), times(ratio(auto, c))])
+            gaps.append(ratio(auto, c))
+            rows.append([H, B, f"**{pair(auto)}** ({ran(auto)})", pair(stages), pair(c), times(gaps[-1])])
             findings.compare(WIDER, f"bfloat16 LSTM at H = {H}, B = {B}", auto, c, "cuDNN float16")
             if ran(auto) != "stages" and (ratio(auto, stages) or 0) > 1:
                 lost.append(f"H = {H}, B = {B} ({num(auto['train_ms'])} against {num(stages['train_ms'])} ms)")
-    gaps = [ratio(record(wide, H=H, B=B, impl="graph", loop="auto"), record(wide, H=H, B=B, impl="cudnn@float16"))
-            for H in wide["settings"]["H"] for B in wide["settings"]["B"]]
     lstm = record(cells, cell="lstm", impl="graph", loop="auto")
     per_cell = []
     for cell in cells["settings"]["cells"]:
@@ -32,7 +32,6 @@ def wider(results: Results, findings: Findings) -> str:
                                                                                loop="stages")),
                          pair(c), times(ratio(auto, c)), times(ratio(auto, lstm))])
         findings.compare(WIDER, f"bfloat16 {cell} at B = 64", auto, c, f"cuDNN float16's {cell}")
-    limits = ", ".join(f"B = {rows} at H ≤ {width}" for width, rows in AUTO_TENSOR_CORE_ROWS)
     return f"""## {WIDER}
 
 The LSTM in bfloat16 at H = 768 and 1024 as `auto` runs it, against `stages` and cuDNN float16 (T = 100):
@@ -41,8 +40,8 @@ The LSTM in bfloat16 at H = 768 and 1024 as `auto` runs it, against `stages` and
 
 {source(wide)}
 
-`auto` runs the tensor-core persistent kernel up to {limits} (wider cells as H = {AUTO_TENSOR_CORE_ROWS[-1][0]}), where it
-measured about as fast as `stages` or faster, and `stages` beyond (the measurements are beside the table in
+`auto` runs the tensor-core persistent kernel up to {auto_rows()}, where it measured about as fast as
+`stages` or faster, and `stages` beyond (the measurements are beside the table in
 `run/backends/cuda/persistent/runner.py`). {_lost(lost)}At these widths neither loop reaches cuDNN float16: its
 training step takes {min(gaps):.2f}–{max(gaps):.2f}× cuDNN's here.
 
