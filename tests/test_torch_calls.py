@@ -3,6 +3,7 @@ dropout; several calls before one backward (the recompute path); second-order gr
 errors; copies after a call; DDP (gloo, one process); torch.compile."""
 import copy
 import datetime
+import gc
 
 import pytest
 
@@ -303,7 +304,11 @@ def test_distributed_data_parallel_on_the_cpu():
                         what=f"step {step} gradient")
             for opt in opts:
                 opt.step()
-        del ddp, opts       # DDP's reducer goes while its process group lives (gloo's teardown once hung otherwise)
+        # every reference to DDP's reducer (the loop's model, the last loss's graph, the wrapped module's hooks) goes
+        # while its process group lives: freed after destroy_process_group, gloo's teardown can hang
+        del ddp, opts, model, loss, wrapped
+        gc.collect()
+        assert not [o for o in gc.get_objects() if isinstance(o, torch.nn.parallel.DistributedDataParallel)]
     finally:
         dist.destroy_process_group()
 
