@@ -4,6 +4,7 @@ errors; copies after a call; DDP (gloo, one process); torch.compile."""
 import copy
 import datetime
 import gc
+import weakref
 
 import pytest
 
@@ -289,6 +290,7 @@ def test_distributed_data_parallel_on_the_cpu():
         plain, wrapped = Tagger(rt.LSTM), Tagger(rt.LSTM)
         wrapped.load_state_dict(plain.state_dict())
         ddp = torch.nn.parallel.DistributedDataParallel(wrapped)
+        alive = weakref.ref(ddp)
         opts = [torch.optim.Adam(m.parameters(), lr=0.02) for m in (plain, ddp)]
         g = torch.Generator().manual_seed(5)
         for step in range(2):
@@ -308,7 +310,7 @@ def test_distributed_data_parallel_on_the_cpu():
         # while its process group lives: freed after destroy_process_group, gloo's teardown can hang
         del ddp, opts, model, loss, wrapped
         gc.collect()
-        assert not [o for o in gc.get_objects() if isinstance(o, torch.nn.parallel.DistributedDataParallel)]
+        assert alive() is None, "DDP outlives its process group"
     finally:
         dist.destroy_process_group()
 
