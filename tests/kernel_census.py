@@ -16,14 +16,13 @@ from rnngraph.plan.items import Fused, FusedGrad, Pair, ParamSum
 from rnngraph.plan.loops import ElementwiseLoop, PersistentLoop, ScanLoop
 from rnngraph.run.backends.cuda.chunks import chunk_source
 from rnngraph.run.backends.cuda.elementwise import elementwise_kernel, elementwise_nodes
-from rnngraph.run.backends.cuda.fused import fusable, fused_backward_kernel, fused_forward_kernel
 from rnngraph.run.backends.cuda.matmul import matmul_source
 from rnngraph.run.backends.cuda.pair import pair_kernel
 from rnngraph.run.backends.cuda.param_grad import param_grad_kernel
 from rnngraph.run.backends.cuda.persistent.kernels import ZERO_SOURCE, persistent_kernel
 from rnngraph.run.backends.cuda.persistent.heads import one_head
 from rnngraph.run.backends.cuda.persistent.phases import block_counts, loop_heads, phases, problem
-from rnngraph.run.backends.cuda.rows import row_backward_kernel, row_forward_kernel, row_group
+from rnngraph.run.backends.cuda.rows import group_kernel, row_group
 from rnngraph.run.backends.cuda.scan import scan_source
 from rnngraph.run.backends.cuda.source import CTYPES
 
@@ -36,13 +35,7 @@ BLOCKS = 132                # SMs of the H200: the persistent kernels' block cou
 
 
 def _fused(cell, item, direction):
-    rows = row_group(cell, item.nodes)
-    if not (rows or fusable(cell, item.nodes)):
-        return None
-    if direction == "fwd":
-        return (row_forward_kernel if rows else fused_forward_kernel)(cell, item.nodes)
-    return (row_backward_kernel if rows else fused_backward_kernel)(cell, item.nodes, set(cell.params),
-                                                                    direction == "bwd_atomic")
+    return group_kernel(cell, item.nodes, direction)
 
 
 def _items(sched):

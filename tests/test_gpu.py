@@ -252,3 +252,29 @@ def test_chunked_calls_carry_the_history_on_the_gpu(mode):
     assert h2.shape == (2, 2, 3, 8)
     _assert_close({"y": cupy.concatenate([a, b]), "h": h2}, {"y": cupy.asnumpy(want), "h": cupy.asnumpy(want_h)},
                   TOL["float64"], f"chunked {mode}")
+
+
+@pytest.mark.parametrize("cell,loop", [("lstm", "stages"), ("min_gru", "scan")])
+def test_the_finite_check_skips_what_the_gpu_kernels_never_store(cell, loop):
+    """The fused kernels store only what the rest of the step reads (rows.group_kernel): the results equal the
+    numpy reference's, NaN left in the buffers of what they drop raises nothing, a NaN they store is named."""
+    import cupy
+    from rnngraph.errors import RnnGraphError
+    from rnngraph.nn import Recurrent
+    layer = Recurrent(cell, 5, 8, backend="cupy", mode="graph", dtype="float64", loop=loop, seed=3)
+    ref = Recurrent(cell, 5, 8, backend="numpy", dtype="float64", loop=loop, seed=3)
+    x = np.random.default_rng(4).standard_normal((7, 3, 5))
+    gy = np.random.default_rng(5).standard_normal((7, 3, 8))
+    layer.check_finite = True
+    y = cupy.asnumpy(layer(cupy.asarray(x))[0])
+    gx, _, grads = layer.backward(cupy.asarray(gy))
+    want_y, (want_gx, _, want) = ref(x)[0], ref.backward(gy)
+    _assert_close({"y": y, "gx": gx, **grads}, {"y": want_y, "gx": want_gx, **want}, TOL["float64"], f"{cell} {loop}")
+    ex = layer._stack.runs[0][0].ex
+    dropped = ex.backend.unstored(ex.sched)
+    assert dropped
+    for n in dropped:
+        ex.ws.vals[n][...] = cupy.nan
+    layer(cupy.asarray(x))
+    with pytest.raises(RnnGraphError, match="not finite"):
+        layer(cupy.full(x.shape, cupy.nan))

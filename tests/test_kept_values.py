@@ -90,3 +90,44 @@ def test_a_backward_spec_stores_kept_gradients_and_reads_only_what_arrives():
     assert "T d4 = 0;" in spec.body and "T d14 = gm14;" in spec.body
     fwd = stored_only(cell, nodes, "fwd", fused_forward_kernel(cell, nodes))
     assert {n for _, n in fwd.outputs} == kept_values(cell, nodes)
+
+
+def test_the_gpu_runs_every_elementwise_group_storing_only_what_is_read():
+    """rows.group_kernel: minGRU's gate group over all frames stores z, h̃, 1 − z and z ⊙ h̃ (not the gate sum, which
+    only its sigmoid reads); its backward stores the two bias gradients and the linears' and loads only what the
+    scan sends (1 − z's and z ⊙ h̃'s); a row group and the atomic backward are as before."""
+    from rnngraph.run.backends.cuda.fused import fused_backward_kernel, fused_forward_kernel
+    from rnngraph.run.backends.cuda.rows import group_kernel, row_backward_kernel, row_forward_kernel
+    cell = load_cell("min_gru", 4, 8)
+    (group,) = [it for it in build_schedule(cell, loop="scan").pre if isinstance(it, Fused)]
+    fwd = group_kernel(cell, group.nodes, "fwd")
+    assert {n for _, n in fwd.outputs} == kept_values(cell, group.nodes) == set(group.nodes) - {"add2"}
+    assert len(fused_forward_kernel(cell, group.nodes).outputs) == len(group.nodes)
+    bwd = group_kernel(cell, group.nodes, "bwd")
+    assert {n for kind, n in bwd.outputs if kind == "grad"} == {"add2", "add4"}
+    assert {key for kind, key in bwd.outputs if kind == "gext"} == {("linear1", 0, None), ("linear3", 0, None)}
+    named = dict(zip(bwd.in_names + bwd.out_names, bwd.inputs + bwd.outputs))
+    assert {named[nm][1] for nm in bwd.read_inputs() if nm.startswith("gm")} == {"one_minus5", "mul7"}
+    atomic = group_kernel(cell, group.nodes, "bwd_atomic")
+    assert atomic.source("float") == fused_backward_kernel(cell, group.nodes, set(cell.params), True).source("float")
+    norm = load_cell("layernorm_lstm", 4, 8)
+    rows = next(it for st in build_schedule(norm, loop="stages").loop for it in st
+                if isinstance(it, Fused) and group_kernel(norm, it.nodes, "fwd").source("float")[0].startswith("rg_row"))
+    assert group_kernel(norm, rows.nodes, "fwd").source("float") == row_forward_kernel(norm, rows.nodes).source("float")
+    assert group_kernel(norm, rows.nodes, "bwd").source("float") == \
+        row_backward_kernel(norm, rows.nodes, set(norm.params)).source("float")
+
+
+def test_the_gpu_finite_check_skips_what_its_kernels_never_store():
+    """CupyBackend.unstored (no GPU needed: it reads only the schedule): every elementwise group's dropped members,
+    the loop's where it runs its groups (stages), not where the scan's own kernel stores all; row groups keep all."""
+    from rnngraph.run.backends.cuda.backend import CupyBackend
+    gru = build_schedule(load_cell("min_gru", 4, 8), loop="scan")
+    assert CupyBackend.unstored(None, gru) == {"add2"}
+    lstm = load_cell("lstm", 4, 8)
+    (group,) = [it for st in build_schedule(lstm, loop="stages").loop for it in st if isinstance(it, Fused)]
+    dropped = set(group.nodes) - kept_values(lstm, group.nodes)
+    assert len(dropped) == 10 and CupyBackend.unstored(None, build_schedule(lstm, loop="stages")) == dropped
+    ind = build_schedule(load_cell("indrnn", 4, 8), loop="elementwise")
+    assert CupyBackend.unstored(None, ind) == CupyBackend.unstored(None, build_schedule(ind.cell, loop="stages")) - {
+        n for st in ind.loop for it in st if isinstance(it, Fused) for n in it.nodes}

@@ -15,12 +15,12 @@ from ....plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum
 from ....plan.loops import STRATEGIES
 from ..base import ArrayBackend, head_parts, strategy_runners
 from .chunks import chunk_launch
-from .fused import fusable, fused_backward_kernel, fused_forward_kernel
+from .fused import fusable
 from .matmul import GEMV_ROWS, matmul_source
 from .pair import GEMV_FUSED_ROWS, PAIR_MAX_BYTES, pair_kernel
 from .param_grad import chunks, param_grad_kernel, sum_source
 from .recordings import Recordings, chunk_frames_setting
-from .rows import row_backward_kernel, row_forward_kernel, row_group
+from .rows import group_kernel, row_group
 from .source import CTYPES, complete
 
 _KERNELS: dict = {}      # process-wide cache: (kernel name, generated source) -> compiled kernel object
@@ -112,12 +112,13 @@ class CupyBackend(ArrayBackend):
         return self.xp.asnumpy(a)
 
     def unstored(self, sched) -> frozenset:
-        """The loop's fused members a persistent kernel never stores (fused.stored_only), where the schedule's loop
-        is persistent (at a B where it runs frame by frame they are stored, and go unchecked all the same)."""
-        if sched.loop_strategy != "persistent":
-            return frozenset()
-        return frozenset(n for st in sched.loop for it in st if isinstance(it, Fused)
-                         for n in set(it.nodes) - kept_values(sched.cell, it.nodes))
+        """The fused members whose values no kernel stores (rows.group_kernel): those of every elementwise group,
+        the loop's too where it runs its groups (stages, persistent; the elementwise and scan loops' own kernels
+        store all)."""
+        cell, loop = sched.cell, [it for st in sched.loop for it in st]
+        groups = [*sched.pre, *(() if sched.loop_strategy in ("elementwise", "scan") else loop), *sched.post]
+        return frozenset(n for it in groups if isinstance(it, Fused) and not row_group(cell, it.nodes)
+                         for n in set(it.nodes) - kept_values(cell, it.nodes))
 
     def gather(self, src, idx, runs, out):
         """One take kernel, whatever the runs (a copy a run would be a launch each)."""
@@ -365,15 +366,11 @@ _BLAS_FORMS = {(False, True, False): lambda blas, x, w, out: blas.nt(x, w, out),
 _SPECS: dict = {}
 
 def _spec(cell, item, direction):
-    """The generated kernel spec of a fused group (a row kernel where it holds a row reduction), built
-    once per (cell, group, direction); None where an op has no kernel rule."""
+    """The generated kernel spec of a fused group (rows.group_kernel), built once per (cell, group, direction);
+    None where an op has no kernel rule."""
     key = (id(cell), item, direction)
     if key not in _SPECS:
-        rows = row_group(cell, item.nodes)
-        fwd, bwd = (row_forward_kernel, row_backward_kernel) if rows else (fused_forward_kernel, fused_backward_kernel)
-        made = None if not (rows or fusable(cell, item.nodes)) else fwd(cell, item.nodes) if direction == "fwd" \
-            else bwd(cell, item.nodes, set(cell.params), direction == "bwd_atomic")
-        _SPECS[key] = (cell, made)
+        _SPECS[key] = (cell, group_kernel(cell, item.nodes, direction))
     return _SPECS[key][1]
 
 
