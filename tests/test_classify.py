@@ -63,6 +63,7 @@ LINEAR_FORMS = {
     "b + a*h": lambda c, h, a, b: b + a * h,
     "b + h*a": lambda c, h, a, b: b + h * a,
     "(1-a)*h + a*b": lambda c, h, a, b: (1 - a) * h + a * b,
+    "a*h + a*b": lambda c, h, a, b: a * h + a * b,             # a's gradient: from the scan and from a*b
     "parameter decay": lambda c, h, a, b: c.diag(h, "w") + b,
 }
 
@@ -74,6 +75,27 @@ def test_linear_diagonal_forms_are_recognised_on_the_graph(form, delay):
     c = build_schedule(cell).state_classes["h"]
     assert (c.kind, c.delay) == ("linear_diagonal", delay)
     assert cell.op(c.a).kind.value in ("sigmoid", "one_minus", "param") and c.b in cell.graph
+
+
+def test_the_scan_writes_the_gradients_only_it_sends():
+    """plan.loops.scan.sole_gradient: the backward scan writes (not adds) the gradient of a coefficient read by its
+    product alone and of an offset read by the sum alone; a coefficient another op reads, or the cell's output, it
+    adds to."""
+    from rnngraph.plan.loops.scan import sole_gradient
+    sends = {}
+    for form in ("a*h + b", "(1-a)*h + a*b", "a*h + a*b"):
+        cell = one_state(LINEAR_FORMS[form], 1)
+        c = build_schedule(cell).state_classes["h"]
+        sends[form] = (sole_gradient(cell, c.a, c.m), sole_gradient(cell, c.b, "h"))
+    assert sends == {"a*h + b": (True, True), "(1-a)*h + a*b": (True, True), "a*h + a*b": (False, True)}
+    c = Cell("out")
+    x, h = c.input("x", 3), c.state("h", 3)
+    a = c.sigmoid(c.linear(x, "W", 3), name="a")
+    m = c.mul(a, h.ago(1), name="m")
+    c.output(c.bind(h, m + x, name="h"))
+    c.output(a)
+    cell = c.build()
+    assert not sole_gradient(cell, "a", "m")
 
 
 NOT_LINEAR = {   # each looks close, but a or b depends on the state, or the update is not a ⊙ s + b

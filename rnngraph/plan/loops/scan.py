@@ -48,6 +48,14 @@ def _without(it, nodes: set):
     return Fused(keep) if keep else None
 
 
+def sole_gradient(cell, n, reader) -> bool:
+    """Whether n's gradient comes from `reader` alone, which reads it once at delay 0 (n no output or state): a
+    scan's backward then writes the gradient of its a (reader m) or b (reader p) instead of adding to it."""
+    states = {p for p, _ in cell.states.values()}
+    return n not in cell.outputs and n not in states and set(cell.graph.successors(n)) == {reader} and \
+        [d for u, d in cell.reads(reader) if u == n] == [0]
+
+
 def chain_views(ws, loop) -> list:
     """Per chain, the workspace views the scan runs on: a, b ([T, B, F], or a parameter [F]), s [d+T, B, F]
     (the state with its d frames of history), m [T, B, F], their gradients gs, gm, and ga, gb ([T, B, F],

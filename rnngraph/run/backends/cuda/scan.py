@@ -6,6 +6,7 @@ row P + t (the P rows before it: the frames before the call), so a read with del
 """
 from __future__ import annotations
 
+from ....plan.loops.scan import sole_gradient
 from .source import CTYPES, math_type
 
 # -------------------------------------------------------------------------------------------------
@@ -102,17 +103,19 @@ SCAN_FORWARD = dict(
     STEP="{TY} p = a[IDX(la, t)] * y; y = p + c[IDX(lc, t)]; m[IDX(lm, t)] = p; s[IDX(ls, d + t)] = y;")
 
 # gs [d+T] rows: ∂L/∂s from other readers, overwritten with the totals G_t (its first d rows, the history's,
-# get theirs added); gm += G; ga += H ⊙ s_{t-d} and gb += G where those are arrays (has_ga, has_gb)
+# get theirs added) and gm += G where the reduce section reads them (totals: a or b a parameter); ga += H ⊙ s_{t-d}
+# and gb += G where those are arrays (has_ga, has_gb: 1 adds, 2 writes, where the scan alone sends that gradient)
 SCAN_BACKWARD = dict(
     DIR="bwd", REV="1",
     ARGS="const {S}* __restrict__ a, long long la, const {S}* __restrict__ s, long long ls, {S}* gs, long long lgs, "
-         "{S}* gm, long long lgm, {S}* ga, long long lga, {S}* gb, long long lgb, int has_ga, int has_gb, ",
+         "{S}* gm, long long lgm, {S}* ga, long long lga, {S}* gb, long long lgb, int has_ga, int has_gb, int totals, ",
     COEF="x = t + d < T ? ({TY})a[IDX(la, t + d)] : 0; y = gm[IDX(lgm, t)] + gs[IDX(lgs, d + t)];",
     INIT="0",
     STEP="{TY} an = t + d < T ? ({TY})a[IDX(la, t + d)] : 0; {TY} G = gs[IDX(lgs, d + t)] + an * y; "
-         "{TY} H = gm[IDX(lgm, t)] + G; gs[IDX(lgs, d + t)] = G; gm[IDX(lgm, t)] = H; "
-         "if (has_ga) ga[IDX(lga, t)] = ga[IDX(lga, t)] + H * s[IDX(ls, t)]; "
-         "if (has_gb) gb[IDX(lgb, t)] = gb[IDX(lgb, t)] + G; "
+         "{TY} H = gm[IDX(lgm, t)] + G; if (totals) { gs[IDX(lgs, d + t)] = G; gm[IDX(lgm, t)] = H; } "
+         "if (has_ga == 1) ga[IDX(lga, t)] = ga[IDX(lga, t)] + H * s[IDX(ls, t)]; "
+         "else if (has_ga == 2) ga[IDX(lga, t)] = H * s[IDX(ls, t)]; "
+         "if (has_gb == 1) gb[IDX(lgb, t)] = gb[IDX(lgb, t)] + G; else if (has_gb == 2) gb[IDX(lgb, t)] = G; "
          "if (t < d) gs[IDX(lgs, t)] = gs[IDX(lgs, t)] + a[IDX(la, t)] * H; y = H;")
 
 SCAN_THREADS = 1 << 18      # chunks per chain are chosen so that about this many threads walk frames
@@ -142,15 +145,16 @@ def compile(be, cell, loop, chains):
     """Per state, the three chunked-scan kernels over all frames, forward or reverse; the chunks' composites
     live in two buffers made here. chains: the executor's views per state (plan/loops/scan.py chain_views)."""
     cp, out = be.xp, []
-    for a, b, s, m, gs, gm, ga, gb in chains:     # [T, B, F] or a vector [F]; s, gs: [d+T, B, F]
-        (T, B, F), d = m.shape, s.shape[0] - m.shape[0]
+    for (pn, mn, an, bn, _), (a, b, s, m, gs, gm, ga, gb) in zip(loop.chains, chains):
+        (T, B, F), d = m.shape, s.shape[0] - m.shape[0]          # a, b: [T, B, F] or a vector [F]; s, gs: [d+T, B, F]
         ctype = CTYPES[str(m.dtype)]
         src, names = scan_source("bwd" if loop.reverse else "fwd", ctype)
         NC, L = scan_chunks(T, d, B * F)
         PA, PC = (cp.empty((NC * d, B * F), cp.float64 if ctype == "double" else cp.float32) for _ in range(2))
         if loop.reverse:
             head = be.frame_args([a, s, gs, gm, gm if ga is None else ga, gm if gb is None else gb], B)
-            head += [cp.int32(ga is not None), cp.int32(gb is not None)]
+            head += [cp.int32(_sends(cell, ga, an, mn)), cp.int32(_sends(cell, gb, bn, pn)),
+                     cp.int32(ga is None or gb is None)]
         else:
             head = be.frame_args([a, b, s, m], B)
         dims, grid = [cp.int32(T), cp.int32(B), cp.int32(F), cp.int32(d)], (B * F + 127) // 128
@@ -159,3 +163,9 @@ def compile(be, cell, loop, chains):
         out += [(k["carry"], ((B * F + 31) // 32, d), (32, 32), (*head, *dims, cp.int32(NC), PA, PC)),
                 (k["out"], (grid, NC * d), (128,), (*head, *dims, cp.int32(L), PC))]
     return tuple(out)
+
+
+def _sends(cell, g, n, reader) -> int:
+    """The backward's has_ga / has_gb for coefficient n read by `reader`: 0 a parameter (no array), 2 where the
+    scan alone sends n's gradient (it writes it: no load of a zero), else 1 (it adds to what others sent)."""
+    return 0 if g is None else 2 if sole_gradient(cell, n, reader) else 1
