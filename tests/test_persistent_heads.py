@@ -264,3 +264,17 @@ def test_the_rows_setting_and_its_error(monkeypatch):
     monkeypatch.setenv("RNNGRAPH_PERSISTENT_ROWS", "0")
     with pytest.raises(RnnGraphError, match="RNNGRAPH_PERSISTENT_ROWS must be a whole number of rows >= 1, got '0'"):
         head_rows(16, False, 12, 132)
+
+
+@needs_cxx
+@pytest.mark.parametrize("name, H, B, dtype, per", [("slstm", 128, 16, "bfloat16", 2), ("mh_lstm", 128, 20, "float16", 3),
+                                                    ("slstm", 256, 5, "float64", 2)])
+def test_threads_holding_several_elements_load_them_before_the_gemm(name, H, B, dtype, per):
+    """A block owning a head of H/2 units holds more (b, f) elements than threads (sLSTM's 64 at B = 16: 1024 on
+    512): each thread loads its `per` elements' inputs and states into register arrays before the head's GEMM and
+    walks them unrolled (kernels._prefetch), the last one short where B·units is not a multiple of the threads."""
+    cell = load_cell(name, 8, H, heads=2)
+    got, want, be = emulated_against_numpy(cell, B=B, T=5, dtype=dtype)
+    assert_agree(got, want, dtype)
+    assert all(f"for (int i = 0; i < {per}; ++i)" in k.source and f"[{per}] = {{}}" in k.source for k in be.ran)
+    assert [k.cooperative for k in be.ran] == [False, False]

@@ -106,6 +106,7 @@ GEMV = r"""
         __syncthreads();"""
 
 
+MAX_PREFETCH = 8            # elements a thread loads into registers ahead of its phase's GEMM (_prefetch), at most
 ITEMSIZE = {ct: 8 if ct == "double" else 2 if math_type(ct) != ct else 4 for ct in CTYPES.values()}
 
 
@@ -178,18 +179,18 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
             for kind, n, lag in sources(cell, p.item.nodes, "bwd")[1].values() if kind == "grad" and lag}
     load, prologue, body, tail_loads, tail = [], [], [], [], []
     for gi, g in enumerate(groups):
-        pre, early = [], {}
+        pre, early, per = [], {}, {}
         for pi, p in enumerate(g):      # loads that need no barrier are issued before it
             ok = (lambda kind, n, lag, p=p, gi=gi: kind == "val" or mine and kind == "grad" and (
                 p.kind == "dgemm" or n not in operands and (gi >= k or n not in late))) if loop.reverse else \
                 (lambda kind, n, lag, p=p, gi=gi: kind == "val" and own(written.get(n), p, lag, gi))
             ok = (lambda *source: True) if apart else ok
-            lines, early[pi] = _prefetch(cell, p, f"r{gi}_{pi}_", arg, ok, G, B)
+            lines, early[pi], per[pi] = _prefetch(cell, p, f"r{gi}_{pi}_", arg, ok, G, B)
             pre += lines
         run = (["        grid_barrier(count, ++barriers * G);"] if need[gi] else []) + \
             [ln for pi, p in enumerate(g) for ln in _phase_lines(cell, p, arg, early[pi], woff.get(id(p)), load,
                                                                     tagged.get(swaps.get(gi)), tagged, ctype,
-                                                                    staged(p, G, apart), apart, tc)]
+                                                                    staged(p, G, apart), apart, tc, per[pi])]
         if gi < k:
             prologue += pre + run
             tail_loads += pre
@@ -221,11 +222,12 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
 
 
 def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, st: str, xw: int,
-                 apart: bool, tc=None) -> list:
+                 apart: bool, tc=None, per: int = 1) -> list:
     """The lines running phase p at frame t (its GEMV first, with its weights' load added to `load`; its x
     from tagged words where xb names their buffer; its members in `tagged` also written so; a head-wise
     GEMV staging xw columns, the block's own heads where it owns whole heads, `apart`); tc: the tensor
-    cores' layout (mma.Layout), where they run the GEMMs."""
+    cores' layout (mma.Layout), where they run the GEMMs; per: the elements a thread holds in registers loaded
+    early (_prefetch), where more than one."""
     out = [f"        {{   // {p.kind} {', '.join(nodes_of(p))}",
            f"        {block_units(p.units)}"]
     if woff is not None and tc is not None and p.heads > 1:
@@ -243,7 +245,7 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
     elif woff is not None:
         load.append(_weights(p, woff, arg))
         out.append(_gemv(cell, p, woff, arg, xb) if p.heads == 1 else _head_gemv(p, woff, arg, xw, apart))
-    return out + _epilogue(cell, p, arg, early, tagged, st) + ["        __syncthreads();\n        }"]
+    return out + _epilogue(cell, p, arg, early, tagged, st, per) + ["        __syncthreads();\n        }"]
 
 
 def _stride(groups, G: int, ctype: str):
@@ -310,12 +312,15 @@ def _gemv(cell, p, off: int, arg, xb) -> str:
 
 
 def _prefetch(cell, p, prefix: str, arg, ok, G: int, B: int) -> tuple:
-    """(lines, {name: register}) loading what phase p's per-element part reads (its body's inputs, a
-    backward body's gradients and the old values its '+=' stores add to, a dgemm's old value) into
-    registers where ok(kind, node, lag) holds, each thread its one element (b, f); none where a thread has
-    several."""
-    if p.kind == "gemm" or -(-p.units // G) * max(B, MAX_ROWS) > THREADS:
-        return [], {}
+    """(lines, {name: register}, elements a thread holds) loading what phase p's per-element part reads (its body's
+    inputs, a backward body's gradients and the old values its '+=' stores add to, a dgemm's old value) into
+    registers where ok(kind, node, lag) holds: each thread its one element (b, f), or where a thread has several
+    (a block owning a head of 64 units at B = 16: two), its elements e = tid + i·NT in register arrays [per],
+    which the phase's loop walks unrolled (_epilogue); none beyond MAX_PREFETCH elements a thread."""
+    upb = -(-p.units // G)
+    per = 1 if upb * max(B, MAX_ROWS) <= THREADS else -(-upb * B // THREADS)
+    if p.kind == "gemm" or per > MAX_PREFETCH:
+        return [], {}, 1
     if p.kind == "dgemm":
         wanted = [("old", ("grad", p.item.operand, p.item.delay))]
     else:
@@ -326,12 +331,22 @@ def _prefetch(cell, p, prefix: str, arg, ok, G: int, B: int) -> tuple:
         wanted += [(f"{nm}_old", where[nm]) for nm, _, op in spec.stores if op == "+="]
     early = {nm: (prefix + nm, src) for nm, src in wanted if ok(*src)}
     if not early:
-        return [], {}
-    lines = [f"        CT {', '.join(f'{r} = 0' for r, _ in early.values())};",
+        return [], {}, 1
+    if per == 1:
+        lines = [f"        CT {', '.join(f'{r} = 0' for r, _ in early.values())};",
+                 f"        {{  {block_units(p.units)}",
+                 "            if (tid < nu * NB) {", "                const int b = tid / nu, f = u0 + tid - b * nu;"]
+        lines += [f"                {r} = {_at(arg, src)};" for r, src in early.values()]
+        return lines + ["            }", "        }"], {nm: r for nm, (r, _) in early.items()}, 1
+    lines = [f"        CT {', '.join(f'{r}[{per}] = {{}}' for r, _ in early.values())};",
              f"        {{  {block_units(p.units)}",
-             "            if (tid < nu * NB) {", "                const int b = tid / nu, f = u0 + tid - b * nu;"]
-    lines += [f"                {r} = {_at(arg, src)};" for r, src in early.values()]
-    return lines + ["            }", "        }"], {nm: r for nm, (r, _) in early.items()}
+             "            #pragma unroll",
+             f"            for (int i = 0; i < {per}; ++i) {{",
+             "                const int e = tid + i * NT;",
+             "                if (e >= nu * NB) break;",
+             "                const int b = e / nu, f = u0 + e - b * nu;"]
+    lines += [f"                {r}[i] = {_at(arg, src)};" for r, src in early.values()]
+    return lines + ["            }", "        }"], {nm: f"{r}[i]" for nm, (r, _) in early.items()}, per
 
 
 def _at(arg, source) -> str:
@@ -340,11 +355,14 @@ def _at(arg, source) -> str:
     return f"AT({a}, {_ld(a)}, {lag}, f)"
 
 
-def _epilogue(cell, p, arg, early: dict, tagged: dict, st: str) -> list:
+def _epilogue(cell, p, arg, early: dict, tagged: dict, st: str, per: int = 1) -> list:
     """The per-(b, f) part of a phase: a GEMM's stores, a pair's stores and fused body (reading the GEMM's
-    sums as stored in element type st), a group's body."""
-    head = ["        for (int e = tid; e < nu * NB; e += NT) {",
-            "            const int b = e / nu, u = e - b * nu, f = u0 + u;", "            (void)f;"]
+    sums as stored in element type st), a group's body; per > 1: a thread's elements e = tid + i·NT, i < per,
+    unrolled, so that the registers _prefetch loaded them into are indexed by constants."""
+    walk = ["        for (int e = tid; e < nu * NB; e += NT) {"] if per == 1 else \
+        ["        #pragma unroll", f"        for (int i = 0; i < {per}; ++i) {{",
+         "            const int e = tid + i * NT;", "            if (e >= nu * NB) break;"]
+    head = walk + ["            const int b = e / nu, u = e - b * nu, f = u0 + u;", "            (void)f;"]
     if p.kind == "gemm" and p.m > 1:    # head-wise: unit f's column in each merged block
         c = arg("cat", p.item)
         return head + [f"            AT({c}, {_ld(c)}, 0, {p.units * j} + f) = gs[({j} * nu + u) * NB + b];"
