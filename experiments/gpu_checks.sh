@@ -2,6 +2,7 @@
 # The GPU checks and measurements of one device session, from the repository root on a machine with a GPU:
 #   experiments/gpu_checks.sh tests [pytest -k expression]   the GPU test suite, 8 processes
 #   experiments/gpu_checks.sh bench NAME...                   measurements, each a bench JSON (names below)
+#   experiments/gpu_checks.sh profile --impl staged --cell min_gru -T 4096 --loop scan   one step's kernels (ncu)
 # Logs and JSON go to $OUT (default: runs/gpu_checks); each step is bounded by `timeout` so one stuck step
 # leaves the others' results.
 set -uo pipefail
@@ -60,5 +61,12 @@ bench)
         esac
     done
     ;;
-*) echo "usage: $0 tests [-k expression] | bench NAME..." >&2; exit 2 ;;
+profile)
+    # one training step's kernels, each timed by Nsight Compute: experiments/kernel_profile.py's arguments
+    shift
+    timeout "${LIMIT:-300}" ncu --nvtx --nvtx-include "step/" --metrics gpu__time_duration.sum --csv \
+        python3 experiments/kernel_profile.py "$@" > "$OUT/profile.csv" 2> "$OUT/profile.err"
+    python3 experiments/kernel_profile.py --summarise "$OUT/profile.csv" | tee "$OUT/profile.txt"
+    ;;
+*) echo "usage: $0 tests [-k expression] | bench NAME... | profile [kernel_profile.py arguments]" >&2; exit 2 ;;
 esac

@@ -29,19 +29,26 @@ def step(args):
         cupy.cuda.Device().synchronize()
 
 
-def summarise(path):
-    """Kernel name -> (count, total µs), largest first, from ncu's CSV."""
-    rows = list(csv.DictReader(line for line in open(path) if line.startswith('"')))
+UNITS = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}    # ncu's -> µs
+
+
+def kernel_times(path) -> list:
+    """(kernel name, launches, total µs), largest first, from ncu's CSV (its log lines, unquoted, are skipped)."""
+    rows = csv.DictReader(line for line in open(path) if line.startswith('"'))
     total = defaultdict(lambda: [0, 0.0])
     for r in rows:
         if r.get("Metric Name") == "gpu__time_duration.sum":
-            scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}[r["Metric Unit"]]
             t = total[r["Kernel Name"][:90]]
             t[0] += 1
-            t[1] += float(r["Metric Value"].replace(",", "")) * scale
-    for name, (n, us) in sorted(total.items(), key=lambda kv: -kv[1][1]):
+            t[1] += float(r["Metric Value"].replace(",", "")) * UNITS[r["Metric Unit"]]
+    return sorted(((name, n, us) for name, (n, us) in total.items()), key=lambda row: -row[2])
+
+
+def summarise(path):
+    times = kernel_times(path)
+    for name, n, us in times:
         print(f"{us:10.1f} us {n:4d}x  {name}")
-    print(f"{sum(v[1] for v in total.values()):10.1f} us in all, {sum(v[0] for v in total.values())} kernels")
+    print(f"{sum(us for *_, us in times):10.1f} us in all, {sum(n for _, n, _ in times)} kernels")
 
 
 if __name__ == "__main__":

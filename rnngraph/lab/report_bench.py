@@ -171,8 +171,9 @@ At T = 100 a training step is bound by host work, not by the GPU: issuing one gr
 CuPy calls around four graph replays (the input in; the states, the gradients and PyTorch-layout gradients out)
 while the GPU waits, where JAX dispatches one compiled program. The same floor caps the elementwise loop's gain
 over `stages` at T = 100. At T = {T_long:,} the scan's forward takes {times(fwd)} JAX's time and its training step
-{times(train)}: the difference is in the backward, where rnngraph writes the gradient of every stored value of every
-frame into its workspace (zeroed first for each call).
+{times(train)}. At that length both spend most of a step in the same cuBLAS float32 GEMMs (the gates' input products,
+the input gradients and the weight gradients over all frames); what differs is the elementwise and scan work around
+them, which `experiments/kernel_profile.py` times kernel by kernel under Nsight Compute.
 
 The cost per frame (µs, forward / training step) of minGRU against T, from the `scan` experiment:
 
