@@ -120,5 +120,8 @@ def head_mma(p, woff: int, lay, x: str, ld: str) -> str:
         it = p.item.gemm if p.kind == "pair" else p.item
         return mma.gemm(p, woff, lay, x, ld, it.delay, col=f"{h} * {p.width} + k")
     F, WLD = p.item.sizes[0], lay.wld(p.width)
-    return "".join(mma.gemm(p, f"{woff} + {j} * nu * {WLD}", lay, x, ld, 0, col=f"{F * j} + {h} * {p.width} + k",
-                            m=1, sums=f"(gs + {j} * nu * NB)") for j in range(p.m))
+    cols = [f"{F * j} + {h} * {p.width} + k" for j in range(p.m)]
+    at_once = lay.x_buffers >= p.m          # every linear op's slice staged before the first GEMM
+    head = mma.stage_at_once(p, lay, x, ld, cols) if at_once else ""
+    return head + "".join(mma.gemm(p, f"{woff} + {j} * nu * {WLD}", lay, x, ld, 0, col=cols[j], m=1,
+                                   sums=f"(gs + {j} * nu * NB)", buffer=j if at_once else None) for j in range(p.m))

@@ -147,7 +147,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
         tc = mma.layout([p for g in groups for p in g if p.kind in ("gemm", "pair", "dgemm")], B, G, THREADS,
                         ITEMSIZE[ctype])
         woff, n_w = tc.woff, tc.weights
-        xs = -(-tc.x_rows * tc.xld * ITEMSIZE[ctype] // itemsize)
+        xs = -(-tc.x_buffers * tc.x_rows * tc.xld * ITEMSIZE[ctype] // itemsize)
         gs = max((-(-p.units // G) * p.m * B for g in groups for p in g if id(p) in woff), default=0)
         xs_off, gs_off, gp_off, total = 0, xs, xs + gs, xs + gs + THREADS // 32 * mma.SUMS
     else:

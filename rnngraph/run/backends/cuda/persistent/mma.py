@@ -56,16 +56,14 @@ static __device__ __forceinline__ float rg_tf32f(float x) { return __uint_as_flo
 GEMM = r"""
         {{  // tensor cores: the block's nq weight rows against x's NB rows, in tiles of 16 rows x 8 weight rows;
             // where there are fewer tiles than warps, S warps share a tile, each taking every S-th k-step
-            ST* xh = (ST*)xs;
+            ST* xh = (ST*)xs{xoff};
             const int nq = nu * {m}, nt = (nq + 7) >> 3, tiles = {MT} * nt, S = tiles < NT / 32 ? (NT / 32) / tiles : 1;
             float acc[{TPW}][4];
             #pragma unroll
             for (int i = 0; i < {TPW}; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
             #pragma unroll {UNROLL}
             for (int k0 = 0; k0 < {KP}; k0 += {KS}) {{
-                const int kw = min({KS}, {KP} - k0);
-{stage}
-                __syncthreads();
+                const int kw = min({KS}, {KP} - k0);{stage}
                 #pragma unroll
                 for (int i = 0; i < {TPW}; ++i) {{
                     const int wt = warp + i * (NT / 32), tile = wt / S, sl = wt - tile * S;
@@ -117,8 +115,7 @@ STAGE_WIDE = r"""                if ((((unsigned long long)&{x}[0]) & 15) == 0 &
                         const int b = e / per, k = k0 + (e - b * per) * {V};
                         rg_copy16(&xh[b * {XLD} + (e - b * per) * {V}], k < {K} ? (const void*)&{load} : (const void*){x}, k < {K});
                     }}
-                    rg_copies_wait();
-                }} else
+{wait}                }} else
 """ + STAGE
 
 A_WORDS = ("x0[h]", "x8[h]", "x0[h + 4]", "x8[h + 4]")    # a lane's A fragment: rows r and r + 8, k-words h and h + 4
@@ -143,6 +140,7 @@ class Layout:
     x_rows: int
     tiles_per_warp: int
     itemsize: int = 2
+    x_buffers: int = 1  # slices of x staged at once: a head-wise dgemm's J linear ops' output gradients (heads.py)
 
     @property
     def pad(self) -> int:
@@ -168,7 +166,10 @@ def layout(gemm_phases, B: int, G: int, threads: int, itemsize: int = 2) -> Layo
         ks[id(p)] = padded(-(-KP // -(-KP // cap)))     # slices of even width, each within the cap
         tiles = max(tiles, rows // 16 * -(-per // 8))
     xld = max(ks.values()) + pad
-    return Layout(woff, n, ks, xld, rows, -(-tiles // (threads // 32)), itemsize)
+    bufs = max((p.m for p in gemm_phases if p.kind == "dgemm" and p.heads > 1 and ks[id(p)] == padded(p.width)),
+               default=1)                       # one slice each: their J slices in flight at once
+    bufs = bufs if bufs * rows * xld * itemsize <= XS_BYTES else 1
+    return Layout(woff, n, ks, xld, rows, -(-tiles // (threads // 32)), itemsize, bufs)
 
 
 def weights(p, off: int, src: str, lay: Layout) -> str:
@@ -184,18 +185,39 @@ def weights(p, off: int, src: str, lay: Layout) -> str:
             f"        }}\n    }}")
 
 
-def gemm(p, off, lay: Layout, x: str, ld: str, lag: int, col: str = "k", m: int | None = None, sums: str = "gs") -> str:
+def gemm(p, off, lay: Layout, x: str, ld: str, lag: int, col: str = "k", m: int | None = None, sums: str = "gs",
+         buffer: int | None = None) -> str:
     """Phase p's GEMM on tensor cores over x (a frame array's pointer and row-stride arguments, read at `lag`):
     x's column `col` (an expression of k, the GEMM's column) against m·nu weight rows from offset `off` (an
     expression; m: p.m), the sums into `sums` (gs, or an offset into it). A head-wise phase's x columns are its
-    head's (heads.head_mma)."""
-    load, KP, KS = f"AT({x}, {ld}, {lag}, {col})", padded(p.width), lay.ks[id(p)]
-    slices, V = -(-KP // KS), 16 // lay.itemsize        # V: elements a 16-byte copy
+    head's (heads.head_mma). buffer: x is already staged (stage_at_once), in that buffer of xs."""
+    KP, KS = padded(p.width), lay.ks[id(p)]
+    slices = -(-KP // KS)
     cvt = "rg_tf32({})" if lay.itemsize == 4 else "{}"      # TF32: x's words rounded as they enter the MMA
-    stage = (STAGE_WIDE if p.width % V == 0 else STAGE).format(K=p.width, XLD=lay.xld, load=load, x=x, ld=ld, V=V)
+    stage = "" if buffer is not None else "\n" + _stage(p, lay, x, ld, lag, col, True) + "\n                __syncthreads();"
     return GEMM.format(m=p.m if m is None else m, MT=lay.x_rows // 16, TPW=lay.tiles_per_warp, KP=KP, KS=KS,
                        UNROLL=slices if slices <= UNROLLED_SLICES else 1, XLD=lay.xld, WLD=lay.wld(p.width), woff=off,
-                       stage=stage, gs=sums, E=4 // lay.itemsize, a=", ".join(cvt.format(v) for v in A_WORDS))
+                       stage=stage, gs=sums, E=4 // lay.itemsize, a=", ".join(cvt.format(v) for v in A_WORDS),
+                       xoff=f" + {buffer * lay.x_rows * lay.xld}" if buffer else "")
+
+
+def _stage(p, lay: Layout, x: str, ld: str, lag: int, col: str, wait: bool) -> str:
+    """The lines staging slice k0 (kw columns) of x into xh: 16-byte copies in flight at once where rows are aligned
+    (waited for here, or by the caller where `wait` is False), else loads."""
+    load, V = f"AT({x}, {ld}, {lag}, {col})", 16 // lay.itemsize        # V: elements a 16-byte copy
+    return (STAGE_WIDE if p.width % V == 0 else STAGE).format(K=p.width, XLD=lay.xld, load=load, x=x, ld=ld, V=V,
+                                                               wait="                    rg_copies_wait();\n" if wait else "")
+
+
+def stage_at_once(p, lay: Layout, x: str, ld: str, cols: list) -> str:
+    """x's columns cols[j] (expressions of k) of a one-slice phase p staged into buffers j of xs, every copy in
+    flight at once, one wait and one barrier for all (a head-wise dgemm's J output gradients: J L2 round trips
+    a frame become one)."""
+    KP = padded(p.width)
+    parts = [f"            {{   ST* xh = (ST*)xs + {j * lay.x_rows * lay.xld};\n"
+             f"                const int k0 = 0, kw = {KP};\n{_stage(p, lay, x, ld, 0, col, False)}\n            }}"
+             for j, col in enumerate(cols)]
+    return "\n        {\n" + "\n".join(parts) + "\n            rg_copies_wait();\n        }\n        __syncthreads();"
 
 
 def helpers(ctype: str) -> str:
