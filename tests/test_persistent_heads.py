@@ -278,3 +278,16 @@ def test_threads_holding_several_elements_load_them_before_the_gemm(name, H, B, 
     assert_agree(got, want, dtype)
     assert all(f"for (int i = 0; i < {per}; ++i)" in k.source and f"[{per}] = {{}}" in k.source for k in be.ran)
     assert [k.cooperative for k in be.ran] == [False, False]
+
+
+def test_a_heads_operand_stays_in_shared_memory_between_frames():
+    """heads.handed_on: sLSTM's forward on tensor cores, one head a block, also writes h into the staged rows and
+    stages it from memory only at a launch's first frame (the emulated runs above, chunked too, check the values);
+    its backward and a kernel on CUDA cores stage every frame."""
+    cell = HEAD_CELLS["slstm"]()
+    fwd, bwd = loops(cell)
+    G = block_counts(cell, fwd, 132)[0]
+    kept = persistent_kernel(cell, fwd, "rg_bf16", 16, G).source
+    assert "if (s == 0) {" in kept and "((ST*)xs)[b * " in kept
+    for k in (persistent_kernel(cell, bwd, "rg_bf16", 16, G), persistent_kernel(cell, fwd, "float", 2, G)):
+        assert "if (s == 0) {" not in k.source and "((ST*)xs)[b * " not in k.source

@@ -112,16 +112,31 @@ def one_head(groups, G: int) -> bool:
     return all(p.heads == G for g in groups for p in g if p.kind in ("gemm", "pair", "dgemm"))
 
 
-def head_mma(p, woff: int, lay, x: str, ld: str) -> str:
+def head_mma(p, woff: int, lay, x: str, ld: str, kept: bool = False) -> str:
     """The tensor-core GEMM of a head-wise phase p whose block owns one head, h = u0 / (units a head), on x (a
-    frame array's pointer and row stride: the operand, or a dgemm's output gradient)."""
+    frame array's pointer and row stride: the operand, or a dgemm's output gradient); kept: x stays in shared
+    memory from the frame before (handed_on), staged from x only at a launch's first frame."""
     h = f"(u0 / {per_unit(p)})"
     if p.kind != "dgemm":
         it = p.item.gemm if p.kind == "pair" else p.item
-        return mma.gemm(p, woff, lay, x, ld, it.delay, col=f"{h} * {p.width} + k")
+        return mma.gemm(p, woff, lay, x, ld, it.delay, col=f"{h} * {p.width} + k", first_only=kept)
     F, WLD = p.item.sizes[0], lay.wld(p.width)
     cols = [f"{F * j} + {h} * {p.width} + k" for j in range(p.m)]
     at_once = lay.x_buffers >= p.m          # every linear op's slice staged before the first GEMM
     head = mma.stage_at_once(p, lay, x, ld, cols) if at_once else ""
     return head + "".join(mma.gemm(p, f"{woff} + {j} * nu * {WLD}", lay, x, ld, 0, col=cols[j], m=1,
                                    sums=f"(gs + {j} * nu * NB)", buffer=j if at_once else None) for j in range(p.m))
+
+
+def handed_on(groups, lay):
+    """The pair phase whose fused body writes its own GEMM's operand, read one frame back, where it is the kernel's
+    only GEMM, its block owns one head on tensor cores and x is staged in one slice (sLSTM's and the multi-head
+    LSTM's forward: h): its body also writes that operand into the staged rows (shared memory), which the next
+    frame's GEMM reads as they are, so x leaves shared memory only at a launch's first frame. Else None."""
+    gemms = [p for g in groups for p in g if p.kind in ("gemm", "pair", "dgemm")]
+    if len(gemms) != 1 or gemms[0].kind != "pair" or gemms[0].heads == 1:
+        return None
+    p = gemms[0]
+    it = p.item.gemm
+    whole = p.width == per_unit(p) and lay.ks[id(p)] == mma.padded(p.width)     # the head's columns are its units
+    return p if whole and it.delay == 1 and it.operand in p.item.fused.nodes else None

@@ -30,7 +30,7 @@ from .....errors import RnnGraphError
 from ..source import CTYPES, kernel_name, math_type, rounded
 from . import mma
 from .gemv import row_sums
-from .heads import head_gemv, head_mma, head_thread_gemv, head_weight, one_head, row_stride
+from .heads import handed_on, head_gemv, head_mma, head_thread_gemv, head_weight, one_head, row_stride
 from .phases import (MAX_ROWS, THREADS, barriers, block_units, exchanges, loop_heads, nodes_of, own, per_head, phases,
                      shared_layout, sources, staged)
 
@@ -160,6 +160,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
 
     written = {n: (gi, p) for gi, g in enumerate(groups) for p in g for n in nodes_of(p)}
     apart = per_head(groups, G)     # each block owns whole heads: it reads only what it wrote, after its own sync
+    kept = handed_on(groups, tc) if apart and tc is not None else None      # its operand stays in shared memory
     need = [False] * len(groups) if apart else barriers(groups)
     swaps = {} if apart or on_tc or row_groups > 1 else exchanges(cell, groups, written, ctype, B, G)   # group -> operand in tagged words
     need = [n and gi not in swaps for gi, n in enumerate(need)]
@@ -190,7 +191,8 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
         run = (["        grid_barrier(count, ++barriers * G);"] if need[gi] else []) + \
             [ln for pi, p in enumerate(g) for ln in _phase_lines(cell, p, arg, early[pi], woff.get(id(p)), load,
                                                                     tagged.get(swaps.get(gi)), tagged, ctype,
-                                                                    staged(p, G, apart), apart, tc, per[pi])]
+                                                                    staged(p, G, apart), apart, tc, per[pi],
+                                                                    p is kept)]
         if gi < k:
             prologue += pre + run
             tail_loads += pre
@@ -222,18 +224,18 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
 
 
 def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, st: str, xw: int,
-                 apart: bool, tc=None, per: int = 1) -> list:
+                 apart: bool, tc=None, per: int = 1, kept: bool = False) -> list:
     """The lines running phase p at frame t (its GEMV first, with its weights' load added to `load`; its x
     from tagged words where xb names their buffer; its members in `tagged` also written so; a head-wise
     GEMV staging xw columns, the block's own heads where it owns whole heads, `apart`); tc: the tensor
     cores' layout (mma.Layout), where they run the GEMMs; per: the elements a thread holds in registers loaded
-    early (_prefetch), where more than one."""
+    early (_prefetch), where more than one; kept: its operand stays in shared memory (heads.handed_on)."""
     out = [f"        {{   // {p.kind} {', '.join(nodes_of(p))}",
            f"        {block_units(p.units)}"]
     if woff is not None and tc is not None and p.heads > 1:
         x = _head_x(p, arg)
         load.append(mma.weights(p, woff, head_weight(p, arg("w", p.item.gemm if p.kind == "pair" else p.item)), tc))
-        out.append(head_mma(p, woff, tc, x, _ld(x)))
+        out.append(head_mma(p, woff, tc, x, _ld(x), kept))
     elif woff is not None and tc is not None:
         src, x, lag = _operand(p, arg)
         load.append(mma.weights(p, woff, src, tc))
@@ -245,7 +247,8 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
     elif woff is not None:
         load.append(_weights(p, woff, arg))
         out.append(_gemv(cell, p, woff, arg, xb) if p.heads == 1 else _head_gemv(p, woff, arg, xw, apart))
-    return out + _epilogue(cell, p, arg, early, tagged, st, per) + ["        __syncthreads();\n        }"]
+    xs = (p.item.gemm.operand, tc.xld) if kept else None
+    return out + _epilogue(cell, p, arg, early, tagged, st, per, xs) + ["        __syncthreads();\n        }"]
 
 
 def _stride(groups, G: int, ctype: str):
@@ -355,10 +358,11 @@ def _at(arg, source) -> str:
     return f"AT({a}, {_ld(a)}, {lag}, f)"
 
 
-def _epilogue(cell, p, arg, early: dict, tagged: dict, st: str, per: int = 1) -> list:
+def _epilogue(cell, p, arg, early: dict, tagged: dict, st: str, per: int = 1, xs=None) -> list:
     """The per-(b, f) part of a phase: a GEMM's stores, a pair's stores and fused body (reading the GEMM's
     sums as stored in element type st), a group's body; per > 1: a thread's elements e = tid + i·NT, i < per,
-    unrolled, so that the registers _prefetch loaded them into are indexed by constants."""
+    unrolled, so that the registers _prefetch loaded them into are indexed by constants; xs: (node, row stride) a
+    pair's body also writes into the staged rows of x (heads.handed_on)."""
     walk = ["        for (int e = tid; e < nu * NB; e += NT) {"] if per == 1 else \
         ["        #pragma unroll", f"        for (int i = 0; i < {per}; ++i) {{",
          "            const int e = tid + i * NT;", "            if (e >= nu * NB) break;"]
@@ -386,7 +390,8 @@ def _epilogue(cell, p, arg, early: dict, tagged: dict, st: str, per: int = 1) ->
                  for j in range(len(gemm.nodes))]
         lines += [f"            AT({c}, {_ld(c)}, 0, {p.units * j} + f) = g{j};" for j in range(len(gemm.nodes))]
         given = {n: f"g{j}" for j, n in enumerate(gemm.nodes)}
-        return head + lines + _body(cell, fused.nodes, "fwd", arg, given, early, tagged, st) + ["        }"]
+        kept = [f"            ((ST*)xs)[b * {xs[1]} + u] = v{fused.nodes.index(xs[0])};"] if xs else []   # as stored
+        return head + lines + _body(cell, fused.nodes, "fwd", arg, given, early, tagged, st) + kept + ["        }"]
     return head + _body(cell, p.item.nodes, "fwd" if p.kind == "fused" else "bwd", arg, {}, early, tagged, st) + \
         ["        }"]
 

@@ -186,15 +186,19 @@ def weights(p, off: int, src: str, lay: Layout) -> str:
 
 
 def gemm(p, off, lay: Layout, x: str, ld: str, lag: int, col: str = "k", m: int | None = None, sums: str = "gs",
-         buffer: int | None = None) -> str:
+         buffer: int | None = None, first_only: bool = False) -> str:
     """Phase p's GEMM on tensor cores over x (a frame array's pointer and row-stride arguments, read at `lag`):
     x's column `col` (an expression of k, the GEMM's column) against m·nu weight rows from offset `off` (an
     expression; m: p.m), the sums into `sums` (gs, or an offset into it). A head-wise phase's x columns are its
-    head's (heads.head_mma). buffer: x is already staged (stage_at_once), in that buffer of xs."""
+    head's (heads.head_mma). buffer: x is already staged (stage_at_once), in that buffer of xs; first_only: staged
+    at a launch's first frame only (the frames after write it into xs themselves: heads.handed_on)."""
     KP, KS = padded(p.width), lay.ks[id(p)]
     slices = -(-KP // KS)
     cvt = "rg_tf32({})" if lay.itemsize == 4 else "{}"      # TF32: x's words rounded as they enter the MMA
-    stage = "" if buffer is not None else "\n" + _stage(p, lay, x, ld, lag, col, True) + "\n                __syncthreads();"
+    stage = "" if buffer is not None else "\n" + _stage(p, lay, x, ld, lag, col, True)
+    if first_only:
+        stage = "\n                if (s == 0) {" + stage + "\n                }"
+    stage += "" if buffer is not None else "\n                __syncthreads();"
     return GEMM.format(m=p.m if m is None else m, MT=lay.x_rows // 16, TPW=lay.tiles_per_warp, KP=KP, KS=KS,
                        UNROLL=slices if slices <= UNROLLED_SLICES else 1, XLD=lay.xld, WLD=lay.wld(p.width), woff=off,
                        stage=stage, gs=sums, E=4 // lay.itemsize, a=", ".join(cvt.format(v) for v in A_WORDS),
