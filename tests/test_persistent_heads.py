@@ -281,13 +281,18 @@ def test_threads_holding_several_elements_load_them_before_the_gemm(name, H, B, 
 
 
 def test_a_heads_operand_stays_in_shared_memory_between_frames():
-    """heads.handed_on: sLSTM's forward on tensor cores, one head a block, also writes h into the staged rows and
-    stages it from memory only at a launch's first frame (the emulated runs above, chunked too, check the values);
-    its backward and a kernel on CUDA cores stage every frame."""
+    """heads.handed_on: sLSTM's forward, its blocks owning whole heads, also writes h into the staged rows (on
+    tensor cores as stored, on CUDA cores as the stored value in float) and stages it from memory only at a
+    launch's first frame (the emulated runs above, chunked too, check the values); its backward stages every
+    frame, and so does a forward whose heads split over blocks."""
     cell = HEAD_CELLS["slstm"]()
     fwd, bwd = loops(cell)
-    G = block_counts(cell, fwd, 132)[0]
-    kept = persistent_kernel(cell, fwd, "rg_bf16", 16, G).source
-    assert "if (s == 0) {" in kept and "((ST*)xs)[b * " in kept
-    for k in (persistent_kernel(cell, bwd, "rg_bf16", 16, G), persistent_kernel(cell, fwd, "float", 2, G)):
-        assert "if (s == 0) {" not in k.source and "((ST*)xs)[b * " not in k.source
+    G, *more = block_counts(cell, fwd, 132)
+    tc = persistent_kernel(cell, fwd, "rg_bf16", 16, G).source
+    assert "                if (s == 0) {" in tc and "((ST*)xs)[b * " in tc
+    cores = persistent_kernel(cell, fwd, "rg_bf16", 2, G).source
+    assert "if (s == 0) for (int e = tid;" in cores and "xs[b * 4 + u] = rg_rounded<rg_bf16>(" in cores
+    staged_each_frame = [persistent_kernel(cell, bwd, "rg_bf16", 16, G), persistent_kernel(cell, bwd, "float", 2, G)]
+    staged_each_frame += [persistent_kernel(cell, fwd, "float", 2, g) for g in more]
+    for k in staged_each_frame:
+        assert "if (s == 0)" not in k.source and "xs[b * " not in k.source

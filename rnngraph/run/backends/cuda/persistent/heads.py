@@ -24,7 +24,7 @@ from . import mma
 from .gemv import row_sums
 
 HEAD_GEMV = r"""
-        for (int e = tid; e < NB * {XW}; e += NT) {{
+        {first}for (int e = tid; e < NB * {XW}; e += NT) {{
             const int b = e / {XW}, r = e - b * {XW}, h = {h0} + r / {SW}, i = r - (r / {SW}) * {SW};
             {stage}
         }}
@@ -62,14 +62,15 @@ def row_stride(width: int, itemsize: int) -> int:
     return s
 
 
-def head_thread_gemv(p, woff: int, x: str, ld: str, xw: int, stride: int) -> str:
+def head_thread_gemv(p, woff: int, x: str, ld: str, xw: int, stride: int, kept: bool = False) -> str:
     """The GEMV of head-wise phase p in a block owning whole heads, a thread a sum (HEAD_THREAD_GEMV): x staged as
-    head_gemv stages it, the block's weight rows `stride` apart."""
+    head_gemv stages it, the block's weight rows `stride` apart; kept: x stays in shared memory from the frame
+    before (handed_on), staged from memory only at a launch's first frame."""
     stage, xoff = _staging(p, x, ld, True)
     k4 = p.width // 4 * 4
     rest = "".join(f"\n                {{ const CT wk = w[{k}]; a{j} += x[{k}] * wk; }}" for j, k in enumerate(range(k4, p.width)))
     return HEAD_THREAD_GEMV.format(XW=xw, SW=p.head_width, stage=stage, h0=f"(u0 / {per_unit(p)})", m=p.m, woff=woff,
-                                   RS=stride, xoff=xoff, K4=k4, rest=rest)
+                                   RS=stride, xoff=xoff, K4=k4, rest=rest, first="if (s == 0) " if kept else "")
 
 
 def _staging(p, x: str, ld: str, apart: bool) -> tuple:
@@ -94,7 +95,7 @@ def head_gemv(p, woff: int, x: str, ld: str, xw: int, apart: bool) -> str:
     sw, h0 = p.head_width, f"(u0 / {per_unit(p)})" if apart else "0"
     stage, xoff = _staging(p, x, ld, apart)
     xdecl = f"\n                const CT* x = xs + {xoff};     // the staged columns of row q's head (and linear op)"
-    return HEAD_GEMV.format(XW=xw, SW=sw, stage=stage, h0=h0) + row_sums(p.m, woff, p.width, xw, "x", xdecl,
+    return HEAD_GEMV.format(XW=xw, SW=sw, stage=stage, h0=h0, first="") + row_sums(p.m, woff, p.width, xw, "x", xdecl,
                                                                           " of one head each", "row")
 
 
@@ -128,15 +129,16 @@ def head_mma(p, woff: int, lay, x: str, ld: str, kept: bool = False) -> str:
                                    sums=f"(gs + {j} * nu * NB)", buffer=j if at_once else None) for j in range(p.m))
 
 
-def handed_on(groups, lay):
-    """The pair phase whose fused body writes its own GEMM's operand, read one frame back, where it is the kernel's
-    only GEMM, its block owns one head on tensor cores and x is staged in one slice (sLSTM's and the multi-head
-    LSTM's forward: h): its body also writes that operand into the staged rows (shared memory), which the next
-    frame's GEMM reads as they are, so x leaves shared memory only at a launch's first frame. Else None."""
+def handed_on(groups, lay=None):
+    """In a kernel whose blocks own whole heads, the pair phase whose fused body writes its own GEMM's operand, read
+    one frame back, where it is the kernel's only GEMM, a head's operand columns are its units and, on tensor cores
+    (lay), x is staged in one slice (sLSTM's and the multi-head LSTM's forward: h): its body also writes that
+    operand into the staged rows (shared memory), which the next frame's GEMM reads as they are, so x leaves
+    shared memory only at a launch's first frame. Else None."""
     gemms = [p for g in groups for p in g if p.kind in ("gemm", "pair", "dgemm")]
     if len(gemms) != 1 or gemms[0].kind != "pair" or gemms[0].heads == 1:
         return None
     p = gemms[0]
     it = p.item.gemm
-    whole = p.width == per_unit(p) and lay.ks[id(p)] == mma.padded(p.width)     # the head's columns are its units
+    whole = p.width == per_unit(p) and (lay is None or lay.ks[id(p)] == mma.padded(p.width))
     return p if whole and it.delay == 1 and it.operand in p.item.fused.nodes else None

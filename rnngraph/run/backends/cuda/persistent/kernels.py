@@ -160,7 +160,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
 
     written = {n: (gi, p) for gi, g in enumerate(groups) for p in g for n in nodes_of(p)}
     apart = per_head(groups, G)     # each block owns whole heads: it reads only what it wrote, after its own sync
-    kept = handed_on(groups, tc) if apart and tc is not None else None      # its operand stays in shared memory
+    kept = handed_on(groups, tc) if apart else None      # its operand stays in shared memory between frames
     need = [False] * len(groups) if apart else barriers(groups)
     swaps = {} if apart or on_tc or row_groups > 1 else exchanges(cell, groups, written, ctype, B, G)   # group -> operand in tagged words
     need = [n and gi not in swaps for gi, n in enumerate(need)]
@@ -243,11 +243,14 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
     elif woff is not None and p.heads > 1 and apart:     # a thread a sum, the rows padded apart
         x, rs = _head_x(p, arg), row_stride(p.width, ITEMSIZE[st])
         load.append(_weights(p, woff, arg, rs))
-        out.append(head_thread_gemv(p, woff, x, _ld(x), xw, rs))
+        out.append(head_thread_gemv(p, woff, x, _ld(x), xw, rs, kept))
     elif woff is not None:
         load.append(_weights(p, woff, arg))
         out.append(_gemv(cell, p, woff, arg, xb) if p.heads == 1 else _head_gemv(p, woff, arg, xw, apart))
-    xs = (p.item.gemm.operand, tc.xld) if kept else None
+    xs = None
+    if kept:                # the operand as stored, where the next frame's GEMM reads it
+        v = f"v{p.item.fused.nodes.index(p.item.gemm.operand)}"
+        xs = f"((ST*)xs)[b * {tc.xld} + u] = {v};" if tc else f"xs[b * {xw} + u] = {rounded(v, st)};"
     return out + _epilogue(cell, p, arg, early, tagged, st, per, xs) + ["        __syncthreads();\n        }"]
 
 
@@ -361,8 +364,8 @@ def _at(arg, source) -> str:
 def _epilogue(cell, p, arg, early: dict, tagged: dict, st: str, per: int = 1, xs=None) -> list:
     """The per-(b, f) part of a phase: a GEMM's stores, a pair's stores and fused body (reading the GEMM's
     sums as stored in element type st), a group's body; per > 1: a thread's elements e = tid + i·NT, i < per,
-    unrolled, so that the registers _prefetch loaded them into are indexed by constants; xs: (node, row stride) a
-    pair's body also writes into the staged rows of x (heads.handed_on)."""
+    unrolled, so that the registers _prefetch loaded them into are indexed by constants; xs: the line by which a
+    pair's body also writes its GEMM's operand into the staged rows of x (heads.handed_on)."""
     walk = ["        for (int e = tid; e < nu * NB; e += NT) {"] if per == 1 else \
         ["        #pragma unroll", f"        for (int i = 0; i < {per}; ++i) {{",
          "            const int e = tid + i * NT;", "            if (e >= nu * NB) break;"]
@@ -390,7 +393,7 @@ def _epilogue(cell, p, arg, early: dict, tagged: dict, st: str, per: int = 1, xs
                  for j in range(len(gemm.nodes))]
         lines += [f"            AT({c}, {_ld(c)}, 0, {p.units * j} + f) = g{j};" for j in range(len(gemm.nodes))]
         given = {n: f"g{j}" for j, n in enumerate(gemm.nodes)}
-        kept = [f"            ((ST*)xs)[b * {xs[1]} + u] = v{fused.nodes.index(xs[0])};"] if xs else []   # as stored
+        kept = ["            " + xs] if xs else []
         return head + lines + _body(cell, fused.nodes, "fwd", arg, given, early, tagged, st) + kept + ["        }"]
     return head + _body(cell, p.item.nodes, "fwd" if p.kind == "fused" else "bwd", arg, {}, early, tagged, st) + \
         ["        }"]
