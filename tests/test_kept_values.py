@@ -93,11 +93,11 @@ def test_a_backward_spec_stores_kept_gradients_and_reads_only_what_arrives():
 
 
 def test_the_gpu_runs_every_elementwise_group_storing_only_what_is_read():
-    """rows.group_kernel: minGRU's gate group over all frames stores z, h̃, 1 − z and z ⊙ h̃ (not the gate sum, which
-    only its sigmoid reads); its backward stores the two bias gradients and the linears' and loads only what the
+    """rows.group_kernel: minGRU's gate group over all frames stores z, h̃, 1 − z and z ⊙ h̃ (not the gate sum,
+    which only its sigmoid reads); its backward stores the two bias gradients and the linears' and loads only what the
     scan sends (1 − z's and z ⊙ h̃'s); a row group and the atomic backward are as before."""
     from rnngraph.run.backends.cuda.fused import fused_backward_kernel, fused_forward_kernel
-    from rnngraph.run.backends.cuda.rows import group_kernel, row_backward_kernel, row_forward_kernel
+    from rnngraph.run.backends.cuda.rows import group_kernel, row_backward_kernel, row_forward_kernel, row_group
     cell = load_cell("min_gru", 4, 8)
     (group,) = [it for it in build_schedule(cell, loop="scan").pre if isinstance(it, Fused)]
     fwd = group_kernel(cell, group.nodes, "fwd")
@@ -112,7 +112,7 @@ def test_the_gpu_runs_every_elementwise_group_storing_only_what_is_read():
     assert atomic.source("float") == fused_backward_kernel(cell, group.nodes, set(cell.params), True).source("float")
     norm = load_cell("layernorm_lstm", 4, 8)
     rows = next(it for st in build_schedule(norm, loop="stages").loop for it in st
-                if isinstance(it, Fused) and group_kernel(norm, it.nodes, "fwd").source("float")[0].startswith("rg_row"))
+                if isinstance(it, Fused) and row_group(norm, it.nodes))
     assert group_kernel(norm, rows.nodes, "fwd").source("float") == row_forward_kernel(norm, rows.nodes).source("float")
     assert group_kernel(norm, rows.nodes, "bwd").source("float") == \
         row_backward_kernel(norm, rows.nodes, set(norm.params)).source("float")
@@ -131,3 +131,7 @@ def test_the_gpu_finite_check_skips_what_its_kernels_never_store():
     ind = build_schedule(load_cell("indrnn", 4, 8), loop="elementwise")
     assert CupyBackend.unstored(None, ind) == CupyBackend.unstored(None, build_schedule(ind.cell, loop="stages")) - {
         n for st in ind.loop for it in st if isinstance(it, Fused) for n in it.nodes}
+    from rnngraph.run.backends.cuda.rows import row_group
+    norm = build_schedule(load_cell("layernorm_lstm", 4, 8), loop="stages")
+    rows = {n for it in norm.items if isinstance(it, Fused) and row_group(norm.cell, it.nodes) for n in it.nodes}
+    assert rows and not CupyBackend.unstored(None, norm) & rows

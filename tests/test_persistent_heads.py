@@ -267,8 +267,8 @@ def test_the_rows_setting_and_its_error(monkeypatch):
 
 
 @needs_cxx
-@pytest.mark.parametrize("name, H, B, dtype, per", [("slstm", 128, 16, "bfloat16", 2), ("mh_lstm", 128, 20, "float16", 3),
-                                                    ("slstm", 256, 5, "float64", 2)])
+@pytest.mark.parametrize("name, H, B, dtype, per", [("slstm", 128, 16, "bfloat16", 2),
+                                                    ("mh_lstm", 128, 20, "float16", 3), ("slstm", 256, 5, "float64", 2)])
 def test_threads_holding_several_elements_load_them_before_the_gemm(name, H, B, dtype, per):
     """A block owning a head of H/2 units holds more (b, f) elements than threads (sLSTM's 64 at B = 16: 1024 on
     512): each thread loads its `per` elements' inputs and states into register arrays before the head's GEMM and

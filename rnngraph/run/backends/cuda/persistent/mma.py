@@ -209,8 +209,9 @@ def _stage(p, lay: Layout, x: str, ld: str, lag: int, col: str, wait: bool) -> s
     """The lines staging slice k0 (kw columns) of x into xh: 16-byte copies in flight at once where rows are aligned
     (waited for here, or by the caller where `wait` is False), else loads."""
     load, V = f"AT({x}, {ld}, {lag}, {col})", 16 // lay.itemsize        # V: elements a 16-byte copy
+    waits = "                    rg_copies_wait();\n" if wait else ""
     return (STAGE_WIDE if p.width % V == 0 else STAGE).format(K=p.width, XLD=lay.xld, load=load, x=x, ld=ld, V=V,
-                                                               wait="                    rg_copies_wait();\n" if wait else "")
+                                                               wait=waits)
 
 
 def stage_at_once(p, lay: Layout, x: str, ld: str, cols: list) -> str:
