@@ -9,9 +9,12 @@ between the engines (the same arithmetic up to rounding order). A measurement, n
 
     python experiments/word_lm_cpu.py [--hidden 128] [--vocab 10000] [--batches 0 (the whole epoch)]
                                       [--torch-threads N] (OPENBLAS_NUM_THREADS=N sets numpy's BLAS threads)
+                                      [--json FILE] (the machine, settings and each engine's epoch, which
+                                      docs/performance.md reads from results/bench/word_lm.json)
 """
 import argparse
 import functools
+import json
 import re
 import statistics
 import sys
@@ -99,6 +102,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=int, default=0, help="windows per epoch (0: the whole corpus)")
     ap.add_argument("--engines", default="torch,rnngraph_cpu,rnngraph_numpy")
     ap.add_argument("--torch-threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
+    ap.add_argument("--json", metavar="FILE", help="also write the machine, the settings and each engine's epoch here")
     args = ap.parse_args(argv)
     import torch
     if args.torch_threads:
@@ -122,6 +126,12 @@ def main(argv=None) -> int:
         for name, (s, _) in runs.items():
             if name != "torch":
                 print(f"{name} / torch: {s / runs['torch'][0]:.2f}x")
+    if args.json:
+        results = [{"engine": name, "s_per_epoch": s, "windows": len(losses), "ms_per_window": 1e3 * s / len(losses),
+                    "first_loss": losses[0], "last_loss": statistics.mean(losses[-20:])}
+                   for name, (s, losses) in runs.items()]
+        doc = {"machine": info, "settings": dict(vars(args), tokens=len(data)), "results": results}
+        Path(args.json).write_text(json.dumps(doc, indent=1))
     return 0
 
 

@@ -1,7 +1,7 @@
 """The sections of docs/performance.md on whole models, newer cells and calls of many shapes: the char-LM through
 rnngraph.torch against torch.nn.LSTM (`rnngraph bench --model`), the head-wise cells, the compiled CPU backend
-against torch on the CPU, a long sequence's memory, and what chunks of time and calls of random shapes cost in
-graph mode."""
+against torch on the CPU, a word-level model through rnngraph.torch on the CPU, a long sequence's memory, and what
+chunks of time and calls of random shapes cost in graph mode."""
 from __future__ import annotations
 
 import re
@@ -195,6 +195,34 @@ oneDNN runs the LSTM's per-frame GEMMs on weights it packed once; numpy's OpenBL
 B = {B} rnngraph's forward takes {times(ratio(ours, nn, "forward"))} oneDNN's. The command unsets `OPENBLAS_CORETYPE`,
 which this machine's environment sets to Haswell kernels (half the SkylakeX kernels' speed for the hoisted
 GEMM)."""
+
+
+def word_lm(results: Results, findings: Findings) -> str:
+    doc = results.bench("word_lm")
+    st, runs = doc["settings"], {r["engine"]: r for r in doc["records"]}
+    names = {"torch": "torch.nn.LSTM", "rnngraph_cpu": "rnngraph.torch.LSTM (compiled CPU backend)",
+             "rnngraph_numpy": "rnngraph.torch.LSTM on the numpy reference engine"}
+    nn = runs["torch"]
+    rows = [[names[e], num(r["s_per_epoch"]), num(r["ms_per_window"]), times(r["s_per_epoch"] / nn["s_per_epoch"]),
+             f"{r['first_loss']:.4f} → {r['last_loss']:.4f}"] for e, r in runs.items()]
+    ours = runs["rnngraph_cpu"]
+    findings.compare("A word-level model on the CPU", "the word-level model on the CPU, a window",
+                     {"train_ms": ours["ms_per_window"]}, {"train_ms": nn["ms_per_window"]}, "torch.nn.LSTM")
+    return f"""## A word-level model on the CPU
+
+An ordinary word-level language model written for `torch.nn.LSTM` (the bundled text, its {st['vocab']:,} most
+frequent words, an embedding, {st['layers']} LSTM layers of {st['hidden']}, a linear decoder, cross-entropy;
+{st['batch']} streams, BPTT {st['bptt']}, plain SGD with gradient clipping, the states carried across windows), trained
+for one epoch of {nn['windows']} windows with `torch.nn.LSTM` and with `rnngraph.torch.LSTM` swapped in, from the same
+weights, in one process on the 2-core machine of the section above ({_libraries(doc['metadata']['cpu'])}).
+
+{table(["engine", "seconds an epoch", "ms a window", "÷ torch.nn.LSTM", "loss: first → mean of the last 20"], rows)}
+
+{source(doc)}
+
+The losses differ only by rounding order: the same model learns the same way through either layer. The engines
+train one after another, so a change in the machine's load between them moves the ratio; compare several runs
+before reading much into a few percent."""
 
 
 def _libraries(cpu: str) -> str:

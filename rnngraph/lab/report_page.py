@@ -8,7 +8,7 @@ import shlex
 
 from .figures import NAMES, headline_table
 from .report_bench import against_cudnn, half, headline, loops, norm, persistent, through_torch
-from .report_models import charlm, cpu, heads, memory, shapes
+from .report_models import charlm, cpu, heads, memory, shapes, word_lm
 from .report_tensor import tf32, wider
 from .report_data import Findings, Results, best_val, num, per_frame, record, rel, seconds, source, table
 
@@ -265,5 +265,5 @@ These are not among the stored measurements:
 - the compiled CPU backend at B = 64, H = 512 (`rnngraph bench --impls staged,torch_cpu,torch_compile` on a machine
   without a GPU times it)."""
 
-SECTIONS = [against_cudnn, persistent, half, wider, tf32, loops, norm, through_torch, charlm, heads, cpu, memory,
-            shapes, experiments, training]
+SECTIONS = [against_cudnn, persistent, half, wider, tf32, loops, norm, through_torch, charlm, heads, cpu, word_lm,
+            memory, shapes, experiments, training]
