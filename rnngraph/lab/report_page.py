@@ -262,8 +262,8 @@ These are not among the stored measurements:
 - FlashRNN, which is not installed on the GPU machine (`rnngraph bench --impls flashrnn` times it where it is);
 - the host time of a training step through `rnngraph.torch` against the raw layer, synced and pipelined
   (`experiments/profile_torch_step.py`);
-- the compiled CPU backend at B = 64, H = 512 (`rnngraph bench --impls staged,torch_cpu,torch_compile` on a machine
-  without a GPU times it)."""
+- the compiled CPU backend at B = 64, H = 512 against torch.compile and the torch eager loop (`rnngraph bench
+  --impls staged,torch_compile,torch_eager` on a machine without a GPU times them)."""
 
 SECTIONS = [against_cudnn, persistent, half, wider, tf32, loops, norm, through_torch, charlm, heads, cpu, word_lm,
             memory, shapes, experiments, training]
