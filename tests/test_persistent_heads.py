@@ -272,7 +272,7 @@ def test_the_rows_setting_and_its_error(monkeypatch):
 def test_threads_holding_several_elements_load_them_before_the_gemm(name, H, B, dtype, per):
     """A block owning a head of H/2 units holds more (b, f) elements than threads (sLSTM's 64 at B = 16: 1024 on
     512): each thread loads its `per` elements' inputs and states into register arrays before the head's GEMM and
-    walks them unrolled (kernels._prefetch), the last one short where B·units is not a multiple of the threads."""
+    walks them unrolled (elements.prefetch), the last one short where B·units is not a multiple of the threads."""
     cell = load_cell(name, 8, H, heads=2)
     got, want, be = emulated_against_numpy(cell, B=B, T=5, dtype=dtype)
     assert_agree(got, want, dtype)

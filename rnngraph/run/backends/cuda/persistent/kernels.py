@@ -30,6 +30,7 @@ from .....errors import RnnGraphError
 from ..source import CTYPES, kernel_name, math_type, rounded
 from . import mma
 from .gemv import row_sums
+from .elements import epilogue, ld_arg, prefetch
 from .heads import handed_on, head_gemv, head_mma, head_thread_gemv, head_weight, one_head, row_stride
 from .phases import (MAX_ROWS, THREADS, barriers, block_units, exchanges, loop_heads, nodes_of, own, per_head, phases,
                      shared_layout, sources, staged)
@@ -106,7 +107,6 @@ GEMV = r"""
         __syncthreads();"""
 
 
-MAX_PREFETCH = 8            # elements a thread loads into registers ahead of its phase's GEMM (_prefetch), at most
 ITEMSIZE = {ct: 8 if ct == "double" else 2 if math_type(ct) != ct else 4 for ct in CTYPES.values()}
 
 
@@ -186,7 +186,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
                 p.kind == "dgemm" or n not in operands and (gi >= k or n not in late))) if loop.reverse else \
                 (lambda kind, n, lag, p=p, gi=gi: kind == "val" and own(written.get(n), p, lag, gi))
             ok = (lambda *source: True) if apart else ok
-            lines, early[pi], per[pi] = _prefetch(cell, p, f"r{gi}_{pi}_", arg, ok, G, B)
+            lines, early[pi], per[pi] = prefetch(cell, p, f"r{gi}_{pi}_", arg, ok, G, B)
             pre += lines
         run = (["        grid_barrier(count, ++barriers * G);"] if need[gi] else []) + \
             [ln for pi, p in enumerate(g) for ln in _phase_lines(cell, p, arg, early[pi], woff.get(id(p)), load,
@@ -229,21 +229,21 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
     from tagged words where xb names their buffer; its members in `tagged` also written so; a head-wise
     GEMV staging xw columns, the block's own heads where it owns whole heads, `apart`); tc: the tensor
     cores' layout (mma.Layout), where they run the GEMMs; per: the elements a thread holds in registers loaded
-    early (_prefetch), where more than one; kept: its operand stays in shared memory (heads.handed_on)."""
+    early (elements.prefetch), where more than one; kept: its operand stays in shared memory (heads.handed_on)."""
     out = [f"        {{   // {p.kind} {', '.join(nodes_of(p))}",
            f"        {block_units(p.units)}"]
     if woff is not None and tc is not None and p.heads > 1:
         x = _head_x(p, arg)
         load.append(mma.weights(p, woff, head_weight(p, arg("w", p.item.gemm if p.kind == "pair" else p.item)), tc))
-        out.append(head_mma(p, woff, tc, x, _ld(x), kept))
+        out.append(head_mma(p, woff, tc, x, ld_arg(x), kept))
     elif woff is not None and tc is not None:
         src, x, lag = _operand(p, arg)
         load.append(mma.weights(p, woff, src, tc))
-        out.append(mma.gemm(p, woff, tc, x, _ld(x), lag))
+        out.append(mma.gemm(p, woff, tc, x, ld_arg(x), lag))
     elif woff is not None and p.heads > 1 and apart:     # a thread a sum, the rows padded apart
         x, rs = _head_x(p, arg), row_stride(p.width, ITEMSIZE[st])
         load.append(_weights(p, woff, arg, rs))
-        out.append(head_thread_gemv(p, woff, x, _ld(x), xw, rs, kept))
+        out.append(head_thread_gemv(p, woff, x, ld_arg(x), xw, rs, kept))
     elif woff is not None:
         load.append(_weights(p, woff, arg))
         out.append(_gemv(cell, p, woff, arg, xb) if p.heads == 1 else _head_gemv(p, woff, arg, xw, apart))
@@ -251,7 +251,7 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
     if kept:                # the operand as stored, where the next frame's GEMM reads it
         v = f"v{p.item.fused.nodes.index(p.item.gemm.operand)}"
         xs = f"((ST*)xs)[b * {tc.xld} + u] = {v};" if tc else f"xs[b * {xw} + u] = {rounded(v, st)};"
-    return out + _epilogue(cell, p, arg, early, tagged, st, per, xs) + ["        __syncthreads();\n        }"]
+    return out + epilogue(cell, p, arg, early, tagged, st, per, xs) + ["        __syncthreads();\n        }"]
 
 
 def _stride(groups, G: int, ctype: str):
@@ -263,17 +263,12 @@ def _stride(groups, G: int, ctype: str):
 def _head_gemv(p, woff: int, arg, xw: int, apart: bool) -> str:
     """A head-wise phase's GEMV (heads.py) on its x."""
     x = _head_x(p, arg)
-    return head_gemv(p, woff, x, _ld(x), xw, apart)
+    return head_gemv(p, woff, x, ld_arg(x), xw, apart)
 
 
 def _head_x(p, arg) -> str:
     """The x of head-wise phase p: the operand's values, or a dgemm's output gradient."""
     return arg("dcat", p.item) if p.kind == "dgemm" else arg("val", (p.item.gemm if p.kind == "pair" else p.item).operand)
-
-
-def _ld(pointer: str) -> str:
-    """The row-stride argument of a frame array's pointer argument (pp<k> -> ld<k>)."""
-    return "ld" + pointer[2:]
 
 
 def _operand(p, arg) -> tuple:
@@ -310,111 +305,8 @@ def _gemv(cell, p, off: int, arg, xb) -> str:
     else:
         it = p.item.gemm if p.kind == "pair" else p.item
         x, lag = arg("val", it.operand), it.delay
-    stage = f"xs[e] = AT({x}, {_ld(x)}, {lag}, k);"
+    stage = f"xs[e] = AT({x}, {ld_arg(x)}, {lag}, k);"
     if xb:
-        stage = (f"xs[e] = t - {lag} < 0 ? AT({x}, {_ld(x)}, {lag}, k) : "
+        stage = (f"xs[e] = t - {lag} < 0 ? AT({x}, {ld_arg(x)}, {lag}, k) : "
                  f"exchanged({xb} + (((t - {lag}) & 1) * NB + b) * {p.width} + k, tags + t - {lag});")
     return GEMV.format(K=p.width, stage=stage) + row_sums(p.m, off, p.width, p.width)
-
-
-def _prefetch(cell, p, prefix: str, arg, ok, G: int, B: int) -> tuple:
-    """(lines, {name: register}, elements a thread holds) loading what phase p's per-element part reads (its body's
-    inputs, a backward body's gradients and the old values its '+=' stores add to, a dgemm's old value) into
-    registers where ok(kind, node, lag) holds: each thread its one element (b, f), or where a thread has several
-    (a block owning a head of 64 units at B = 16: two), its elements e = tid + i·NT in register arrays [per],
-    which the phase's loop walks unrolled (_epilogue); none beyond MAX_PREFETCH elements a thread."""
-    upb = -(-p.units // G)
-    per = 1 if upb * max(B, MAX_ROWS) <= THREADS else -(-upb * B // THREADS)
-    if p.kind == "gemm" or per > MAX_PREFETCH:
-        return [], {}, 1
-    if p.kind == "dgemm":
-        wanted = [("old", ("grad", p.item.operand, p.item.delay))]
-    else:
-        nodes, given = (p.item.fused.nodes, set(p.item.gemm.nodes)) if p.kind == "pair" else (p.item.nodes, set())
-        spec, where = sources(cell, nodes, "bwd" if p.kind == "dfused" else "fwd")
-        wanted = [(nm, where[nm]) for nm in spec.read_inputs() if where[nm][1] not in given or where[nm][2]]
-        wanted += [(nm, where[nm]) for nm in spec.arrivals()]
-        wanted += [(f"{nm}_old", where[nm]) for nm, _, op in spec.stores if op == "+="]
-    early = {nm: (prefix + nm, src) for nm, src in wanted if ok(*src)}
-    if not early:
-        return [], {}, 1
-    if per == 1:
-        lines = [f"        CT {', '.join(f'{r} = 0' for r, _ in early.values())};",
-                 f"        {{  {block_units(p.units)}",
-                 "            if (tid < nu * NB) {", "                const int b = tid / nu, f = u0 + tid - b * nu;"]
-        lines += [f"                {r} = {_at(arg, src)};" for r, src in early.values()]
-        return lines + ["            }", "        }"], {nm: r for nm, (r, _) in early.items()}, 1
-    lines = [f"        CT {', '.join(f'{r}[{per}] = {{}}' for r, _ in early.values())};",
-             f"        {{  {block_units(p.units)}",
-             "            #pragma unroll",
-             f"            for (int i = 0; i < {per}; ++i) {{",
-             "                const int e = tid + i * NT;",
-             "                if (e >= nu * NB) break;",
-             "                const int b = e / nu, f = u0 + e - b * nu;"]
-    lines += [f"                {r}[i] = {_at(arg, src)};" for r, src in early.values()]
-    return lines + ["            }", "        }"], {nm: f"{r}[i]" for nm, (r, _) in early.items()}, per
-
-
-def _at(arg, source) -> str:
-    kind, n, lag = source
-    a = arg(kind, n)
-    return f"AT({a}, {_ld(a)}, {lag}, f)"
-
-
-def _epilogue(cell, p, arg, early: dict, tagged: dict, st: str, per: int = 1, xs=None) -> list:
-    """The per-(b, f) part of a phase: a GEMM's stores, a pair's stores and fused body (reading the GEMM's
-    sums as stored in element type st), a group's body; per > 1: a thread's elements e = tid + i·NT, i < per,
-    unrolled, so that the registers _prefetch loaded them into are indexed by constants; xs: the line by which a
-    pair's body also writes its GEMM's operand into the staged rows of x (heads.handed_on)."""
-    walk = ["        for (int e = tid; e < nu * NB; e += NT) {"] if per == 1 else \
-        ["        #pragma unroll", f"        for (int i = 0; i < {per}; ++i) {{",
-         "            const int e = tid + i * NT;", "            if (e >= nu * NB) break;"]
-    head = walk + ["            const int b = e / nu, u = e - b * nu, f = u0 + u;", "            (void)f;"]
-    if p.kind == "gemm" and p.m > 1:    # head-wise: unit f's column in each merged block
-        c = arg("cat", p.item)
-        return head + [f"            AT({c}, {_ld(c)}, 0, {p.units * j} + f) = gs[({j} * nu + u) * NB + b];"
-                       for j in range(p.m)] + ["        }"]
-    if p.kind == "gemm":
-        c = arg("cat", p.item)
-        return head + [f"            AT({c}, {_ld(c)}, 0, f) = gs[u * NB + b];", "        }"]
-    if p.kind == "dgemm" and p.m > 1:   # head-wise: each linear op's sum added in turn, stored rounded each time
-        gx = arg("grad", p.item.operand)
-        at = f"AT({gx}, {_ld(gx)}, {p.item.delay}, f)"
-        adds = [f"            v = {rounded(f'v + gs[({j} * nu + u) * NB + b]', st)};" for j in range(p.m)]
-        return head + [f"            CT v = {early.get('old', at)};", *adds, f"            {at} = v;", "        }"]
-    if p.kind == "dgemm":
-        gx = arg("grad", p.item.operand)
-        at = f"AT({gx}, {_ld(gx)}, {p.item.delay}, f)"
-        return head + [f"            {at} = {early.get('old', at)} + gs[u * NB + b];", "        }"]
-    if p.kind == "pair":
-        gemm, fused = p.item.gemm, p.item.fused
-        c = arg("cat", gemm)
-        lines = [f"            const CT g{j} = {rounded(f'gs[({j} * nu + u) * NB + b]', st)};"    # as stored
-                 for j in range(len(gemm.nodes))]
-        lines += [f"            AT({c}, {_ld(c)}, 0, {p.units * j} + f) = g{j};" for j in range(len(gemm.nodes))]
-        given = {n: f"g{j}" for j, n in enumerate(gemm.nodes)}
-        kept = ["            " + xs] if xs else []
-        return head + lines + _body(cell, fused.nodes, "fwd", arg, given, early, tagged, st) + kept + ["        }"]
-    return head + _body(cell, p.item.nodes, "fwd" if p.kind == "fused" else "bwd", arg, {}, early, tagged, st) + \
-        ["        }"]
-
-
-def _body(cell, nodes, direction: str, arg, given: dict, early: dict, tagged: dict, st: str) -> list:
-    """A fused group's body at element (b, f) of frame t: loads, the generated statements, stores.
-    given: external nodes (read at delay 0) whose values are already in locals (a pair's GEMM sums);
-    early: inputs already loaded into registers (_prefetch); tagged: members also written as tagged words."""
-    spec, where = sources(cell, nodes, direction)
-    lines, read = [], set(spec.read_inputs())
-    for nm, (kind, key) in zip(spec.in_names, spec.inputs):
-        if nm not in read:
-            continue
-        local = given.get(key[0]) if kind == "ext" and key[1] == 0 else None
-        lines.append(f"CT {nm} = {local or early.get(nm) or _at(arg, where[nm])};")
-    at = lambda nm: _at(arg, where[nm])
-    lines += [f"CT {nm} = {early.get(nm) or at(nm)};" for nm in spec.arrivals()]
-    lines += spec.olds(at, "CT", early)
-    lines += [ln.replace("T ", "CT ", 1) if ln.startswith("T ") else ln for ln in spec.body] + spec.writes(at)
-    F = cell.op(nodes[0]).size
-    lines += [f"exchange({tagged[n]} + ((t & 1) * NB + b) * {F} + f, tags + t, {rounded(f'v{k}', st)});"   # as stored
-              for k, n in enumerate(nodes) if n in tagged and direction == "fwd"]
-    return ["            " + ln for ln in lines]

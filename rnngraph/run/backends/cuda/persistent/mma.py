@@ -195,10 +195,12 @@ def gemm(p, off, lay: Layout, x: str, ld: str, lag: int, col: str = "k", m: int 
     KP, KS = padded(p.width), lay.ks[id(p)]
     slices = -(-KP // KS)
     cvt = "rg_tf32({})" if lay.itemsize == 4 else "{}"      # TF32: x's words rounded as they enter the MMA
-    stage = "" if buffer is not None else "\n" + _stage(p, lay, x, ld, lag, col, True)
-    if first_only:
-        stage = "\n                if (s == 0) {" + stage + "\n                }"
-    stage += "" if buffer is not None else "\n                __syncthreads();"
+    stage = ""                              # already staged (buffer), else staged here and waited for
+    if buffer is None:
+        stage = "\n" + _stage(p, lay, x, ld, lag, col, True)
+        if first_only:
+            stage = "\n                if (s == 0) {" + stage + "\n                }"
+        stage += "\n                __syncthreads();"
     return GEMM.format(m=p.m if m is None else m, MT=lay.x_rows // 16, TPW=lay.tiles_per_warp, KP=KP, KS=KS,
                        UNROLL=slices if slices <= UNROLLED_SLICES else 1, XLD=lay.xld, WLD=lay.wld(p.width), woff=off,
                        stage=stage, gs=sums, E=4 // lay.itemsize, a=", ".join(cvt.format(v) for v in A_WORDS),
