@@ -19,7 +19,7 @@ def prefetch(cell, p, prefix: str, arg, ok, G: int, B: int) -> tuple:
     """(lines, {name: register}, elements a thread holds) loading what phase p's per-element part reads (its body's
     inputs, a backward body's gradients and the old values its '+=' stores add to, a dgemm's old value) into
     registers where ok(kind, node, lag) holds: each thread its one element (b, f), or where a thread has several
-    (a block owning a head of 64 units at B = 16: two), its elements e = tid + i·NT in register arrays [per],
+    (a block owning a head of 64 units and 16 rows: two), its elements e = tid + i·NT in register arrays [per],
     which the phase's loop walks unrolled (epilogue); none beyond MAX_PREFETCH elements a thread."""
     upb = -(-p.units // G)
     per = 1 if upb * max(B, MAX_ROWS) <= THREADS else -(-upb * B // THREADS)
