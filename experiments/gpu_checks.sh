@@ -3,13 +3,15 @@
 #   experiments/gpu_checks.sh tests [pytest -k expression]   the GPU test suite, 8 processes
 #   experiments/gpu_checks.sh bench NAME...                   measurements, each a bench JSON (names below)
 #   experiments/gpu_checks.sh profile --impl staged --cell min_gru -T 4096 --loop scan   one step's kernels (ncu)
+#   experiments/gpu_checks.sh stalls --impl graph --cell slstm --heads 12 -T 256 -B 16 -H 768 --dtype bfloat16
+#                                                             the persistent kernels' warp stalls (ncu)
 # Logs and JSON go to $OUT (default: runs/gpu_checks); each step is bounded by `timeout` so one stuck step
 # leaves the others' results.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-runs/gpu_checks}"
 mkdir -p "$OUT"
-export PYTHONPATH=. PYTHONUNBUFFERED=1
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1    # wheels carried to the machine stay importable
 bench() { timeout "${LIMIT:-300}" python3 -m rnngraph bench "$@"; }
 
 case "${1:-}" in
@@ -44,9 +46,14 @@ bench)
                             --loop auto,stages --repeats 15 --json "$OUT/gru_b64.json" ;;
         # the whole char-LM, torch.nn.LSTM against rnngraph.torch as it ships
         charlm) bench --model charlm -B 1,32,128 --impls torch,default --json "$OUT/charlm.json" ;;
-        # sLSTM and the multi-head LSTM in 12 heads of 64, against cuDNN's single-head LSTM and the torch loop
-        heads) bench --cell slstm,mh_lstm,lstm -T 1024 -B 16,64 -H 768 --heads 12 --dtype bfloat16 \
-                            --impls graph,cudnn@float16,torch_eager --repeats 5 --json "$OUT/heads.json" ;;
+        # sLSTM and the multi-head LSTM in 12 heads of 64, against cuDNN's single-head LSTM, the torch loop and FlashRNN
+        # (the flashrnn wheel carried to the machine: it compiles its kernels at first use)
+        heads) LIMIT="${LIMIT:-500}" bench --cell slstm,mh_lstm,lstm -T 1024 -B 16,64 -H 768 --heads 12 --dtype bfloat16 \
+                            --impls graph,cudnn@float16,torch_eager,flashrnn,flashrnn_cuda --repeats 5 \
+                            --json "$OUT/heads.json" ;;
+        # the per-head loop at B = 1: H = 512 in 8 heads, its cost a frame as the slope from T = 100 to 1000
+        heads_b1) bench --cell slstm,mh_lstm -T 100,1000 -B 1 -H 512 --heads 8 --dtype bfloat16 --impls graph \
+                            --repeats 15 --json "$OUT/heads_b1.json" ;;
         # graph mode fed 10,000 calls of random shapes, T in [1, 2000] and B in [1, 64], LSTM H = 256
         shapes) timeout "${LIMIT:-420}" python3 experiments/graph_shapes_probe.py --json "$OUT/shapes.json" ;;
         # what chunks of time cost per loop strategy: chunks of 1024 (the scan's too), whole calls and the ladder
@@ -68,5 +75,17 @@ profile)
         python3 experiments/kernel_profile.py "$@" > "$OUT/profile.csv" 2> "$OUT/profile.err"
     python3 experiments/kernel_profile.py --summarise "$OUT/profile.csv" | tee "$OUT/profile.txt"
     ;;
-*) echo "usage: $0 tests [-k expression] | bench NAME... | profile [kernel_profile.py arguments]" >&2; exit 2 ;;
+stalls)
+    # the persistent kernels of one training step: where their warps wait (Nsight Compute's warp state sampling,
+    # per SASS line in stalls_sass.csv), with the same arguments as profile
+    shift
+    timeout "${LIMIT:-300}" ncu --nvtx --nvtx-include "step/" -k "regex:^rg_persist_[0-9a-f]" --section WarpStateStats \
+        --section SourceCounters --section SpeedOfLight --section LaunchStats -f -o "$OUT/stalls" \
+        python3 experiments/kernel_profile.py "$@" > "$OUT/stalls.log" 2>&1
+    ncu -i "$OUT/stalls.ncu-rep" --page details > "$OUT/stalls.txt" 2>&1
+    ncu -i "$OUT/stalls.ncu-rep" --page source --csv --print-source sass > "$OUT/stalls_sass.csv" 2>&1
+    rm -f "$OUT/stalls.ncu-rep"
+    tail -5 "$OUT/stalls.log"; grep -E "Duration|Warp Cycles Per Issued|Stall" "$OUT/stalls.txt" | head -20
+    ;;
+*) echo "usage: $0 tests [-k expression] | bench NAME... | profile|stalls [kernel_profile.py arguments]" >&2; exit 2 ;;
 esac

@@ -1,6 +1,7 @@
 """One training step's kernels, each timed alone by Nsight Compute: run it under
     ncu --nvtx --nvtx-include "step/" --metrics gpu__time_duration.sum --csv python3 experiments/kernel_profile.py ...
-and pass the CSV to --summarise. It warms an implementation of `rnngraph bench` up (recordings, autotuning), then
+and pass the CSV to --summarise (`experiments/gpu_checks.sh profile ...` does both; `gpu_checks.sh stalls ...` keeps the
+persistent kernels' warp stall reasons, per SASS line, instead). It warms an implementation of `rnngraph bench` up (recordings, autotuning), then
 runs one forward and backward inside the NVTX range "step", so ncu times that step's kernels and nothing else.
 """
 import argparse
@@ -20,7 +21,9 @@ def step(args):
     if args.impl == "jax_scan":
         fns = jax_fns(args.cell, args.T, args.B, args.H, args.H, args.dtype, 0, False)[0]
     else:
-        fns = bench._rnngraph_fns(args.cell, args.impl, args.T, args.B, args.H, args.H, 1, args.dtype, 0, args.loop)[0]
+        options = {"heads": args.heads} if args.heads else None
+        fns = bench._rnngraph_fns(args.cell, args.impl, args.T, args.B, args.H, args.H, 1, args.dtype, 0, args.loop,
+                                  options)[0]
     for _ in range(3):
         fns["train"]()
     cupy.cuda.Device().synchronize()
@@ -60,6 +63,7 @@ if __name__ == "__main__":
     p.add_argument("-B", type=int, default=1)
     p.add_argument("-H", type=int, default=512)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--heads", type=int, help="the cell's heads (slstm, mh_lstm)")
     p.add_argument("--summarise", metavar="CSV")
     a = p.parse_args()
     summarise(a.summarise) if a.summarise else step(a)
