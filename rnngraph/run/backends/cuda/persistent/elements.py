@@ -20,7 +20,9 @@ def prefetch(cell, p, prefix: str, arg, ok, G: int, B: int) -> tuple:
     inputs, a backward body's gradients and the old values its '+=' stores add to, a dgemm's old value) into
     registers where ok(kind, node, lag) holds: each thread its one element (b, f), or where a thread has several
     (a block owning a head of 64 units and 16 rows: two), its elements e = tid + i·NT in register arrays [per],
-    which the phase's loop walks unrolled (epilogue); none beyond MAX_PREFETCH elements a thread."""
+    which the phase's loop walks unrolled (epilogue); none beyond MAX_PREFETCH elements a thread. The registers hold
+    the values as stored (ST), converted where the body reads them: a conversion at the load would wait for it there,
+    before the GEMM (half precision: the frame's whole trip to memory on its critical path)."""
     upb = -(-p.units // G)
     per = 1 if upb * max(B, MAX_ROWS) <= THREADS else -(-upb * B // THREADS)
     if p.kind == "gemm" or per > MAX_PREFETCH:
@@ -37,12 +39,12 @@ def prefetch(cell, p, prefix: str, arg, ok, G: int, B: int) -> tuple:
     if not early:
         return [], {}, 1
     if per == 1:
-        lines = [f"        CT {', '.join(f'{r} = 0' for r, _ in early.values())};",
+        lines = [f"        ST {', '.join(f'{r} = {{}}' for r, _ in early.values())};",
                  f"        {{  {block_units(p.units)}",
                  "            if (tid < nu * NB) {", "                const int b = tid / nu, f = u0 + tid - b * nu;"]
         lines += [f"                {r} = {_at(arg, src)};" for r, src in early.values()]
         return lines + ["            }", "        }"], {nm: r for nm, (r, _) in early.items()}, 1
-    lines = [f"        CT {', '.join(f'{r}[{per}] = {{}}' for r, _ in early.values())};",
+    lines = [f"        ST {', '.join(f'{r}[{per}] = {{}}' for r, _ in early.values())};",
              f"        {{  {block_units(p.units)}",
              "            #pragma unroll",
              f"            for (int i = 0; i < {per}; ++i) {{",

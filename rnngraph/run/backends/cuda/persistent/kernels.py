@@ -201,7 +201,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
             body += pre + run
     if k:
         nxt = "        if (s + 1 < NF) {{\n        const int t = NF - 2 - s;\n{}\n        }}"
-        decl = [ln for ln in tail_loads if ln.lstrip().startswith("CT ")]
+        decl = [ln for ln in tail_loads if ln.lstrip().startswith("ST ")]
         body = decl + [nxt.format("\n".join(ln for ln in tail_loads if ln not in decl))] + body + [nxt.format("\n".join(tail))]
         prologue = ["    {\n    const int t = NF - 1;"] + prologue + ["    }"]
     names = list(args)
