@@ -83,11 +83,11 @@ def test_block_counts_take_whole_heads_first():
 def test_per_head_shared_memory_holds_one_heads_weights():
     """sLSTM H = 768 in 12 heads of 64 at B = 16 ... here B = 8: a block's 4 gates × 64 × 64 weights in bfloat16, each
     row padded to 66 (33 words: a warp's rows in distinct banks), its head's 64 columns of x, 256 sums and their
-    partials (float32); a thread a sum, no shuffle tree."""
+    partials (float32); a thread whole sums, no shuffle tree."""
     cell = load_cell("slstm", 8, 768, heads=12)
     k = persistent_kernel(cell, loops(cell)[0], "rg_bf16", 8, 12)
     assert k.smem == 2 * 4 * 64 * 66 + 4 * (8 * 64 + 2 * 4 * 64 * 8)
-    assert "a thread a sum" in k.source and "__shfl_xor_sync" not in k.source
+    assert "a thread R = 4 sums" in k.source and "__shfl_xor_sync" not in k.source
     from rnngraph.run.backends.cuda.persistent.heads import row_stride
     assert [row_stride(64, n) for n in (2, 4, 8)] == [66, 65, 65] and row_stride(6, 2) == 6 and row_stride(3, 4) == 3
 
@@ -278,6 +278,30 @@ def test_threads_holding_several_elements_load_them_before_the_gemm(name, H, B, 
     assert_agree(got, want, dtype)
     assert all(f"for (int i = 0; i < {per}; ++i)" in k.source and f"[{per}] = {{}}" in k.source for k in be.ran)
     assert [k.cooperative for k in be.ran] == [False, False]
+
+
+@needs_cxx
+@pytest.mark.parametrize("name, B, rows, R, dtype", [("slstm", 4, 2, 2, "float64"), ("slstm", 8, 8, 4, "bfloat16"),
+                                                     ("mh_lstm", 8, 4, 4, "float32"), ("slstm", 6, 3, 1, "float64")])
+def test_a_thread_sums_several_rows_against_one_weight_row(name, B, rows, R, dtype):
+    """Blocks of `rows` rows, each owning a head of 64 units (four gates: 256 weight rows, and as many operand
+    columns times 4 linear ops backward): each thread sums R rows against one weight row, loaded once
+    (heads.rows_a_thread), the sums in the order of one row a thread; ragged, blocks one after another."""
+    cell = load_cell(name, 8, 128, heads=2)
+    be = Emulated(None, True, rows)
+    args, lengths = problem_arrays(cell, 5, B, dtype), np.arange(B) % 6
+    got = run_executor(Executor(cell, be, loop="persistent"), *args, lengths)
+    assert_agree(got, run_executor(Executor(cell, get_backend("numpy"), loop="stages"), *args, lengths), dtype)
+    assert [f"a thread R = {R} sums" in k.source for k in be.ran] == [True, True]
+
+
+def test_rows_a_thread_keeps_half_the_threads_busy():
+    from rnngraph.run.backends.cuda.persistent.heads import rows_a_thread
+    from rnngraph.run.backends.cuda.persistent.phases import phases
+    cell = load_cell("slstm", 8, 768, heads=12)          # 12 blocks a row group, one head of 64 units each
+    gemm = [p for g in phases(cell, loops(cell)[0]) for p in g if p.kind == "pair"][0]
+    assert [rows_a_thread(gemm, 12, B) for B in (1, 2, 3, 4, 8, 16)] == [1, 2, 1, 4, 4, 4]
+    assert rows_a_thread(gemm, 2, 4) == 4               # 6 heads a block: 1536 rows, 4 sums each still fill it
 
 
 def test_a_heads_operand_stays_in_shared_memory_between_frames():

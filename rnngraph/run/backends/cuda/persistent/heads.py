@@ -11,8 +11,8 @@ block's unit u) of one head's width RW (phase.width) in shared memory:
                a linear op does.
 x is staged head by head, SW columns a head (a gemm's K/k; a dgemm's J·F/k, linear op by linear op), the
 block's own heads where it owns whole heads (h0 its first), else all of them. Where a block owns whole heads,
-each thread computes whole sums (HEAD_THREAD_GEMV: a (row, x row) pair over K, the rows padded apart in
-shared memory); where heads split over blocks, a warp a row with the shared shuffle tree (gemv.py).
+each thread computes whole sums (HEAD_THREAD_GEMV: a weight row against one or a few x rows over K, the rows
+padded apart in shared memory); where heads split over blocks, a warp a row with the shared shuffle tree (gemv.py).
 
 On tensor cores (half storage, B > MAX_ROWS) a block owns one head (one_head): a gemm's or pair's J·nu rows all
 read that head's K/k columns of x, one MMA GEMM (mma.py); a dgemm runs J of them, linear op j's nu rows against
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from . import mma
 from .gemv import row_sums
+from .phases import THREADS
 
 HEAD_GEMV = r"""
         {first}for (int e = tid; e < NB * {XW}; e += NT) {{
@@ -32,22 +33,37 @@ HEAD_GEMV = r"""
 
 
 HEAD_THREAD_GEMV = HEAD_GEMV + r"""
-        {{  // a thread a sum (weight row q, x row b) of the nq = nu·m rows of one head each: K in four running
-            // sums, added in a fixed order (no shuffles, no atomics); rows RS apart, so a warp's rows hit distinct banks
+        {{  // a thread R = {R} sums (weight row q, x rows b ... b + R - 1) of the nq = nu·m rows of one head each, the
+            // row's weights loaded once for all R: K in four running sums each, added in a fixed order (no shuffles,
+            // no atomics); rows RS apart, so a warp's rows hit distinct banks
             const int nq = nu * {m};
-            for (int e = tid; e < nq * NB; e += NT) {{
-                const int q = e / NB, b = e - q * NB;
+            for (int e = tid; e < nq * (NB / {R}); e += NT) {{
+                const int q = e / (NB / {R}), b = (e - q * (NB / {R})) * {R};
                 const ST* w = sw + {woff} + q * {RS};
                 const CT* x = xs + b * {XW} + {xoff};
-                CT a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+                CT a[{R}][4] = {{}};
                 for (int k = 0; k < {K4}; k += 4) {{
                     const CT w0 = w[k], w1 = w[k + 1], w2 = w[k + 2], w3 = w[k + 3];
-                    a0 += x[k] * w0; a1 += x[k + 1] * w1; a2 += x[k + 2] * w2; a3 += x[k + 3] * w3;
+                    #pragma unroll
+                    for (int r = 0; r < {R}; ++r) {{
+                        const CT* xr = x + r * {XW};
+                        a[r][0] += xr[k] * w0; a[r][1] += xr[k + 1] * w1; a[r][2] += xr[k + 2] * w2; a[r][3] += xr[k + 3] * w3;
+                    }}
                 }}{rest}
-                gs[q * NB + b] = (a0 + a1) + (a2 + a3);
+                #pragma unroll
+                for (int r = 0; r < {R}; ++r) gs[q * NB + b + r] = (a[r][0] + a[r][1]) + (a[r][2] + a[r][3]);
             }}
         }}
         __syncthreads();"""
+
+
+def rows_a_thread(p, G: int, B: int) -> int:
+    """The x rows each thread of a block owning whole heads sums against one weight row (HEAD_THREAD_GEMV): the most,
+    of 4, 2 and 1, that divide the block's B rows and still give at least half the block's threads a row (the
+    row's weights are loaded and converted once for all of them; sLSTM in heads of 64 at 2 rows a block: 256
+    threads of 512 each two sums)."""
+    nq = -(-p.units // G) * p.m
+    return next(r for r in (4, 2, 1) if r == 1 or B % r == 0 and nq * (B // r) >= THREADS // 2)
 
 
 def row_stride(width: int, itemsize: int) -> int:
@@ -62,15 +78,17 @@ def row_stride(width: int, itemsize: int) -> int:
     return s
 
 
-def head_thread_gemv(p, woff: int, x: str, ld: str, xw: int, stride: int, kept: bool = False) -> str:
-    """The GEMV of head-wise phase p in a block owning whole heads, a thread a sum (HEAD_THREAD_GEMV): x staged as
-    head_gemv stages it, the block's weight rows `stride` apart; kept: x stays in shared memory from the frame
-    before (handed_on), staged from memory only at a launch's first frame."""
+def head_thread_gemv(p, woff: int, x: str, ld: str, xw: int, stride: int, rows: int = 1, kept: bool = False) -> str:
+    """The GEMV of head-wise phase p in a block owning whole heads, a thread `rows` sums (HEAD_THREAD_GEMV;
+    rows_a_thread): x staged as head_gemv stages it, the block's weight rows `stride` apart; kept: x stays in shared
+    memory from the frame before (handed_on), staged from memory only at a launch's first frame."""
     stage, xoff = _staging(p, x, ld, True)
     k4 = p.width // 4 * 4
-    rest = "".join(f"\n                {{ const CT wk = w[{k}]; a{j} += x[{k}] * wk; }}" for j, k in enumerate(range(k4, p.width)))
+    rest = "".join(f"\n                {{ const CT wk = w[{k}];\n                  #pragma unroll\n"
+                   f"                  for (int r = 0; r < {rows}; ++r) a[r][{j}] += x[r * {xw} + {k}] * wk; }}"
+                   for j, k in enumerate(range(k4, p.width)))
     return HEAD_THREAD_GEMV.format(XW=xw, SW=p.head_width, stage=stage, h0=f"(u0 / {per_unit(p)})", m=p.m, woff=woff,
-                                   RS=stride, xoff=xoff, K4=k4, rest=rest, first="if (s == 0) " if kept else "")
+                                   RS=stride, xoff=xoff, K4=k4, rest=rest, R=rows, first="if (s == 0) " if kept else "")
 
 
 def _staging(p, x: str, ld: str, apart: bool) -> tuple:

@@ -31,7 +31,8 @@ from ..source import CTYPES, kernel_name, math_type, rounded
 from . import mma
 from .gemv import row_sums
 from .elements import epilogue, ld_arg, prefetch
-from .heads import handed_on, head_gemv, head_mma, head_thread_gemv, head_weight, one_head, row_stride
+from .heads import (handed_on, head_gemv, head_mma, head_thread_gemv, head_weight, one_head, row_stride,
+                    rows_a_thread)
 from .phases import (MAX_ROWS, THREADS, barriers, block_units, exchanges, loop_heads, nodes_of, own, per_head, phases,
                      shared_layout, sources, staged)
 
@@ -192,7 +193,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
             [ln for pi, p in enumerate(g) for ln in _phase_lines(cell, p, arg, early[pi], woff.get(id(p)), load,
                                                                     tagged.get(swaps.get(gi)), tagged, ctype,
                                                                     staged(p, G, apart), apart, tc, per[pi],
-                                                                    p is kept)]
+                                                                    p is kept, rows_a_thread(p, G, B))]
         if gi < k:
             prologue += pre + run
             tail_loads += pre
@@ -224,12 +225,13 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
 
 
 def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, st: str, xw: int,
-                 apart: bool, tc=None, per: int = 1, kept: bool = False) -> list:
+                 apart: bool, tc=None, per: int = 1, kept: bool = False, rows: int = 1) -> list:
     """The lines running phase p at frame t (its GEMV first, with its weights' load added to `load`; its x
     from tagged words where xb names their buffer; its members in `tagged` also written so; a head-wise
     GEMV staging xw columns, the block's own heads where it owns whole heads, `apart`); tc: the tensor
     cores' layout (mma.Layout), where they run the GEMMs; per: the elements a thread holds in registers loaded
-    early (elements.prefetch), where more than one; kept: its operand stays in shared memory (heads.handed_on)."""
+    early (elements.prefetch), where more than one; kept: its operand stays in shared memory (heads.handed_on);
+    rows: the x rows a thread sums against one weight row where each block owns whole heads (heads.rows_a_thread)."""
     out = [f"        {{   // {p.kind} {', '.join(nodes_of(p))}",
            f"        {block_units(p.units)}"]
     if woff is not None and tc is not None and p.heads > 1:
@@ -240,10 +242,10 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
         src, x, lag = _operand(p, arg)
         load.append(mma.weights(p, woff, src, tc))
         out.append(mma.gemm(p, woff, tc, x, ld_arg(x), lag))
-    elif woff is not None and p.heads > 1 and apart:     # a thread a sum, the rows padded apart
+    elif woff is not None and p.heads > 1 and apart:     # a thread whole sums, the rows padded apart
         x, rs = _head_x(p, arg), row_stride(p.width, ITEMSIZE[st])
         load.append(_weights(p, woff, arg, rs))
-        out.append(head_thread_gemv(p, woff, x, ld_arg(x), xw, rs, kept))
+        out.append(head_thread_gemv(p, woff, x, ld_arg(x), xw, rs, rows, kept))
     elif woff is not None:
         load.append(_weights(p, woff, arg))
         out.append(_gemv(cell, p, woff, arg, xb) if p.heads == 1 else _head_gemv(p, woff, arg, xw, apart))
