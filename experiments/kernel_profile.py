@@ -1,8 +1,9 @@
 """One training step's kernels, each timed alone by Nsight Compute: run it under
     ncu --nvtx --nvtx-include "step/" --metrics gpu__time_duration.sum --csv python3 experiments/kernel_profile.py ...
-and pass the CSV to --summarise (`experiments/gpu_checks.sh profile ...` does both; `gpu_checks.sh stalls ...` keeps the
-persistent kernels' warp stall reasons, per SASS line, instead). It warms an implementation of `rnngraph bench` up (recordings, autotuning), then
-runs one forward and backward inside the NVTX range "step", so ncu times that step's kernels and nothing else.
+and pass the CSV to --summarise (`experiments/gpu_checks.sh profile ...` does both; `gpu_checks.sh stalls ...`
+keeps the persistent kernels' warp stall reasons, per SASS line, instead). It warms an implementation of
+`rnngraph bench` up (recordings, autotuning), then runs one forward and backward inside the NVTX range "step", so
+ncu times that step's kernels and nothing else.
 """
 import argparse
 import csv

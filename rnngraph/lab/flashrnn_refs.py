@@ -39,6 +39,7 @@ def flashrnn_fns(cell, impl: str, T: int, B: int, H: int, D: int, dtype: str, se
     layer): x [T, B, D] -> W·x -> FlashRNN -> h [T, B, H]; a training step backpropagates a fixed grad_y
     into x, W, R and b. One training step runs here, compiling FlashRNN's kernels (its seconds: compile_s)."""
     import time
+    from importlib.metadata import version
 
     import torch
     from flashrnn import flashrnn
@@ -69,5 +70,5 @@ def flashrnn_fns(cell, impl: str, T: int, B: int, H: int, D: int, dtype: str, se
     start = time.perf_counter()
     train()
     torch.cuda.synchronize()
-    extra = {"heads": N, "compile_s": round(time.perf_counter() - start, 2)}
+    extra = {"heads": N, "compile_s": round(time.perf_counter() - start, 2), "flashrnn": version("flashrnn")}
     return {"forward": forward, "train": train}, f"flashrnn-{BACKENDS[impl]}", "gpu", extra

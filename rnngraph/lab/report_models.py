@@ -52,40 +52,64 @@ def _step(doc: dict, **match) -> dict:
 
 
 def heads(results: Results, findings: Findings) -> str:
-    doc = results.bench("heads")
+    doc, b1 = results.bench("heads"), results.bench("heads_b1")
     rows = []
     for B in doc["settings"]["B"]:
         for cell in doc["settings"]["cells"]:
-            g, e = (record(doc, cell=cell, B=B, impl=i) for i in ("graph", "torch_eager"))
+            g, e, f = (record(doc, cell=cell, B=B, impl=i) for i in ("graph", "torch_eager", "flashrnn_cuda"))
             c = record(doc, cell=cell, B=B, impl="cudnn@float16")
-            rows.append([cell, B, g and g["loop_strategy"], pair(g), pair(e), pair(c), times(ratio(e, g))])
+            rows.append([cell, B, g and g["loop_strategy"], pair(g), pair(f), pair(e), pair(c), times(ratio(f, g)),
+                         times(ratio(e, g))])
             if c is not None:
                 findings.compare("Heads", f"{cell} (B = {B}, T = 1024, H = 768, bfloat16)", g, c, "cuDNN float16")
+            findings.compare("Heads", f"{cell} (B = {B}, T = 1024, H = 768, bfloat16)", g, f, "FlashRNN (cuda)")
         findings.compare("Heads", f"sLSTM in 12 heads against cuDNN's single-head LSTM of the same size, B = {B}",
-                         record(doc, cell="slstm", B=B, impl="graph"), record(doc, cell="lstm", B=B, impl="cudnn@float16"),
-                         "cuDNN float16 LSTM")
+                         record(doc, cell="slstm", B=B, impl="graph"),
+                         record(doc, cell="lstm", B=B, impl="cudnn@float16"), "cuDNN float16 LSTM")
     B0, B1 = doc["settings"]["B"][0], doc["settings"]["B"][-1]
-    growth = record(doc, cell="slstm", B=B1, impl="graph")["train_ms"] / record(doc, cell="slstm", B=B0, impl="graph")["train_ms"]
-    slstm = {B: ratio(record(doc, cell="slstm", B=B, impl="graph"), record(doc, cell="lstm", B=B, impl="cudnn@float16"))
-             for B in doc["settings"]["B"]}
-    against = " and ".join(f"{times(r)} its time at B = {B}" for B, r in slstm.items())
+    ours = lambda cell, B: record(doc, cell=cell, B=B, impl="graph")
+    growth = ours("slstm", B1)["train_ms"] / ours("slstm", B0)["train_ms"]
+    cudnn = {B: record(doc, cell="lstm", B=B, impl="cudnn@float16") for B in doc["settings"]["B"]}
+    against = {name: " and ".join(f"{times(ratio(ours(name, B), c))} its time at B = {B}" for B, c in cudnn.items())
+               for name in ("slstm", "mh_lstm")}
+    fused = next((r.get("error") or r.get("skipped") for r in doc["records"] if r["impl"] == "flashrnn"
+                  and record(doc, cell=r["cell"], B=r["B"], impl="flashrnn") is None), None)
+    fused = (f"FlashRNN's fused kernels (`--impls flashrnn`, its `cuda_fused` backend) did not build on this machine "
+             f"(`{fused}`: FlashRNN builds a helper extension, `gpu_info2`, that reads `cudaDeviceProp.clockRate`, a "
+             "field CUDA 13 removed), so only its `cuda` backend is in the table. ") if fused else ""
     return f"""## Heads
 
 xLSTM's sLSTM and the multi-head LSTM in 12 heads of 64 (H = 768, T = 1024, bfloat16), against the same cells
-written as a PyTorch loop and, for the plain LSTM of that size, cuDNN in float16 (cuDNN has no head-wise cells).
+in FlashRNN (its `cuda` backend: a GEMM and a pointwise kernel a frame) and written as a PyTorch loop, and, for the
+plain LSTM of that size, cuDNN in float16 (cuDNN has no head-wise cells). FlashRNN's sLSTM is its own variant (a
+log-sigmoid forget gate): the same work, not the same numbers.
 
-{table(["cell", "B", "loop", "rnngraph graph mode", "torch eager loop", "cuDNN float16", "eager ÷ rnngraph, training"], rows)}
+{table(["cell", "B", "loop", "rnngraph graph mode", "FlashRNN (cuda)", "torch eager loop", "cuDNN float16",
+        "FlashRNN ÷ rnngraph, training", "eager ÷ rnngraph, training"], rows)}
 
 {source(doc)}
 
-The head-wise cells run the per-head persistent loop: a block owns a head and some of the rows (sequences never
-read one another, heads never read one another), so no block waits for another, and each of its threads sums one
-(weight row, batch row) pair. On CUDA cores a block takes the fewest rows whose blocks all fit on the GPU at once:
-at B = 16, 2 rows (96 blocks). From B = 32 in half precision it takes 16 rows on tensor cores (`mma.sync`; 48 blocks
-at B = 64). These choices come from measuring 1, 2, 4 and 8 rows and tensor cores at B = 16, and 8 rows and
-tensor cores at B = 64 (`RNNGRAPH_PERSISTENT_ROWS` sets the rows). The sLSTM training step at B = {B1} takes
+{fused}The head-wise cells run the per-head persistent loop: a block owns a head and some of the rows (sequences never
+read one another, heads never read one another), so no block waits for another. On CUDA cores a block takes the
+fewest rows whose blocks all fit on the GPU at once: at B = 16, 2 rows (96 blocks), each thread summing both rows
+against one weight row. From B = 32 in half precision it takes 16 rows on tensor cores (`mma.sync`; 48 blocks at
+B = 64). These choices come from measuring 1, 2, 4 and 8 rows and tensor cores at B = 16, and 8 rows and tensor
+cores at B = 64 (`RNNGRAPH_PERSISTENT_ROWS` sets the rows). The sLSTM training step at B = {B1} takes
 {growth:.1f}× the B = {B0} one, for {B1 // B0}× the rows. Against cuDNN's single-head LSTM of the same size,
-rnngraph's sLSTM training step takes {against}."""
+rnngraph's sLSTM training step takes {against["slstm"]}; the multi-head LSTM's takes {against["mh_lstm"]}.
+
+At B = 1 (H = 512 in 8 heads of 64, bfloat16, one block a head) a frame costs, as the slope from T = 100 to 1000:
+
+{table(["cell", "forward µs a frame", "training step µs a frame"], [[c, *_slope(b1, c)] for c in b1["settings"]["cells"]])}
+
+{source(b1)}"""
+
+
+def _slope(doc: dict, cell: str) -> list:
+    """The forward's and the training step's µs a frame of `cell`: the slope between its shortest and longest T."""
+    T0, T1 = doc["settings"]["T"][0], doc["settings"]["T"][-1]
+    a, b = (record(doc, cell=cell, T=T, impl="graph") for T in (T0, T1))
+    return [num(1e3 * (b[f"{w}_ms"] - a[f"{w}_ms"]) / (T1 - T0)) for w in ("forward", "train")]
 
 
 def memory(results: Results, findings: Findings) -> str:

@@ -259,7 +259,6 @@ These are not among the stored measurements:
 - the persistent loop's cost per frame as a slope over T (`experiments/persistent_frames.py` measures it),
   and the LSTM with the persistent loop against torch.compile;
 - the LSTM by hidden size (H = 128 to 2048) with the current loop strategies;
-- FlashRNN, which is not installed on the GPU machine (`rnngraph bench --impls flashrnn` times it where it is);
 - the host time of a training step through `rnngraph.torch` against the raw layer, synced and pipelined
   (`experiments/profile_torch_step.py`);
 - the compiled CPU backend at B = 64, H = 512 against torch.compile and the torch eager loop (`rnngraph bench

@@ -47,7 +47,8 @@ HEAD_THREAD_GEMV = HEAD_GEMV + r"""
                     #pragma unroll
                     for (int r = 0; r < {R}; ++r) {{
                         const CT* xr = x + r * {XW};
-                        a[r][0] += xr[k] * w0; a[r][1] += xr[k + 1] * w1; a[r][2] += xr[k + 2] * w2; a[r][3] += xr[k + 3] * w3;
+                        a[r][0] += xr[k] * w0; a[r][1] += xr[k + 1] * w1;
+                        a[r][2] += xr[k + 2] * w2; a[r][3] += xr[k + 3] * w3;
                     }}
                 }}{rest}
                 #pragma unroll
