@@ -133,6 +133,10 @@ def test_bench_rows_of_the_head_wise_cells():
     ours = measure("slstm", "graph", T=16, B=2, H=64, dtype="bfloat16", repeats=2, warmup=1, cell_options={"heads": 4})
     assert ours["backend"] == "cupy" and ours["loop_strategy"] == "persistent" and ours["train_ms"] > 0
     for impl in ("flashrnn", "flashrnn_cuda"):
-        peer = measure("slstm", impl, T=16, B=2, H=64, dtype="bfloat16", repeats=2, warmup=1, cell_options={"heads": 4})
-        assert peer.get("skipped", "").startswith("flashrnn is not installed") or "error" in peer \
-            or peer["train_ms"] > 0, peer
+        try:
+            peer = measure("slstm", impl, T=16, B=2, H=64, dtype="bfloat16", repeats=2, warmup=1,
+                           cell_options={"heads": 4})
+        except (RuntimeError, ImportError) as e:    # FlashRNN's own build (`rnngraph bench` records it as an error):
+            assert impl == "flashrnn" and "gpu_info2" in str(e), e      # its fused backend's helper, with CUDA 13
+            continue
+        assert peer.get("skipped", "").startswith("flashrnn is not installed") or peer["train_ms"] > 0, peer

@@ -76,7 +76,7 @@ def heads(results: Results, findings: Findings) -> str:
                   and record(doc, cell=r["cell"], B=r["B"], impl="flashrnn") is None), None)
     fused = (f"FlashRNN's fused kernels (`--impls flashrnn`, its `cuda_fused` backend) did not build on this machine "
              f"(`{fused}`: FlashRNN builds a helper extension, `gpu_info2`, that reads `cudaDeviceProp.clockRate`, a "
-             "field CUDA 13 removed), so only its `cuda` backend is in the table. ") if fused else ""
+             "field CUDA 13 removed), so only its `cuda` backend is in the table.\n\n") if fused else ""
     return f"""## Heads
 
 xLSTM's sLSTM and the multi-head LSTM in 12 heads of 64 (H = 768, T = 1024, bfloat16), against the same cells
