@@ -202,10 +202,16 @@ def cpu(results: Results, findings: Findings) -> str:
             findings.compare("On the CPU", f"{cell} on the CPU at B = {B}", ours, compiled, "torch.compile's")
     m, B = doc["metadata"], max(doc["settings"]["B"])
     ours, nn = (record(doc, cell="lstm", B=B, impl=i) for i in ("staged", "torch_cpu"))
-    wide = results.bench("cpu_b64")
-    (B2,), (H2,) = wide["settings"]["B"], wide["settings"]["H"]
-    ours2, nn2 = (record(wide, cell="lstm", B=B2, impl=i) for i in ("staged", "torch_cpu"))
-    findings.compare("On the CPU", f"lstm on the CPU at B = {B2}, H = {H2}", ours2, nn2, "torch.nn.LSTM's (oneDNN)")
+    shapes, sources = [], []
+    for name in ("cpu_b64", "cpu_small"):       # one shape each
+        other = results.bench(name)
+        (T2,), (B2,), (H2,) = (other["settings"][k] for k in ("T", "B", "H"))
+        ours2, nn2 = (record(other, cell="lstm", B=B2, impl=i) for i in ("staged", "torch_cpu"))
+        findings.compare("On the CPU", f"lstm on the CPU at T = {T2}, B = {B2}, H = {H2}", ours2, nn2,
+                         "torch.nn.LSTM's (oneDNN)")
+        shapes.append([f"{T2}, {B2}, {H2}", pair(ours2), pair(nn2), times(ratio(ours2, nn2)),
+                       times(ratio(ours2, nn2, "forward"))])
+        sources.append(source(other))
     return f"""## On the CPU
 
 The compiled CPU backend (what `backend="auto"` runs without a GPU: each direction's loop one compiled function,
@@ -219,9 +225,11 @@ other work: torch's own training step has varied by up to 2× between runs there
 
 {source(doc)}
 
-At B = {B2}, H = {H2} the LSTM's training step takes {times(ratio(ours2, nn2))} torch.nn.LSTM's ({pair(ours2)} against
-{pair(nn2)} ms, forward / training step), its forward {times(ratio(ours2, nn2, "forward"))}:
-{source(wide)}
+The LSTM at other sizes, against torch.nn.LSTM only:
+
+{table(["T, B, H", "rnngraph, compiled CPU", "torch.nn.LSTM", "÷ torch.nn.LSTM, training", "forward"], shapes)}
+
+{(2 * chr(10)).join(sources)}
 
 oneDNN runs the LSTM's per-frame GEMMs on weights it packed once; numpy's OpenBLAS has no such API, and at
 B = {B} rnngraph's forward takes {times(ratio(ours, nn, "forward"))} oneDNN's. The command unsets `OPENBLAS_CORETYPE`,
