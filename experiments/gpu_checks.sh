@@ -85,7 +85,9 @@ stalls)
     ncu -i "$OUT/stalls.ncu-rep" --page details > "$OUT/stalls.txt" 2>&1
     ncu -i "$OUT/stalls.ncu-rep" --page source --csv --print-source sass > "$OUT/stalls_sass.csv" 2>&1
     rm -f "$OUT/stalls.ncu-rep"
-    tail -5 "$OUT/stalls.log"; grep -E "Duration|Warp Cycles Per Issued|Stall" "$OUT/stalls.txt" | head -20
+    tail -5 "$OUT/stalls.log"; grep -E "Duration|Warp Cycles Per Issued" "$OUT/stalls.txt" | head -20
+    python3 experiments/kernel_profile.py --stalls "$OUT/stalls_sass.csv" | tee "$OUT/stalls_summary.txt"
+    gzip -f "$OUT/stalls_sass.csv"
     ;;
 *) echo "usage: $0 tests [-k expression] | bench NAME... | profile|stalls [kernel_profile.py arguments]" >&2; exit 2 ;;
 esac

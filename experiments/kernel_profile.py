@@ -48,6 +48,58 @@ def kernel_times(path) -> list:
     return sorted(((name, n, us) for name, (n, us) in total.items()), key=lambda row: -row[2])
 
 
+MIX = {"FFMA": "fma", "HMMA": "mma", "LDS": "lds", "LDG": "ldg", "LDGSTS": "cp.async", "STG": "stg", "MUFU": "mufu",
+       "BAR": "bar"}        # SASS opcodes a region's instruction mix counts, by the name it prints
+
+
+def stall_regions(path) -> dict:
+    """Per kernel of ncu's source page (`ncu -i R --page source --csv --print-source sass`): its regions, runs of
+    consecutive SASS lines executed equally often (the code one set of warps runs together: a GEMM, a fused body, a
+    barrier's wait), in address order, each {address, lines, executed, samples, stalls {reason: samples}, mix}."""
+    kernels, rows = {}, None
+    for line in csv.reader(open(path)):
+        if line[:1] == ["Kernel Name"]:
+            regions = kernels.setdefault(line[1], [])
+            rows = None
+        elif rows is None and "Address" in line:
+            rows = line
+        elif rows is not None and len(line) == len(rows):
+            r = dict(zip(rows, line))
+            n, samples = int(r["Instructions Executed"] or 0), int(r["Warp Stall Sampling (All Samples)"] or 0)
+            if not regions or regions[-1]["executed"] != n:
+                regions.append({"address": r["Address"], "lines": 0, "executed": n, "samples": 0,
+                                "stalls": defaultdict(int), "mix": defaultdict(int)})
+            g = regions[-1]
+            g["lines"] += 1
+            g["samples"] += samples
+            for k, v in r.items():
+                if k.startswith("stall_") and "Not Issued" not in k and v and int(v):
+                    g["stalls"][k[6:]] += int(v)
+            op = next((w for w in r["Source"].split() if not w.startswith("@")), "").split(".")[0]
+            if op in MIX:
+                g["mix"][MIX[op]] += 1
+    return kernels
+
+
+def summarise_stalls(path, share: float = 0.02):
+    """Each kernel's samples and main stall reasons, then its regions holding at least `share` of its samples."""
+    for name, regions in stall_regions(path).items():
+        total = sum(g["samples"] for g in regions) or 1
+        reasons = defaultdict(int)
+        for g in regions:
+            for k, v in g["stalls"].items():
+                reasons[k] += v
+        top = ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1])[:5])
+        print(f"{name}: {total} samples; {top}")
+        for g in regions:
+            if g["samples"] >= share * total:
+                why = ", ".join(f"{k} {v / g['samples']:.0%}" for k, v in
+                                sorted(g["stalls"].items(), key=lambda kv: -kv[1])[:2])
+                mix = " ".join(f"{k} {v}" for k, v in g["mix"].items())
+                print(f"  {g['address'][-6:]} {g['lines']:4d} lines x{g['executed']:<9d} {g['samples'] / total:4.0%}"
+                      f"  ({why})  {mix}")
+
+
 def summarise(path):
     times = kernel_times(path)
     for name, n, us in times:
@@ -66,5 +118,6 @@ if __name__ == "__main__":
     p.add_argument("--dtype", default="float32")
     p.add_argument("--heads", type=int, help="the cell's heads (slstm, mh_lstm)")
     p.add_argument("--summarise", metavar="CSV")
+    p.add_argument("--stalls", metavar="CSV", help="summarise ncu's source page (gpu_checks.sh stalls writes it)")
     a = p.parse_args()
-    summarise(a.summarise) if a.summarise else step(a)
+    summarise(a.summarise) if a.summarise else summarise_stalls(a.stalls) if a.stalls else step(a)
