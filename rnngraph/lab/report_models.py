@@ -212,6 +212,11 @@ def cpu(results: Results, findings: Findings) -> str:
         shapes.append([f"{T2}, {B2}, {H2}", pair(ours2), pair(nn2), times(ratio(ours2, nn2)),
                        times(ratio(ours2, nn2, "forward"))])
         sources.append(source(other))
+    first = results.bench("cpu_first_call")
+    calls = {(r["cell"], r["cache"]): r for r in first["records"]}
+    first_rows = [[cell, f"{calls[cell, 'cold']['first_s']:.2f}", f"{calls[cell, 'warm']['first_s']:.2f}",
+                   num(calls[cell, "warm"]["train_ms"])] for cell in dict.fromkeys(c for c, _ in calls)]
+    T3, B3, H3 = (first["settings"][k] for k in ("T", "B", "H"))
     return f"""## On the CPU
 
 The compiled CPU backend (what `backend="auto"` runs without a GPU: each direction's loop one compiled function,
@@ -230,6 +235,14 @@ The LSTM at other sizes, against torch.nn.LSTM only:
 {table(["T, B, H", "rnngraph, compiled CPU", "torch.nn.LSTM", "÷ torch.nn.LSTM, training", "forward"], shapes)}
 
 {(2 * chr(10)).join(sources)}
+
+A process's first call compiles the generated functions with numba, or loads them from the disk cache
+(`$RNNGRAPH_CACHE/cpu-kernels`, [Layers](layers.md#options)); its first training step, in seconds (workspaces, functions
+and one step), at T = {T3}, B = {B3}, H = {H3}, each in a fresh process on {first['metadata']['device']}:
+
+{table(["cell", "first call, empty cache", "first call, warm cache", "training step after, ms"], first_rows)}
+
+{source(first)}
 
 oneDNN runs the LSTM's per-frame GEMMs on weights it packed once; numpy's OpenBLAS has no such API, and at
 B = {B} rnngraph's forward takes {times(ratio(ours, nn, "forward"))} oneDNN's. The command unsets `OPENBLAS_CORETYPE`,
