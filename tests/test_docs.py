@@ -261,6 +261,8 @@ def test_demo_numbers_come_from_its_committed_output():
     val = re.search(r"validation bpc (\d\.\d{3}) after", out).group(1)
     text = " ".join((ROOT / "README.md").read_text().split())
     assert f"It takes {seconds} s on two CPU cores, reaching a validation bpc of {val}" in text
+    reference = (ROOT / "experiments" / "results" / "demo_numpy" / "output.txt").read_text()
+    assert f"{re.search(r'rnngraph demo: done in (\d+) s', reference).group(1)} s on the numpy reference engine" in text
 
 
 def test_the_cpu_training_numbers_come_from_the_stored_log():
