@@ -53,6 +53,8 @@ def _step(doc: dict, **match) -> dict:
 
 def heads(results: Results, findings: Findings) -> str:
     doc, b1 = results.bench("heads"), results.bench("heads_b1")
+    ours = lambda cell, B: record(doc, cell=cell, B=B, impl="graph")
+    cudnn = {B: record(doc, cell="lstm", B=B, impl="cudnn@float16") for B in doc["settings"]["B"]}
     rows = []
     for B in doc["settings"]["B"]:
         for cell in doc["settings"]["cells"]:
@@ -64,12 +66,9 @@ def heads(results: Results, findings: Findings) -> str:
                 findings.compare("Heads", f"{cell} (B = {B}, T = 1024, H = 768, bfloat16)", g, c, "cuDNN float16")
             findings.compare("Heads", f"{cell} (B = {B}, T = 1024, H = 768, bfloat16)", g, f, "FlashRNN (cuda)")
         findings.compare("Heads", f"sLSTM in 12 heads against cuDNN's single-head LSTM of the same size, B = {B}",
-                         record(doc, cell="slstm", B=B, impl="graph"),
-                         record(doc, cell="lstm", B=B, impl="cudnn@float16"), "cuDNN float16 LSTM")
+                         ours("slstm", B), cudnn[B], "cuDNN float16 LSTM")
     B0, B1 = doc["settings"]["B"][0], doc["settings"]["B"][-1]
-    ours = lambda cell, B: record(doc, cell=cell, B=B, impl="graph")
     growth = ours("slstm", B1)["train_ms"] / ours("slstm", B0)["train_ms"]
-    cudnn = {B: record(doc, cell="lstm", B=B, impl="cudnn@float16") for B in doc["settings"]["B"]}
     against = {name: " and ".join(f"{times(ratio(ours(name, B), c))} its time at B = {B}" for B, c in cudnn.items())
                for name in ("slstm", "mh_lstm")}
     fused = next((r.get("error") or r.get("skipped") for r in doc["records"] if r["impl"] == "flashrnn"
