@@ -170,6 +170,10 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
     # their own block, so they run at the end of the previous frame's iteration, their loads issued before
     # its barrier (the forward has its barrier first: pair)
     k = next((gi for gi, n in enumerate(need) if n), 0) if loop.reverse else 0
+    # ... and in a block owning whole heads (no barriers), one group before the first dgemm moves so: its loads
+    # for the next frame go before this frame's dgemm, which their wait then overlaps
+    first_dgemm = next((gi for gi, g in enumerate(groups) if any(p.kind == "dgemm" for p in g)), 0)
+    k = 1 if apart and loop.reverse and first_dgemm == 1 else k
     # backward: values are read-only, and where every phase splits the same features, every gradient at
     # feature f is written by f's block alone, so loads of both go before the barrier, except the gradient
     # a dgemm adds into (its own old value aside) while the loads wait
@@ -186,7 +190,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
             ok = (lambda kind, n, lag, p=p, gi=gi: kind == "val" or mine and kind == "grad" and (
                 p.kind == "dgemm" or n not in operands and (gi >= k or n not in late))) if loop.reverse else \
                 (lambda kind, n, lag, p=p, gi=gi: kind == "val" and own(written.get(n), p, lag, gi))
-            ok = (lambda *source: True) if apart else ok
+            ok = (lambda *source: True) if apart and gi >= k else ok
             lines, early[pi], per[pi] = prefetch(cell, p, f"r{gi}_{pi}_", arg, ok, G, B)
             pre += lines
         run = (["        grid_barrier(count, ++barriers * G);"] if need[gi] else []) + \
