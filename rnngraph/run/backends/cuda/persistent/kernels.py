@@ -170,10 +170,11 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
     # their own block, so they run at the end of the previous frame's iteration, their loads issued before
     # its barrier (the forward has its barrier first: pair)
     k = next((gi for gi, n in enumerate(need) if n), 0) if loop.reverse else 0
-    # ... and in a block owning whole heads (no barriers), one group before the first dgemm moves so: its loads
-    # for the next frame go before this frame's dgemm, which their wait then overlaps
+    # ... and in a block owning whole heads (no barriers) on CUDA cores, one group before the first dgemm moves so:
+    # its loads for the next frame go before this frame's dgemm, which their wait then overlaps (on tensor cores the
+    # registers held across the MMA cost more than the wait: sLSTM's training step at B = 64 took 45% longer)
     first_dgemm = next((gi for gi, g in enumerate(groups) if any(p.kind == "dgemm" for p in g)), 0)
-    k = 1 if apart and loop.reverse and first_dgemm == 1 else k
+    k = 1 if apart and tc is None and loop.reverse and first_dgemm == 1 else k
     # backward: values are read-only, and where every phase splits the same features, every gradient at
     # feature f is written by f's block alone, so loads of both go before the barrier, except the gradient
     # a dgemm adds into (its own old value aside) while the loads wait
