@@ -51,6 +51,7 @@ using std::exp; using std::tanh; using std::log1p; using std::fabs; using std::s
 template <class T> static inline T rsqrt(T x) { return T(1) / std::sqrt(x); }
 using std::min;
 struct uint4 { unsigned x, y, z, w; };
+struct alignas(16) float4 { float x, y, z, w; };
 static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 struct rg_dim { int x; };
 static thread_local rg_dim threadIdx, blockIdx;

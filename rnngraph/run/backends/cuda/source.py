@@ -39,6 +39,13 @@ template <typename H> static __device__ __forceinline__ void rg_atomic_add(H* p,
     } while (old != seen);
 }
 template <typename H> static __device__ __forceinline__ float rg_rounded(float v) { H h; h = v; return (float)h; }
+template <typename H> static __device__ __forceinline__ void rg_pair(const H* p, float& lo, float& hi) {
+    // two adjacent elements of a 4-byte aligned pair, one load
+    const unsigned int w = *(const unsigned int*)p;
+    H a, b;
+    a.u = (unsigned short)w; b.u = (unsigned short)(w >> 16);
+    lo = (float)a; hi = (float)b;
+}
 static __device__ __forceinline__ void atomicAdd(rg_bf16* p, float v) { rg_atomic_add(p, v); }
 static __device__ __forceinline__ void atomicAdd(rg_f16* p, float v) { rg_atomic_add(p, v); }
 """

@@ -20,6 +20,7 @@ its F/k columns of the output gradient, each into its own sums.
 """
 from __future__ import annotations
 
+from ..source import HALF_TYPES, math_type
 from . import mma
 from .gemv import row_sums
 from .phases import THREADS
@@ -43,12 +44,11 @@ HEAD_THREAD_GEMV = HEAD_GEMV + r"""
                 const CT* x = xs + b * {XW} + {xoff};
                 CT a[{R}][4] = {{}};
                 for (int k = 0; k < {K4}; k += 4) {{
-                    const CT w0 = w[k], w1 = w[k + 1], w2 = w[k + 2], w3 = w[k + 3];
+                    {wload}
                     #pragma unroll
                     for (int r = 0; r < {R}; ++r) {{
-                        const CT* xr = x + r * {XW};
-                        a[r][0] += xr[k] * w0; a[r][1] += xr[k + 1] * w1;
-                        a[r][2] += xr[k + 2] * w2; a[r][3] += xr[k + 3] * w3;
+                        {xload}
+                        a[r][0] += x0 * w0; a[r][1] += x1 * w1; a[r][2] += x2 * w2; a[r][3] += x3 * w3;
                     }}
                 }}{rest}
                 #pragma unroll
@@ -79,17 +79,38 @@ def row_stride(width: int, itemsize: int) -> int:
     return s
 
 
-def head_thread_gemv(p, woff: int, x: str, ld: str, xw: int, stride: int, rows: int = 1, kept: bool = False) -> str:
+def head_thread_gemv(p, woff: int, x: str, ld: str, xw: int, stride: int, st: str, rows: int = 1,
+                     kept: bool = False) -> str:
     """The GEMV of head-wise phase p in a block owning whole heads, a thread `rows` sums (HEAD_THREAD_GEMV;
     rows_a_thread): x staged as head_gemv stages it, the block's weight rows `stride` apart; kept: x stays in shared
     memory from the frame before (handed_on), staged from memory only at a launch's first frame."""
     stage, xoff = _staging(p, x, ld, True)
     k4 = p.width // 4 * 4
+    wload, xload = _row_loads(p, xw, stride, st)
     rest = "".join(f"\n                {{ const CT wk = w[{k}];\n                  #pragma unroll\n"
                    f"                  for (int r = 0; r < {rows}; ++r) a[r][{j}] += x[r * {xw} + {k}] * wk; }}"
                    for j, k in enumerate(range(k4, p.width)))
     return HEAD_THREAD_GEMV.format(XW=xw, SW=p.head_width, stage=stage, h0=f"(u0 / {per_unit(p)})", m=p.m, woff=woff,
-                                   RS=stride, xoff=xoff, K4=k4, rest=rest, R=rows, first="if (s == 0) " if kept else "")
+                                   RS=stride, xoff=xoff, K4=k4, rest=rest, R=rows, first="if (s == 0) " if kept else "",
+                                   wload=wload, xload=xload)
+
+
+def _row_loads(p, xw: int, stride: int, st: str) -> tuple:
+    """The lines of HEAD_THREAD_GEMV's step over four columns k ... k + 3 loading weights w0 ... w3 and one x row's
+    x0 ... x3 (xr): a shared-memory load a pair of half weights (rows and offsets even) and one for the four float x
+    columns where every staged row and head starts 16 bytes apart, else one load an element. The shared-memory
+    pipe issues a load an instruction, and at two rows a thread the scalar loads were 12 of its 20 instructions."""
+    if st in HALF_TYPES and stride % 2 == 0:
+        wload = "float w0, w1, w2, w3;\n                    rg_pair(w + k, w0, w1); rg_pair(w + k + 2, w2, w3);"
+    else:
+        wload = "const CT w0 = w[k], w1 = w[k + 1], w2 = w[k + 2], w3 = w[k + 3];"
+    if math_type(st) == "float" and xw % 4 == 0 and p.head_width % 4 == 0 and p.width % 4 == 0:
+        xload = (f"const float4 xv = *(const float4*)(x + r * {xw} + k);\n"
+                 "                        const float x0 = xv.x, x1 = xv.y, x2 = xv.z, x3 = xv.w;")
+    else:
+        xload = (f"const CT* xr = x + r * {xw} + k;\n"
+                 "                        const CT x0 = xr[0], x1 = xr[1], x2 = xr[2], x3 = xr[3];")
+    return wload, xload
 
 
 def _staging(p, x: str, ld: str, apart: bool) -> tuple:

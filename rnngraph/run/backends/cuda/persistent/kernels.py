@@ -250,7 +250,7 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
     elif woff is not None and p.heads > 1 and apart:     # a thread whole sums, the rows padded apart
         x, rs = _head_x(p, arg), row_stride(p.width, ITEMSIZE[st])
         load.append(_weights(p, woff, arg, rs))
-        out.append(head_thread_gemv(p, woff, x, ld_arg(x), xw, rs, rows, kept))
+        out.append(head_thread_gemv(p, woff, x, ld_arg(x), xw, rs, st, rows, kept))
     elif woff is not None:
         load.append(_weights(p, woff, arg))
         out.append(_gemv(cell, p, woff, arg, xb) if p.heads == 1 else _head_gemv(p, woff, arg, xw, apart))
