@@ -281,18 +281,23 @@ def test_threads_holding_several_elements_load_them_before_the_gemm(name, H, B, 
 
 
 @needs_cxx
-@pytest.mark.parametrize("name, B, rows, R, dtype", [("slstm", 4, 2, 2, "float64"), ("slstm", 8, 8, 4, "bfloat16"),
-                                                     ("mh_lstm", 8, 4, 4, "float32"), ("slstm", 6, 3, 1, "float64")])
-def test_a_thread_sums_several_rows_against_one_weight_row(name, B, rows, R, dtype):
+@pytest.mark.parametrize("name, B, rows, R, dtype, resident", [
+    ("slstm", 4, 2, 2, "float64", False), ("slstm", 8, 8, 4, "bfloat16", False), ("mh_lstm", 8, 4, 4, "float32", False),
+    ("slstm", 6, 3, 1, "float64", False), ("slstm", 4, 2, 2, "bfloat16", True), ("mh_lstm", 3, 1, 1, "float32", True),
+    ("mh_lstm", 2, 2, 2, "float16", True)])
+def test_a_thread_sums_several_rows_against_one_weight_row(name, B, rows, R, dtype, resident):
     """Blocks of `rows` rows, each owning a head of 64 units (four gates: 256 weight rows, and as many operand
     columns times 4 linear ops backward): each thread sums R rows against one weight row, loaded once
-    (heads.rows_a_thread), the sums in the order of one row a thread; ragged, blocks one after another."""
+    (heads.rows_a_thread), the sums in the order of one row a thread; ragged, blocks one after another. Computing
+    in float with at most two rows a thread, that row sits in the thread's registers for the whole sequence
+    (heads.resident), forward and backward (each the kernel's only GEMM phase)."""
     cell = load_cell(name, 8, 128, heads=2)
     be = Emulated(None, True, rows)
     args, lengths = problem_arrays(cell, 5, B, dtype), np.arange(B) % 6
     got = run_executor(Executor(cell, be, loop="persistent"), *args, lengths)
     assert_agree(got, run_executor(Executor(cell, get_backend("numpy"), loop="stages"), *args, lengths), dtype)
     assert [f"a thread R = {R} sums" in k.source for k in be.ran] == [True, True]
+    assert [("CT wr0[64];" in k.source, "const ST* w = sw" in k.source) for k in be.ran] == [(resident, not resident)] * 2
 
 
 def test_rows_a_thread_keeps_half_the_threads_busy():

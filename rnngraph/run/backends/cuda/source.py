@@ -15,8 +15,12 @@ struct rg_bf16 {
     unsigned short u;
     __device__ __forceinline__ operator float() const { return __uint_as_float((unsigned int)u << 16); }
     __device__ __forceinline__ rg_bf16& operator=(float f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(u) : "f"(f));     // one instruction (a NaN becomes the canonical one)
+#else
         unsigned int x = __float_as_uint(f);
         u = (unsigned short)((x & 0x7fffffffu) > 0x7f800000u ? (x >> 16) | 0x40u : (x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+#endif
         return *this;
     }
 };

@@ -23,7 +23,9 @@ from __future__ import annotations
 from ..source import HALF_TYPES, math_type
 from . import mma
 from .gemv import row_sums
-from .phases import THREADS
+from .phases import THREADS, block_units
+
+RESIDENT_WIDTH = 64         # the widest weight row a thread holds in registers (64 floats of its 128 at 512 threads)
 
 HEAD_GEMV = r"""
         {first}for (int e = tid; e < NB * {XW}; e += NT) {{
@@ -38,12 +40,11 @@ HEAD_THREAD_GEMV = HEAD_GEMV + r"""
             // row's weights loaded once for all R: K in four running sums each, added in a fixed order (no shuffles,
             // no atomics); rows RS apart, so a warp's rows hit distinct banks
             const int nq = nu * {m};
-            for (int e = tid; e < nq * (NB / {R}); e += NT) {{
-                const int q = e / (NB / {R}), b = (e - q * (NB / {R})) * {R};
-                const ST* w = sw + {woff} + q * {RS};
+            {rows}
+                const int q = e / (NB / {R}), b = (e - q * (NB / {R})) * {R};{wrow}
                 const CT* x = xs + b * {XW} + {xoff};
                 CT a[{R}][4] = {{}};
-                for (int k = 0; k < {K4}; k += 4) {{
+                {unroll}for (int k = 0; k < {K4}; k += 4) {{
                     {wload}
                     #pragma unroll
                     for (int r = 0; r < {R}; ++r) {{
@@ -80,19 +81,48 @@ def row_stride(width: int, itemsize: int) -> int:
 
 
 def head_thread_gemv(p, woff: int, x: str, ld: str, xw: int, stride: int, st: str, rows: int = 1,
-                     kept: bool = False) -> str:
+                     kept: bool = False, resident: bool = False) -> str:
     """The GEMV of head-wise phase p in a block owning whole heads, a thread `rows` sums (HEAD_THREAD_GEMV;
     rows_a_thread): x staged as head_gemv stages it, the block's weight rows `stride` apart; kept: x stays in shared
-    memory from the frame before (handed_on), staged from memory only at a launch's first frame."""
+    memory from the frame before (handed_on), staged from memory only at a launch's first frame; resident: the
+    thread's one weight row is in registers (resident_rows), not read from shared memory each frame."""
     stage, xoff = _staging(p, x, ld, True)
     k4 = p.width // 4 * 4
     wload, xload = _row_loads(p, xw, stride, st)
-    rest = "".join(f"\n                {{ const CT wk = w[{k}];\n                  #pragma unroll\n"
+    w = f"wr{woff}" if resident else "w"
+    if resident:        # one (row, rows) a thread, its weights in registers: the loop over k unrolled
+        wload = "const CT w0 = {0}[k], w1 = {0}[k + 1], w2 = {0}[k + 2], w3 = {0}[k + 3];".format(w)
+    rest = "".join(f"\n                {{ const CT wk = {w}[{k}];\n                  #pragma unroll\n"
                    f"                  for (int r = 0; r < {rows}; ++r) a[r][{j}] += x[r * {xw} + {k}] * wk; }}"
                    for j, k in enumerate(range(k4, p.width)))
-    return HEAD_THREAD_GEMV.format(XW=xw, SW=p.head_width, stage=stage, h0=f"(u0 / {per_unit(p)})", m=p.m, woff=woff,
-                                   RS=stride, xoff=xoff, K4=k4, rest=rest, R=rows, first="if (s == 0) " if kept else "",
-                                   wload=wload, xload=xload)
+    return HEAD_THREAD_GEMV.format(
+        XW=xw, SW=p.head_width, stage=stage, h0=f"(u0 / {per_unit(p)})", m=p.m, xoff=xoff, K4=k4, rest=rest, R=rows,
+        first="if (s == 0) " if kept else "", wload=wload, xload=xload,
+        rows=(f"if (tid < nq * (NB / {rows})) {{\n                const int e = tid;" if resident else
+              f"for (int e = tid; e < nq * (NB / {rows}); e += NT) {{"),
+        wrow="" if resident else f"\n                const ST* w = sw + {woff} + q * {stride};",
+        unroll="#pragma unroll\n                " if resident else "")
+
+
+def resident(p, G: int, B: int, rows: int, gemms: int, ctype: str) -> bool:
+    """Whether HEAD_THREAD_GEMV holds phase p's weights in registers for the whole sequence (resident_rows loads
+    them), where each thread has one weight row and computes in float: p the kernel's only GEMM phase (of `gemms`),
+    of width ≤ RESIDENT_WIDTH, at most two x rows a thread. A frame's step then loads x alone from shared memory."""
+    nq = -(-p.units // G) * p.m
+    return (gemms == 1 and math_type(ctype) == "float" and p.width <= RESIDENT_WIDTH and rows <= 2
+            and nq * (B // rows) <= THREADS)
+
+
+def resident_rows(p, woff: int, rows: int, src: str) -> str:
+    """The declaration, before the time loop, of a thread's weight row of phase p in registers (resident): row
+    q = j·nu + u of the block's rows (src: that row's element k in memory, heads.head_weight), zeros past them."""
+    return (f"    CT wr{woff}[{p.width}];     // this thread's weight row, for every frame (HEAD_THREAD_GEMV)\n"
+            f"    {{   {block_units(p.units)}\n"
+            f"        const int q = tid / (NB / {rows}), j = q / nu, u = q - j * nu;\n"
+            f"        const bool mine = tid < nu * {p.m} * (NB / {rows});\n"
+            f"        (void)j; (void)u;\n"
+            f"        #pragma unroll\n"
+            f"        for (int k = 0; k < {p.width}; ++k) wr{woff}[k] = mine ? (CT){src} : (CT)0;\n    }}")
 
 
 def _row_loads(p, xw: int, stride: int, st: str) -> tuple:

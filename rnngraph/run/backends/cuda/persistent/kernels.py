@@ -31,8 +31,8 @@ from ..source import CTYPES, kernel_name, math_type, rounded
 from . import mma
 from .gemv import row_sums
 from .elements import epilogue, ld_arg, prefetch
-from .heads import (handed_on, head_gemv, head_mma, head_thread_gemv, head_weight, one_head, row_stride,
-                    rows_a_thread)
+from .heads import (handed_on, head_gemv, head_mma, head_thread_gemv, head_weight, one_head, resident,
+                    resident_rows, row_stride, rows_a_thread)
 from .phases import (MAX_ROWS, THREADS, barriers, block_units, exchanges, loop_heads, nodes_of, own, per_head, phases,
                      shared_layout, sources, staged)
 
@@ -184,6 +184,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
     # on run, so not the gradients those add into frames back (rows the moved groups read)
     late = {n for g in groups[k:] for p in g if p.kind == "dfused"
             for kind, n, lag in sources(cell, p.item.nodes, "bwd")[1].values() if kind == "grad" and lag}
+    gemms = sum(p.kind in ("gemm", "pair", "dgemm") for g in groups for p in g)
     load, prologue, body, tail_loads, tail = [], [], [], [], []
     for gi, g in enumerate(groups):
         pre, early, per = [], {}, {}
@@ -198,7 +199,9 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
             [ln for pi, p in enumerate(g) for ln in _phase_lines(cell, p, arg, early[pi], woff.get(id(p)), load,
                                                                     tagged.get(swaps.get(gi)), tagged, ctype,
                                                                     staged(p, G, apart), apart, tc, per[pi],
-                                                                    p is kept, rows_a_thread(p, G, B))]
+                                                                    p is kept, rows_a_thread(p, G, B),
+                                                                    apart and tc is None and resident(
+                                                                        p, G, B, rows_a_thread(p, G, B), gemms, ctype))]
         if gi < k:
             prologue += pre + run
             tail_loads += pre
@@ -230,7 +233,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
 
 
 def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, st: str, xw: int,
-                 apart: bool, tc=None, per: int = 1, kept: bool = False, rows: int = 1) -> list:
+                 apart: bool, tc=None, per: int = 1, kept: bool = False, rows: int = 1, res: bool = False) -> list:
     """The lines running phase p at frame t (its GEMV first, with its weights' load added to `load`; its x
     from tagged words where xb names their buffer; its members in `tagged` also written so; a head-wise
     GEMV staging xw columns, the block's own heads where it owns whole heads, `apart`); tc: the tensor
@@ -249,8 +252,9 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
         out.append(mma.gemm(p, woff, tc, x, ld_arg(x), lag))
     elif woff is not None and p.heads > 1 and apart:     # a thread whole sums, the rows padded apart
         x, rs = _head_x(p, arg), row_stride(p.width, ITEMSIZE[st])
-        load.append(_weights(p, woff, arg, rs))
-        out.append(head_thread_gemv(p, woff, x, ld_arg(x), xw, rs, st, rows, kept))
+        load.append(resident_rows(p, woff, rows, head_weight(p, arg("w", p.item.gemm if p.kind == "pair" else p.item)))
+                    if res else _weights(p, woff, arg, rs))
+        out.append(head_thread_gemv(p, woff, x, ld_arg(x), xw, rs, st, rows, kept, res))
     elif woff is not None:
         load.append(_weights(p, woff, arg))
         out.append(_gemv(cell, p, woff, arg, xb) if p.heads == 1 else _head_gemv(p, woff, arg, xw, apart))
