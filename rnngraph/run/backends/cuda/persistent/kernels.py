@@ -138,9 +138,8 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
     itemsize = ITEMSIZE[math_type(ctype)]
     tc, on_tc = None, B > MAX_ROWS if tensor_cores is None else tensor_cores
     tf32 = tensor_cores is True and ctype == "float" and loop_heads(groups) == 1     # asked for, full matrices
-    if on_tc and (ITEMSIZE[ctype] != 2 and not tf32 or B <= MAX_ROWS and loop_heads(groups) > 1):
-        raise RnnGraphError(f"internal: tensor cores take half storage (float32 in TF32 where asked, full matrices), "
-                            f"and head-wise GEMMs beyond {MAX_ROWS} rows")
+    if on_tc and ITEMSIZE[ctype] != 2 and not tf32:
+        raise RnnGraphError("internal: tensor cores take half storage (float32 in TF32 where asked, full matrices)")
     if on_tc and loop_heads(groups) > 1 and not one_head(groups, G):
         raise RnnGraphError(f"internal: a head-wise persistent kernel at B={B} > {MAX_ROWS} rows runs on tensor "
                             f"cores, one head a block, not on {G} blocks")

@@ -186,7 +186,8 @@ def chosen(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, tf3
     if loop_heads(groups) > 1:          # per head first: its rows split over blocks (head_rows)
         tc = mma and float_dtype(dtype, half=True).itemsize == 2 and one_head(groups, counts[0])
         rows = head_rows(B, tc, counts[0], sms)
-        apart = _made(cell, loop, ctype, rows, counts[0], B // rows)
+        few = tc and rows <= MAX_ROWS and tensor_core_setting() == "1"     # tensor cores at few rows a block
+        apart = _made(cell, loop, ctype, rows, counts[0], B // rows, tensor_cores=True if few else None)
         if apart.smem <= smem or B > MAX_ROWS or len(counts) == 1:
             return apart
         counts = counts[1:]             # heads too large for a block: split over more blocks, with barriers
@@ -238,10 +239,17 @@ def full_tensor_cores(B: int, dtype, tf32: bool = False) -> bool:
     size = float_dtype(dtype, half=True).itemsize
     if size != 2 and not (size == 4 and tf32):
         return False
+    given = tensor_core_setting()
+    return B > MAX_ROWS or (given == "1" if given is not None else B >= TENSOR_CORES_FROM)
+
+
+def tensor_core_setting() -> str | None:
+    """RNNGRAPH_PERSISTENT_TENSOR_CORES (1 or 0), where set: whether kernels of full matrices at B ≤ MAX_ROWS rows
+    run on tensor cores, and (1) per-head kernels at that many rows a block too (for measuring)."""
     given = os.environ.get("RNNGRAPH_PERSISTENT_TENSOR_CORES")
     if given is not None and given not in ("0", "1"):
         raise RnnGraphError(f"RNNGRAPH_PERSISTENT_TENSOR_CORES must be 1 or 0, got {given!r}")
-    return B > MAX_ROWS or (given == "1" if given is not None else B >= TENSOR_CORES_FROM)
+    return given
 
 
 def tensor_core_blocks(B: int, sms: int) -> list:
