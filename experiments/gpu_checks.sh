@@ -38,6 +38,9 @@ bench)
         # float32 with TF32 allowed on both sides: rnngraph on tensor cores (m16n8k8) against cuDNN, and with TF32 off
         tf32) bench --cell lstm -T 100 -B 1,4,8,16,32,64,128 -H 512 --dtype float32 --impls graph,cudnn --tf32 \
                             --loop auto,persistent --repeats 15 --json "$OUT/tf32.json" ;;
+        # the LSTM's cost a frame at B = 64: the slope from T = 100 to 1000, bfloat16 against cuDNN float16
+        slope_b64) bench --cell lstm -T 100,1000 -B 64 -H 512 --dtype bfloat16 --impls graph,cudnn@float16 \
+                            --repeats 15 --json "$OUT/slope_b64.json" ;;
         # the wide LSTMs auto runs in groups of rows by the H = 512 rule, against stages and cuDNN float16
         wide) bench --cell lstm -T 100 -B 32,64 -H 768,1024 --dtype bfloat16 --impls graph,cudnn@float16 \
                             --loop auto,stages --repeats 15 --json "$OUT/wide.json" ;;
