@@ -161,6 +161,15 @@ class Findings:
                                              f"({num(ours[f'{w}_ms'])} against {num(peer[f'{w}_ms'])} ms)"))
 
 
+def slope(doc: dict, impl: str = "graph", **match) -> list:
+    """The forward's and the training step's µs a frame of the records matching `match` and impl: the slope between
+    their shortest and longest T (None where either was not measured)."""
+    T0, T1 = doc["settings"]["T"][0], doc["settings"]["T"][-1]
+    a, b = (record(doc, T=T, impl=impl, **match) for T in (T0, T1))
+    return [None if a is None or b is None else 1e3 * (b[f"{w}_ms"] - a[f"{w}_ms"]) / (T1 - T0)
+            for w in ("forward", "train")]
+
+
 def per_frame(r: dict | None) -> str:
     """µs a frame, forward / training step, of a record (its T frames)."""
     return "–" if r is None else f"{num(1e3 * r['forward_ms'] / r['T'])} / {num(1e3 * r['train_ms'] / r['T'])}"

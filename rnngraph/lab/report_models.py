@@ -11,7 +11,7 @@ from ..ir.loading import load_cell
 from ..nn.buckets import bucket
 from ..plan.schedule import build_schedule
 from ..run.workspace import stored_bytes
-from .report_data import Findings, Results, num, pair, ratio, record, source, table, times
+from .report_data import Findings, Results, num, pair, ratio, record, slope, source, table, times
 
 
 def charlm(results: Results, findings: Findings) -> str:
@@ -99,16 +99,9 @@ rnngraph's sLSTM training step takes {against["slstm"]}; the multi-head LSTM's t
 
 At B = 1 (H = 512 in 8 heads of 64, bfloat16, one block a head) a frame costs, as the slope from T = 100 to 1000:
 
-{table(["cell", "forward µs a frame", "training step µs a frame"], [[c, *_slope(b1, c)] for c in b1["settings"]["cells"]])}
+{table(["cell", "forward µs a frame", "training step µs a frame"], [[c, *map(num, slope(b1, cell=c))] for c in b1["settings"]["cells"]])}
 
 {source(b1)}"""
-
-
-def _slope(doc: dict, cell: str) -> list:
-    """The forward's and the training step's µs a frame of `cell`: the slope between its shortest and longest T."""
-    T0, T1 = doc["settings"]["T"][0], doc["settings"]["T"][-1]
-    a, b = (record(doc, cell=cell, T=T, impl="graph") for T in (T0, T1))
-    return [num(1e3 * (b[f"{w}_ms"] - a[f"{w}_ms"]) / (T1 - T0)) for w in ("forward", "train")]
 
 
 def memory(results: Results, findings: Findings) -> str:
