@@ -12,7 +12,7 @@ from ..run.settings import default_store_limit
 from ..run.workspace import stored_bytes
 from .figures import NAMES
 from .report_data import (Findings, Results, best_val, loop, num, pair, per_frame, ran, ratio, record, seconds,
-                          source, table, times)
+                          slope, source, table, times)
 
 
 @dataclass(frozen=True)
@@ -217,6 +217,9 @@ def half(results: Results, findings: Findings) -> str:
         rows.append(row)
     runs = results.training()
     b16, f32 = runs["gpu_bfloat16"], runs["gpu_float32"]
+    b64 = results.bench("slope_b64")
+    frame = [[name, *map(num, slope(b64, impl, cell="lstm"))]
+             for name, impl in (("rnngraph bfloat16 (`auto`)", "graph"), ("cuDNN float16", "cudnn@float16"))]
     head = ["B"] + [h for d, _, _ in PRECISIONS for h in (f"rnngraph {d}, `auto` (loop)", f"cuDNN {d}")] + \
         ["bfloat16 ÷ cuDNN float16, training", "bfloat16 `persistent`"]
     return f"""## Half precision and tensor cores
@@ -238,6 +241,12 @@ In float32 with TF32 off it runs the persistent loop on CUDA cores up to B = {AU
 of {MAX_ROWS} rows; at H = 512 a block's share of the weights no longer fits from B = 64. With TF32 allowed, float32 runs
 on tensor cores as half precision does ([float32 in TF32](#float32-in-tf32)). The persistent backward stages all 4H
 gate gradients of its group's rows each frame, four times the values its forward stages.
+
+At B = 64 a frame costs, as the slope from T = 100 to 1000 (the same LSTM, one process):
+
+{table(["", "forward µs a frame", "training step µs a frame"], frame)}
+
+{source(b64)}
 
 In this run rnngraph's bfloat16 training step is faster than cuDNN float16's at B = {", ".join(faster) or "none"}. cuDNN's
 float16 LSTM is a persistent kernel on tensor cores. Its small-batch times move between processes, so compare within one

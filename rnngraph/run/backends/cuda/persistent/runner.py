@@ -44,7 +44,9 @@ MMA_CAPABILITY = 80     # the tensor-core kernels' mma.sync m16n8k16 in half and
 # Per head (a block owns whole heads, so rows split over blocks too), measured on an H200 (sLSTM 12 heads of 64,
 # T = 1024, training step, docs/performance.md): bfloat16 B = 16 on CUDA cores at 1, 2, 4, 8 rows a block 12.1
 # (192 blocks: two waves), 8.9 (96 blocks), 17.8, 47.1 ms, on tensor cores in one block 17.0; B = 64 at 8 rows
-# 62.7, on tensor cores 16 rows a block 35.6 ('stages' 38.4); float32 B = 16 at 2 rows 17.0 ('stages' 54.3).
+# 62.7, on tensor cores 16 rows a block 35.6 ('stages' 38.4); float32 B = 16 at 2 rows 17.0 ('stages' 54.3). Later, at
+# 2 rows a block (96 blocks) B = 16 trained in 4.23 ms on CUDA cores against 7.47 on tensor cores (the 16-row tile
+# padded; RNNGRAPH_PERSISTENT_TENSOR_CORES=1), the multi-head LSTM in 3.97 against 7.61.
 HEAD_TENSOR_CORE_ROWS = 16
 HEAD_TENSOR_CORES_FROM = 32     # B = 16 in bfloat16: CUDA cores (2 rows a block) trained faster than tensor cores
 AUTO_HEAD_ROWS = 64             # 'auto' runs a per-head kernel up to this B (measured there), 'stages' beyond
