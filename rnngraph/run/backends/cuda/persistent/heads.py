@@ -12,9 +12,10 @@ block's unit u) of one head's width RW (phase.width) in shared memory:
 x is staged head by head, SW columns a head (a gemm's K/k; a dgemm's J·F/k, linear op by linear op), the
 block's own heads where it owns whole heads (h0 its first), else all of them. Where a block owns whole heads,
 each thread computes whole sums (HEAD_THREAD_GEMV: a weight row against one or a few x rows over K, the rows
-padded apart in shared memory); where heads split over blocks, a warp a row with the shared shuffle tree (gemv.py).
+padded apart in shared memory, or in the thread's registers for the whole call where resident() says so); where
+heads split over blocks, a warp a row with the shared shuffle tree (gemv.py).
 
-On tensor cores (half storage, B > MAX_ROWS) a block owns one head (one_head): a gemm's or pair's J·nu rows all
+On tensor cores (half storage, B > MAX_ROWS, or fewer rows where asked) a block owns one head (one_head): a gemm's or pair's J·nu rows all
 read that head's K/k columns of x, one MMA GEMM (mma.py); a dgemm runs J of them, linear op j's nu rows against
 its F/k columns of the output gradient, each into its own sums.
 """
@@ -88,10 +89,8 @@ def head_thread_gemv(p, woff: int, x: str, ld: str, xw: int, stride: int, st: st
     thread's one weight row is in registers (resident_rows), not read from shared memory each frame."""
     stage, xoff = _staging(p, x, ld, True)
     k4 = p.width // 4 * 4
-    wload, xload = _row_loads(p, xw, stride, st)
-    w = f"wr{woff}" if resident else "w"
-    if resident:        # one (row, rows) a thread, its weights in registers: the loop over k unrolled
-        wload = "const CT w0 = {0}[k], w1 = {0}[k + 1], w2 = {0}[k + 2], w3 = {0}[k + 3];".format(w)
+    w = f"wr{woff}" if resident else "w"     # resident: one (row, rows) a thread, the loop over k unrolled
+    wload, xload = _row_loads(p, xw, stride, st, w if resident else None)
     rest = "".join(f"\n                {{ const CT wk = {w}[{k}];\n                  #pragma unroll\n"
                    f"                  for (int r = 0; r < {rows}; ++r) a[r][{j}] += x[r * {xw} + {k}] * wk; }}"
                    for j, k in enumerate(range(k4, p.width)))
@@ -125,12 +124,15 @@ def resident_rows(p, woff: int, rows: int, src: str) -> str:
             f"        for (int k = 0; k < {p.width}; ++k) wr{woff}[k] = mine ? (CT){src} : (CT)0;\n    }}")
 
 
-def _row_loads(p, xw: int, stride: int, st: str) -> tuple:
+def _row_loads(p, xw: int, stride: int, st: str, registers: str | None = None) -> tuple:
     """The lines of HEAD_THREAD_GEMV's step over four columns k ... k + 3 loading weights w0 ... w3 and one x row's
-    x0 ... x3 (xr): a shared-memory load a pair of half weights (rows and offsets even) and one for the four float x
-    columns where every staged row and head starts 16 bytes apart, else one load an element. The shared-memory
-    pipe issues a load an instruction, and at two rows a thread the scalar loads were 12 of its 20 instructions."""
-    if st in HALF_TYPES and stride % 2 == 0:
+    x0 ... x3: the weights from the array `registers` where they are resident, else a shared-memory load a pair of
+    half weights (rows and offsets even); one load for the four float x columns where every staged row and head
+    starts 16 bytes apart; else one load an element. The shared-memory pipe issues a load an instruction, and at
+    two rows a thread the scalar loads were 12 of its 20 instructions."""
+    if registers:
+        wload = "const CT w0 = {0}[k], w1 = {0}[k + 1], w2 = {0}[k + 2], w3 = {0}[k + 3];".format(registers)
+    elif st in HALF_TYPES and stride % 2 == 0:
         wload = "float w0, w1, w2, w3;\n                    rg_pair(w + k, w0, w1); rg_pair(w + k + 2, w2, w3);"
     else:
         wload = "const CT w0 = w[k], w1 = w[k + 1], w2 = w[k + 2], w3 = w[k + 3];"
