@@ -297,7 +297,8 @@ def test_a_thread_sums_several_rows_against_one_weight_row(name, B, rows, R, dty
     got = run_executor(Executor(cell, be, loop="persistent"), *args, lengths)
     assert_agree(got, run_executor(Executor(cell, get_backend("numpy"), loop="stages"), *args, lengths), dtype)
     assert [f"a thread R = {R} sums" in k.source for k in be.ran] == [True, True]
-    assert [("CT wr0[64];" in k.source, "const ST* w = sw" in k.source) for k in be.ran] == [(resident, not resident)] * 2
+    held = [("CT wr0[64];" in k.source, "const ST* w = sw" in k.source) for k in be.ran]
+    assert held == [(resident, not resident)] * 2
 
 
 def test_rows_a_thread_keeps_half_the_threads_busy():

@@ -67,6 +67,7 @@ def heads(results: Results, findings: Findings) -> str:
             findings.compare("Heads", f"{cell} (B = {B}, T = 1024, H = 768, bfloat16)", g, f, "FlashRNN (cuda)")
         findings.compare("Heads", f"sLSTM in 12 heads against cuDNN's single-head LSTM of the same size, B = {B}",
                          ours("slstm", B), cudnn[B], "cuDNN float16 LSTM")
+    per_cell = [[c, *map(num, slope(b1, cell=c))] for c in b1["settings"]["cells"]]
     B0, B1 = doc["settings"]["B"][0], doc["settings"]["B"][-1]
     growth = ours("slstm", B1)["train_ms"] / ours("slstm", B0)["train_ms"]
     against = {name: " and ".join(f"{times(ratio(ours(name, B), c))} its time at B = {B}" for B, c in cudnn.items())
@@ -99,7 +100,7 @@ rnngraph's sLSTM training step takes {against["slstm"]}; the multi-head LSTM's t
 
 At B = 1 (H = 512 in 8 heads of 64, bfloat16, one block a head) a frame costs, as the slope from T = 100 to 1000:
 
-{table(["cell", "forward µs a frame", "training step µs a frame"], [[c, *map(num, slope(b1, cell=c))] for c in b1["settings"]["cells"]])}
+{table(["cell", "forward µs a frame", "training step µs a frame"], per_cell)}
 
 {source(b1)}"""
 

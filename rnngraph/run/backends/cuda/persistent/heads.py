@@ -15,9 +15,9 @@ each thread computes whole sums (HEAD_THREAD_GEMV: a weight row against one or a
 padded apart in shared memory, or in the thread's registers for the whole call where resident() says so); where
 heads split over blocks, a warp a row with the shared shuffle tree (gemv.py).
 
-On tensor cores (half storage, B > MAX_ROWS, or fewer rows where asked) a block owns one head (one_head): a gemm's or pair's J·nu rows all
-read that head's K/k columns of x, one MMA GEMM (mma.py); a dgemm runs J of them, linear op j's nu rows against
-its F/k columns of the output gradient, each into its own sums.
+On tensor cores (half storage, B > MAX_ROWS, or fewer rows where asked) a block owns one head (one_head): a gemm's
+or pair's J·nu rows all read that head's K/k columns of x, one MMA GEMM (mma.py); a dgemm runs J of them, linear
+op j's nu rows against its F/k columns of the output gradient, each into its own sums.
 """
 from __future__ import annotations
 
