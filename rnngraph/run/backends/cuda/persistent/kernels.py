@@ -141,8 +141,8 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
     if on_tc and ITEMSIZE[ctype] != 2 and not tf32:
         raise RnnGraphError("internal: tensor cores take half storage (float32 in TF32 where asked, full matrices)")
     if on_tc and loop_heads(groups) > 1 and not one_head(groups, G):
-        raise RnnGraphError(f"internal: a head-wise persistent kernel at B={B} > {MAX_ROWS} rows runs on tensor "
-                            f"cores, one head a block, not on {G} blocks")
+        raise RnnGraphError(f"internal: a head-wise persistent kernel on tensor cores runs one head a block, not "
+                            f"on {G} blocks")
     if on_tc:                   # tensor cores: their layout of the weights and the x slice
         tc = mma.layout([p for g in groups for p in g if p.kind in ("gemm", "pair", "dgemm")], B, G, THREADS,
                         ITEMSIZE[ctype])
@@ -184,6 +184,8 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
     late = {n for g in groups[k:] for p in g if p.kind == "dfused"
             for kind, n, lag in sources(cell, p.item.nodes, "bwd")[1].values() if kind == "grad" and lag}
     gemms = sum(p.kind in ("gemm", "pair", "dgemm") for g in groups for p in g)
+    rows = {id(p): rows_a_thread(p, G, B) for g in groups for p in g}     # x rows a thread sums (whole heads)
+    held = {id(p): apart and tc is None and resident(p, G, B, rows[id(p)], gemms, ctype) for g in groups for p in g}
     load, prologue, body, tail_loads, tail = [], [], [], [], []
     for gi, g in enumerate(groups):
         pre, early, per = [], {}, {}
@@ -198,9 +200,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
             [ln for pi, p in enumerate(g) for ln in _phase_lines(cell, p, arg, early[pi], woff.get(id(p)), load,
                                                                     tagged.get(swaps.get(gi)), tagged, ctype,
                                                                     staged(p, G, apart), apart, tc, per[pi],
-                                                                    p is kept, rows_a_thread(p, G, B),
-                                                                    apart and tc is None and resident(
-                                                                        p, G, B, rows_a_thread(p, G, B), gemms, ctype))]
+                                                                    p is kept, rows[id(p)], held[id(p)])]
         if gi < k:
             prologue += pre + run
             tail_loads += pre
@@ -238,7 +238,8 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
     GEMV staging xw columns, the block's own heads where it owns whole heads, `apart`); tc: the tensor
     cores' layout (mma.Layout), where they run the GEMMs; per: the elements a thread holds in registers loaded
     early (elements.prefetch), where more than one; kept: its operand stays in shared memory (heads.handed_on);
-    rows: the x rows a thread sums against one weight row where each block owns whole heads (heads.rows_a_thread)."""
+    rows: the x rows a thread sums against one weight row where each block owns whole heads (heads.rows_a_thread);
+    res: each thread holds its weight row in registers (heads.resident)."""
     out = [f"        {{   // {p.kind} {', '.join(nodes_of(p))}",
            f"        {block_units(p.units)}"]
     if woff is not None and tc is not None and p.heads > 1:
