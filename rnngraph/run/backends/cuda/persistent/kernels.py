@@ -244,7 +244,7 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
            f"        {block_units(p.units)}"]
     if woff is not None and tc is not None and p.heads > 1:
         x = _head_x(p, arg)
-        load.append(mma.weights(p, woff, head_weight(p, arg("w", p.item.gemm if p.kind == "pair" else p.item)), tc))
+        load.append(mma.weights(p, woff, _head_w(p, arg), tc))
         out.append(head_mma(p, woff, tc, x, ld_arg(x), kept))
     elif woff is not None and tc is not None:
         src, x, lag = _operand(p, arg)
@@ -252,7 +252,7 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
         out.append(mma.gemm(p, woff, tc, x, ld_arg(x), lag))
     elif woff is not None and p.heads > 1 and apart:     # a thread whole sums, the rows padded apart
         x, rs = _head_x(p, arg), row_stride(p.width, ITEMSIZE[st])
-        load.append(resident_rows(p, woff, rows, head_weight(p, arg("w", p.item.gemm if p.kind == "pair" else p.item)))
+        load.append(resident_rows(p, woff, rows, _head_w(p, arg))
                     if res else _weights(p, woff, arg, rs))
         out.append(head_thread_gemv(p, woff, x, ld_arg(x), xw, rs, st, rows, kept, res))
     elif woff is not None:
@@ -277,6 +277,11 @@ def _head_gemv(p, woff: int, arg, xw: int, apart: bool) -> str:
     return head_gemv(p, woff, x, ld_arg(x), xw, apart)
 
 
+def _head_w(p, arg) -> str:
+    """Element (q, k) of head-wise phase p's packed weights in memory (heads.head_weight)."""
+    return head_weight(p, arg("w", p.item.gemm if p.kind == "pair" else p.item))
+
+
 def _head_x(p, arg) -> str:
     """The x of head-wise phase p: the operand's values, or a dgemm's output gradient."""
     return arg("dcat", p.item) if p.kind == "dgemm" else arg("val", (p.item.gemm if p.kind == "pair" else p.item).operand)
@@ -299,7 +304,7 @@ def _weights(p, off: int, arg, stride: int | None = None) -> str:
     elements apart (None: the width, packed)."""
     K = p.width
     if p.heads > 1:                 # head-wise: rows of one head's width (heads.py)
-        src = head_weight(p, arg("w", p.item.gemm if p.kind == "pair" else p.item))
+        src = _head_w(p, arg)
     else:
         src = _operand(p, arg)[0]
     return (f"    {{   {block_units(p.units)}\n"
