@@ -1,7 +1,9 @@
 """The compiled CPU backend ('cpu', run/backends/cpu) against the numpy reference: every built-in cell and loop
 strategy, ragged lengths, chunked calls, dropout and cells reading up to 3 frames back give numpy's outputs,
-final states and gradients (float64 to 1e-12, float32 to 1e-5, bfloat16 to its rounding); its generated
-sources are deterministic; and without numba 'auto' falls back to numpy, saying so once.
+final states and gradients (float64 to 1e-12, float32 to 1e-5, bfloat16 to its rounding), with its GEMMs in
+MKL on rnngraph's threads (where MKL is installed; and with every GEMM, fused pass and memset split over
+them, however small) and in numpy's BLAS; its generated sources are deterministic; and without numba 'auto'
+falls back to numpy, saying so once.
 
 Every test uses the same sizes (3 inputs, 5 features), so the compiled functions are shared through numba's
 cache: a loop's source does not depend on T or B."""
@@ -17,7 +19,7 @@ from rnngraph.plan.loops.stages import frame_views
 from rnngraph.nn import Recurrent
 from rnngraph.run import backends
 from rnngraph.run.backends import get_backend
-from rnngraph.run.backends.cpu import jit
+from rnngraph.run.backends.cpu import blas, jit
 from rnngraph.run.backends.cpu.stages import ITEMS, Loop
 from rnngraph.run.executor import Executor
 from test_classify import LINEAR_FORMS, one_state
@@ -38,10 +40,24 @@ def close(a, b, tol):
     assert float(np.abs(a - b).max(initial=0)) <= tol * scale, float(np.abs(a - b).max()) / scale
 
 
-def twins(cell, loop="auto", dtype="float64", **kw):
+@pytest.fixture(params=["mkl", "mkl, all split", "numpy's BLAS"])
+def cpu_blas(request, monkeypatch):
+    """A cpu backend: its GEMMs in MKL on rnngraph's threads (a loop's rows split, larger work only), the same
+    with every GEMM, fused pass and memset split too, or in numpy's BLAS (the fused passes on one thread)."""
+    if request.param.startswith("mkl"):
+        if not isinstance(blas.mkl(), blas.Mkl):
+            pytest.skip(f"no MKL: {blas.mkl()}")
+        monkeypatch.setattr(blas, "SPLIT_WORK", 0 if request.param == "mkl, all split" else blas.SPLIT_WORK)
+        be = get_backend("cpu")
+        assert isinstance(be.mkl, blas.Mkl) and be.threads.own == (blas.threads() > 1)
+        return be
+    return get_backend("cpu", mkl=False)
+
+
+def twins(cell, loop="auto", dtype="float64", backend="cpu", **kw):
     """(numpy layer, cpu layer) with the same parameters."""
     kw = {"num_layers": 2, "bidirectional": True, "dtype": dtype, "seed": 2, "loop": loop, **kw}
-    ref, cpu = Recurrent(cell, 3, 5, backend="numpy", **kw), Recurrent(cell, 3, 5, backend="cpu", **kw)
+    ref, cpu = Recurrent(cell, 3, 5, backend="numpy", **kw), Recurrent(cell, 3, 5, backend=backend, **kw)
     cpu.load_state_dict(ref.state_dict())
     return ref, cpu
 
@@ -78,28 +94,28 @@ def loops_compiled(layer) -> list:
 
 
 @pytest.mark.parametrize("cell", list(CELLS))
-def test_every_builtin_cell_equals_numpy_ragged(cell):
-    ref, cpu = twins(cell)
+def test_every_builtin_cell_equals_numpy_ragged(cell, cpu_blas):
+    ref, cpu = twins(cell, backend=cpu_blas)
     agree(ref, cpu, [frames(9)], np.array([9, 4, 1, 7]))
     assert all(loops_compiled(cpu)) == (cell in COMPILED) and loops_compiled(cpu)
 
 
 @pytest.mark.parametrize("cell, loop", STRATEGIES, ids=[f"{c}-{s}" for c, s in STRATEGIES])
-def test_every_strategy_equals_numpy(cell, loop):
-    ref, cpu = twins(cell, loop)
+def test_every_strategy_equals_numpy(cell, loop, cpu_blas):
+    ref, cpu = twins(cell, loop, backend=cpu_blas)
     agree(ref, cpu, [frames(7)])
     assert cpu.loop_strategy == loop
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru", "mgu", "sru"])
-def test_float32_equals_numpy(cell):
-    ref, cpu = twins(cell, dtype="float32")
+def test_float32_equals_numpy(cell, cpu_blas):
+    ref, cpu = twins(cell, dtype="float32", backend=cpu_blas)
     agree(ref, cpu, [frames(9, "float32")], np.array([9, 5, 2, 9]), dtype="float32")
 
 
-def test_one_stream_equals_numpy():
-    """B = 1: the per-frame GEMMs run as GEMVs."""
-    ref, cpu = twins("gru")
+def test_one_stream_equals_numpy(cpu_blas):
+    """B = 1: one range of rows; numpy's BLAS runs the per-frame GEMMs as GEMVs."""
+    ref, cpu = twins("gru", backend=cpu_blas)
     agree(ref, cpu, [frames(6)[:, :1]])
 
 
@@ -138,9 +154,10 @@ def test_the_kept_transpose_through_blas_equals_numpys():
         np.testing.assert_array_equal(out, a.T)
 
 
-def test_zeroing_a_gradient_arena():
-    """zero() (memset for a contiguous arena, numpy's fill otherwise) clears NaN and inf too."""
-    be = get_backend("cpu")
+def test_zeroing_a_gradient_arena(cpu_blas):
+    """zero() (memset for a contiguous arena, split over the threads where they are rnngraph's; numpy's fill
+    otherwise) clears NaN and inf too."""
+    be = cpu_blas
     for a in (np.full(1000, np.nan, np.float32), np.full(33, np.inf), np.full((40, 6), 7.0)[:, ::2], np.zeros(0)):
         be.zero(a)
         assert not a.any() and not np.isnan(a).any()
@@ -168,11 +185,14 @@ def test_generated_sources_are_deterministic_and_independent_of_T_and_B():
         ws = ex.workspace(T, B, np.dtype("float32"))
         ws.bind_params({n: np.zeros(s, np.float32) for n, s in ex.cell.params.items()})
         for loop in (ex.sched.forward[1].items[0], ex.sched.backward[1].items[0]):
-            gen = Loop(ex.cell, frame_views(ws, None), "float32")
-            assert all(ITEMS[type(it)](gen, it) for st in loop.stages for it in st.items)
-            sources.append(gen.source(loop.reverse))
-    assert sources[:2] == sources[2:] and sources[0] != sources[1]
-    assert "gemm32(False, True, B, 20, 5" in sources[0] and "for t in range(T - 1, -1, -1):" in sources[1]
+            for packed in (False, True):
+                gen = Loop(ex.cell, frame_views(ws, None), "float32", packed=packed)
+                assert all(ITEMS[type(it)](gen, it) for st in loop.stages for it in st.items)
+                sources.append(gen.source(loop.reverse))
+    assert sources[:4] == sources[4:] and len(set(sources[:4])) == 4
+    assert "gemm32(False, True, m, 20, 5" in sources[0] and "for t in range(T - 1, -1, -1):" in sources[2]
+    assert "pack32(True, m, 20, 5, a" in sources[1] and "gemm_packed32(m, 20, 5, a" in sources[1]
+    assert "pack32(False, m, 5, 20, a" in sources[3] and "loop(T, P, B, b0, B * (p + 1) // parts - b0, k0[p]" in sources[3]
 
 
 def test_without_numba_auto_runs_numpy_and_says_so_once(monkeypatch):
@@ -211,6 +231,42 @@ def test_blas_threads_limits_the_pool_for_its_own_calls_only():
     with pytest.raises(RnnGraphError, match=r"^blas_threads must be a positive int or None"):
         get_backend("cpu", blas_threads=0)
 
+
+
+def test_work_splits_over_rnngraphs_threads_only_where_it_is_worth_a_thread(monkeypatch):
+    monkeypatch.setattr(blas, "threads", lambda: 2)
+    own, shared = blas.Threads(None, own=True), blas.Threads(None, own=False)
+    assert [own.parts(r, w) for r, w in ((32, blas.SPLIT_WORK), (1, blas.SPLIT_WORK), (32, blas.SPLIT_WORK - 1))] \
+        == [2, 1, 1]
+    assert own.parts(5) == 2 and shared.parts(32) == shared.parts(32, 1 << 30) == 1
+    assert blas.Threads(1, own=True).parts(32) == 1          # blas_threads=1 (rnngraph.torch): one thread
+
+
+def test_mkl_is_found_in_its_package_or_says_why_not(monkeypatch):
+    from rnngraph.run.backends.cpu import prelude      # noqa: F401 (it looks once, before the package is hidden)
+    find = blas.mkl.__wrapped__
+    monkeypatch.setenv("RNNGRAPH_MKL", "0")
+    assert find() == "RNNGRAPH_MKL=0 turns it off"
+    monkeypatch.delenv("RNNGRAPH_MKL")
+
+    def missing(name):
+        raise blas.metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(blas.metadata, "distribution", missing)
+    assert find().startswith("MKL is not installed (pip install mkl")
+    with pytest.raises(RnnGraphError, match=r"^mkl must be True \(MKL where it is installed\) or False"):
+        get_backend("cpu", mkl="yes")
+    assert get_backend("cpu", mkl=False).mkl == "mkl=False asks for numpy's BLAS"
+
+
+def test_without_a_fast_thread_pool_the_gemms_stay_in_numpys_blas(monkeypatch):
+    """numba's own workqueue wakes as slowly as Python's threads: MKL then does not run the GEMMs single-file."""
+    if not isinstance(blas.mkl(), blas.Mkl) or blas.threads() < 2:
+        pytest.skip("no MKL or one core: nothing to split")
+    from rnngraph.run.backends.cpu import prelude
+    monkeypatch.setattr(prelude, "fast_threads", lambda: False)
+    be = get_backend("cpu")
+    assert be.mkl.startswith("numba's thread pool here is its own workqueue") and not be.threads.own
+    assert "MKL" in blas.cpu_info() and "threads" in blas.cpu_info()
 
 
 def test_a_changed_prelude_names_new_modules(tmp_path, monkeypatch):

@@ -65,7 +65,7 @@ def gpu_problem() -> str | None:
 # by name, in the order 'auto' tries them: the first that runs here and runs the mode
 _CUPY_OPTIONS = ("matmul", "lanes", "max_graphs", "max_graph_bytes", "chunk_frames", "tf32")
 BACKENDS = {"cupy": Entry(_cupy, gpu_problem, MODES, _CUPY_OPTIONS),
-            "cpu": Entry(_cpu, cpu_problem, ("naive", "staged"), ("blas_threads",), fallback=True),
+            "cpu": Entry(_cpu, cpu_problem, ("naive", "staged"), ("blas_threads", "mkl"), fallback=True),
             "numpy": Entry(_numpy, lambda: None, ("naive", "staged"))}
 CHOICES = ("auto", *sorted(BACKENDS))       # what `backend=` and `--backend` take
 
@@ -80,7 +80,7 @@ def get_backend(name: str = "numpy", mode: str = "staged", **options):
     """The backend `name` ('auto': the first of BACKENDS usable here that runs `mode`: cupy on a GPU, else the
     compiled 'cpu' where numba is installed, else 'numpy', the reference) made for `mode`:
     'naive', 'staged' or 'graph' (a cupy backend that records CUDA graphs). Options go to that backend
-    (cupy: matmul 'cublas' | 'own', lanes, chunk_frames, max_graphs, max_graph_bytes, tf32; cpu: blas_threads;
+    (cupy: matmul 'cublas' | 'own', lanes, chunk_frames, max_graphs, max_graph_bytes, tf32; cpu: blas_threads, mkl;
     'auto' passes each only those it takes). Example::
 
         be = get_backend("auto", "graph")       # cupy recording CUDA graphs; an error naming why without a GPU

@@ -15,7 +15,7 @@ from ....plan.items import Fused, FusedGrad
 from ....plan.loops import STRATEGIES
 from ....errors import RnnGraphError
 from ..base import ArrayBackend, strategy_runners
-from .blas import Threads, numpy_blas, omatcopy
+from .blas import Mkl, Threads, mkl as find_mkl, numpy_blas, omatcopy, threads
 from .fused import fused_source, group_spec, overlaps, spec_arrays
 from .jit import load
 from .source import storage_of, window
@@ -28,32 +28,43 @@ class CpuBackend(ArrayBackend):
     """numpy arrays; compile() turns fused groups and whole time loops into numba functions (cached on disk,
     jit.py) and the GEMMs accumulate in BLAS without temporaries. Mode 'naive' compiles nothing.
 
-    Threads: the fused passes run on the calling thread, the GEMMs in numpy's BLAS pool (its size: the cores).
-    blas_threads limits that pool for rnngraph's calls: 1 where another pool computes between them in the same
-    process (torch's, under rnngraph.torch), since two pools of spinning threads on the same cores slow each
-    other down several-fold."""
+    Threads: where MKL is installed, every GEMM and fused pass and each direction's loop runs on rnngraph's
+    own pool (its size: the cores), split by rows, MKL sequential inside; else the fused passes run on the
+    calling thread and the GEMMs in numpy's BLAS pool. blas_threads limits either pool for rnngraph's calls: 1
+    where another pool computes between them in the same process (torch's, under rnngraph.torch), since two
+    pools of spinning threads on the same cores slow each other down several-fold."""
     name = "cpu"
     xp = numpy
     keeps_transposes = True     # the loops' per-frame GEMMs read Wᵀ untransposed (stages.Loop.gemm)
     kernel_loops = frozenset(s.name for s in STRATEGIES.values() if s.item in ROOM and s.runs_as is None)
 
-    def __init__(self, mode: str = "staged", blas_threads: int | None = None):
+    def __init__(self, mode: str = "staged", blas_threads: int | None = None, mkl: bool = True):
         super().__init__(mode)
         from . import prelude
         if blas_threads is not None and (not isinstance(blas_threads, int) or blas_threads < 1):
             raise RnnGraphError(f"blas_threads must be a positive int or None (numpy's BLAS as it is), got "
                                 f"{blas_threads!r}")
-        self.prelude, self.threads = prelude, Threads(blas_threads)
+        if not isinstance(mkl, bool):
+            raise RnnGraphError(f"mkl must be True (MKL where it is installed) or False (numpy's BLAS), got {mkl!r}")
+        self.prelude, self.mkl = prelude, find_mkl() if mkl else "mkl=False asks for numpy's BLAS"
+        if isinstance(self.mkl, Mkl) and (blas_threads or threads()) > 1 and not prelude.fast_threads():
+            self.mkl = "numba's thread pool here is its own workqueue, as slow to wake as Python's threads"
+        self.threads = Threads(blas_threads, own=isinstance(self.mkl, Mkl))
         self._omatcopy = {d: omatcopy(numpy_blas(), d) for d in ("float32", "float64")}     # the prelude found the BLAS
 
     def gemm(self, a, b, out, *, ta: bool = False, tb: bool = False, accumulate: bool = False):
-        """As numpy's, through BLAS straight into out (accumulating with beta = 1: no temporary, no extra pass)."""
-        fn = {"float32": self.prelude.gemm32, "float64": self.prelude.gemm64}.get(out.dtype.name)
+        """As numpy's, through BLAS straight into out (accumulating with beta = 1: no temporary, no extra pass):
+        MKL's on the backend's threads, out's rows split among them, where it is; else numpy's BLAS in its pool."""
         wa, wb, wc = window(a), window(b), window(out)
-        if fn is None or {a.ndim, b.ndim, out.ndim} != {2} or {a.dtype, b.dtype} != {out.dtype} or \
-                None in (wa, wb, wc) or 0 in a.shape + out.shape:
+        if out.dtype.name not in ("float32", "float64") or {a.ndim, b.ndim, out.ndim} != {2} or \
+                {a.dtype, b.dtype} != {out.dtype} or None in (wa, wb, wc) or 0 in a.shape + out.shape:
             return super().gemm(a, b, out, ta=ta, tb=tb, accumulate=accumulate)
         (M, N), K = out.shape, a.shape[0 if ta else 1]
+        if isinstance(self.mkl, Mkl):
+            fn = self.prelude.gemm_rows32 if out.dtype.name == "float32" else self.prelude.gemm_rows64
+            return fn(self.threads.parts(M, M * N * K), ta, tb, M, N, K, wa[0], wa[1], wb[0], wb[1],
+                      1 if accumulate else 0, wc[0], wc[1])
+        fn = self.prelude.gemm32 if out.dtype.name == "float32" else self.prelude.gemm64
         self.threads.run(fn, ta, tb, M, N, K, wa[0], 0, wa[1], wb[0], wb[1], 1 if accumulate else 0, wc[0], 0, wc[1])
 
     def unstored(self, sched) -> frozenset:
@@ -65,11 +76,15 @@ class CpuBackend(ArrayBackend):
         return frozenset(out)
 
     def zero(self, a):
-        """memset: a workspace's gradients (LSTM, T = 100, B = 32, H = 256: 104 MB) in 1.9 ms, against 4.7 for
-        numpy's fill, once a backward."""
+        """memset, split over the backend's threads: a workspace's gradients (LSTM, T = 100, B = 32, H = 256:
+        104 MB) in 1.9 ms, against 4.7 for numpy's fill, once a backward."""
         if not a.flags.c_contiguous:
             return super().zero(a)
-        ctypes.memset(a.ctypes.data, 0, a.nbytes)
+        parts = self.threads.parts(a.nbytes, a.nbytes // 4)
+        if parts > 1:
+            self.prelude.zero_parts(parts, a.reshape(-1).view(numpy.uint8))
+        else:
+            ctypes.memset(a.ctypes.data, 0, a.nbytes)
 
     def transpose_into(self, dst, src):
         """Through BLAS's out-of-place transpose where it has one (OpenBLAS): a [1024, 256] float32 matrix in
@@ -97,13 +112,17 @@ class CpuBackend(ArrayBackend):
         storage = storage_of(arrays(spec.outputs[:1])[0])
         if storage is None:
             return None
-        name, src, keys = fused_source(spec, cell.op(nodes[-1]).size, storage)
+        F = cell.op(nodes[-1]).size
+        name, src, keys = fused_source(spec, F, storage, rows=self.threads.own)
         made = arrays(keys)
         wins = [window(a) for a in made]
         if any(w is None for w in wins):
             return None
-        rows = next(a.shape[0] for a in made if a.ndim == 2)
-        return ((getattr(load(src), name), (rows, *(x for w, ld in wins for x in (w, 0, ld)))),)
+        rows, module = next(a.shape[0] for a in made if a.ndim == 2), load(src)
+        parts, windows = self.threads.parts(rows, rows * F), [x for w, ld in wins for x in (w, 0, ld)]
+        if parts > 1:
+            return ((getattr(module, f"{name}_rows"), (parts, rows, *windows)),)
+        return ((getattr(module, name), (rows, *windows)),)
 
     COMPILE = {Fused: _compile_fused, FusedGrad: _compile_fused_grad}
     RUNNERS = ROOM

@@ -1,5 +1,5 @@
-"""What every generated CPU source imports (numba): numpy's BLAS GEMMs, float32 transcendentals that the
-compiler vectorises, half-precision loads and stores, and the compiler that marks arguments as not aliasing.
+"""What every generated CPU source imports (numba): numpy's BLAS GEMMs and MKL's packed ones, float32
+transcendentals that the compiler vectorises, half-precision loads and stores, and the compiler that marks arguments as not aliasing.
 
 Arrays reach the generated functions as 1-D windows with an element offset and a row stride (ld), as a CUDA
 kernel gets a pointer and a row stride: element (row r, feature f) of an operand is w[s + r·ld + f]."""
@@ -10,12 +10,13 @@ import math
 import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+import numba
+from numba import njit, prange, types
 from numba.core.compiler import Compiler
 from numba.extending import intrinsic
 
 from ....errors import RnnGraphError
-from .blas import numpy_blas
+from .blas import CBLAS_PACK_B, Mkl, mkl, numpy_blas
 
 BLAS = numpy_blas()
 if isinstance(BLAS, str):
@@ -41,7 +42,25 @@ def _gemv_type(name: str, real):
 
 _sgemm, _dgemm = _gemm_type(SGEMM, types.float32), _gemm_type(DGEMM, types.float64)
 _sgemv, _dgemv = _gemv_type(SGEMV, types.float32), _gemv_type(DGEMV, types.float64)
-ROW_MAJOR, NO, YES = 101, 111, 112      # CBLAS order and transpose codes
+ROW_MAJOR, NO, YES, PACKED = 101, 111, 112, 151      # CBLAS order and transpose codes, MKL's packed operand
+
+MKL = mkl()
+MKL_NAMES = {k: f"rg_mkl_{k}" for k in ("sgemm", "dgemm", "sgemm_pack", "dgemm_pack", "sgemm_compute", "dgemm_compute")}
+if isinstance(MKL, Mkl):     # else no compiled code calls them (the backend uses MKL only where it is)
+    for _k, _address in MKL.symbols.items():
+        llvm.add_symbol(MKL_NAMES[_k], _address)
+_I = types.int32                # MKL's integers (its LP64 interface)
+_mkl_sgemm, _mkl_dgemm = (types.ExternalFunction(MKL_NAMES[k], types.void(
+    _I, _I, _I, _I, _I, _I, r, types.voidptr, _I, types.voidptr, _I, r, types.voidptr, _I)) for k, r in
+    (("sgemm", types.float32), ("dgemm", types.float64)))
+# cblas_?gemm_pack(layout, identifier, trans, m, n, k, alpha, src, ld, dest)
+_spack, _dpack = (types.ExternalFunction(MKL_NAMES[k], types.void(_I, _I, _I, _I, _I, _I, r, types.voidptr, _I,
+                                                                   types.voidptr))
+                  for k, r in (("sgemm_pack", types.float32), ("dgemm_pack", types.float64)))
+# cblas_?gemm_compute(layout, transa, transb, m, n, k, a, lda, b, ldb, beta, c, ldc)
+_scompute, _dcompute = (types.ExternalFunction(MKL_NAMES[k], types.void(
+    _I, _I, _I, _I, _I, _I, types.voidptr, _I, types.voidptr, _I, r, types.voidptr, _I))
+    for k, r in (("sgemm_compute", types.float32), ("dgemm_compute", types.float64)))
 
 JIT = dict(cache=True, error_model="numpy", nogil=True)    # numpy's float semantics: x/0 is inf, no exception
 
@@ -101,6 +120,68 @@ def gemm64(ta, tb, M, N, K, a, sa, lda, b, ldb, beta, c, sc, ldc):
     else:
         _dgemm(ROW_MAJOR, YES if ta else NO, YES if tb else NO, M, N, K, 1.0, address(a, sa), lda, address(b, 0),
                ldb, float(beta), address(c, sc), ldc)
+
+
+@njit(**JIT)
+def pack32(tb, M, N, K, b, ldb, packed):
+    """packed = op(b) [K, N] in MKL's packed layout for products of M rows (op: b stored [N, K] where tb)."""
+    _spack(ROW_MAJOR, CBLAS_PACK_B, YES if tb else NO, M, N, K, np.float32(1), address(b, 0), ldb,
+           address(packed, 0))
+
+
+@njit(**JIT)
+def pack64(tb, M, N, K, b, ldb, packed):
+    """pack32 in float64."""
+    _dpack(ROW_MAJOR, CBLAS_PACK_B, YES if tb else NO, M, N, K, 1.0, address(b, 0), ldb, address(packed, 0))
+
+
+@njit(**JIT)
+def gemm_packed32(M, N, K, a, sa, lda, packed, beta, c, sc, ldc):
+    """c[sc:] [M, N] = a[sa:] [M, K] · (packed by pack32) (+ beta · c), row-major."""
+    _scompute(ROW_MAJOR, NO, PACKED, M, N, K, address(a, sa), lda, address(packed, 0), N, np.float32(beta),
+              address(c, sc), ldc)
+
+
+@njit(**JIT)
+def gemm_packed64(M, N, K, a, sa, lda, packed, beta, c, sc, ldc):
+    """gemm_packed32 in float64."""
+    _dcompute(ROW_MAJOR, NO, PACKED, M, N, K, address(a, sa), lda, address(packed, 0), N, float(beta),
+              address(c, sc), ldc)
+
+
+@njit(parallel=True, **JIT)
+def gemm_rows32(parts, ta, tb, M, N, K, a, lda, b, ldb, beta, c, ldc):
+    """c [M, N] (+ beta · c) = op(a) · op(b) in MKL, c's rows in `parts` ranges on numba's threads (row r of
+    op(a): a's row r, or its column r where ta)."""
+    for p in prange(parts):
+        r0, r1 = M * p // parts, M * (p + 1) // parts
+        _mkl_sgemm(ROW_MAJOR, YES if ta else NO, YES if tb else NO, r1 - r0, N, K, np.float32(1),
+                   address(a, r0 if ta else r0 * lda), lda, address(b, 0), ldb, np.float32(beta), address(c, r0 * ldc),
+                   ldc)
+
+
+@njit(parallel=True, **JIT)
+def gemm_rows64(parts, ta, tb, M, N, K, a, lda, b, ldb, beta, c, ldc):
+    """gemm_rows32 in float64."""
+    for p in prange(parts):
+        r0, r1 = M * p // parts, M * (p + 1) // parts
+        _mkl_dgemm(ROW_MAJOR, YES if ta else NO, YES if tb else NO, r1 - r0, N, K, 1.0, address(a, r0 if ta else r0 * lda),
+                   lda, address(b, 0), ldb, float(beta), address(c, r0 * ldc), ldc)
+
+
+@njit(parallel=True, **JIT)
+def zero_parts(parts, a):
+    """a [n] = 0, in `parts` ranges on numba's threads."""
+    n = a.size
+    for p in prange(parts):
+        a[n * p // parts:n * (p + 1) // parts] = 0
+
+
+def fast_threads() -> bool:
+    """Whether numba's thread pool is one that wakes in microseconds (OpenMP's or TBB's; its own workqueue took
+    about 100 µs a call here, as long as Python's threads)."""
+    zero_parts(2, np.ones(2, np.uint8))
+    return numba.threading_layer() in ("omp", "tbb")
 
 
 @njit(**JIT)
