@@ -1,8 +1,8 @@
 """The compiled CPU backend ('cpu', run/backends/cpu) against the numpy reference: every built-in cell and loop
 strategy, ragged lengths, chunked calls, dropout and cells reading up to 3 frames back give numpy's outputs,
 final states and gradients (float64 to 1e-12, float32 to 1e-5, bfloat16 to its rounding), with its GEMMs in
-MKL on rnngraph's threads (where MKL is installed; and with every GEMM, fused pass and memset split over
-them, however small) and in numpy's BLAS; its generated sources are deterministic; and without numba 'auto'
+MKL on rnngraph's threads (where MKL is installed; and with every GEMM and memset split over them, however
+small) and in numpy's BLAS; its generated sources are deterministic; and without numba 'auto'
 falls back to numpy, saying so once.
 
 Every test uses the same sizes (3 inputs, 5 features), so the compiled functions are shared through numba's
@@ -43,7 +43,7 @@ def close(a, b, tol):
 @pytest.fixture(params=["mkl", "mkl, all split", "numpy's BLAS"])
 def cpu_blas(request, monkeypatch):
     """A cpu backend: its GEMMs in MKL on rnngraph's threads (a loop's rows split, larger work only), the same
-    with every GEMM, fused pass and memset split too, or in numpy's BLAS (the fused passes on one thread)."""
+    with every GEMM and memset split too, or in numpy's BLAS."""
     if request.param.startswith("mkl"):
         if not isinstance(blas.mkl(), blas.Mkl):
             pytest.skip(f"no MKL: {blas.mkl()}")
@@ -192,7 +192,8 @@ def test_generated_sources_are_deterministic_and_independent_of_T_and_B():
     assert sources[:4] == sources[4:] and len(set(sources[:4])) == 4
     assert "gemm32(False, True, m, 20, 5" in sources[0] and "for t in range(T - 1, -1, -1):" in sources[2]
     assert "pack32(True, m, 20, 5, a" in sources[1] and "gemm_packed32(m, 20, 5, a" in sources[1]
-    assert "pack32(False, m, 5, 20, a" in sources[3] and "loop(T, P, B, b0, B * (p + 1) // parts - b0, k0[p]" in sources[3]
+    assert "pack32(False, m, 5, 20, a" in sources[3]
+    assert "loop(T, P, B, b0, B * (p + 1) // parts - b0, k0[p]" in sources[3]
 
 
 def test_without_numba_auto_runs_numpy_and_says_so_once(monkeypatch):
@@ -243,7 +244,8 @@ def test_work_splits_over_rnngraphs_threads_only_where_it_is_worth_a_thread(monk
 
 
 def test_mkl_is_found_in_its_package_or_says_why_not(monkeypatch):
-    from rnngraph.run.backends.cpu import prelude      # noqa: F401 (it looks once, before the package is hidden)
+    from rnngraph.run.backends.cpu import prelude
+    assert prelude.MKL is blas.mkl()        # the prelude looked once, before the package is hidden below
     find = blas.mkl.__wrapped__
     monkeypatch.setenv("RNNGRAPH_MKL", "0")
     assert find() == "RNNGRAPH_MKL=0 turns it off"

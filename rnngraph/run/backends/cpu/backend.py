@@ -28,9 +28,10 @@ class CpuBackend(ArrayBackend):
     """numpy arrays; compile() turns fused groups and whole time loops into numba functions (cached on disk,
     jit.py) and the GEMMs accumulate in BLAS without temporaries. Mode 'naive' compiles nothing.
 
-    Threads: where MKL is installed, every GEMM and fused pass and each direction's loop runs on rnngraph's
-    own pool (its size: the cores), split by rows, MKL sequential inside; else the fused passes run on the
-    calling thread and the GEMMs in numpy's BLAS pool. blas_threads limits either pool for rnngraph's calls: 1
+    Threads: where MKL is installed, every GEMM, each direction's loop and the gradients' zeroing run on
+    rnngraph's own pool (numba's, one thread a core), split by rows, MKL sequential inside; else the GEMMs run
+    in numpy's BLAS pool. The hoisted fused passes run on the calling thread (a split one, numba's parallel
+    compile, took a second and a half longer to compile than the millisecond a step it saved). blas_threads limits either pool for rnngraph's calls: 1
     where another pool computes between them in the same process (torch's, under rnngraph.torch), since two
     pools of spinning threads on the same cores slow each other down several-fold."""
     name = "cpu"
@@ -112,17 +113,13 @@ class CpuBackend(ArrayBackend):
         storage = storage_of(arrays(spec.outputs[:1])[0])
         if storage is None:
             return None
-        F = cell.op(nodes[-1]).size
-        name, src, keys = fused_source(spec, F, storage, rows=self.threads.own)
+        name, src, keys = fused_source(spec, cell.op(nodes[-1]).size, storage)
         made = arrays(keys)
         wins = [window(a) for a in made]
         if any(w is None for w in wins):
             return None
-        rows, module = next(a.shape[0] for a in made if a.ndim == 2), load(src)
-        parts, windows = self.threads.parts(rows, rows * F), [x for w, ld in wins for x in (w, 0, ld)]
-        if parts > 1:
-            return ((getattr(module, f"{name}_rows"), (parts, rows, *windows)),)
-        return ((getattr(module, name), (rows, *windows)),)
+        rows = next(a.shape[0] for a in made if a.ndim == 2)
+        return ((getattr(load(src), name), (rows, *(x for w, ld in wins for x in (w, 0, ld)))),)
 
     COMPILE = {Fused: _compile_fused, FusedGrad: _compile_fused_grad}
     RUNNERS = ROOM

@@ -107,7 +107,8 @@ def mkl() -> Mkl | str:
     except OSError as e:
         return f"MKL ({path}) does not load: {e}"
     lib.MKL_Set_Interface_Layer.argtypes = lib.MKL_Set_Threading_Layer.argtypes = [ctypes.c_int]
-    if lib.MKL_Set_Interface_Layer(MKL_LP64) != MKL_LP64 or lib.MKL_Set_Threading_Layer(MKL_SEQUENTIAL) != MKL_SEQUENTIAL:
+    if lib.MKL_Set_Interface_Layer(MKL_LP64) != MKL_LP64 or \
+            lib.MKL_Set_Threading_Layer(MKL_SEQUENTIAL) != MKL_SEQUENTIAL:
         return f"MKL ({path}) was set up before rnngraph loaded it (64-bit integers or its own threads)"
     text = ctypes.create_string_buffer(256)
     lib.MKL_Get_Version_String(text, 256)
@@ -160,9 +161,9 @@ SPLIT_WORK = 1 << 18    # element operations (a GEMM's multiply-adds, a pass's e
 
 class Threads:
     """numpy's BLAS pool limited to n threads for rnngraph's calls (n None: as it is). Where every GEMM runs in
-    MKL (own), rnngraph splits its work over numba's pool of as many threads instead: a loop's rows, a GEMM's, a
-    fused pass's and a memset's bytes in parts() ranges at once (numba's OpenMP pool wakes in about 2 µs;
-    Python's threads took 85 here). A frame's rows are independent, so a loop's parts never wait on each other."""
+    MKL (own), rnngraph splits its work over numba's pool of as many threads instead: a loop's rows, a GEMM's
+    and a memset's bytes in parts() ranges at once (numba's OpenMP pool wakes in about 2 µs; Python's threads
+    took 85 here). A frame's rows are independent, so a loop's parts never wait on each other."""
 
     def __init__(self, n: int | None, own: bool = False):
         self.n, self.set, self.size = n, None, n or threads()

@@ -25,16 +25,6 @@ def {name}(R, {args}):
 '''
 
 
-# the function over `parts` ranges of its rows on numba's threads
-ROWS_SOURCE = '''
-@njit(parallel=True, **JIT)
-def {name}_rows(parts, R, {args}):
-    for p in prange(parts):
-        r0 = R * p // parts
-        {name}(R * (p + 1) // parts - r0, {part_args})
-'''
-
-
 def group_spec(cell, nodes, direction: str):
     """The CUDA spec of a group's function, or None where it has no elementwise kernel (a row reduction,
     an op without a kernel rule). It stores only what the rest of the step reads (cuda.fused.stored_only): passes
@@ -46,10 +36,9 @@ def group_spec(cell, nodes, direction: str):
     return stored_only(cell, nodes, direction, spec)
 
 
-def fused_source(spec, F: int, storage: str, rows: bool = False) -> tuple[str, str, tuple]:
+def fused_source(spec, F: int, storage: str) -> tuple[str, str, tuple]:
     """(function name, Python source, the spec's (kind, key) of each array argument, in order) of a spec over
-    F features in a storage dtype (source.STORAGE); inputs its body never reads are left out. With rows, the
-    source also has {name}_rows(parts, R, …): the function over `parts` ranges of the rows at once."""
+    F features in a storage dtype (source.STORAGE); inputs its body never reads are left out."""
     _, load, store = STORAGE[storage]
     body = [python_statement(ln, storage) for ln in spec.body]
     read = set(re.findall(r"\b[a-z]+\d+\b", " ".join(body + [v for _, v, _ in spec.stores])))
@@ -67,9 +56,6 @@ def fused_source(spec, F: int, storage: str, rows: bool = False) -> tuple[str, s
                                body="\n".join(" " * 12 + ln for ln in body))
     name = f"fused_{hashlib.sha1(text.encode()).hexdigest()[:12]}"
     keys = spec.inputs + spec.outputs
-    if rows:
-        text += ROWS_SOURCE.format(name="{name}", args=", ".join(f"p_{nm}, s_{nm}, l_{nm}" for nm in names),
-                                   part_args=", ".join(f"p_{nm}, s_{nm} + r0 * l_{nm}, l_{nm}" for nm in names))
     return name, text.replace("{name}", name), tuple(keys[k] for k in keep)
 
 

@@ -1,5 +1,6 @@
-"""What every generated CPU source imports (numba): numpy's BLAS GEMMs and MKL's packed ones, float32
-transcendentals that the compiler vectorises, half-precision loads and stores, and the compiler that marks arguments as not aliasing.
+"""What every generated CPU source imports (numba): numpy's BLAS GEMMs, MKL's (split over numba's threads, and
+packed), float32 transcendentals that the compiler vectorises, half-precision loads and stores, and the
+compiler that marks arguments as not aliasing.
 
 Arrays reach the generated functions as 1-D windows with an element offset and a row stride (ld), as a CUDA
 kernel gets a pointer and a row stride: element (row r, feature f) of an operand is w[s + r·ld + f]."""
@@ -165,8 +166,8 @@ def gemm_rows64(parts, ta, tb, M, N, K, a, lda, b, ldb, beta, c, ldc):
     """gemm_rows32 in float64."""
     for p in prange(parts):
         r0, r1 = M * p // parts, M * (p + 1) // parts
-        _mkl_dgemm(ROW_MAJOR, YES if ta else NO, YES if tb else NO, r1 - r0, N, K, 1.0, address(a, r0 if ta else r0 * lda),
-                   lda, address(b, 0), ldb, float(beta), address(c, r0 * ldc), ldc)
+        _mkl_dgemm(ROW_MAJOR, YES if ta else NO, YES if tb else NO, r1 - r0, N, K, 1.0,
+                   address(a, r0 if ta else r0 * lda), lda, address(b, 0), ldb, float(beta), address(c, r0 * ldc), ldc)
 
 
 @njit(parallel=True, **JIT)

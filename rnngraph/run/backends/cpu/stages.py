@@ -184,6 +184,6 @@ def compile(be, cell, loop, views):
     if parts == 1 and not gen.packs:
         return ((module.loop, (T, P, B, 0, B, *gen.arrays)),)
     size = packed.sizes[storage == "float64"]
-    bufs = [np.empty((parts, max(size(CBLAS_PACK_B, B * (p + 1) // parts - B * p // parts, N, K) for p in range(parts))),
-                     np.uint8) for N, K in gen.packs]
+    rows = [B * (p + 1) // parts - B * p // parts for p in range(parts)]
+    bufs = [np.empty((parts, max(size(CBLAS_PACK_B, m, N, K) for m in rows)), np.uint8) for N, K in gen.packs]
     return ((module.rows, (T, P, B, parts, *bufs, *gen.arrays)),)
