@@ -213,7 +213,8 @@ def cpu(results: Results, findings: Findings) -> str:
     return f"""## On the CPU
 
 The compiled CPU backend (what `backend="auto"` runs without a GPU: each direction's loop one compiled function,
-the merged GEMMs through numpy's BLAS) against torch on the same CPU: `torch.nn.LSTM` (oneDNN's fused RNN), and
+the merged GEMMs in MKL on rnngraph's threads, [Layers](layers.md#the-cpu-backends-threads)) against torch on the
+same CPU: `torch.nn.LSTM` (oneDNN's fused RNN), and
 the cell written as a torch eager loop and through `torch.compile`; float32, T = {doc['settings']['T'][0]}, H = {doc['settings']['H'][0]}, one
 process, on a 2-core machine like the project's CI machine ({m['device']}; {_libraries(m['cpu'])}), shared with
 other work: torch's own training step has varied by up to 2× between runs there, so compare within a row.
@@ -237,10 +238,12 @@ and one step), at T = {T3}, B = {B3}, H = {H3}, each in a fresh process on {firs
 
 {source(first)}
 
-oneDNN runs the LSTM's per-frame GEMMs on weights it packed once; numpy's OpenBLAS has no such API, and at
-B = {B} rnngraph's forward takes {times(ratio(ours, nn, "forward"))} oneDNN's. The command unsets `OPENBLAS_CORETYPE`,
-which this machine's environment sets to Haswell kernels (half the SkylakeX kernels' speed for the hoisted
-GEMM)."""
+Each thread of a loop packs its per-frame weights once a call with MKL's packed GEMM, as oneDNN packs them
+once for its fused RNN; at B = {B} rnngraph's forward still takes {times(ratio(ours, nn, "forward"))} oneDNN's, whose cell
+passes run inside its GEMMs. The backward stores a gate's gradient once for every node that reads it (the
+biases' sums, the two GEMMs), where one copy would do: its passes and the gradients' zeroing move more memory
+than oneDNN's. The command unsets `OPENBLAS_CORETYPE`, which this machine's environment sets to Haswell
+kernels (half the SkylakeX kernels' speed for the hoisted GEMM; numpy's own products still run in OpenBLAS)."""
 
 
 def word_lm(results: Results, findings: Findings) -> str:
