@@ -76,6 +76,11 @@ class ArrayBackend:
         """The nodes whose values this backend's forward keeps inside a fused pass, never storing them: none."""
         return frozenset()
 
+    def untouched_grads(self, cell, steps) -> frozenset:
+        """The nodes whose gradients these compiled fused backward steps keep to themselves (no other item reads
+        or writes them, so their buffers need no zeroing): none unless the backend says."""
+        return frozenset()
+
     def zero(self, a):
         """a [n] (a contiguous arena, every gradient of a workspace) = 0; a backend may do it faster."""
         a.fill(0)
