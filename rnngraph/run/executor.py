@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import replace
 
-from ..arrays import address, array_module
+from ..arrays import array_module
 from ..errors import RnnGraphError
 from ..ir.ops import OpKind
 from ..plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, SharedWeight, WeightGrad, head_wise
@@ -21,8 +21,6 @@ from .backends.base import head_parts, run_fused_backward, run_fused_forward, ru
 from .chunks import LADDER_TOP, Chunked, within
 from .settings import store_limit
 from .workspace import ALL, SERIAL, Arenas, Workspace, rows, stored_bytes, write_history
-
-UNTOUCHED = ("untouched", "gradients")      # a workspace's memo key: their spans in its gradient arena
 
 
 class Executor:
@@ -190,7 +188,7 @@ class Executor:
     def _backward(self, grad_outputs: dict, grad_finals: dict | None = None):
         """backward() of the last _forward, in its workspace: the results are views into it."""
         cell, ws = self.cell, self.ws
-        self._zero_grads(ws)
+        ws.zero_grads(self.backend)
         for o, g in (grad_outputs or {}).items():
             if g is not None:           # the arena is zero: a copy is the sum
                 self.backend.copy(ws.frames(ws.grads[o]), g)
@@ -200,41 +198,8 @@ class Executor:
         self._run_body("bwd", ws, lambda ws, run_loop: self._run_sections(self.sched.backward, ws, run_loop))
         init = {s: ws.grads[p][ws.P - 1] if cell.depths[s] == 1 else ws.grads[p][ws.P - cell.depths[s]:ws.P]
                 for s, (p, _) in cell.states.items()}
-        ws.memo.setdefault(UNTOUCHED, self._untouched(ws))
+        ws.note_untouched(self.sched, self.backend)
         return {n: ws.frames(ws.grads[n]) for n in cell.inputs}, init, {n: ws.grads[n] for n in cell.params}
-
-    def _zero_grads(self, ws):
-        """Zeroes the gradient arena for a backward, but for the gradients no item of this workspace's backward
-        reads or writes (_untouched: known once one has run), whose contents nothing sees."""
-        start = 0
-        for a, b in ws.memo.get(UNTOUCHED, ()):
-            if a > start:
-                self.backend.zero(ws.grad_arena[start:a])
-            start = b
-        if start < ws.grad_arena.size:
-            self.backend.zero(ws.grad_arena[start:])
-
-    def _untouched(self, ws) -> list:
-        """[start, end) in the gradient arena of each gradient that the backward just run never read or wrote:
-        the members a compiled fused backward keeps to itself (backend.untouched_grads), contiguous ones that
-        are none of the cell's inputs, outputs, states and parameters; sorted, so _zero_grads skips them."""
-        compiled = []
-        for it in (it for sec in self.sched.backward for it in sec.items):
-            launch = ws.memo.get((it, ALL), (None, None))[1]
-            if launch and isinstance(it, FusedGrad):
-                compiled.append(it)
-            elif launch and hasattr(it, "stages"):      # a compiled loop: every item of it compiled
-                compiled += [s for st in it.stages for s in st.items if isinstance(s, FusedGrad)]
-        cell = self.cell
-        kept = {*cell.inputs, *cell.outputs, *cell.params, *(p for p, _ in cell.states.values())}
-        base, item = address(ws.grad_arena), ws.grad_arena.itemsize
-        spans = []
-        for n in self.backend.untouched_grads(cell, compiled) - kept:
-            g = ws.grads[n]
-            if g.flags.c_contiguous:
-                start = (address(g) - base) // item
-                spans.append((start, start + g.size))
-        return sorted(spans)
 
     def _run_body(self, kind: str, ws, body):
         """Runs body(ws, run_loop) through the backend: the whole body recorded once and replayed, or,

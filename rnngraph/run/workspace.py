@@ -15,14 +15,16 @@ import math
 
 import numpy
 
+from ..arrays import address
 from ..errors import RnnGraphError
 from ..ir.ops import OpKind, accumulate
 from ..plan.backward import shared_weights
-from ..plan.items import Gemm
+from ..plan.items import FusedGrad, Gemm
 from ..plan.schedule import Schedule
 
 ALL = None  # the frame selector meaning "all T frames at once"
 SERIAL = itertools.count()
+UNTOUCHED = ("untouched", "gradients")      # memo key: their spans in the gradient arena (Workspace.zero_grads)
 
 
 class Workspace:
@@ -71,6 +73,41 @@ class Workspace:
                 self.vals[n] = a
                 self.version += 1
                 self.memo.clear()
+
+    def zero_grads(self, backend):
+        """Zeroes the gradient arena for a backward, but for the gradients no item of this workspace's backward
+        reads or writes (note_untouched: known once one has run), whose contents nothing sees."""
+        start = 0
+        for a, b in self.memo.get(UNTOUCHED, ()):
+            if a > start:
+                backend.zero(self.grad_arena[start:a])
+            start = b
+        if start < self.grad_arena.size:
+            backend.zero(self.grad_arena[start:])
+
+    def note_untouched(self, sched: Schedule, backend):
+        """After a backward: [start, end) in the gradient arena of each gradient it never read or wrote, the
+        members a compiled fused backward keeps to itself (backend.untouched_grads; compiled: the memo holds a
+        launch for the step or its loop at ALL), contiguous ones that are none of the cell's inputs, outputs,
+        states and parameters; sorted, once."""
+        if UNTOUCHED in self.memo:
+            return
+        compiled = []
+        for it in (it for sec in sched.backward for it in sec.items):
+            launch = self.memo.get((it, ALL), (None, None))[1]
+            if launch and isinstance(it, FusedGrad):
+                compiled.append(it)
+            elif launch and hasattr(it, "stages"):      # a compiled loop: every item of it compiled
+                compiled += [s for st in it.stages for s in st.items if isinstance(s, FusedGrad)]
+        cell = sched.cell
+        kept = {*cell.inputs, *cell.outputs, *cell.params, *(p for p, _ in cell.states.values())}
+        base, item, spans = address(self.grad_arena), self.grad_arena.itemsize, []
+        for n in backend.untouched_grads(cell, compiled) - kept:
+            g = self.grads[n]
+            if g.flags.c_contiguous:
+                start = (address(g) - base) // item
+                spans.append((start, start + g.size))
+        self.memo[UNTOUCHED] = sorted(spans)
 
     # -- frame selection: arrays handed to the rules are rows [N, F] -------------------------------
     def frames(self, buf, d: int = 0):

@@ -30,10 +30,10 @@ class CpuBackend(ArrayBackend):
 
     Threads: where MKL is installed, every GEMM, each direction's loop and the gradients' zeroing run on
     rnngraph's own pool (numba's, one thread a core), split by rows, MKL sequential inside; else the GEMMs run
-    in numpy's BLAS pool. The hoisted fused passes run on the calling thread (a split one, numba's parallel
-    compile, took a second and a half longer to compile than the millisecond a step it saved). blas_threads limits either pool for rnngraph's calls: 1
-    where another pool computes between them in the same process (torch's, under rnngraph.torch), since two
-    pools of spinning threads on the same cores slow each other down several-fold."""
+    in numpy's BLAS pool. The hoisted fused passes run on the calling thread (split, numba's parallel compile
+    took a second and a half longer than the millisecond a step it saved). blas_threads limits either pool for
+    rnngraph's calls: 1 where another pool computes between them in the same process (torch's, under
+    rnngraph.torch), since two pools of spinning threads on the same cores slow each other down several-fold."""
     name = "cpu"
     xp = numpy
     keeps_transposes = True     # the loops' per-frame GEMMs read Wᵀ untransposed (stages.Loop.gemm)
