@@ -36,7 +36,7 @@ class CpuBackend(ArrayBackend):
     rnngraph.torch), since two pools of spinning threads on the same cores slow each other down several-fold."""
     name = "cpu"
     xp = numpy
-    keeps_transposes = True     # the loops' per-frame GEMMs read Wᵀ untransposed (stages.Loop.gemm)
+    keeps_transposes = True     # numpy's BLAS: the loops' per-frame GEMMs read Wᵀ untransposed (stages.Loop.gemm)
     kernel_loops = frozenset(s.name for s in STRATEGIES.values() if s.item in ROOM and s.runs_as is None)
 
     def __init__(self, mode: str = "staged", blas_threads: int | None = None, mkl: bool = True):
@@ -51,6 +51,7 @@ class CpuBackend(ArrayBackend):
         if isinstance(self.mkl, Mkl) and (blas_threads or threads()) > 1 and not prelude.fast_threads():
             self.mkl = "numba's thread pool here is its own workqueue, as slow to wake as Python's threads"
         self.threads = Threads(blas_threads, own=isinstance(self.mkl, Mkl))
+        self.keeps_transposes = not isinstance(self.mkl, Mkl)       # MKL packs W itself, transposing as it goes
         self._omatcopy = {d: omatcopy(numpy_blas(), d) for d in ("float32", "float64")}     # the prelude found the BLAS
 
     def gemm(self, a, b, out, *, ta: bool = False, tb: bool = False, accumulate: bool = False):
