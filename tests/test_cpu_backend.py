@@ -180,6 +180,18 @@ def test_the_gradients_a_compiled_backward_never_touches_are_not_zeroed(cell):
     assert ex.ws is first and ex.ws.memo[UNTOUCHED] == spans and ref._stack.runs[0][0].ex.ws.memo[UNTOUCHED] == []
 
 
+def test_copies_into_a_workspace_equal_numpys(cpu_blas):
+    """copy(): split over rnngraph's threads for contiguous arrays of one shape and dtype, numpy's otherwise."""
+    import ml_dtypes
+    rng = np.random.default_rng(0)
+    for shape, dtype in (((700, 400), np.float32), ((3, 5), np.float64), ((600, 500), ml_dtypes.bfloat16)):
+        src = rng.standard_normal(shape).astype(dtype)
+        for dst, part in ((np.zeros(shape, dtype), src), (np.zeros((shape[0], 2 * shape[1]), dtype)[:, ::2], src),
+                          (np.zeros(shape, dtype), src[0])):
+            cpu_blas.copy(dst, part)
+            np.testing.assert_array_equal(dst, np.broadcast_to(part, shape))
+
+
 def test_dropout_between_layers_equals_numpy():
     ref, cpu = twins("lstm", dropout=0.4)
     ref.train(), cpu.train()

