@@ -102,10 +102,10 @@ class CpuBackend(ArrayBackend):
 
     def zero(self, a):
         """memset, split over the backend's threads: a workspace's gradients (LSTM, T = 100, B = 32, H = 256:
-        104 MB) in 1.9 ms, against 4.7 for numpy's fill, once a backward."""
+        104 MB) in 5.1 ms on two threads of a 2-core Xeon, against 9.2 for one memset and more for numpy's fill."""
         if not a.flags.c_contiguous:
             return super().zero(a)
-        parts = self.threads.parts(a.nbytes, a.nbytes // 4)
+        parts = self.threads.parts(a.nbytes, a.size)
         if parts > 1:
             self.prelude.zero_parts(parts, a.reshape(-1).view(numpy.uint8))
         else:
