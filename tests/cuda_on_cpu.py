@@ -244,7 +244,7 @@ class Emulated(NumpyBackend):
         if not isinstance(item, PersistentLoop):
             return None
         from rnngraph.run.backends.cuda.persistent.phases import block_counts
-        vals, grads, cat, wcat, P, T, B, running = views
+        vals, grads, cat, wcat, P, T, B, running, _ = views
         dtype = next(iter(cat.values()))[0].dtype
         G = self.G or block_counts(cell, item, 132)[0]
         rows = self.rows or B           # rows a block: the rest of B in more blocks (row groups)

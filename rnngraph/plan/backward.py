@@ -65,11 +65,23 @@ def kept_values(cell, nodes) -> set:
     return keep
 
 
-def kept_grads(cell, nodes) -> set:
+def kept_grads(cell, nodes, aliases=None) -> set:
     """The members of a fused group whose gradients its backward must store: those reading a parameter, whose
     sums over frames are the parameter's gradient (reductions: ParamSum). Every other member's gradient is
-    spent inside the group's pass, on its operands'."""
-    return {n for n in nodes if any(cell.op(u).kind is OpKind.PARAM for u, _ in cell.reads(n))}
+    spent inside the group's pass, on its operands'. Where gradients share buffers (aliases: plan/aliases.py),
+    a class's buffer is stored once, as its root's gradient, by the group holding the root where a member reads
+    the root (its gradient grows in this pass; else the buffer holds it already) and something else reads the
+    buffer (a member outside the group, a parameter's sum)."""
+    kept = {n for n in nodes if any(cell.op(u).kind is OpKind.PARAM for u, _ in cell.reads(n))}
+    if not aliases or not aliases.home:
+        return kept
+    members, out = set(nodes), {n for n in kept if n not in aliases.home}
+    for r in {aliases.root[n] for n in members if n in aliases.root}:
+        same = set(aliases.members(r))
+        handed = any(u == r and d == 0 for c in members for u, d in cell.reads(c))
+        if r in members and handed and (not same <= members or kept & same):
+            out.add(r)
+    return out
 
 
 def arriving(cell, nodes) -> set:

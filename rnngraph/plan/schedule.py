@@ -21,6 +21,7 @@ import networkx as nx
 
 from ..ir.graph import CellGraph, fmt_read, same_frame, topo_order
 from ..ir.ops import ELEMENTWISE, FLOPS, MATMUL, REDUCE, OpKind
+from .aliases import grad_aliases
 from .backward import backward_sections, capture_problem
 from .classify import classify
 from .items import Fused, Gemm, Pair, Section, describe
@@ -60,6 +61,11 @@ class Schedule:
         """The loop strategies every state's class admits and no op of the loop rules out (blocked_loops),
         best first (the plan runs loop_strategy)."""
         return admitted(self.state_classes, self.blocked_loops)
+
+    @functools.cached_property
+    def grad_aliases(self):
+        """Which gradients are one another (plan/aliases.py), for backends that share their memory."""
+        return grad_aliases(self, loop=all(hasattr(it, "stages") for it in self.backward[1].items))
 
     @functools.cached_property
     def capture_problem(self) -> str | None:

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from ..arrays import array_module
 from ..errors import RnnGraphError
-from ..ir.ops import OpKind
+from ..ir.ops import OpKind, accumulate
 from ..plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, SharedWeight, WeightGrad, head_wise
 from ..plan.loops import STRATEGIES, strategy_of
 from ..plan.schedule import Schedule, build_schedule
@@ -344,15 +344,15 @@ class Executor:
     def _fused_grad(self, step, ws, t):
         it = step.item
         kernel = step.one_kernel and not step.params
-        (env, genv, targets), launch = self._prepared(step, ws, t, lambda: (
+        (env, genv, targets, aliases), launch = self._prepared(step, ws, t, lambda: (
             self._env(it, ws, t), {n: ws.read(n, 0, t, grads=True) for n in it.nodes},
             {(u, d): ws.read(u, d, t, grads=True) for n in it.nodes for u, d in self.cell.reads(n)
-             if self.cell.op(u).kind is not OpKind.PARAM}), kernel)
+             if self.cell.op(u).kind is not OpKind.PARAM}, ws.aliases), kernel)
         if launch:
             self.backend.launch(launch)
         else:
             run_fused_backward(self.backend.xp, self.cell, it, env, genv,
-                               lambda u, d, v, cols=slice(None): ws.add(u, d, t, v, cols), step.params)
+                               lambda u, d, v, cols=slice(None): ws.add(u, d, t, v, cols), step.params, aliases.skips)
 
     def _weight_grad(self, step, ws, t):
         """dW_cat += Σ_frames gᵀ · operand: one GEMM over all T·B rows (head-wise: a batched GEMM a linear op)."""
@@ -365,7 +365,10 @@ class Executor:
             self.backend.head_gemm(gj, xh, gwj, ta=True, accumulate=True)
 
     def _param_sum(self, step, ws, t):
-        cell = self.cell
+        cell, twin = self.cell, ws.aliases.twins.get(step)
+        if twin is not None:        # the same sum, already made (plan/aliases.py)
+            accumulate(ws.grads[step.param], ws.grads[twin.param])
+            return
 
         def views():
             terms = []

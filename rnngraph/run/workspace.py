@@ -18,6 +18,7 @@ import numpy
 from ..arrays import address
 from ..errors import RnnGraphError
 from ..ir.ops import OpKind, accumulate
+from ..plan.aliases import GradAliases
 from ..plan.backward import shared_weights
 from ..plan.items import FusedGrad, Gemm
 from ..plan.schedule import Schedule
@@ -39,20 +40,31 @@ class Workspace:
         self.vals, self.grads, self.cat, self.wcat, self.memo = {}, {}, {}, {}, {}
         self.running = None     # a chunk's: (its call's cursor, where the chunks' rows start in it), set by Chunked
         self.shared_weights = shared_weights(cell)
+        self.aliases = sched.grad_aliases if backend.alias_grads else GradAliases()     # plan/aliases.py
+        home, windows = self.aliases.home, self.aliases.windows
         blocks, wblocks, pblocks = _blocks(sched, self.P + T, B)
         self.val_arena, vals = carve(arenas, "values", dtype, [s for s, _ in blocks + wblocks])
+        owned = [(s, key) for s, key in blocks if key not in windows and home.get(key, key) == key]
         # the weights' gradients first: at the same offsets whatever T and B (Executor.grad_source)
-        self.grad_arena, grads = carve(arenas, "grads", dtype, [s for s, _ in wblocks + pblocks + blocks])
-        grads = grads[len(wblocks) + len(pblocks):] + grads[:len(wblocks) + len(pblocks)]
+        self.grad_arena, grads = carve(arenas, "grads", dtype, [s for s, _ in wblocks + pblocks + owned])
+        frame_grads = dict(zip((key for _, key in owned), grads[len(wblocks) + len(pblocks):]))
         self.generation = arenas.generation
-        for (_, key), v, g in zip(blocks + wblocks + pblocks, vals + [None] * len(pblocks), grads):
-            if isinstance(key, Gemm) and v.ndim == 3:
+        for (_, key), v in zip(blocks, vals):
+            if isinstance(key, Gemm):
+                primary, start = windows.get(key, (key, 0))     # a window: columns of another's gradient
+                g = frame_grads[primary][..., start:start + sum(key.sizes)]
                 self.cat[key] = (v, g)
                 off = 0
                 for n, f in zip(key.nodes, key.sizes):
                     self.vals[n], self.grads[n] = v[..., off:off + f], g[..., off:off + f]
                     off += f
-            elif isinstance(key, Gemm):
+            else:
+                self.vals[key] = v
+                self.grads[key] = frame_grads.get(key)
+        for n, h in home.items():
+            self.grads[n] = self.grads[h]
+        for (_, key), v, g in zip(wblocks + pblocks, vals[len(blocks):] + [None] * len(pblocks), grads):
+            if isinstance(key, Gemm):
                 self.wcat[key] = (v, g)
             else:
                 self.vals[key], self.grads[key] = v, g
@@ -102,7 +114,7 @@ class Workspace:
         cell = sched.cell
         kept = {*cell.inputs, *cell.outputs, *cell.params, *(p for p, _ in cell.states.values())}
         base, item, spans = address(self.grad_arena), self.grad_arena.itemsize, []
-        for n in backend.untouched_grads(cell, compiled) - kept:
+        for n in backend.untouched_grads(cell, compiled, self.aliases) - kept - set(self.aliases.home):
             g = self.grads[n]
             if g.flags.c_contiguous:
                 start = (address(g) - base) // item

@@ -31,6 +31,7 @@ class ElementViews(NamedTuple):
     T: int
     B: int
     running: tuple | None
+    aliases: object
 
 
 def frame_by_frame(run, loop, ws, views):
@@ -42,4 +43,5 @@ STRATEGY = LoopStrategy(
     name="elementwise", item=ElementwiseLoop, needs="every state linear_diagonal or elementwise",
     admits=lambda kinds: kinds <= {"linear_diagonal", "elementwise"}, plan=elementwise_plan,
     title="loop in reverse time, each feature on its own (stages listed)",
-    views=lambda ws, loop: ElementViews(ws.vals, ws.grads, ws.P, ws.T, ws.B, ws.running), reference=frame_by_frame)
+    views=lambda ws, loop: ElementViews(ws.vals, ws.grads, ws.P, ws.T, ws.B, ws.running,
+                                                          ws.aliases), reference=frame_by_frame)

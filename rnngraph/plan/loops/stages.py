@@ -87,10 +87,11 @@ class FrameViews(NamedTuple):
     B: int              # rows
     running: tuple | None   # a chunk's workspace: (the call's cursor [.] int64, where its chunks' rows start);
                             # a kernel walking time may stop after the running chunk's n frames (run/chunks.py)
+    aliases: object         # plan.aliases.GradAliases: the gradients that share a buffer in this workspace
 
 
 def frame_views(ws, loop) -> FrameViews:
-    return FrameViews(ws.vals, ws.grads, ws.cat, ws.wcat, ws.P, ws.T, ws.B, ws.running)
+    return FrameViews(ws.vals, ws.grads, ws.cat, ws.wcat, ws.P, ws.T, ws.B, ws.running, ws.aliases)
 
 
 def walk(run, loop, ws, views):

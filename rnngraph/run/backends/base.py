@@ -11,7 +11,7 @@ import importlib
 import importlib.util
 import os
 
-from ...arrays import float32_copies, is_half
+from ...arrays import address, float32_copies, is_half
 from ...errors import RnnGraphError
 from ...ir.ops import ALL, FORWARD, VJP, OpKind, accumulate, split_heads
 from ...plan.loops import STRATEGIES, strategy_of
@@ -35,6 +35,8 @@ class ArrayBackend:
                             # runs them by head_gemm and never offers them to compile
 
     keeps_transposes = False    # pack keeps the transpose of per-frame weights (transposed() returns it)
+    alias_grads = False     # one buffer for each class of equal gradients (plan/aliases.py): every kernel it
+                            # compiles then skips the hand-ons inside a class and stores a class once
 
     def __init__(self, mode: str = "staged"):
         if mode not in self.modes:
@@ -76,7 +78,7 @@ class ArrayBackend:
         """The nodes whose values this backend's forward keeps inside a fused pass, never storing them: none."""
         return frozenset()
 
-    def untouched_grads(self, cell, steps) -> frozenset:
+    def untouched_grads(self, cell, steps, aliases=None) -> frozenset:
         """The nodes whose gradients these compiled fused backward steps keep to themselves (no other item reads
         or writes them, so their buffers need no zeroing): none unless the backend says."""
         return frozenset()
@@ -237,18 +239,22 @@ def run_fused_forward(xp, cell, it, env):
         FORWARD[op.kind](xp, env[n], *[env[r] for r in cell.reads(n)], op.attrs)
 
 
-def run_fused_backward(xp, cell, it, env, genv, add, params: bool):
+def run_fused_backward(xp, cell, it, env, genv, add, params: bool, skips=frozenset()):
     """A fused group's vector-Jacobian products, in reverse order, through the backward rule table;
-    each rule hands its operand's gradient to add(u, d, v, cols)."""
+    each rule hands its operand's gradient to add(u, d, v, cols), but for the (node, slot) hand-ons `skips` names
+    (the operand's gradient is the node's own buffer: plan/aliases.py)."""
     if is_half(genv[it.nodes[0]]):      # members' gradients summed unrounded, stored once at the end
-        g32 = float32_copies(xp, genv)
+        g32, made = {}, {}
+        for n, g in genv.items():       # one copy a buffer: members of one gradient class share theirs
+            key = (address(g), g.shape)
+            g32[n] = made[key] = made[key] if key in made else float32_copies(xp, g)
 
         def add32(u, d, v, cols=ALL):
             if d == 0 and u in g32:
                 g32[u][..., cols] += v
             else:
                 add(u, d, v, cols)
-        run_fused_backward(xp, cell, it, float32_copies(xp, env), g32, add32, params)
+        run_fused_backward(xp, cell, it, float32_copies(xp, env), g32, add32, params, skips)
         for n in it.nodes:
             genv[n][...] = g32[n]
         return
@@ -256,7 +262,7 @@ def run_fused_backward(xp, cell, it, env, genv, add, params: bool):
         op, reads = cell.op(n), cell.reads(n)
         ins = [env[r] for r in reads]
         for slot, (u, d) in enumerate(reads):
-            if cell.op(u).kind is OpKind.PARAM and not params:
+            if cell.op(u).kind is OpKind.PARAM and not params or (n, slot) in skips:
                 continue
             VJP[op.kind][slot](xp, functools.partial(add, u, d), genv[n], *ins, env[n], op.attrs)
 

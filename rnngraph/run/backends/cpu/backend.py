@@ -24,6 +24,10 @@ from .source import storage_of, window
 ROOM = strategy_runners(__package__)     # loop item kind -> this room's module for its strategy
 
 
+def _nothing():
+    """The launch of a fused backward whose every gradient is in another node's buffer already."""
+
+
 class CpuBackend(ArrayBackend):
     """numpy arrays; compile() turns fused groups and whole time loops into numba functions (cached on disk,
     jit.py) and the GEMMs accumulate in BLAS without temporaries. Mode 'naive' compiles nothing.
@@ -37,6 +41,7 @@ class CpuBackend(ArrayBackend):
     name = "cpu"
     xp = numpy
     keeps_transposes = True     # numpy's BLAS: the loops' per-frame GEMMs read Wᵀ untransposed (stages.Loop.gemm)
+    alias_grads = True          # an LSTM's five equal gate gradients one buffer (plan/aliases.py)
     kernel_loops = frozenset(s.name for s in STRATEGIES.values() if s.item in ROOM and s.runs_as is None)
 
     def __init__(self, mode: str = "staged", blas_threads: int | None = None, mkl: bool = True):
@@ -88,12 +93,12 @@ class CpuBackend(ArrayBackend):
             return self.prelude.copy_parts(parts, dst.reshape(-1).view(numpy.uint8), src.reshape(-1).view(numpy.uint8))
         super().copy(dst, src)
 
-    def untouched_grads(self, cell, steps) -> frozenset:
+    def untouched_grads(self, cell, steps, aliases=None) -> frozenset:
         """Members of compiled fused backward groups outside their function's arguments (fused.group_spec): the
         plan has it store the gradients other items read (kept_grads) and read those they add to (arriving)."""
         out = set()
         for step in steps:
-            spec = group_spec(cell, step.item.nodes, "bwd")
+            spec = group_spec(cell, step.item.nodes, "bwd", aliases)
             if spec is not None:
                 args = {key if kind == "grad" else key[0] for kind, key in spec.inputs + spec.outputs
                         if kind in ("grad", "gext")}
@@ -123,17 +128,20 @@ class CpuBackend(ArrayBackend):
         return self._fused_launch(cell, item.nodes, "fwd", per_frame, lambda keys: spec_arrays(keys, env))
 
     def _compile_fused_grad(self, cell, item, views, per_frame):
-        env, genv, targets = views
+        env, genv, targets, aliases = views
         if item.params or item.atomic or not item.one_kernel:
             return None
         return self._fused_launch(cell, item.item.nodes, "bwd", per_frame,
-                                  lambda keys: spec_arrays(keys, env, genv, targets))
+                                  lambda keys: spec_arrays(keys, env, genv, targets), aliases)
 
-    def _fused_launch(self, cell, nodes, direction, per_frame, arrays):
-        """One call of a group's compiled function on its arrays ([R, F] rows, vectors [F]), or None."""
-        spec = group_spec(cell, nodes, direction)
+    def _fused_launch(self, cell, nodes, direction, per_frame, arrays, aliases=None):
+        """One call of a group's compiled function on its arrays ([R, F] rows, vectors [F]), or None; nothing
+        to call where the group writes nothing (its gradients are all other nodes' buffers: plan/aliases.py)."""
+        spec = group_spec(cell, nodes, direction, aliases)
         if spec is None or self.mode == "naive" or overlaps(spec, per_frame):
             return None
+        if not spec.outputs:
+            return ((_nothing, ()),)
         storage = storage_of(arrays(spec.outputs[:1])[0])
         if storage is None:
             return None

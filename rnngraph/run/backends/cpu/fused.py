@@ -25,15 +25,15 @@ def {name}(R, {args}):
 '''
 
 
-def group_spec(cell, nodes, direction: str):
+def group_spec(cell, nodes, direction: str, aliases=None):
     """The CUDA spec of a group's function, or None where it has no elementwise kernel (a row reduction,
     an op without a kernel rule). It stores only what the rest of the step reads (cuda.fused.stored_only): passes
-    over memory bound them here."""
+    over memory bound them here. aliases: the workspace's gradient classes (plan/aliases.py), each stored once."""
     if any(cell.op(n).kind in REDUCE for n in nodes) or not fusable(cell, nodes):
         return None
     spec = fused_forward_kernel(cell, nodes) if direction == "fwd" else \
-        fused_backward_kernel(cell, nodes, set(cell.params))
-    return stored_only(cell, nodes, direction, spec)
+        fused_backward_kernel(cell, nodes, set(cell.params), skips=aliases.skips if aliases else frozenset())
+    return stored_only(cell, nodes, direction, spec, aliases)
 
 
 def fused_source(spec, F: int, storage: str) -> tuple[str, str, tuple]:

@@ -44,7 +44,7 @@ class Loop:
     def __init__(self, cell, views, storage: str, transposed=lambda w: None, packed: bool = False):
         self.cell, self.storage, self.B, self.transposed = cell, storage, views.B, transposed
         self.packed = packed and storage in ("float32", "float64")
-        self.vals, self.grads = views.vals, views.grads
+        self.vals, self.grads, self.aliases = views.vals, views.grads, views.aliases
         self.cat, self.wcat = getattr(views, "cat", {}), getattr(views, "wcat", {})     # elementwise: no GEMMs
         self.args, self.arrays, self.functions, self.setup, self.body = {}, [], {}, [], []
         self.packs = []     # (N, K) of each packed weight: its buffer an argument of its own for each range of rows
@@ -97,8 +97,8 @@ class Loop:
         g, w = self.arg(("dcat", it), self.cat[it][1]), self.arg(("w", it), self.wcat[it][0])
         if gx is None or g is None or w is None:
             return False
-        N, K = sum(it.sizes), self.cell.op(it.operand).size
-        self.call(False, K, N, (g[0], f"((P + t) * B + b0) * {N}", N), w[0], w[1], 1, gx, it)
+        N, K = sum(it.sizes), self.cell.op(it.operand).size      # g's rows: columns of a wider one's (aliases)
+        self.call(False, K, N, (g[0], f"((P + t) * B + b0) * {g[1]}", g[1]), w[0], w[1], 1, gx, it)
         return True
 
     def call(self, tb: bool, N: int, K: int, a: tuple, w: str, ldb: int, beta: int, c: tuple, it):
@@ -129,9 +129,11 @@ class Loop:
 
     def fused(self, it: Fused, direction: str = "fwd", step=None) -> bool:
         """The group's compiled function at frame t, its arguments the rows of what it reads and writes."""
-        spec = group_spec(self.cell, it.nodes, direction)
+        spec = group_spec(self.cell, it.nodes, direction, self.aliases)
         if spec is None or overlaps(spec, per_frame=True):
             return False
+        if not spec.outputs:        # its gradients are all other nodes' buffers (plan/aliases.py)
+            return True
         name, src, keys = fused_source(spec, self.cell.op(it.nodes[-1]).size, self.storage)
         self.functions[name] = src
         parts = []

@@ -239,7 +239,7 @@ class CupyBackend(ArrayBackend):
         return spec and (self._fused_launch(spec, _fused_arrays(spec, env)),)
 
     def _compile_fused_grad(self, cell, item, views, per_frame):
-        env, genv, targets = views
+        env, genv, targets, _ = views
         spec = _spec(cell, item.item, "bwd_atomic" if item.atomic else "bwd")
         return spec and (self._fused_launch(spec, _fused_arrays(spec, env, genv, targets)),)
 

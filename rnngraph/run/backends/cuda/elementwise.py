@@ -139,7 +139,7 @@ def _indent(lines, level: int) -> str:
 def compile(be, cell, loop, views):
     """The whole loop as one kernel walking time per (b, f), or None where it cannot (a GEMM in the loop,
     half storage)."""
-    vals, grads, P, T, B, running = views
+    vals, grads, P, T, B, running, _ = views
     nodes = elementwise_nodes(loop)
     made = nodes and elementwise_kernel(cell, nodes, "bwd" if loop.reverse else "fwd", CTYPES[str(vals[nodes[0]].dtype)])
     if not made:

@@ -136,30 +136,41 @@ def backward_io(cell, nodes, param_names, atomic: bool) -> dict:
     return {"spec": spec, "idx": idx, "ext": ext, "gext": gext}
 
 
-def fused_backward_kernel(cell, nodes, param_names, atomic: bool = False) -> KernelSpec:
+def fused_backward_kernel(cell, nodes, param_names, atomic: bool = False, skips=frozenset()) -> KernelSpec:
     """Reverse-mode kernel of a group; gradients of parameters are left to hoisted reductions. atomic:
-    gradients of a node read at several delays are added atomically (threads of two frames meet)."""
+    gradients of a node read at several delays are added atomically (threads of two frames meet). skips: the
+    (node, slot) hand-ons into an external operand whose gradient is the node's own buffer (plan/aliases.py);
+    an external gradient nothing adds to is not an output."""
     io = backward_io(cell, nodes, param_names, atomic)
     idx, ext, gext = io["idx"], io["ext"], io["gext"]
     body = [f"T d{idx[n]} = gm{idx[n]};" for n in nodes]
     body += [f"T a{k} = 0;" for k in gext]
+    added = set()
     for n in reversed(nodes):
         op, ops = cell.op(n), operands(cell, n, idx, ext)
         for slot, ((u, d), name) in enumerate(zip(cell.reads(n), ops)):
-            if u in param_names:
+            if u in param_names or name[0] == "x" and (n, slot) in skips:
                 continue
             e = op_expr(KERNEL[op.kind][1][slot], cell, n, ops, g=f"d{idx[n]}", y=f"v{idx[n]}")
             body.append(f"{'d' if name[0] == 'v' else 'a'}{name[1:]} += {e};")
-    return KernelSpec(body=tuple(body), **io["spec"])
+            added.add(name)
+    spec = KernelSpec(body=tuple(body), **io["spec"])
+    unused = {f"gx{k}" for k in gext if f"x{k}" not in added}
+    if not unused:
+        return spec
+    keep = [j for j, nm in enumerate(spec.out_names) if nm not in unused]
+    return replace(spec, outputs=tuple(spec.outputs[j] for j in keep), out_names=tuple(spec.out_names[j] for j in keep),
+                   stores=tuple(st for st in spec.stores if st[0] not in unused),
+                   body=tuple(ln for ln in spec.body if ln not in {f"T a{nm[2:]} = 0;" for nm in unused}))
 
 
-def stored_only(cell, nodes, direction: str, spec: KernelSpec) -> KernelSpec:
+def stored_only(cell, nodes, direction: str, spec: KernelSpec, aliases=None) -> KernelSpec:
     """A group's spec storing only what the rest of the step reads: a forward the values of
     plan.backward.kept_values (an LSTM's loop group 7 of its 17), a backward the gradients of kept_grads (those a
-    parameter's sum reads: 4 of 17). A dropped gradient's arriving sum is still read where one arrives
-    (plan.backward.arriving), else it starts at zero, unread. Used by the compiled CPU loops and the GPU's persistent
-    kernels, whose passes over memory these bound."""
-    kept = kept_values(cell, nodes) if direction == "fwd" else kept_grads(cell, nodes)
+    parameter's sum reads: 4 of 17; where gradients share buffers (aliases), a class's once). A dropped gradient's
+    arriving sum is still read where one arrives (plan.backward.arriving), else it starts at zero, unread. Used by
+    the compiled CPU loops and the GPU's persistent kernels, whose passes over memory these bound."""
+    kept = kept_values(cell, nodes) if direction == "fwd" else kept_grads(cell, nodes, aliases)
     drop = [k for k, (kind, n) in enumerate(spec.outputs) if kind in ("out", "grad") and n not in kept]
     outs = [k for k in range(len(spec.outputs)) if k not in drop]
     come = arriving(cell, nodes)

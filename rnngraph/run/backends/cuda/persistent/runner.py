@@ -55,7 +55,7 @@ AUTO_HEAD_ROWS = 64             # 'auto' runs a per-head kernel up to this B (me
 def compile(be, cell, loop, views):
     """The launches running `loop` on the executor's views: zeroing the barrier counter (and numbering the
     launch), then the cooperative kernel (per head the kernel alone); None where why_not() says why not."""
-    vals, grads, cat, wcat, P, T, B, running = views
+    vals, grads, cat, wcat, P, T, B, running, _ = views
     dtype = next(iter(cat.values()))[0].dtype
     if why_not(be, cell, loop, B, dtype):
         return None
