@@ -5,6 +5,7 @@ compiled cpu backend, which shares by default (tests/test_cpu_backend.py runs ev
 import numpy as np
 import pytest
 
+from rnngraph.arrays import address
 from rnngraph.ir.cells import CELLS
 from rnngraph.ir.loading import load_cell
 from rnngraph.ir.ops import KERNEL
@@ -13,7 +14,7 @@ from rnngraph.plan.items import Fused, Gemm
 from rnngraph.plan.schedule import build_schedule
 from rnngraph.run.backends import get_backend
 from rnngraph.run.backends.numpy_backend import NumpyBackend
-from rnngraph.run.workspace import Workspace
+from rnngraph.run.workspace import UNTOUCHED, Workspace
 from test_random_forms import random_cell
 
 GATES = ("i", "f", "g", "o")
@@ -174,3 +175,15 @@ def test_random_linear_forms_on_the_compiled_backend_equal_numpy(seed):
     assert layer._stack.runs[0][0].ex.ws.aliases.home
     for a, b in zip(out, ref, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12 * float(np.abs(b).max(initial=1)))
+
+
+def test_the_gate_gradients_a_compiled_loop_stores_whole_are_not_zeroed():
+    """The x-products' gradient [P+T, B, 4H] holds the four gate classes, each stored with '=' by the loop's fused
+    backward (no gradient arrives at a gate's sum from outside it): zero_grads skips the whole block."""
+    pytest.importorskip("numba")
+    layer = Recurrent("lstm", 3, 5, backend="cpu", dtype="float64", seed=2)
+    run(layer, np.random.default_rng(3).standard_normal((6, 4, 3)), None)
+    ws = layer._stack.runs[0][0].ex.ws
+    g = ws.cat[next(it for it in ws.cat if it not in ws.aliases.windows)][1]       # x · [W_ii; W_if; W_ig; W_io]ᵀ
+    start = (address(g) - address(ws.grad_arena)) // g.itemsize
+    assert (start, start + g.size) in ws.memo[UNTOUCHED]

@@ -166,7 +166,8 @@ def test_zeroing_a_gradient_arena(cpu_blas):
 @pytest.mark.parametrize("cell", ["lstm", "gru", "mgu"])
 def test_the_gradients_a_compiled_backward_never_touches_are_not_zeroed(cell):
     """After the first backward, Workspace.zero_grads skips the gradients of members a compiled fused backward keeps to
-    itself: NaN left in them changes nothing, nor does a call of another length writing over the shared arena."""
+    itself or stores whole (an LSTM's gate gradients: tests/test_aliases.py): NaN left in them changes nothing, nor
+    does a call of another length writing over the shared arena."""
     from rnngraph.run.workspace import UNTOUCHED
     ref, cpu = twins(cell, num_layers=1, bidirectional=False)
     agree(ref, cpu, [frames(6)])

@@ -273,6 +273,13 @@ KERNEL = {
 }
 
 
+def hands_on(kind: OpKind, slot: int) -> bool:
+    """Whether an op's gradient rule hands operand `slot` the arriving gradient itself, whole ('{g}'): an add's
+    operands, a subtraction's first, an identity's (not a slice's: its operand is wider)."""
+    rule = KERNEL.get(kind)
+    return rule is not None and kind is not OpKind.SLICE and rule[1][slot] == "{g}"
+
+
 # ---------------------------------------------------------------------------------------------
 # FLOP rules: rule(F, operand sizes) -> (forward FLOPs, backward FLOPs per operand slot) per row.
 # An arithmetic op counts one per element (a transcendental too: operations, not cycles), forward

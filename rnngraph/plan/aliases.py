@@ -17,10 +17,8 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-from ..ir.ops import KERNEL, OpKind
+from ..ir.ops import hands_on
 from .items import Fused, Gemm, ParamSum
-
-PASSES = (OpKind.ADD, OpKind.SUB, OpKind.IDENTITY)     # ops whose rule hands some operand '{g}' unchanged
 
 
 @dataclass(frozen=True)
@@ -54,10 +52,10 @@ def grad_aliases(sched, loop: bool) -> GradAliases:
     item_of = {n: it for it in items if isinstance(it, (Fused, Gemm)) for n in it.nodes}
     fixed = {*cell.inputs, *cell.outputs, *cell.params, *(p for p, _ in cell.states.values())}
     edges = []
-    for c in (c for c, it in item_of.items() if isinstance(it, Fused) and cell.op(c).kind in PASSES):
+    for c in (c for c, it in item_of.items() if isinstance(it, Fused)):
         for slot, (n, d) in enumerate(cell.reads(c)):
             reads = [u for r in cell.graph.successors(n) for u, _ in cell.reads(r) if u == n]
-            if d == 0 and KERNEL[cell.op(c).kind][1][slot] == "{g}" and n in item_of and n not in fixed and \
+            if d == 0 and hands_on(cell.op(c).kind, slot) and n in item_of and n not in fixed and \
                     len(reads) == 1 and cell.op(n).size == cell.op(c).size:
                 edges.append((n, c, slot))
     up = dict((n, c) for n, c, _ in edges)
@@ -107,11 +105,9 @@ def _twins(sched, home) -> dict:
     once = {p for p in (s.param for s in sums) if sum(s.param == p for s in sums) == 1}
     cell, seen, out = sched.cell, {}, {}
     for s in sums:
-        rules = [(home.get(n), cell.op(n).kind, slot, KERNEL.get(cell.op(n).kind, (None, ()))[1][slot:slot + 1])
-                 for n, slot in s.terms]
-        if s.param not in once or any(h is None or rule != ("{g}",) for h, _, _, rule in rules):
+        key = tuple((home.get(n), cell.op(n).kind, slot) for n, slot in s.terms)
+        if s.param not in once or any(h is None or not hands_on(kind, slot) for h, kind, slot in key):
             continue
-        key = tuple(rules)
         if key in seen:
             out[s] = seen[key]
         else:

@@ -88,7 +88,7 @@ class Workspace:
 
     def zero_grads(self, backend):
         """Zeroes the gradient arena for a backward, but for the gradients no item of this workspace's backward
-        reads or writes (note_untouched: known once one has run), whose contents nothing sees."""
+        reads or adds to before one stores them whole, or at all (note_untouched: known once one has run)."""
         start = 0
         for a, b in self.memo.get(UNTOUCHED, ()):
             if a > start:
@@ -98,10 +98,11 @@ class Workspace:
             backend.zero(self.grad_arena[start:])
 
     def note_untouched(self, sched: Schedule, backend):
-        """After a backward: [start, end) in the gradient arena of each gradient it never read or wrote, the
-        members a compiled fused backward keeps to itself (backend.untouched_grads; compiled: the memo holds a
-        launch for the step or its loop at ALL), contiguous ones that are none of the cell's inputs, outputs,
-        states and parameters; sorted, once."""
+        """After a backward: [start, end) in the gradient arena of each gradient whose buffer needs no zeroing,
+        the members a compiled fused backward keeps to itself or stores whole (backend.untouched_grads;
+        compiled: the memo holds a launch for the step or its loop at ALL), contiguous ones that are none of
+        the cell's inputs, outputs, states and parameters, and a merged GEMM's whole output gradient where
+        every column is such; sorted, once."""
         if UNTOUCHED in self.memo:
             return
         compiled = []
@@ -113,12 +114,12 @@ class Workspace:
                 compiled += [s for st in it.stages for s in st.items if isinstance(s, FusedGrad)]
         cell = sched.cell
         kept = {*cell.inputs, *cell.outputs, *cell.params, *(p for p, _ in cell.states.values())}
-        base, item, spans = address(self.grad_arena), self.grad_arena.itemsize, []
-        for n in backend.untouched_grads(cell, compiled, self.aliases) - kept - set(self.aliases.home):
-            g = self.grads[n]
-            if g.flags.c_contiguous:
-                start = (address(g) - base) // item
-                spans.append((start, start + g.size))
+        free = backend.untouched_grads(cell, compiled, self.aliases) - kept
+        bufs = [self.grads[n] for n in free] + [g for it, (_, g) in self.cat.items()
+                                               if it not in self.aliases.windows and set(it.nodes) <= free]
+        base, item = address(self.grad_arena), self.grad_arena.itemsize
+        spans = {((address(g) - base) // item, (address(g) - base) // item + g.size) for g in bufs
+                 if g.flags.c_contiguous}
         self.memo[UNTOUCHED] = sorted(spans)
 
     # -- frame selection: arrays handed to the rules are rows [N, F] -------------------------------

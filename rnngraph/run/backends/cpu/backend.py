@@ -7,11 +7,14 @@ numba is imported only when the backend is made; run/backends/__init__.py falls 
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import numpy
 
-from ....plan.backward import kept_values
-from ....plan.items import Fused, FusedGrad
+from ....plan.aliases import GradAliases
+from ....plan.backward import arriving, kept_values
+from ....ir.ops import hands_on
+from ....plan.items import Fused, FusedGrad, ParamSum
 from ....plan.loops import STRATEGIES
 from ....errors import RnnGraphError
 from ..base import ArrayBackend, strategy_runners
@@ -94,16 +97,24 @@ class CpuBackend(ArrayBackend):
         super().copy(dst, src)
 
     def untouched_grads(self, cell, steps, aliases=None) -> frozenset:
-        """Members of compiled fused backward groups outside their function's arguments (fused.group_spec): the
-        plan has it store the gradients other items read (kept_grads) and read those they add to (arriving)."""
-        out = set()
+        """Nodes whose gradient buffers these compiled fused backward steps (fused.group_spec) never need zeroed:
+        members outside their function's arguments (the plan has it store the gradients other items read,
+        kept_grads, and read those they add to, arriving), and those its group stores whole ('=') where none
+        arrives from outside it. Where gradients share a buffer (aliases), a class's members with it, if one of
+        them is so stored or none is touched."""
+        aliases, untouched, assigned = aliases or GradAliases(), set(), set()
         for step in steps:
             spec = group_spec(cell, step.item.nodes, "bwd", aliases)
-            if spec is not None:
-                args = {key if kind == "grad" else key[0] for kind, key in spec.inputs + spec.outputs
-                        if kind in ("grad", "gext")}
-                out |= set(step.item.nodes) - args
-        return frozenset(out)
+            if spec is None:
+                continue
+            untouched |= set(step.item.nodes) - {key if kind == "grad" else key[0]
+                                                 for kind, key in spec.inputs + spec.outputs if kind in ("grad", "gext")}
+            ops, come = {nm: op for nm, _, op in spec.stores}, arriving(cell, step.item.nodes)
+            assigned |= {key for (kind, key), nm in zip(spec.outputs, spec.out_names)
+                         if kind == "grad" and ops[nm] == "=" and key not in come}
+        near = untouched | {m for n in assigned for m in aliases.members(n)}
+        return frozenset(n for n in near if any(m in assigned for m in aliases.members(n)) or
+                         all(m in untouched for m in aliases.members(n)))
 
     def zero(self, a):
         """memset, split over the backend's threads: a workspace's gradients (LSTM, T = 100, B = 32, H = 256:
@@ -153,7 +164,19 @@ class CpuBackend(ArrayBackend):
         rows = next(a.shape[0] for a in made if a.ndim == 2)
         return ((getattr(load(src), name), (rows, *(x for w, ld in wins for x in (w, 0, ld)))),)
 
-    COMPILE = {Fused: _compile_fused, FusedGrad: _compile_fused_grad}
+    def _compile_param_sum(self, cell, item, views, per_frame):
+        """out [F] += Σ_rows g [N, F] of each term whose rule hands the parameter the gradient itself (a bias of
+        an add), as the GEMM gᵀ · 1 in MKL on the backend's threads: 0.12 ms against numpy's sum's 0.32 for
+        [3200, 256] float32 columns of a wider buffer on this 2-core Xeon. None for other rules, or without MKL."""
+        terms, out = views
+        if not isinstance(self.mkl, Mkl) or out.dtype.name not in ("float32", "float64") or \
+                not all(hands_on(cell.op(n).kind, slot) for n, slot, *_ in terms):
+            return None
+        ones, col = numpy.ones((terms[0][2].shape[0], 1), out.dtype), out.reshape(-1, 1)
+        column_sum = functools.partial(self.gemm, ta=True, accumulate=True)
+        return tuple((column_sum, (g, ones, col)) for _, _, g, *_ in terms)
+
+    COMPILE = {Fused: _compile_fused, FusedGrad: _compile_fused_grad, ParamSum: _compile_param_sum}
     RUNNERS = ROOM
 
     def launch(self, launchable):
