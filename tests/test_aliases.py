@@ -187,3 +187,30 @@ def test_the_gate_gradients_a_compiled_loop_stores_whole_are_not_zeroed():
     g = ws.cat[next(it for it in ws.cat if it not in ws.aliases.windows)][1]       # x · [W_ii; W_if; W_ig; W_io]ᵀ
     start = (address(g) - address(ws.grad_arena)) // g.itemsize
     assert (start, start + g.size) in ws.memo[UNTOUCHED]
+
+
+def test_a_gradient_one_write_makes_whole_is_stored_and_never_zeroed():
+    """An MGU's f (read by the candidate's group and its own), f ⊙ h (read by one GEMM) and x (likewise): each
+    gradient has one write, stored ('=', a GEMM's beta 0), so zero_grads skips them; NaN there changes nothing."""
+    pytest.importorskip("numba")
+    from rnngraph.run.backends.cpu.fused import group_spec
+    sched = build_schedule(load_cell("mgu", 3, 5))
+    a = sched.grad_aliases
+    assert a.assigned == {"f", "mul7", "x"}
+    candidate = next(it for st in sched.loop for it in st if isinstance(it, Fused) and "n" in it.nodes)
+    spec = group_spec(sched.cell, candidate.nodes, "bwd", a)
+    (f_store,) = [op for (kind, key), (_, _, op) in zip(spec.outputs, spec.stores) if kind == "gext" and key[0] == "f"]
+    assert f_store == "="
+    kw = {"dtype": "float64", "seed": 2}
+    ref, layer = Recurrent("mgu", 3, 5, backend="numpy", **kw), Recurrent("mgu", 3, 5, backend="cpu", **kw)
+    x = np.random.default_rng(3).standard_normal((6, 4, 3))
+    run(layer, x, None)
+    ws = layer._stack.runs[0][0].ex.ws
+    spans = ws.memo[UNTOUCHED]
+    for n in ("f", "mul7", "x"):
+        start = (address(ws.grads[n]) - address(ws.grad_arena)) // 8
+        assert (start, start + ws.grads[n].size) in spans
+    for lo, hi in spans:
+        ws.grad_arena[lo:hi] = np.nan
+    for p, q in zip(run(layer, x, None, seed=6), run(ref, x, None, seed=6), strict=True):
+        np.testing.assert_allclose(p, q, rtol=1e-12, atol=1e-12 * float(np.abs(q).max(initial=1)))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-from ..ir.ops import hands_on
+from ..ir.ops import OpKind, hands_on
 from .items import Fused, Gemm, ParamSum
 
 
@@ -32,10 +32,7 @@ class GradAliases:
     windows: dict = field(default_factory=dict)
     skips: frozenset = frozenset()
     twins: dict = field(default_factory=dict)
-
-    def same(self, a: str, b: str) -> bool:
-        """Whether the gradients of nodes a and b are one buffer."""
-        return a in self.home and self.home.get(b) == self.home[a]
+    assigned: frozenset = frozenset()     # nodes whose gradient one write makes whole (_assigned): '=', not '+='
 
     def members(self, n: str) -> list:
         """The nodes whose gradient is n's (n among them), or [n]."""
@@ -80,7 +77,27 @@ def grad_aliases(sched, loop: bool) -> GradAliases:
     for n, r in top.items():
         home[n] = home[r] = at[r][2] if r in at else r
     skips = frozenset((c, slot) for n, c, slot in edges if n in top)
-    return GradAliases(home, {**{r: r for r in top.values()}, **top}, windows, skips, _twins(sched, home))
+    return GradAliases(home, {**{r: r for r in top.values()}, **top}, windows, skips, _twins(sched, home),
+                       _assigned(cell, item_of, home, skips))
+
+
+def _assigned(cell, item_of, home, skips) -> frozenset:
+    """Nodes whose gradient one backward write makes whole, so it is stored ('=', a GEMM with beta 0) and never
+    needs zeroing: read at delay 0, whole, by one item besides their own (a merged GEMM's operand: x, or an MGU's
+    f ⊙ h; a fused group's operand read by one other group), and by nothing else but their own group. Not an
+    output, state or parameter (gradients arrive there from the caller and the frames before), nor a member of a
+    class (its root stores it once)."""
+    fixed, out = {*cell.outputs, *cell.params, *(p for p, _ in cell.states.values())}, set()
+    for u in (u for u in cell.graph if u not in fixed and u not in home):
+        writes = set()
+        for r in set(cell.graph.successors(u)):
+            for slot, (v, d) in enumerate(cell.reads(r)):
+                whole = cell.op(r).kind is not OpKind.SLICE         # a slice writes its columns only
+                if v == u and (r, slot) not in skips and not (item_of.get(r) is item_of.get(u) is not None and d == 0):
+                    writes.add((item_of.get(r), d, whole))
+        if len(writes) == 1 and next(iter(writes))[0] is not None and next(iter(writes))[1:] == (0, True):
+            out.add(u)
+    return frozenset(out)
 
 
 def _window(g, top, at) -> tuple | None:

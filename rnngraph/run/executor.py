@@ -323,8 +323,10 @@ class Executor:
         return env
 
     def _gemm_grad(self, step, ws, t):
-        """d operand += g · W; with params also dW += gᵀ · operand at the same frames."""
+        """d operand += g · W (=, where this is its one write: plan/aliases.py); with params also dW += gᵀ · operand
+        at the same frames."""
         it, be = step.item, self.backend
+        add = it.operand not in ws.aliases.assigned
         (g, w, x, gx, gw), launch = self._prepared(step, ws, t, lambda: (
             ws.at(ws.cat[it][1], t), ws.wcat[it][0], ws.read(it.operand, it.delay, t),
             ws.read(it.operand, it.delay, t, grads=True), ws.wcat[it][1]))
@@ -332,9 +334,9 @@ class Executor:
             be.launch(launch)
         elif it.heads > 1:              # per linear op j, per head h: dx[h] += g_j[h] · W_j[h]
             for gj, wj, gxh in self._head_parts(it, (step, t), ws, g, w, gx):
-                be.head_gemm(gj, wj, gxh, accumulate=True)
+                be.head_gemm(gj, wj, gxh, accumulate=add)
         else:
-            be.gemm(g, w, gx, accumulate=True)
+            be.gemm(g, w, gx, accumulate=add)
         if step.params and it.heads > 1:
             for gj, gwj, xh in self._head_parts(it, (step, t, "w"), ws, g, gw, x):
                 be.head_gemm(gj, xh, gwj, ta=True, accumulate=True)

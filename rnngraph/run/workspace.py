@@ -20,7 +20,7 @@ from ..errors import RnnGraphError
 from ..ir.ops import OpKind, accumulate
 from ..plan.aliases import GradAliases
 from ..plan.backward import shared_weights
-from ..plan.items import FusedGrad, Gemm
+from ..plan.items import FusedGrad, Gemm, GemmGrad
 from ..plan.schedule import Schedule
 
 ALL = None  # the frame selector meaning "all T frames at once"
@@ -105,15 +105,17 @@ class Workspace:
         every column is such; sorted, once."""
         if UNTOUCHED in self.memo:
             return
-        compiled = []
+        compiled = []       # the GEMMs' gradients too, which every backend runs as the plan says
         for it in (it for sec in sched.backward for it in sec.items):
             launch = self.memo.get((it, ALL), (None, None))[1]
-            if launch and isinstance(it, FusedGrad):
+            if launch and isinstance(it, FusedGrad) or isinstance(it, GemmGrad):
                 compiled.append(it)
-            elif launch and hasattr(it, "stages"):      # a compiled loop: every item of it compiled
-                compiled += [s for st in it.stages for s in st.items if isinstance(s, FusedGrad)]
+            elif hasattr(it, "stages"):      # a loop: its GEMMs' gradients, and every item where it is compiled
+                compiled += [s for st in it.stages for s in st.items if isinstance(s, GemmGrad) or
+                             launch and isinstance(s, FusedGrad)]
         cell = sched.cell
-        kept = {*cell.inputs, *cell.outputs, *cell.params, *(p for p, _ in cell.states.values())}
+        kept = {*cell.inputs, *cell.outputs, *cell.params, *(p for p, _ in cell.states.values())} - \
+            self.aliases.assigned       # an input's gradient that one GEMM makes whole
         free = backend.untouched_grads(cell, compiled, self.aliases) - kept
         bufs = [self.grads[n] for n in free] + [g for it, (_, g) in self.cat.items()
                                                if it not in self.aliases.windows and set(it.nodes) <= free]

@@ -14,7 +14,7 @@ import numpy
 from ....plan.aliases import GradAliases
 from ....plan.backward import arriving, kept_values
 from ....ir.ops import hands_on
-from ....plan.items import Fused, FusedGrad, ParamSum
+from ....plan.items import Fused, FusedGrad, GemmGrad, ParamSum
 from ....plan.loops import STRATEGIES
 from ....errors import RnnGraphError
 from ..base import ArrayBackend, strategy_runners
@@ -97,21 +97,25 @@ class CpuBackend(ArrayBackend):
         super().copy(dst, src)
 
     def untouched_grads(self, cell, steps, aliases=None) -> frozenset:
-        """Nodes whose gradient buffers these compiled fused backward steps (fused.group_spec) never need zeroed:
-        members outside their function's arguments (the plan has it store the gradients other items read,
-        kept_grads, and read those they add to, arriving), and those its group stores whole ('=') where none
-        arrives from outside it. Where gradients share a buffer (aliases), a class's members with it, if one of
-        them is so stored or none is touched."""
+        """Nodes whose gradient buffers these backward steps never need zeroed: the members of compiled fused
+        groups (fused.group_spec) outside their function's arguments (the plan has it store the gradients other
+        items read, kept_grads, and read those they add to, arriving), those a group stores whole ('=') where none
+        arrives from outside it, and the gradients one write makes whole (aliases.assigned: a compiled group's
+        '=', any GEMM's beta 0 here). Where gradients share a buffer, a class's members with it, if one of them
+        is so stored or none is touched."""
         aliases, untouched, assigned = aliases or GradAliases(), set(), set()
         for step in steps:
+            if isinstance(step, GemmGrad):
+                assigned |= {step.item.operand} & aliases.assigned
+                continue
             spec = group_spec(cell, step.item.nodes, "bwd", aliases)
             if spec is None:
                 continue
             untouched |= set(step.item.nodes) - {key if kind == "grad" else key[0]
                                                  for kind, key in spec.inputs + spec.outputs if kind in ("grad", "gext")}
             ops, come = {nm: op for nm, _, op in spec.stores}, arriving(cell, step.item.nodes)
-            assigned |= {key for (kind, key), nm in zip(spec.outputs, spec.out_names)
-                         if kind == "grad" and ops[nm] == "=" and key not in come}
+            assigned |= {key if kind == "grad" else key[0] for (kind, key), nm in zip(spec.outputs, spec.out_names)
+                         if ops[nm] == "=" and (kind == "gext" or key not in come)}
         near = untouched | {m for n in assigned for m in aliases.members(n)}
         return frozenset(n for n in near if any(m in assigned for m in aliases.members(n)) or
                          all(m in untouched for m in aliases.members(n)))

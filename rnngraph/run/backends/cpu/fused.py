@@ -32,7 +32,7 @@ def group_spec(cell, nodes, direction: str, aliases=None):
     if any(cell.op(n).kind in REDUCE for n in nodes) or not fusable(cell, nodes):
         return None
     spec = fused_forward_kernel(cell, nodes) if direction == "fwd" else \
-        fused_backward_kernel(cell, nodes, set(cell.params), skips=aliases.skips if aliases else frozenset())
+        fused_backward_kernel(cell, nodes, set(cell.params), aliases=aliases)
     return stored_only(cell, nodes, direction, spec, aliases)
 
 

@@ -89,7 +89,8 @@ class Loop:
         return True
 
     def gemm_grad(self, step: GemmGrad) -> bool:
-        """dx@t-d [m, K] += d out [m, ΣF] · W [ΣF, K] at frame t (the weights' gradients are hoisted)."""
+        """dx@t-d [m, K] += d out [m, ΣF] · W [ΣF, K] at frame t (the weights' gradients are hoisted); '=' where
+        this is the one write of dx (plan/aliases.py: assigned)."""
         it = step.item
         if step.params:
             return False
@@ -98,7 +99,8 @@ class Loop:
         if gx is None or g is None or w is None:
             return False
         N, K = sum(it.sizes), self.cell.op(it.operand).size      # g's rows: columns of a wider one's (aliases)
-        self.call(False, K, N, (g[0], f"((P + t) * B + b0) * {g[1]}", g[1]), w[0], w[1], 1, gx, it)
+        beta = 0 if it.operand in self.aliases.assigned else 1          # its gradient's one write (aliases)
+        self.call(False, K, N, (g[0], f"((P + t) * B + b0) * {g[1]}", g[1]), w[0], w[1], beta, gx, it)
         return True
 
     def call(self, tb: bool, N: int, K: int, a: tuple, w: str, ldb: int, beta: int, c: tuple, it):

@@ -136,11 +136,13 @@ def backward_io(cell, nodes, param_names, atomic: bool) -> dict:
     return {"spec": spec, "idx": idx, "ext": ext, "gext": gext}
 
 
-def fused_backward_kernel(cell, nodes, param_names, atomic: bool = False, skips=frozenset()) -> KernelSpec:
+def fused_backward_kernel(cell, nodes, param_names, atomic: bool = False, aliases=None) -> KernelSpec:
     """Reverse-mode kernel of a group; gradients of parameters are left to hoisted reductions. atomic:
-    gradients of a node read at several delays are added atomically (threads of two frames meet). skips: the
-    (node, slot) hand-ons into an external operand whose gradient is the node's own buffer (plan/aliases.py);
-    an external gradient nothing adds to is not an output."""
+    gradients of a node read at several delays are added atomically (threads of two frames meet). Where
+    gradients share buffers (aliases: plan/aliases.py), the (node, slot) hand-ons into an external operand whose
+    gradient is the node's own buffer are skipped (an external gradient nothing adds to is not an output), and an
+    external gradient this group alone writes is stored, not added."""
+    skips, assigned = (aliases.skips, aliases.assigned) if aliases else ((), ())
     io = backward_io(cell, nodes, param_names, atomic)
     idx, ext, gext = io["idx"], io["ext"], io["gext"]
     body = [f"T d{idx[n]} = gm{idx[n]};" for n in nodes]
@@ -156,11 +158,12 @@ def fused_backward_kernel(cell, nodes, param_names, atomic: bool = False, skips=
             added.add(name)
     spec = KernelSpec(body=tuple(body), **io["spec"])
     unused = {f"gx{k}" for k in gext if f"x{k}" not in added}
-    if not unused:
+    alone = {f"gx{k}" for k in gext if ext[k][0] in assigned}
+    if not unused and not alone:
         return spec
     keep = [j for j, nm in enumerate(spec.out_names) if nm not in unused]
     return replace(spec, outputs=tuple(spec.outputs[j] for j in keep), out_names=tuple(spec.out_names[j] for j in keep),
-                   stores=tuple(st for st in spec.stores if st[0] not in unused),
+                   stores=tuple((nm, v, "=" if nm in alone else op) for nm, v, op in spec.stores if nm not in unused),
                    body=tuple(ln for ln in spec.body if ln not in {f"T a{nm[2:]} = 0;" for nm in unused}))
 
 
