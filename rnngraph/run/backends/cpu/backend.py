@@ -37,8 +37,9 @@ class CpuBackend(ArrayBackend):
 
     Threads: where MKL is installed, every GEMM, each direction's loop and the gradients' zeroing run on
     rnngraph's own pool (numba's, one thread a core), split by rows, MKL sequential inside; else the GEMMs run
-    in numpy's BLAS pool. The hoisted fused passes run on the calling thread (split, numba's parallel compile
-    took a second and a half longer than the millisecond a step it saved). blas_threads limits either pool for
+    in numpy's BLAS pool. A hoisted fused pass over many rows splits them the same way (an LSTM's input biases at
+    T = 100, B = 32, H = 256: 1.30 -> 0.57 ms a step, for half a second more of numba's compiling on a first call
+    with its cache empty). blas_threads limits either pool for
     rnngraph's calls: 1 where another pool computes between them in the same process (torch's, under
     rnngraph.torch), since two pools of spinning threads on the same cores slow each other down several-fold."""
     name = "cpu"
@@ -160,13 +161,17 @@ class CpuBackend(ArrayBackend):
         storage = storage_of(arrays(spec.outputs[:1])[0])
         if storage is None:
             return None
-        name, src, keys = fused_source(spec, cell.op(nodes[-1]).size, storage)
-        made = arrays(keys)
-        wins = [window(a) for a in made]
+        F = cell.op(nodes[-1]).size
+        made = arrays(spec.inputs + spec.outputs)
+        rows = next(a.shape[0] for a in made if a.ndim == 2)
+        parts = 1 if per_frame else self.threads.parts(rows, rows * F)
+        name, src, keys = fused_source(spec, F, storage, split=parts > 1)
+        wins = [window(a) for a in arrays(keys)]
         if any(w is None for w in wins):
             return None
-        rows = next(a.shape[0] for a in made if a.ndim == 2)
-        return ((getattr(load(src), name), (rows, *(x for w, ld in wins for x in (w, 0, ld)))),)
+        args = (rows, *(x for w, ld in wins for x in (w, 0, ld)))
+        module = load(src)
+        return ((getattr(module, f"{name}_split"), (parts, *args)),) if parts > 1 else ((getattr(module, name), args),)
 
     def _compile_param_sum(self, cell, item, views, per_frame):
         """out [F] += Σ_rows g [N, F] of each term whose rule hands the parameter the gradient itself (a bias of

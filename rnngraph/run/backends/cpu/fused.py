@@ -25,6 +25,16 @@ def {name}(R, {args}):
 '''
 
 
+# a function's rows in `parts` ranges on numba's threads (its windows' starts moved to each range's first row)
+SPLIT_SOURCE = '''
+@njit(parallel=True, **JIT)
+def {name}_split(parts, R, {args}):
+    for p in prange(parts):
+        r0 = R * p // parts
+        {name}(R * (p + 1) // parts - r0, {moved})
+'''
+
+
 def group_spec(cell, nodes, direction: str, aliases=None):
     """The CUDA spec of a group's function, or None where it has no elementwise kernel (a row reduction,
     an op without a kernel rule). It stores only what the rest of the step reads (cuda.fused.stored_only): passes
@@ -36,9 +46,10 @@ def group_spec(cell, nodes, direction: str, aliases=None):
     return stored_only(cell, nodes, direction, spec, aliases)
 
 
-def fused_source(spec, F: int, storage: str) -> tuple[str, str, tuple]:
+def fused_source(spec, F: int, storage: str, split: bool = False) -> tuple[str, str, tuple]:
     """(function name, Python source, the spec's (kind, key) of each array argument, in order) of a spec over
-    F features in a storage dtype (source.STORAGE); inputs its body never reads are left out."""
+    F features in a storage dtype (source.STORAGE); inputs its body never reads are left out. split: the source
+    also has NAME_split(parts, R, ...), the function over its rows in parts ranges on numba's threads."""
     _, load, store = STORAGE[storage]
     body = [python_statement(ln, storage) for ln in spec.body]
     read = set(re.findall(r"\b[a-z]+\d+\b", " ".join(body + [v for _, v, _ in spec.stores])))
@@ -55,6 +66,9 @@ def fused_source(spec, F: int, storage: str) -> tuple[str, str, tuple]:
                                rows="\n".join(f"        o_{nm} = s_{nm} + r * l_{nm}" for nm in names),
                                body="\n".join(" " * 12 + ln for ln in body))
     name = f"fused_{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+    if split:
+        text += SPLIT_SOURCE.format(name="{name}", args=", ".join(f"p_{nm}, s_{nm}, l_{nm}" for nm in names),
+                                    moved=", ".join(f"p_{nm}, s_{nm} + r0 * l_{nm}, l_{nm}" for nm in names))
     keys = spec.inputs + spec.outputs
     return name, text.replace("{name}", name), tuple(keys[k] for k in keep)
 
