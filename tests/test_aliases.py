@@ -63,6 +63,13 @@ def test_every_member_has_one_reader_that_hands_its_gradient_on(cell):
         assert d == 0 and (m, k) in a.skips and a.root[m] == r and KERNEL[c.op(m).kind][1][k] == "{g}"
 
 
+def test_the_plan_lists_its_gradient_classes_and_the_gradients_one_write_makes_whole():
+    s = build_schedule(load_cell("mgu", 4, 8)).summary()
+    assert s["grad_classes"] == [["linear1", "add2", "linear3", "add4"], ["linear5", "add6", "linear8", "add9"],
+                                 ["mul11", "mul12", "h"]]
+    assert s["grad_assigned"] == ["x", "f", "mul7"]
+
+
 def test_the_naive_schedule_and_a_scans_loop_share_nothing_of_their_own():
     c = load_cell("min_gru", 4, 8)
     assert not build_schedule(c, optimize=False).grad_aliases.home

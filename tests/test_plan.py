@@ -61,9 +61,10 @@ def test_backward_plan_printed_in_order(name):
     assert f"  loop (per frame, strategy stages): {4 if name == 'mgu' else 2} stages" in lines
     assert [f"    runs {line}" for line in EXPECTED[name]["forward_loop"]] == [ln for ln in lines if "runs " in ln]
     start = lines.index("  backward:")
-    printed = [ln.strip() for ln in lines[start + 1:-1] if ln.startswith("      ")]
+    stop = next(k for k in range(start + 1, len(lines)) if not lines[k].startswith("    "))     # its sections
+    printed = [ln.strip() for ln in lines[start + 1:stop] if ln.startswith("      ")]
     assert printed == [item for _, items in EXPECTED[name]["backward"] for item in items]
-    titles = [ln.strip().split(":")[0] for ln in lines[start + 1:-1] if not ln.startswith("      ")]
+    titles = [ln.strip().split(":")[0] for ln in lines[start + 1:stop] if not ln.startswith("      ")]
     assert titles == ["post reversed, over all frames", "loop in reverse time, stages reversed",
                       "parameter gradients of loop and post, reduced once over all frames",
                       "pre reversed, over all T·B rows", "weights shared by several ops"]

@@ -34,6 +34,13 @@ class GradAliases:
     twins: dict = field(default_factory=dict)
     assigned: frozenset = frozenset()     # nodes whose gradient one write makes whole (_assigned): '=', not '+='
 
+    def classes(self, order) -> list:
+        """Each class's members as a list in `order` (the cell's nodes), the classes by their first member."""
+        out: dict = {}
+        for n in (n for n in order if n in self.home):
+            out.setdefault(self.home[n], []).append(n)
+        return list(out.values())
+
     def members(self, n: str) -> list:
         """The nodes whose gradient is n's (n among them), or [n]."""
         return [m for m, h in self.home.items() if h == self.home[n]] if n in self.home else [n]

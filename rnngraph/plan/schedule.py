@@ -125,6 +125,8 @@ class Schedule:
                               for st, c in self.state_classes.items()},
             "forward_loop": dict(self.plan_lines(self.forward))["loop"],
             "backward": [{"section": name, "items": lines} for name, lines in self.plan_lines(self.backward)],
+            "grad_classes": self.grad_aliases.classes(list(self.cell.graph)),
+            "grad_assigned": [n for n in self.cell.graph if n in self.grad_aliases.assigned],
         }
 
     def __str__(self) -> str:
@@ -150,6 +152,11 @@ class Schedule:
             title = strategy.title if name == "loop" else BACKWARD_TITLES[name]
             out.append(f"    {title}: {len(lines)} {'stage items' if name == 'loop' else 'kernels'}")
             out += [f"      {line}" for line in lines]
+        if s["grad_classes"]:
+            out.append("  gradients that are one another, one buffer where the backend shares them (cpu):")
+            out += [f"    {' = '.join(c)}" for c in s["grad_classes"]]
+        if s["grad_assigned"]:
+            out.append(f"  gradients one write makes whole, stored, not added (cpu): {', '.join(s['grad_assigned'])}")
         k = s["kernels_per_frame"]
         out.append(f"  kernels per frame: forward {k['forward']['before_merge']} -> {k['forward']['after_merge']}, "
                    f"backward {k['backward']['before_merge']} -> {k['backward']['after_merge']}")
