@@ -8,14 +8,13 @@ one buffer a class (a merged GEMM's output gradient where a class holds a linear
 hoisted GEMMs read it in place, a whole merged output as a column window of another's where their columns are
 the same classes in order), every backward skips the hand-ons inside a class (`skips`), a fused group stores a
 class's gradient once, and a vector parameter's sum over a class already summed for another is a copy
-(`twins`). The plan says what is equal; the backends that share say so (the numpy one, the reference, keeps
-every gradient apart).
+(`twins`). A gradient that one write makes whole (`assigned`: x's, written by one GEMM) is stored there, not
+added, and needs no zeroing. The plan says what is equal; the backends that share say so (the numpy one, the
+reference, keeps every gradient apart).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import networkx as nx
 
 from ..ir.ops import OpKind, hands_on
 from .items import Fused, Gemm, ParamSum
@@ -25,8 +24,8 @@ from .items import Fused, Gemm, ParamSum
 class GradAliases:
     """What a schedule's gradients share: node -> the node whose buffer holds its class (`home`, a class's
     members, itself for the one that owns it), merged GEMM -> (the merged GEMM whose output gradient holds
-    its own as columns, their first), the hand-ons (reader, slot) a backward skips, and ParamSum -> the earlier
-    ParamSum whose sum it equals."""
+    its own as columns, their first), the hand-ons (reader, slot) a backward skips, ParamSum -> the earlier
+    ParamSum whose sum it equals, and the gradients one write makes whole."""
     home: dict = field(default_factory=dict)
     root: dict = field(default_factory=dict)        # class member -> the class's last node (its reader chain's end)
     windows: dict = field(default_factory=dict)

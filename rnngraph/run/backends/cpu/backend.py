@@ -11,9 +11,9 @@ import functools
 
 import numpy
 
+from ....ir.ops import hands_on
 from ....plan.aliases import GradAliases
 from ....plan.backward import arriving, kept_values
-from ....ir.ops import hands_on
 from ....plan.items import Fused, FusedGrad, GemmGrad, ParamSum
 from ....plan.loops import STRATEGIES
 from ....errors import RnnGraphError
