@@ -240,9 +240,9 @@ and one step), at T = {T3}, B = {B3}, H = {H3}, each in a fresh process on {firs
 
 Each thread of a loop packs its per-frame weights once a call with MKL's packed GEMM, as oneDNN packs them
 once for its fused RNN; at B = {B} rnngraph's forward still takes {times(ratio(ours, nn, "forward"))} oneDNN's, whose cell
-passes run inside its GEMMs. The backward stores a gate's gradient once for every node that reads it (the
-biases' sums, the two GEMMs), where one copy would do: its passes and the gradients' zeroing move more memory
-than oneDNN's. The command unsets `OPENBLAS_CORETYPE`, which this machine's environment sets to Haswell
+passes run inside its GEMMs. The backward keeps each gate's gradient in one buffer, which both GEMMs, both
+biases' sums and the weights' gradients read in place ([Reading a schedule](schedule.md#gradients-that-are-one-another)).
+The rest of the step is mostly MKL's GEMMs. The command unsets `OPENBLAS_CORETYPE`, which this machine's environment sets to Haswell
 kernels (half the SkylakeX kernels' speed for the hoisted GEMM; numpy's own products still run in OpenBLAS)."""
 
 
