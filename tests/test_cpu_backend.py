@@ -332,3 +332,29 @@ def test_the_finite_check_skips_the_values_a_fused_pass_keeps_to_itself():
     with pytest.raises(RnnGraphError, match="not finite"):
         layer(np.full_like(x, np.nan))
     assert get_backend("numpy").unstored(ex.sched) == frozenset()
+
+
+def test_the_float32_transcendentals_are_within_two_units_in_the_last_place():
+    """exp32 and tanh32 (prelude.py), compiled in a loop as the fused passes call them, against float64's exact
+    values rounded: a dense grid over float32's range and near the branch points, tiny and special values."""
+    from numba import njit
+    from rnngraph.run.backends.cpu.prelude import exp32, tanh32
+
+    @njit
+    def both(x, e, t):
+        for i in range(x.size):
+            e[i], t[i] = exp32(x[i]), tanh32(x[i])
+
+    x = np.concatenate([np.linspace(-110, 100, 400_001), np.linspace(-1, 1, 200_001), np.geomspace(1e-30, 1, 20_001),
+                        -np.geomspace(1e-30, 1, 20_001), [0.6, np.nextafter(0.6, 0), 88.72, -87.33]]).astype(np.float32)
+    e, t = np.empty_like(x), np.empty_like(x)
+    both(x, e, t)
+    for got, exact in ((e, np.exp(x.astype(np.float64))), (t, np.tanh(x.astype(np.float64)))):
+        normal = (np.abs(exact) >= np.finfo(np.float32).tiny) & (np.abs(exact) <= np.finfo(np.float32).max)
+        ulp = np.spacing(np.abs(exact[normal]).astype(np.float32)).astype(np.float64)
+        assert (np.abs(got[normal] - exact[normal]) / ulp).max() <= 2
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 89.0, -104.0], np.float32)
+    e, t = np.empty_like(special), np.empty_like(special)
+    both(special, e, t)
+    assert np.isnan(e[0]) and np.isnan(t[0]) and list(e[1:]) == [np.inf, 0, 1, np.inf, 0] and list(t[1:]) == [1, -1, 0, 1, -1]
+    assert np.signbit(t[3])
