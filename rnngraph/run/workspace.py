@@ -101,8 +101,8 @@ class Workspace:
         """After a backward: [start, end) in the gradient arena of each gradient whose buffer needs no zeroing,
         the members a compiled fused backward keeps to itself or stores whole (backend.untouched_grads;
         compiled: the memo holds a launch for the step or its loop at ALL), contiguous ones that are none of
-        the cell's inputs, outputs, states and parameters, and a merged GEMM's whole output gradient where
-        every column is such; sorted, once."""
+        the cell's outputs, states and parameters, nor an input but one whose gradient one write makes whole,
+        and a merged GEMM's whole output gradient where every column is such; sorted, once."""
         if UNTOUCHED in self.memo:
             return
         compiled = []       # the GEMMs' gradients too, which every backend runs as the plan says
