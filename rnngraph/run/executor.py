@@ -93,8 +93,9 @@ class Executor:
         linear in T), computed once per (B, dtype)."""
         key = (B, str(dtype))
         if key not in self._costs:
-            fixed = stored_bytes(self.sched, 0, B, dtype)
-            self._costs[key] = fixed, stored_bytes(self.sched, 1, B, dtype) - fixed
+            shared = self.sched.grad_aliases if self.backend.alias_grads else None
+            fixed = stored_bytes(self.sched, 0, B, dtype, shared)
+            self._costs[key] = fixed, stored_bytes(self.sched, 1, B, dtype, shared) - fixed
         return self._costs[key]
 
     def _walks(self, B: int, dtype) -> bool:

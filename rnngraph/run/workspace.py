@@ -44,7 +44,7 @@ class Workspace:
         home, windows = self.aliases.home, self.aliases.windows
         blocks, wblocks, pblocks = _blocks(sched, self.P + T, B)
         self.val_arena, vals = carve(arenas, "values", dtype, [s for s, _ in blocks + wblocks])
-        owned = [(s, key) for s, key in blocks if key not in windows and home.get(key, key) == key]
+        owned = owned_blocks(blocks, self.aliases)
         # the weights' gradients first: at the same offsets whatever T and B (Executor.grad_source)
         self.grad_arena, grads = carve(arenas, "grads", dtype, [s for s, _ in wblocks + pblocks + owned])
         frame_grads = dict(zip((key for _, key in owned), grads[len(wblocks) + len(pblocks):]))
@@ -177,12 +177,20 @@ def _blocks(sched: Schedule, rows: int, B: int) -> tuple:
     return blocks, wblocks, [(cell.params[p], p) for p in cell.params]
 
 
-def stored_bytes(sched: Schedule, T: int, B: int, dtype) -> int:
-    """The bytes a workspace of (T, B) holds for a call and its backward: every value and its gradient."""
+def owned_blocks(blocks, aliases) -> list:
+    """The frame blocks (_blocks) that carve a gradient buffer of their own: all but a class member's whose
+    class another node's buffer holds, and a merged GEMM's whose output gradient is another's columns."""
+    return [(s, key) for s, key in blocks if key not in aliases.windows and aliases.home.get(key, key) == key]
+
+
+def stored_bytes(sched: Schedule, T: int, B: int, dtype, aliases: GradAliases | None = None) -> int:
+    """The bytes a workspace of (T, B) holds for a call and its backward: every value and its gradient, each
+    class of equal gradients once where the backend shares them (aliases)."""
     P = max(sched.cell.depths.values(), default=1)
     blocks, wblocks, pblocks = _blocks(sched, P + T, B)
     values = sum(math.prod(s) for s, _ in blocks + wblocks)
-    return (2 * values + sum(math.prod(s) for s, _ in pblocks)) * numpy.dtype(dtype).itemsize
+    grads = sum(math.prod(s) for s, _ in owned_blocks(blocks, aliases or GradAliases()) + wblocks + pblocks)
+    return (values + grads) * numpy.dtype(dtype).itemsize
 
 
 class Arenas:
