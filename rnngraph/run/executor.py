@@ -20,7 +20,7 @@ from ..plan.schedule import Schedule, build_schedule
 from .backends.base import head_parts, run_fused_backward, run_fused_forward, run_param_grad
 from .chunks import LADDER_TOP, Chunked, within
 from .settings import store_limit
-from .workspace import ALL, SERIAL, Arenas, Workspace, rows, stored_bytes, write_history
+from .workspace import ALL, SERIAL, Arenas, Workspace, rows, shared_grads, stored_bytes, write_history
 
 
 class Executor:
@@ -93,7 +93,7 @@ class Executor:
         linear in T), computed once per (B, dtype)."""
         key = (B, str(dtype))
         if key not in self._costs:
-            shared = self.sched.grad_aliases if self.backend.alias_grads else None
+            shared = shared_grads(self.sched, self.backend)
             fixed = stored_bytes(self.sched, 0, B, dtype, shared)
             self._costs[key] = fixed, stored_bytes(self.sched, 1, B, dtype, shared) - fixed
         return self._costs[key]
@@ -324,8 +324,7 @@ class Executor:
         return env
 
     def _gemm_grad(self, step, ws, t):
-        """d operand += g · W (=, where this is its one write: plan/aliases.py); with params also dW += gᵀ · operand
-        at the same frames."""
+        """d operand += g · W (=, its one write: plan/aliases.py); with params also dW += gᵀ · operand."""
         it, be = step.item, self.backend
         add = it.operand not in ws.aliases.assigned
         (g, w, x, gx, gw), launch = self._prepared(step, ws, t, lambda: (

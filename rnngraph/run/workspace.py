@@ -40,7 +40,7 @@ class Workspace:
         self.vals, self.grads, self.cat, self.wcat, self.memo = {}, {}, {}, {}, {}
         self.running = None     # a chunk's: (its call's cursor, where the chunks' rows start in it), set by Chunked
         self.shared_weights = shared_weights(cell)
-        self.aliases = sched.grad_aliases if backend.alias_grads else GradAliases()     # plan/aliases.py
+        self.aliases = shared_grads(sched, backend)
         home, windows = self.aliases.home, self.aliases.windows
         blocks, wblocks, pblocks = _blocks(sched, self.P + T, B)
         self.val_arena, vals = carve(arenas, "values", dtype, [s for s, _ in blocks + wblocks])
@@ -177,19 +177,25 @@ def _blocks(sched: Schedule, rows: int, B: int) -> tuple:
     return blocks, wblocks, [(cell.params[p], p) for p in cell.params]
 
 
+def shared_grads(sched: Schedule, backend) -> GradAliases:
+    """The classes of equal gradients a backend's workspaces keep in one buffer (plan/aliases.py): none unless
+    it shares them (alias_grads)."""
+    return sched.grad_aliases if backend.alias_grads else GradAliases()
+
+
 def owned_blocks(blocks, aliases) -> list:
     """The frame blocks (_blocks) that carve a gradient buffer of their own: all but a class member's whose
     class another node's buffer holds, and a merged GEMM's whose output gradient is another's columns."""
     return [(s, key) for s, key in blocks if key not in aliases.windows and aliases.home.get(key, key) == key]
 
 
-def stored_bytes(sched: Schedule, T: int, B: int, dtype, aliases: GradAliases | None = None) -> int:
+def stored_bytes(sched: Schedule, T: int, B: int, dtype, aliases: GradAliases = GradAliases()) -> int:
     """The bytes a workspace of (T, B) holds for a call and its backward: every value and its gradient, each
-    class of equal gradients once where the backend shares them (aliases)."""
+    class of equal gradients once where the backend shares them (aliases: shared_grads)."""
     P = max(sched.cell.depths.values(), default=1)
     blocks, wblocks, pblocks = _blocks(sched, P + T, B)
     values = sum(math.prod(s) for s, _ in blocks + wblocks)
-    grads = sum(math.prod(s) for s, _ in owned_blocks(blocks, aliases or GradAliases()) + wblocks + pblocks)
+    grads = sum(math.prod(s) for s, _ in owned_blocks(blocks, aliases) + wblocks + pblocks)
     return (values + grads) * numpy.dtype(dtype).itemsize
 
 
