@@ -1,6 +1,6 @@
 """A generated persistent kernel run on the CPU: its CUDA source compiled as C++ by the system's g++, each CUDA
-thread a std::thread, __syncthreads a std::barrier of the block, a warp shuffle an exchange through memory
-between barriers of the warp, a tensor-core mma.sync the same (the warp's fragments exchanged, each output
+thread a std::thread, __syncthreads a std::barrier of the block, a named barrier (bar.sync id, n) a count of n
+arrivals, a warp shuffle an exchange through memory between barriers of the warp, a tensor-core mma.sync the same (the warp's fragments exchanged, each output
 summed in float32; TF32 rounding as cvt.rna), the grid barrier its row group's atomic counter, float16 through
 _Float16 (bfloat16 as the GPU's own bit arithmetic). A test
 backend (Emulated) runs the persistent loops this way on the numpy workspace and everything else as numpy
@@ -27,6 +27,7 @@ import pytest
 from rnngraph.plan.loops import PersistentLoop
 from rnngraph.run.backends.cuda.persistent import mma
 from rnngraph.run.backends.cuda.persistent.kernels import SYNC, persistent_kernel
+from rnngraph.run.backends.cuda.persistent.roles import ROLES_SYNC
 from rnngraph.run.backends.cuda.source import CTYPES, HALF_PRELUDE, HALF_TYPES
 from rnngraph.run.backends.numpy_backend import NumpyBackend
 
@@ -44,7 +45,10 @@ PRELUDE = r"""
 #include <atomic>
 #include <barrier>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 using std::exp; using std::tanh; using std::log1p; using std::fabs; using std::sqrt;
@@ -61,6 +65,17 @@ static thread_local double* rg_shuffle;        // the block's [NT] exchange slot
 static thread_local unsigned char* rg_smem;
 static thread_local unsigned* rg_mma_regs;    // the block's [NT][6] fragment registers
 static inline void __syncthreads() { rg_block_barrier->arrive_and_wait(); }
+struct rg_named_bar { std::mutex m; std::condition_variable cv; int arrived = 0; unsigned long gen = 0; };
+static thread_local rg_named_bar* rg_named;     // the block's named barriers, by id
+static inline void rg_named_arrive(int id, int n, bool wait) {      // n threads complete a barrier (bar.sync id, n)
+    rg_named_bar& b = rg_named[id];
+    std::unique_lock<std::mutex> lock(b.m);
+    const unsigned long gen = b.gen;
+    if (++b.arrived == n) { b.arrived = 0; ++b.gen; b.cv.notify_all(); }
+    else if (wait) b.cv.wait(lock, [&] { return b.gen != gen; });
+}
+static inline void rg_wait(int id, int n) { rg_named_arrive(id, n, true); }
+static inline void rg_arrive(int id, int n) { rg_named_arrive(id, n, false); }
 template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     std::barrier<>* b = (*rg_warp_barriers)[warp];
@@ -155,11 +170,12 @@ F16 = {'float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(u)); return f;':
 LAUNCH = r"""
 extern "C" void rg_launch(void** ptrs, long long* lds, const long long* run, int tab, int T, int P, int rg_nblocks, int NTH, long long smem, int together) {
     auto block = [&](int blk, std::vector<std::thread>& threads, std::barrier<>* bb,
-                     std::vector<std::barrier<>*>* wb, double* shuffle, unsigned char* smem_block, unsigned* mma_regs) {
+                     std::vector<std::barrier<>*>* wb, double* shuffle, unsigned char* smem_block, unsigned* mma_regs,
+                     rg_named_bar* named) {
         for (int tid = 0; tid < NTH; ++tid)
             threads.emplace_back([=]() {
                 threadIdx.x = tid; blockIdx.x = blk; rg_block_barrier = bb; rg_warp_barriers = wb;
-                rg_shuffle = shuffle; rg_smem = smem_block; rg_mma_regs = mma_regs;
+                rg_shuffle = shuffle; rg_smem = smem_block; rg_mma_regs = mma_regs; rg_named = named;
                 KERNEL_CALL;
             });
     };
@@ -167,6 +183,8 @@ extern "C" void rg_launch(void** ptrs, long long* lds, const long long* run, int
     std::vector<std::vector<double>> shuffles(rg_nblocks, std::vector<double>(NTH));
     std::vector<std::vector<unsigned char>> smems(rg_nblocks, std::vector<unsigned char>(smem + 16));
     std::vector<std::vector<unsigned>> mma_regs(rg_nblocks, std::vector<unsigned>(6 * NTH));
+    std::vector<std::unique_ptr<rg_named_bar[]>> named;
+    for (int blk = 0; blk < rg_nblocks; ++blk) named.emplace_back(new rg_named_bar[16]);
     for (int blk = 0; blk < rg_nblocks; ++blk) {
         bbs.push_back(new std::barrier<>(NTH));
         auto* w = new std::vector<std::barrier<>*>();
@@ -175,7 +193,8 @@ extern "C" void rg_launch(void** ptrs, long long* lds, const long long* run, int
     }
     std::vector<std::vector<std::thread>> threads(rg_nblocks);
     for (int blk = 0; blk < rg_nblocks; ++blk) {
-        block(blk, threads[blk], bbs[blk], wbs[blk], shuffles[blk].data(), smems[blk].data(), mma_regs[blk].data());
+        block(blk, threads[blk], bbs[blk], wbs[blk], shuffles[blk].data(), smems[blk].data(), mma_regs[blk].data(),
+              named[blk].get());
         if ((blk + 1) % together == 0 || blk + 1 == rg_nblocks)      // `together` blocks at a time, then the next
             for (int b = blk + 1 - ((blk + 1) % together ? (blk + 1) % together : together); b <= blk; ++b)
                 for (auto& t : threads[b]) t.join();
@@ -188,7 +207,9 @@ extern "C" void rg_launch(void** ptrs, long long* lds, const long long* run, int
 def cpp_source(k) -> str:
     """The kernel's source as C++ for the emulator, with a launcher
     rg_launch(ptrs, lds, run, tab, T, P, blocks, threads, smem, together): `together` blocks at once."""
-    src = k.source.replace(SYNC.replace("{{", "{").replace("}}", "}"), "")      # the grid barrier: PRELUDE's
+    src = k.source
+    for sync in (SYNC, ROLES_SYNC):     # the grid barrier and the named barriers: PRELUDE's
+        src = src.replace(sync.replace("{{", "{").replace("}}", "}"), "")
     src = src.replace("extern __shared__ __align__(16) unsigned char smem_raw[];", "unsigned char* smem_raw = rg_smem;")
     src = src.replace('extern "C" __global__ void', "static void")
     call = []

@@ -254,10 +254,12 @@ def test_chunked_calls_carry_the_history_on_the_gpu(mode):
                   TOL["float64"], f"chunked {mode}")
 
 
-@pytest.mark.parametrize("cell,loop", [("lstm", "stages"), ("min_gru", "scan")])
+@pytest.mark.parametrize("cell,loop", [("lstm", "stages"), ("min_gru", "scan"), ("lstm", "persistent"),
+                                       ("slstm", "persistent")])
 def test_the_finite_check_skips_what_the_gpu_kernels_never_store(cell, loop):
-    """The fused kernels store only what the rest of the step reads (rows.group_kernel): the results equal the
-    numpy reference's, NaN left in the buffers of what they drop raises nothing, a NaN they store is named."""
+    """The fused kernels store only what the rest of the step reads (rows.group_kernel; the persistent loop's
+    pairs not their GEMM sums, elements.stored_sums): the results equal the numpy reference's, NaN left in the
+    buffers of what they drop raises nothing, a NaN they store is named."""
     import cupy
     from rnngraph.errors import RnnGraphError
     from rnngraph.nn import Recurrent

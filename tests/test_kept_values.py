@@ -48,6 +48,26 @@ def test_what_a_user_cells_group_keeps():
     assert kept_values(c.build(), ["s", "t", "p", "q"]) == {"t", "q"}
 
 
+def test_a_pairs_products_are_stored_only_where_a_gradient_reads_them():
+    """Given with the group that reads them (a persistent kernel's pair), an LSTM's four products feed only adds,
+    so none is stored (elements.stored_sums); a product a mul reads is (the mul's gradient reads its operand)."""
+    from rnngraph import Cell
+    from rnngraph.run.backends.cuda.persistent.elements import stored_sums
+    from rnngraph.run.backends.cuda.persistent.phases import phases
+    cell = load_cell("lstm", 4, 8)
+    (pair,) = [p for g in phases(cell, build_schedule(cell, loop="persistent").forward[1].items[0]) for p in g
+               if p.kind == "pair"]
+    assert len(pair.item.gemm.nodes) == 4 and stored_sums(cell, pair) == set()
+    c = Cell("gated")
+    x, h = c.input("x", 3), c.state("h", 3)
+    a, b = c.linear(h, "U", 3, name="a"), c.linear(h, "V", 3, name="b")
+    c.output(c.bind(h, c.tanh(c.linear(x, "W", 3) + a * c.sigmoid(b), name="hn"), name="h"))
+    cell = c.build()
+    (pair,) = [p for g in phases(cell, build_schedule(cell, loop="persistent").forward[1].items[0]) for p in g
+               if p.kind == "pair"]
+    assert set(pair.item.gemm.nodes) == {"a", "b"} and stored_sums(cell, pair) == {"a"}
+
+
 def test_a_group_stores_the_gradients_of_members_reading_a_parameter():
     """Their sums over frames are the parameters' gradients (ParamSum); the others are spent in the pass."""
     from rnngraph.plan.backward import kept_grads

@@ -45,10 +45,13 @@ def reductions(cell, items) -> list:
 def kept_values(cell, nodes) -> set:
     """The members of a fused group whose values a forward must store: the cell's outputs and states, those
     read outside the group or at a delay, and those a gradient reads, by the kernel rules' gradient templates
-    (ir/ops.py KERNEL: '{y}' its own output, '{k}' a reader's operand k; an op without a rule reads all).
-    The others live only inside the group's pass, as an add of two products does in an LSTM's gates."""
+    (ir/ops.py KERNEL: '{y}' its own output, '{k}' a reader's operand k; a product's reads its operands, never its
+    own value; another op without a rule reads all). The others live only inside the group's pass, as an add of two
+    products does in an LSTM's gates; so do the products of a pair given with its group (nodes: both), which only
+    adds read."""
     members, states = set(nodes), {p for p, _ in cell.states.values()}
-    reads = lambda kind: " ".join(KERNEL[kind][1]) if kind in KERNEL else None     # noqa: E731
+    reads = lambda kind: " ".join(KERNEL[kind][1]) if kind in KERNEL else \
+        " ".join(f"{{{k}}}" for k in range(2)) if kind in MATMUL else None     # noqa: E731
     keep = set()
     for n in nodes:
         own = reads(cell.op(n).kind)

@@ -4,6 +4,7 @@ loads issued ahead of the phase's GEMM into registers (prefetch), then a GEMM's 
 place; `arg(kind, key)` names a kernel argument, and AT(p, ld, lag, col) addresses frame t - lag's row b."""
 from __future__ import annotations
 
+from .....plan.backward import kept_values
 from ..source import rounded
 from .phases import MAX_ROWS, THREADS, block_units, sources
 
@@ -27,22 +28,14 @@ def prefetch(cell, p, prefix: str, arg, ok, G: int, B: int) -> tuple:
     per = 1 if upb * max(B, MAX_ROWS) <= THREADS else -(-upb * B // THREADS)
     if p.kind == "gemm" or per > MAX_PREFETCH:
         return [], {}, 1
-    if p.kind == "dgemm":
-        wanted = [("old", ("grad", p.item.operand, p.item.delay))]
-    else:
-        nodes, given = (p.item.fused.nodes, set(p.item.gemm.nodes)) if p.kind == "pair" else (p.item.nodes, set())
-        spec, where = sources(cell, nodes, "bwd" if p.kind == "dfused" else "fwd")
-        wanted = [(nm, where[nm]) for nm in spec.read_inputs() if where[nm][1] not in given or where[nm][2]]
-        wanted += [(nm, where[nm]) for nm in spec.arrivals()]
-        wanted += [(f"{nm}_old", where[nm]) for nm, _, op in spec.stores if op == "+="]
-    early = {nm: (prefix + nm, src) for nm, src in wanted if ok(*src)}
+    early = {nm: (prefix + nm, src) for nm, src in read_ahead(cell, p) if ok(*src)}
     if not early:
         return [], {}, 1
     if per == 1:
         lines = [f"        ST {', '.join(f'{r} = {{}}' for r, _ in early.values())};",
                  f"        {{  {block_units(p.units)}",
                  "            if (tid < nu * NB) {", "                const int b = tid / nu, f = u0 + tid - b * nu;"]
-        lines += [f"                {r} = {_at(arg, src)};" for r, src in early.values()]
+        lines += [f"                {r} = {element_at(arg, src)};" for r, src in early.values()]
         return lines + ["            }", "        }"], {nm: r for nm, (r, _) in early.items()}, 1
     lines = [f"        ST {', '.join(f'{r}[{per}] = {{}}' for r, _ in early.values())};",
              f"        {{  {block_units(p.units)}",
@@ -51,21 +44,43 @@ def prefetch(cell, p, prefix: str, arg, ok, G: int, B: int) -> tuple:
              "                const int e = tid + i * NT;",
              "                if (e >= nu * NB) break;",
              "                const int b = e / nu, f = u0 + e - b * nu;"]
-    lines += [f"                {r}[i] = {_at(arg, src)};" for r, src in early.values()]
+    lines += [f"                {r}[i] = {element_at(arg, src)};" for r, src in early.values()]
     return lines + ["            }", "        }"], {nm: f"{r}[i]" for nm, (r, _) in early.items()}, per
 
 
-def _at(arg, source) -> str:
+def read_ahead(cell, p) -> list:
+    """[(name, (kind, node, lag))]: what the per-element part of phase p (not a lone gemm) reads from memory, each
+    where it lies: a fused body's inputs (not its pair's own GEMM sums), a backward body's gradients and the old
+    values its '+=' stores add to, a dgemm's old value."""
+    if p.kind == "dgemm":
+        return [("old", ("grad", p.item.operand, p.item.delay))]
+    nodes, given = (p.item.fused.nodes, set(p.item.gemm.nodes)) if p.kind == "pair" else (p.item.nodes, set())
+    spec, where = sources(cell, nodes, "bwd" if p.kind == "dfused" else "fwd")
+    wanted = [(nm, where[nm]) for nm in spec.read_inputs() if where[nm][1] not in given or where[nm][2]]
+    wanted += [(nm, where[nm]) for nm in spec.arrivals()]
+    return wanted + [(f"{nm}_old", where[nm]) for nm, _, op in spec.stores if op == "+="]
+
+
+def stored_sums(cell, p) -> set:
+    """The GEMM nodes of pair phase p whose sums its epilogue stores: those something reads after its fused body
+    (plan.backward.kept_values of both; an LSTM's or sLSTM's four products only its adds read, so none)."""
+    return kept_values(cell, (*p.item.fused.nodes, *p.item.gemm.nodes)) & set(p.item.gemm.nodes)
+
+
+def element_at(arg, source) -> str:
+    """AT(...) of a (kind, node, lag) source at column f: frame t - lag's row b."""
     kind, n, lag = source
     a = arg(kind, n)
     return f"AT({a}, {ld_arg(a)}, {lag}, f)"
 
 
-def epilogue(cell, p, arg, early: dict, tagged: dict, st: str, per: int = 1, xs=None) -> list:
-    """The per-(b, f) part of a phase: a GEMM's stores, a pair's stores and fused body (reading the GEMM's
-    sums as stored in element type st), a group's body; per > 1: a thread's elements e = tid + i·NT, i < per,
+def epilogue(cell, p, arg, early: dict, tagged: dict, st: str, per: int = 1, xs=None, arrive=None,
+             last=()) -> list:
+    """The per-(b, f) part of a phase: a GEMM's stores, a pair's stores (of stored_sums) and fused body (reading
+    the GEMM's sums as stored in element type st), a group's body; per > 1: a thread's elements e = tid + i·NT, i < per,
     unrolled, so that the registers prefetch loaded them into are indexed by constants; xs: the line by which a
-    pair's body also writes its GEMM's operand into the staged rows of x (heads.handed_on)."""
+    pair's body also writes its GEMM's operand into the staged rows of x (heads.handed_on); arrive: a line run
+    right after it (roles.py), the pair's stores after that, then the lines `last`."""
     walk = ["        for (int e = tid; e < nu * NB; e += NT) {"] if per == 1 else \
         ["        #pragma unroll", f"        for (int i = 0; i < {per}; ++i) {{",
          "            const int e = tid + i * NT;", "            if (e >= nu * NB) break;"]
@@ -91,30 +106,39 @@ def epilogue(cell, p, arg, early: dict, tagged: dict, st: str, per: int = 1, xs=
         c = arg("cat", gemm)
         lines = [f"            const CT g{j} = {rounded(f'gs[({j} * nu + u) * NB + b]', st)};"    # as stored
                  for j in range(len(gemm.nodes))]
-        lines += [f"            AT({c}, {ld_arg(c)}, 0, {p.units * j} + f) = g{j};" for j in range(len(gemm.nodes))]
+        read = stored_sums(cell, p)
+        lines += [f"            AT({c}, {ld_arg(c)}, 0, {p.units * j} + f) = g{j};"
+                  for j, n in enumerate(gemm.nodes) if n in read]
         given = {n: f"g{j}" for j, n in enumerate(gemm.nodes)}
         kept = ["            " + xs] if xs else []
+        if arrive:          # the sums and the body first, then the operand and the arrival, the stores last
+            body, writes = _body(cell, fused.nodes, "fwd", arg, given, early, tagged, st, apart=True)
+            return (head + lines[:len(gemm.nodes)] + body + kept + ["            " + arrive] +
+                    lines[len(gemm.nodes):] + writes + ["            " + ln for ln in last] + ["        }"])
         return head + lines + _body(cell, fused.nodes, "fwd", arg, given, early, tagged, st) + kept + ["        }"]
     return head + _body(cell, p.item.nodes, "fwd" if p.kind == "fused" else "bwd", arg, {}, early, tagged, st) + \
         ["        }"]
 
 
-def _body(cell, nodes, direction: str, arg, given: dict, early: dict, tagged: dict, st: str) -> list:
+def _body(cell, nodes, direction: str, arg, given: dict, early: dict, tagged: dict, st: str, apart: bool = False):
     """A fused group's body at element (b, f) of frame t: loads, the generated statements, stores.
     given: external nodes (read at delay 0) whose values are already in locals (a pair's GEMM sums);
-    early: inputs already loaded into registers (prefetch); tagged: members also written as tagged words."""
+    early: inputs already loaded into registers (prefetch); tagged: members also written as tagged words;
+    apart: (the loads and statements, the stores) as two lists."""
     spec, where = sources(cell, nodes, direction)
     lines, read = [], set(spec.read_inputs())
     for nm, (kind, key) in zip(spec.in_names, spec.inputs):
         if nm not in read:
             continue
         local = given.get(key[0]) if kind == "ext" and key[1] == 0 else None
-        lines.append(f"CT {nm} = {local or early.get(nm) or _at(arg, where[nm])};")
-    at = lambda nm: _at(arg, where[nm])
+        lines.append(f"CT {nm} = {local or early.get(nm) or element_at(arg, where[nm])};")
+    at = lambda nm: element_at(arg, where[nm])
     lines += [f"CT {nm} = {early.get(nm) or at(nm)};" for nm in spec.arrivals()]
     lines += spec.olds(at, "CT", early)
-    lines += [ln.replace("T ", "CT ", 1) if ln.startswith("T ") else ln for ln in spec.body] + spec.writes(at)
+    lines += [ln.replace("T ", "CT ", 1) if ln.startswith("T ") else ln for ln in spec.body]
     F = cell.op(nodes[0]).size
-    lines += [f"exchange({tagged[n]} + ((t & 1) * NB + b) * {F} + f, tags + t, {rounded(f'v{k}', st)});"   # as stored
-              for k, n in enumerate(nodes) if n in tagged and direction == "fwd"]
-    return ["            " + ln for ln in lines]
+    writes = spec.writes(at) + [f"exchange({tagged[n]} + ((t & 1) * NB + b) * {F} + f, tags + t, "
+                                f"{rounded(f'v{k}', st)});"      # as stored
+                                for k, n in enumerate(nodes) if n in tagged and direction == "fwd"]
+    pad = lambda lns: ["            " + ln for ln in lns]
+    return (pad(lines), pad(writes)) if apart else pad(lines + writes)

@@ -28,15 +28,16 @@ from .phases import THREADS, block_units
 
 RESIDENT_WIDTH = 64         # the widest weight row a thread holds in registers (64 floats of its 128 at 512 threads)
 
-HEAD_GEMV = r"""
+HEAD_STAGE = r"""
         {first}for (int e = tid; e < NB * {XW}; e += NT) {{
             const int b = e / {XW}, r = e - b * {XW}, h = {h0} + r / {SW}, i = r - (r / {SW}) * {SW};
             {stage}
-        }}
+        }}"""
+HEAD_GEMV = HEAD_STAGE + r"""
         __syncthreads();"""
 
 
-HEAD_THREAD_GEMV = HEAD_GEMV + r"""
+THREAD_SUMS = r"""
         {{  // a thread R = {R} sums (weight row q, x rows b ... b + R - 1) of the nq = nu·m rows of one head each, the
             // row's weights loaded once for all R: K in four running sums each, added in a fixed order (no shuffles,
             // no atomics); rows RS apart, so a warp's rows hit distinct banks
@@ -56,7 +57,8 @@ HEAD_THREAD_GEMV = HEAD_GEMV + r"""
                 #pragma unroll
                 for (int r = 0; r < {R}; ++r) gs[q * NB + b + r] = (a[r][0] + a[r][1]) + (a[r][2] + a[r][3]);
             }}
-        }}
+        }}"""
+HEAD_THREAD_GEMV = HEAD_GEMV + THREAD_SUMS + r"""
         __syncthreads();"""
 
 
@@ -87,6 +89,19 @@ def head_thread_gemv(p, woff: int, x: str, ld: str, xw: int, stride: int, st: st
     rows_a_thread): x staged as head_gemv stages it, the block's weight rows `stride` apart; kept: x stays in shared
     memory from the frame before (handed_on), staged from memory only at a launch's first frame; resident: the
     thread's one weight row is in registers (resident_rows), not read from shared memory each frame."""
+    return HEAD_THREAD_GEMV.format(**_thread_gemv(p, woff, x, ld, xw, stride, st, rows, resident),
+                                   first="if (s == 0) " if kept else "")
+
+
+def head_thread_parts(p, woff: int, x: str, ld: str, xw: int, stride: int, st: str, rows: int,
+                      resident: bool) -> tuple:
+    """(x's staging, the sums) of head_thread_gemv apart, without barriers, for warp roles (roles.py)."""
+    fields = _thread_gemv(p, woff, x, ld, xw, stride, st, rows, resident)
+    return HEAD_STAGE.format(**fields, first=""), THREAD_SUMS.format(**fields)
+
+
+def _thread_gemv(p, woff: int, x: str, ld: str, xw: int, stride: int, st: str, rows: int, resident: bool) -> dict:
+    """The fields of HEAD_THREAD_GEMV but `first`."""
     stage, xoff = _staging(p, x, ld, True)
     k4 = p.width // 4 * 4
     w = f"wr{woff}" if resident else "w"     # resident: one (row, rows) a thread, the loop over k unrolled
@@ -94,9 +109,9 @@ def head_thread_gemv(p, woff: int, x: str, ld: str, xw: int, stride: int, st: st
     rest = "".join(f"\n                {{ const CT wk = {w}[{k}];\n                  #pragma unroll\n"
                    f"                  for (int r = 0; r < {rows}; ++r) a[r][{j}] += x[r * {xw} + {k}] * wk; }}"
                    for j, k in enumerate(range(k4, p.width)))
-    return HEAD_THREAD_GEMV.format(
+    return dict(
         XW=xw, SW=p.head_width, stage=stage, h0=f"(u0 / {per_unit(p)})", m=p.m, xoff=xoff, K4=k4, rest=rest, R=rows,
-        first="if (s == 0) " if kept else "", wload=wload, xload=xload,
+        wload=wload, xload=xload,
         rows=(f"if (tid < nq * (NB / {rows})) {{\n                const int e = tid;" if resident else
               f"for (int e = tid; e < nq * (NB / {rows}); e += NT) {{"),
         wrow="" if resident else f"\n                const ST* w = sw + {woff} + q * {stride};",

@@ -31,10 +31,11 @@ from ..source import CTYPES, kernel_name, math_type, rounded
 from . import mma
 from .gemv import row_sums
 from .elements import epilogue, ld_arg, prefetch
-from .heads import (handed_on, head_gemv, head_mma, head_thread_gemv, head_weight, one_head, resident,
-                    resident_rows, row_stride, rows_a_thread)
+from .heads import (handed_on, head_gemv, head_mma, head_thread_gemv, head_thread_parts, head_weight, one_head,
+                    resident, resident_rows, row_stride, rows_a_thread)
 from .phases import (MAX_ROWS, THREADS, barriers, block_units, exchanges, loop_heads, nodes_of, own, per_head, phases,
                      shared_layout, sources, staged)
+from .roles import ROLES_SYNC, arrive_line, element_inputs, roles_body, warp_roles
 
 AT_DEFINE = r"""
 #define AT(p, ld, lag, col) p[((long long)(P + t - (lag)) * NB + b) * (ld) + (col)]
@@ -92,6 +93,7 @@ ROWS_BLOCK = ", blk = blockIdx.x % G, b0 = (blockIdx.x / G) * NB;"
 SOURCE = AT_DEFINE + SYNC + KERNEL_HEAD + SYNC_VARS + BODY
 # per head: no block waits for another, so no barrier or tagged word, and an ordinary launch
 HEAD_SOURCE = AT_DEFINE + KERNEL_HEAD + "    (void)bar;\n" + BODY
+ROLES_SOURCE = AT_DEFINE + ROLES_SYNC + KERNEL_HEAD + "    (void)bar;\n{roles}"     # ... in warp roles (roles.py)
 
 ZERO_SOURCE = r"""
 extern "C" __global__ void rg_persist_zero(unsigned int* bar, int groups) {
@@ -186,8 +188,10 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
     gemms = sum(p.kind in ("gemm", "pair", "dgemm") for g in groups for p in g)
     rows = {id(p): rows_a_thread(p, G, B) for g in groups for p in g}     # x rows a thread sums (whole heads)
     held = {id(p): apart and tc is None and resident(p, G, B, rows[id(p)], gemms, ctype) for g in groups for p in g}
+    roles = warp_roles(kept, G, B, rows[id(kept)]) if kept and held[id(kept)] and len(groups) == len(groups[0]) == 1 \
+        else None
     load, prologue, body, tail_loads, tail = [], [], [], [], []
-    for gi, g in enumerate(groups):
+    for gi, g in enumerate(groups if roles is None else ()):
         pre, early, per = [], {}, {}
         for pi, p in enumerate(g):      # loads that need no barrier are issued before it
             ok = (lambda kind, n, lag, p=p, gi=gi: kind == "val" or mine and kind == "grad" and (
@@ -212,12 +216,15 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
         decl = [ln for ln in tail_loads if ln.lstrip().startswith("ST ")]
         body = decl + [nxt.format("\n".join(ln for ln in tail_loads if ln not in decl))] + body + [nxt.format("\n".join(tail))]
         prologue = ["    {\n    const int t = NF - 1;"] + prologue + ["    }"]
+    source, defs = HEAD_SOURCE if apart else SOURCE, {}
+    if roles:
+        defs, text = _in_roles(cell, kept, roles, arg, woff[id(kept)], ctype, G, B, rows[id(kept)])
+        source = ROLES_SOURCE.replace("{roles}", text.replace("{", "{{").replace("}", "}}"))
     names = list(args)
     ptr = {"w": "ST* pp{}, ", "xb": "unsigned long long* pp{}, "}
     sig = "".join(ptr.get(kind, "ST* pp{0}, long long ld{0}, ").format(k) for k, (kind, _) in enumerate(names))
     defs = {"ST": ctype, "CT": math_type(ctype), "NB": B, "G": G, "NT": THREADS, "W_BYTES": w_bytes,
-            "XS_OFF": xs_off, "GS_OFF": gs_off, "GP_OFF": gp_off}
-    source = HEAD_SOURCE if apart else SOURCE
+            "XS_OFF": xs_off, "GS_OFF": gs_off, "GP_OFF": gp_off, **defs}
     if row_groups > 1:
         defs["BT"] = B * row_groups
         source = ROWS_AT_DEFINE + source[len(AT_DEFINE):].replace(", blk = blockIdx.x;", ROWS_BLOCK, 1)
@@ -258,11 +265,26 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
     elif woff is not None:
         load.append(_weights(p, woff, arg))
         out.append(_gemv(cell, p, woff, arg, xb) if p.heads == 1 else _head_gemv(p, woff, arg, xw, apart))
-    xs = None
-    if kept:                # the operand as stored, where the next frame's GEMM reads it
-        v = f"v{p.item.fused.nodes.index(p.item.gemm.operand)}"
-        xs = f"((ST*)xs)[b * {tc.xld} + u] = {v};" if tc else f"xs[b * {xw} + u] = {rounded(v, st)};"
+    xs = _handing_on(p, tc, xw, st) if kept else None
     return out + epilogue(cell, p, arg, early, tagged, st, per, xs) + ["        __syncthreads();\n        }"]
+
+
+def _handing_on(p, tc, xw: int, st: str) -> str:
+    """The line of a handed-on pair's body (heads.handed_on) writing its GEMM's operand, as stored, into the staged
+    rows of x, where the next frame's GEMM reads it."""
+    v = f"v{p.item.fused.nodes.index(p.item.gemm.operand)}"
+    return f"((ST*)xs)[b * {tc.xld} + u] = {v};" if tc else f"xs[b * {xw} + u] = {rounded(v, st)};"
+
+
+def _in_roles(cell, p, roles: tuple, arg, woff: int, st: str, G: int, B: int, rows: int) -> tuple:
+    """({#define: value}, the body after KERNEL_HEAD) of the forward whose only phase is the handed-on pair p, its
+    weights resident, in warp roles (MT, ET) (roles.py)."""
+    early, inputs = element_inputs(cell, p, arg)
+    x, xw = _head_x(p, arg), staged(p, G, True)
+    load = resident_rows(p, woff, rows, _head_w(p, arg))
+    stage, sums = head_thread_parts(p, woff, x, ld_arg(x), xw, row_stride(p.width, ITEMSIZE[st]), st, rows, True)
+    elements = epilogue(cell, p, arg, early, {}, st, 1, _handing_on(p, None, xw, st), arrive_line(), inputs["carry"])
+    return roles_body(p, roles, load, stage, sums, inputs, elements)
 
 
 def _stride(groups, G: int, ctype: str):

@@ -1,0 +1,95 @@
+"""Warp roles (persistent/roles.py): in the forward of a head-wise cell whose blocks own whole heads and hand h on
+in shared memory, with the weights resident in registers (sLSTM, the multi-head LSTM on CUDA cores), some warps sum
+the GEMM and others run the elements, meeting at two named barriers. Which kernels take them, that the element
+warps store only after they hand the operand on, and, run on the CPU (cuda_on_cpu.py), that they compute what
+numpy computes, with a last element warp only partly used and ragged, chunked calls."""
+import re
+
+import numpy as np
+import pytest
+
+from cuda_on_cpu import Emulated, needs_cxx
+from nvrtc import nvrtc_compile
+from rnngraph import load_cell
+from rnngraph.run.backends import get_backend
+from rnngraph.run.backends.cuda.persistent.kernels import persistent_kernel
+from rnngraph.run.backends.cuda.persistent.phases import block_counts
+from rnngraph.run.executor import Executor
+from test_loops import run_executor
+from test_persistent_heads import assert_agree, loops, problem_arrays
+
+
+def roles(k) -> tuple | None:
+    """(MT, ET) of a kernel in warp roles, else None."""
+    found = [re.search(rf"#define {d} (\d+)\n", k.source) for d in ("MT", "ET")]
+    return tuple(int(m.group(1)) for m in found) if all(found) else None
+
+
+def test_which_kernels_run_in_warp_roles():
+    """sLSTM H = 768 in 12 heads of 64 (a block a head): at 2 rows a block 256 threads sum (a weight row against
+    both rows each) and 128 run the 64 units × 2 rows; at B = 1, 256 and 64. Not where the weights stay in shared
+    memory (float64, 4 rows a thread), on tensor cores, backward, or where heads split over blocks (barriers)."""
+    cell = load_cell("slstm", 8, 768, heads=12)
+    fwd, bwd = loops(cell)
+    G, more = block_counts(cell, fwd, 132)
+    assert roles(persistent_kernel(cell, fwd, "rg_bf16", 2, G)) == (256, 128)
+    assert roles(persistent_kernel(cell, fwd, "rg_f16", 1, G)) == (256, 64)
+    assert roles(persistent_kernel(cell, fwd, "float", 2, G)) == (256, 128)
+    mh = load_cell("mh_lstm", 8, 512, heads=8)
+    assert roles(persistent_kernel(mh, loops(mh)[0], "rg_bf16", 1, 8)) == (256, 64)
+    for k in (persistent_kernel(cell, fwd, "double", 2, G), persistent_kernel(cell, fwd, "rg_bf16", 8, G),
+              persistent_kernel(cell, fwd, "rg_bf16", 16, G), persistent_kernel(cell, bwd, "rg_bf16", 2, G),
+              persistent_kernel(cell, fwd, "float", 2, more)):
+        assert roles(k) is None and "rg_arrive" not in k.source
+
+
+def test_element_warps_store_after_handing_the_operand_on():
+    """The GEMM warps touch no frame array (their weights are in registers). The element warps store 11 values (not
+    the four GEMM sums, which only adds read: elements.stored_sums). They load sLSTM's states
+    c, n, m (read at lag 1, stored at lag 0) before the loop only, then carry them in registers; its four gate inputs
+    two frames ahead. In the loop: the wait for the sums, the operand into xs, the arrival, every store, the carried
+    states, the loads of frame s + 2. No __syncthreads in the loop."""
+    cell = load_cell("slstm", 8, 768, heads=12)
+    src = persistent_kernel(cell, loops(cell)[0], "rg_bf16", 2, 12).source
+    gemm, elements = src.split("if (tid < MT) {", 1)[1].split("} else if (tid < MT + ET) {", 1)
+    assert "AT(" not in gemm and "__syncthreads" not in gemm + elements
+    assert gemm.index("gs[q * NB + b + r] =") < gemm.index("rg_arrive(SUMS") < gemm.index("rg_wait(OPERAND")
+    before, loop = elements.split("for (int s = 0; s < NF; ++s) {", 1)
+    assert len(re.findall(r"= AT\(pp\d+, ld\d+, 1, f\)", before)) == 3 and "= AT(pp" not in loop.split("s + 2 < NF")[0]
+    assert len(re.findall(r"= AT\(pp\d+, ld\d+, 0, f\)", before)) == 8      # frames 0 and 1
+    marks = [loop.index(s) for s in ("rg_wait(SUMS", "xs[b * 64 + u] =", "rg_arrive(OPERAND", "r_x8 = v", "s + 2 < NF")]
+    stores = [m.start() for m in re.finditer(r"AT\(pp\d+, ld\d+, 0, [^)]*\) = ", loop)]
+    assert marks == sorted(marks) and len(stores) == 11 and marks[2] < min(stores) < max(stores) < marks[3]
+    assert len(re.findall(r"= AT\(pp\d+, ld\d+, 0, f\)", loop)) == 4
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_roles_sources_compile(dtype):
+    from rnngraph.run.backends.cuda.source import CTYPES
+    for name, H, heads, rows in (("slstm", 768, 12, (1, 2)), ("mh_lstm", 48, 2, (1, 2, 3))):
+        cell = load_cell(name, 8, H, heads=heads)
+        for B in rows:
+            k = persistent_kernel(cell, loops(cell)[0], CTYPES[dtype], B, heads)
+            assert roles(k)
+            nvrtc_compile(k.source, k.name)
+
+
+@needs_cxx
+@pytest.mark.parametrize("name, H, B, dtype", [("slstm", 48, 1, "bfloat16"), ("slstm", 48, 3, "float32"),
+                                               ("mh_lstm", 48, 2, "float16"), ("mh_lstm", 128, 2, "bfloat16"),
+                                               ("slstm", 16, 5, "float32")])
+def test_warp_roles_compute_the_reference(name, H, B, dtype):
+    """Blocks one after another (none reads another's head), ragged lengths, then chunks of 4, 4 and 1 frames (a
+    launch a chunk, each staging its first frame's operand). Heads of 24 units at B = 1: 24 elements on a warp
+    of 32, whose other 8 threads arrive on their own."""
+    cell = load_cell(name, 8, H, heads=2)
+    args, lengths = problem_arrays(cell, 9, B, dtype), np.array([9, 4, 1, 7, 2][:B])
+    for chunk in (None, 4):
+        be = Emulated(None, True)
+        got = run_executor(Executor(cell, be, loop="persistent", chunk=chunk), *args, lengths)
+        ref = Executor(cell, get_backend("numpy"), loop="stages", chunk=chunk)
+        assert_agree(got, run_executor(ref, *args, lengths), dtype)
+        assert roles(be.ran[0]) and not roles(be.ran[-1])      # the forward in roles, the backward not
+        assert len(be.ran) == (2 if chunk is None else 6)
+    if (H, B) == (48, 1):
+        assert roles(be.ran[0]) == (96, 32)
