@@ -54,6 +54,10 @@ bench)
         heads) LIMIT="${LIMIT:-500}" bench --cell slstm,mh_lstm,lstm -T 1024 -B 16,64 -H 768 --heads 12 --dtype bfloat16 \
                             --impls graph,cudnn@float16,torch_eager,flashrnn,flashrnn_cuda --repeats 5 \
                             --json "$OUT/heads.json" ;;
+        # the per-head loop at B = 16 (warp roles in the forward), sLSTM and the multi-head LSTM in 12 heads of 64
+        # against cuDNN float16's single-head LSTM of the same size, in one process
+        heads_b16) bench --cell slstm,mh_lstm,lstm -T 1024 -B 16 -H 768 --heads 12 --dtype bfloat16 \
+                            --impls graph,cudnn@float16 --repeats 15 --json "$OUT/heads_b16.json" ;;
         # the per-head loop at B = 1: H = 512 in 8 heads, its cost a frame as the slope from T = 100 to 1000
         heads_b1) bench --cell slstm,mh_lstm -T 100,1000 -B 1 -H 512 --heads 8 --dtype bfloat16 --impls graph \
                             --repeats 15 --json "$OUT/heads_b1.json" ;;

@@ -1,8 +1,8 @@
 """Warp roles (persistent/roles.py): in the forward of a head-wise cell whose blocks own whole heads and hand h on
 in shared memory, with the weights resident in registers (sLSTM, the multi-head LSTM on CUDA cores), some warps sum
-the GEMM and others run the elements, meeting at two named barriers. Which kernels take them, that the element
-warps store only after they hand the operand on, and, run on the CPU (cuda_on_cpu.py), that they compute what
-numpy computes, with a last element warp only partly used and ragged, chunked calls."""
+the GEMM, others run the elements and others store their values, meeting at named barriers. Which kernels take
+them, what each role does in a frame and in what order, and, run on the CPU (cuda_on_cpu.py), that they compute
+what numpy computes, with a last element warp only partly used and ragged, chunked calls."""
 import re
 
 import numpy as np
@@ -27,7 +27,7 @@ def roles(k) -> tuple | None:
 
 def test_which_kernels_run_in_warp_roles():
     """sLSTM H = 768 in 12 heads of 64 (a block a head): at 2 rows a block 256 threads sum (a weight row against
-    both rows each) and 128 run the 64 units × 2 rows; at B = 1, 256 and 64. Not where the weights stay in shared
+    both rows each), 128 run the 64 units × 2 rows and 128 store their values; at B = 1, 256, 64 and 64. Not where the weights stay in shared
     memory (float64, 4 rows a thread), on tensor cores, backward, or where heads split over blocks (barriers)."""
     cell = load_cell("slstm", 8, 768, heads=12)
     fwd, bwd = loops(cell)
@@ -43,24 +43,28 @@ def test_which_kernels_run_in_warp_roles():
         assert roles(k) is None and "rg_arrive" not in k.source
 
 
-def test_element_warps_store_after_handing_the_operand_on():
-    """The GEMM warps touch no frame array (their weights are in registers). The element warps store 11 values (not
-    the four GEMM sums, which only adds read: elements.stored_sums). They load sLSTM's states
-    c, n, m (read at lag 1, stored at lag 0) before the loop only, then carry them in registers; its four gate inputs
-    two frames ahead. In the loop: the wait for the sums, the operand into xs, the arrival, every store, the carried
-    states, the loads of frame s + 2. No __syncthreads in the loop."""
+def test_each_role_does_its_part_of_a_frame():
+    """The GEMM warps touch no frame array (their weights are in registers). The element warps load sLSTM's states
+    c, n, m (read at lag 1, stored at lag 0) before the loop only, then carry them in registers, and its four gate
+    inputs two frames ahead; in the loop: the wait for the sums, the operand into xs, the arrival, the loads of frame
+    s + 2, the 11 values into stage[s mod 2] (not the four GEMM sums, which only adds read: elements.stored_sums),
+    the carried states, the arrival at STAGED. The store warps read those values, free the stage, then store them
+    to memory. No __syncthreads in the loop."""
     cell = load_cell("slstm", 8, 768, heads=12)
     src = persistent_kernel(cell, loops(cell)[0], "rg_bf16", 2, 12).source
-    gemm, elements = src.split("if (tid < MT) {", 1)[1].split("} else if (tid < MT + ET) {", 1)
-    assert "AT(" not in gemm and "__syncthreads" not in gemm + elements
+    gemm, rest = src.split("if (tid < MT) {", 1)[1].split("} else if (tid < MT + ET) {", 1)
+    elements, stores = rest.split("} else if (tid < MT + 2 * ET) {", 1)
+    assert "AT(" not in gemm and "__syncthreads" not in gemm + elements + stores
     assert gemm.index("gs[q * NB + b + r] =") < gemm.index("rg_arrive(SUMS") < gemm.index("rg_wait(OPERAND")
     before, loop = elements.split("for (int s = 0; s < NF; ++s) {", 1)
-    assert len(re.findall(r"= AT\(pp\d+, ld\d+, 1, f\)", before)) == 3 and "= AT(pp" not in loop.split("s + 2 < NF")[0]
+    assert len(re.findall(r"= AT\(pp\d+, ld\d+, 1, f\)", before)) == 3
     assert len(re.findall(r"= AT\(pp\d+, ld\d+, 0, f\)", before)) == 8      # frames 0 and 1
-    marks = [loop.index(s) for s in ("rg_wait(SUMS", "xs[b * 64 + u] =", "rg_arrive(OPERAND", "r_x8 = v", "s + 2 < NF")]
-    stores = [m.start() for m in re.finditer(r"AT\(pp\d+, ld\d+, 0, [^)]*\) = ", loop)]
-    assert marks == sorted(marks) and len(stores) == 11 and marks[2] < min(stores) < max(stores) < marks[3]
-    assert len(re.findall(r"= AT\(pp\d+, ld\d+, 0, f\)", loop)) == 4
+    assert len(re.findall(r"= AT\(pp\d+, ld\d+, 0, f\)", loop)) == 4 and not re.search(r"AT\([^()=]*\) = ", loop)
+    marks = [loop.index(s) for s in ("rg_wait(SUMS", "xs[b * 64 + u] =", "rg_arrive(OPERAND", "s + 2 < NF",
+                                     "SG(s & 1, 0) = v", "SG(s & 1, 10) = v", "r_x8 = v", "rg_arrive(STAGED")]
+    assert marks == sorted(marks) and "SG(s & 1, 11)" not in loop
+    marks = [stores.index(s) for s in ("rg_wait(STAGED", "= SG(s & 1, 10);", "rg_arrive(FREE", "AT(pp")]
+    assert marks == sorted(marks) and len(re.findall(r"AT\(pp\d+, ld\d+, 0, f\) = w\d+;", stores)) == 11
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])

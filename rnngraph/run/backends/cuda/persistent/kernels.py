@@ -35,7 +35,7 @@ from .heads import (handed_on, head_gemv, head_mma, head_thread_gemv, head_threa
                     resident, resident_rows, row_stride, rows_a_thread)
 from .phases import (MAX_ROWS, THREADS, barriers, block_units, exchanges, loop_heads, nodes_of, own, per_head, phases,
                      shared_layout, sources, staged)
-from .roles import ROLES_SYNC, arrive_line, element_inputs, roles_body, warp_roles
+from .roles import ROLES_SYNC, STAGE_DEFINE, element_inputs, roles_body, warp_roles
 
 AT_DEFINE = r"""
 #define AT(p, ld, lag, col) p[((long long)(P + t - (lag)) * NB + b) * (ld) + (col)]
@@ -93,7 +93,7 @@ ROWS_BLOCK = ", blk = blockIdx.x % G, b0 = (blockIdx.x / G) * NB;"
 SOURCE = AT_DEFINE + SYNC + KERNEL_HEAD + SYNC_VARS + BODY
 # per head: no block waits for another, so no barrier or tagged word, and an ordinary launch
 HEAD_SOURCE = AT_DEFINE + KERNEL_HEAD + "    (void)bar;\n" + BODY
-ROLES_SOURCE = AT_DEFINE + ROLES_SYNC + KERNEL_HEAD + "    (void)bar;\n{roles}"     # ... in warp roles (roles.py)
+ROLES_SOURCE = AT_DEFINE + ROLES_SYNC + STAGE_DEFINE + KERNEL_HEAD + "    (void)bar;\n{roles}"   # in warp roles (roles.py)
 
 ZERO_SOURCE = r"""
 extern "C" __global__ void rg_persist_zero(unsigned int* bar, int groups) {
@@ -218,8 +218,9 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
         prologue = ["    {\n    const int t = NF - 1;"] + prologue + ["    }"]
     source, defs = HEAD_SOURCE if apart else SOURCE, {}
     if roles:
-        defs, text = _in_roles(cell, kept, roles, arg, woff[id(kept)], ctype, G, B, rows[id(kept)])
+        defs, text, more = _in_roles(cell, kept, roles, arg, woff[id(kept)], ctype, G, B, rows[id(kept)], total)
         source = ROLES_SOURCE.replace("{roles}", text.replace("{", "{{").replace("}", "}}"))
+        total += more
     names = list(args)
     ptr = {"w": "ST* pp{}, ", "xb": "unsigned long long* pp{}, "}
     sig = "".join(ptr.get(kind, "ST* pp{0}, long long ld{0}, ").format(k) for k, (kind, _) in enumerate(names))
@@ -276,15 +277,17 @@ def _handing_on(p, tc, xw: int, st: str) -> str:
     return f"((ST*)xs)[b * {tc.xld} + u] = {v};" if tc else f"xs[b * {xw} + u] = {rounded(v, st)};"
 
 
-def _in_roles(cell, p, roles: tuple, arg, woff: int, st: str, G: int, B: int, rows: int) -> tuple:
-    """({#define: value}, the body after KERNEL_HEAD) of the forward whose only phase is the handed-on pair p, its
-    weights resident, in warp roles (MT, ET) (roles.py)."""
+def _in_roles(cell, p, roles: tuple, arg, woff: int, st: str, G: int, B: int, rows: int, total: int) -> tuple:
+    """({#define: value}, the body after KERNEL_HEAD, the math-type elements of shared memory it adds after `total`)
+    of the forward whose only phase is the handed-on pair p, its weights resident, in warp roles (MT, ET)
+    (roles.py)."""
     early, inputs = element_inputs(cell, p, arg)
     x, xw = _head_x(p, arg), staged(p, G, True)
     load = resident_rows(p, woff, rows, _head_w(p, arg))
     stage, sums = head_thread_parts(p, woff, x, ld_arg(x), xw, row_stride(p.width, ITEMSIZE[st]), st, rows, True)
-    elements = epilogue(cell, p, arg, early, {}, st, 1, _handing_on(p, None, xw, st), arrive_line(), inputs["carry"])
-    return roles_body(p, roles, load, stage, sums, inputs, elements)
+    elements = epilogue(cell, p, arg, early, {}, st, 1, _handing_on(p, None, xw, st), inputs["arrive"],
+                        inputs["carry"])
+    return roles_body(p, roles, load, stage, sums, inputs, elements, total, ITEMSIZE[st], ITEMSIZE[math_type(st)])
 
 
 def _stride(groups, G: int, ctype: str):

@@ -1,26 +1,37 @@
 """Warp roles in a persistent kernel whose blocks own whole heads (phases.per_head) and whose only phase is a pair
 that hands its operand on in shared memory (heads.handed_on: sLSTM's and the multi-head LSTM's forward on CUDA
-cores): some warps sum each frame's GEMM, others run its elements, and neither waits for the other's memory traffic.
+cores, their weights resident in registers): some warps sum each frame's GEMM, others run its elements, others
+store the elements' values, and no role waits for another's memory traffic.
 
-Without roles every warp runs both, one after the other, with a block-wide barrier after each: a frame costs the
-GEMM, then the elements' loads, body and stores (sLSTM: 7 loads and 15 stores an element, their addresses 64-bit
-arithmetic), and the next frame's GEMM waits for the last of those stores to issue. With roles:
+Without roles every warp runs both the GEMM and the elements, one after the other, with a block-wide barrier
+after each: a frame costs the GEMM, then the elements' loads, body and stores (sLSTM: 7 loads and 11 stores an
+element, their addresses 64-bit arithmetic), and the next frame's GEMM waits for the last store to issue. With
+roles (MT, ET: the GEMM and the element warps' threads; the store warps have ET, one thread an element as well):
 
-  GEMM warps [0, MT)         frame t: the sums into gs, arrive at SUMS; wait at OPERAND for h_t in xs
-  element warps [MT, MT+ET)  frame t: load its inputs; wait at SUMS; the body from gs; h_t into xs, arrive at
-                             OPERAND; then its stores, which issue while the GEMM warps sum frame t + 1
+  GEMM warps     frame t: the sums into gs, arrive at SUMS; wait at OPERAND for h_t in xs
+  element warps  frame t: wait at SUMS; the body from gs and its inputs in registers; h_t into xs, arrive at
+                 OPERAND; load frame t + 2's inputs; its values, as stored, into stage[t mod 2], arrive at
+                 STAGED[t mod 2] (first waiting at FREE[t mod 2] until frame t - 2's were read from it)
+  store warps    frame t: wait at STAGED[t mod 2], read the values, arrive at FREE[t mod 2], store them
 
-so a frame's critical path is the GEMM and the body's arithmetic. SUMS and OPERAND are named barriers of MT + ET
-threads (bar.sync 0, __syncthreads, is not used in the loop); the warps past MT + ET leave after frame 0's operand is
-staged. Shared memory stays race-free: the element warps read gs(t) before they arrive at OPERAND(t), after which
-the GEMM warps write gs(t + 1); they write xs after SUMS(t), when the GEMM warps have read it for frame t.
+so a frame's critical path is the GEMM and the body's arithmetic; the stores' addresses (64-bit arithmetic an
+array) are worked out by warps that wait for no one. The element warps carry the states a body stores and reads a
+frame later (sLSTM's c, n and m) in registers, loading them only at a launch's first frame, and load the rest of
+their inputs two frames ahead (two frames an iteration, so the two sets alternate without copies).
+
+SUMS, OPERAND, STAGED[2] and FREE[2] are named barriers (bar.sync 0, __syncthreads, is not used in the loop); the
+warps past MT + 2·ET leave after frame 0's operand is staged. Shared memory stays race-free: the element warps
+read gs(t) before they arrive at OPERAND(t), after which the GEMM warps write gs(t + 1); they write xs after
+SUMS(t), when the GEMM warps have read it for frame t; stage[k] is written only after FREE[k] said it was read.
 """
 from __future__ import annotations
+
+import re
 
 from .elements import element_at, read_ahead
 from .phases import THREADS, block_units, sources
 
-SUMS, OPERAND = 1, 2        # the named barriers' ids (0 is __syncthreads')
+SUMS, OPERAND, STAGED, FREE = 1, 2, 3, 5    # the named barriers' ids (0 is __syncthreads'; STAGED, FREE: 2 each)
 
 ROLES_SYNC = r"""static __device__ __forceinline__ void rg_wait(int id, int n) {{
     asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(n) : "memory");        // a warp at a time, all its threads
@@ -29,6 +40,8 @@ static __device__ __forceinline__ void rg_arrive(int id, int n) {{
     asm volatile("barrier.cta.arrive %0, %1;" :: "r"(id), "r"(n) : "memory");   // any of a warp's threads
 }}
 """     # (a template, as kernels.SYNC)
+STAGE_DEFINE = r"""#define SG(k, j) ((ST*)(smem + STAGE_OFF))[((k) * NV + (j)) * ET + tid]     // value j of stage[k], element tid
+"""
 
 ROLES_BODY = r"""{load}
     __syncthreads();
@@ -61,37 +74,49 @@ ROLES_BODY = r"""{load}
         #pragma unroll 2
         for (int s = 0; s < NF; ++s) {{        // two frames an iteration: the n-registers alternate, not copied
             const int t = s;
+            if (s >= 2) rg_wait(FREE + (s & 1), 2 * ET);
             rg_wait(SUMS, MT + ET);
             {{  {units}
 {elements}
             if (tid >= nu * NB) rg_arrive(OPERAND, MT + ET);
-            else {{
-                const int b = tid / nu, f = u0 + tid - b * nu;{rotate}
-                if (s + 2 < NF) {{ const int t = s + 2;{ahead} }}
             }}
+            rg_arrive(STAGED + (s & 1), 2 * ET);
+        }}
+        for (int s = NF < 2 ? 0 : NF - 2; s < NF; ++s) rg_wait(FREE + (s & 1), 2 * ET);
+    }} else if (tid < MT + 2 * ET) {{   // store warps, each element e = tid's values
+        const int tid = threadIdx.x - MT - ET;
+        for (int s = 0; s < NF; ++s) {{
+            const int t = s;
+            rg_wait(STAGED + (s & 1), 2 * ET);
+            {{  {units}
+                if (tid < nu * NB) {{
+                    const int b = tid / nu, f = u0 + tid - b * nu;{reads}
+                    rg_arrive(FREE + (s & 1), 2 * ET);{stores}
+                }} else rg_arrive(FREE + (s & 1), 2 * ET);
             }}
         }}
     }}
 }}
 """
+STORE = re.compile(r"^(\s*)(AT\(.*\)) = (.*);$")     # an epilogue's store: AT(p, ld, lag, col) = value;
 
 
 def warp_roles(p, G: int, B: int, rows: int) -> tuple | None:
     """(MT, ET): the GEMM warps' and the element warps' threads of the kernel whose only phase is the handed-on
     pair p, its weights resident (a thread one weight row against `rows` x rows, heads.resident) on G blocks of B
-    rows, where both roles fit in a block, each element warp's thread one element; else None."""
+    rows, where the three roles fit in a block, each element (and store) warp's thread one element; else None."""
     nu = -(-p.units // G)
     warps = lambda n: -(-n // 32) * 32
     mt, et = warps(nu * p.m * (B // rows)), warps(nu * B)
-    return (mt, et) if mt + et <= THREADS else None
+    return (mt, et) if mt + 2 * et <= THREADS else None
 
 
 def element_inputs(cell, p, arg) -> tuple:
     """({name: register}, {field: lines}) of the element warps' inputs of the forward pair p (elements.read_ahead),
     each in a register: a state the body stores at lag 0 and reads at lag 1 (sLSTM's c, n, m) is loaded from memory
     at frame 0 only, then carried as stored (the register takes the stored value after the stores, `carry`); the
-    rest is loaded two frames ahead (`second`, `ahead` into the n-registers, `rotate` at the end of each frame), so
-    its trip to memory overlaps a frame's GEMM and body instead of waiting after the GEMM."""
+    rest is loaded two frames ahead (`second`, then `ahead` right after the element's arrival at OPERAND, into the
+    n-registers, which `rotate` hands on first), so its trip to memory overlaps a frame's GEMM and body."""
     spec, where = sources(cell, p.item.fused.nodes, "fwd")
     stored = {where[nm][1]: v for nm, v, op in spec.stores if op == "=" and where[nm][2] == 0}
     wanted = read_ahead(cell, p)
@@ -101,24 +126,42 @@ def element_inputs(cell, p, arg) -> tuple:
     load = lambda regs, items: "".join(f" {regs[nm]} = {element_at(arg, src)};" for nm, src in items)
     nxt = {nm: f"n_{nm}" for nm, _ in ahead}
     regs = [f"{r} = {{}}" for r in (*cur.values(), *nxt.values())]
+    rotate = "".join(f" {cur[nm]} = {nxt[nm]};" for nm, _ in ahead)
     return cur, {
         "registers": f"ST {', '.join(regs)};" if regs else "",
-        "first": load(cur, wanted), "second": load(nxt, ahead), "ahead": load(nxt, ahead),
-        "rotate": "".join(f" {cur[nm]} = {nxt[nm]};" for nm, _ in ahead),
+        "first": load(cur, wanted), "second": load(nxt, ahead),
+        "arrive": [f"rg_arrive(OPERAND, MT + ET);{rotate}"] +
+                  ([f"if (s + 2 < NF) {{ const int t = s + 2;{load(nxt, ahead)} }}"] if ahead else []),
         "carry": [f"{cur[nm]} = {v};" for nm, v in carried.items()]}
 
 
-def roles_body(p, roles: tuple, load: str, stage: str, sums: str, inputs: dict, elements: list) -> tuple:
-    """({#define: value}, the kernel body after KERNEL_HEAD) running phase p in warp roles (MT, ET): `load` the
-    weights' load, `stage` frame 0's operand staging, `sums` the GEMM's sums, `inputs` the element warps' loads
-    (element_inputs), `elements` their epilogue (the operand's write followed by arrive_line(), then the stores, then
-    the carried states)."""
+def staged_stores(elements: list) -> tuple:
+    """(the element warps' epilogue with each store `AT(...) = v;` written as SG(s & 1, j) = v, as stored, into
+    stage[s mod 2], the store warps' reads of those values, their stores, the values' count)."""
+    out, reads, stores = [], [], []
+    for ln in elements:
+        m = STORE.match(ln)
+        if m is None or "xs[" in ln:
+            out.append(ln)
+            continue
+        j = len(stores)
+        out.append(f"{m.group(1)}SG(s & 1, {j}) = {m.group(3)};")
+        reads.append(f"\n                    const ST w{j} = SG(s & 1, {j});")
+        stores.append(f"\n                    {m.group(2)} = w{j};")
+    return out, "".join(reads), "".join(stores), len(stores)
+
+
+def roles_body(p, roles: tuple, load: str, stage: str, sums: str, inputs: dict, elements: list, total: int,
+               st_bytes: int, ct_bytes: int) -> tuple:
+    """({#define: value}, the kernel body after KERNEL_HEAD, the math-type elements of shared memory it adds after
+    the `total` there) running phase p in warp roles (MT, ET): `load` the weights' load, `stage` frame 0's operand
+    staging, `sums` the GEMM's sums, `inputs` the element warps' loads (element_inputs), `elements` their epilogue
+    (the operand's write followed by inputs' arrive lines, then the stores, then the carried states)."""
     mt, et = roles
-    fields = {k: v for k, v in inputs.items() if k != "carry"}
-    return {"MT": mt, "ET": et, "SUMS": SUMS, "OPERAND": OPERAND}, ROLES_BODY.format(
-        load=load, units=block_units(p.units), stage=stage, sums=sums, elements="\n".join(elements), **fields)
-
-
-def arrive_line() -> str:
-    """The element warps' arrival at OPERAND, in their epilogue right after the operand's write into xs."""
-    return "rg_arrive(OPERAND, MT + ET);"
+    elements, reads, stores, nv = staged_stores(elements)
+    extra = -(-2 * nv * et * st_bytes // ct_bytes)
+    fields = {k: v for k, v in inputs.items() if k not in ("carry", "arrive")}
+    defs = {"MT": mt, "ET": et, "NV": nv, "STAGE_OFF": total, "SUMS": SUMS, "OPERAND": OPERAND, "STAGED": STAGED,
+            "FREE": FREE}
+    return defs, ROLES_BODY.format(load=load, units=block_units(p.units), stage=stage, sums=sums,
+                                   elements="\n".join(elements), reads=reads, stores=stores, **fields), extra
