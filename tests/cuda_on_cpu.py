@@ -1,9 +1,9 @@
 """A generated persistent kernel run on the CPU: its CUDA source compiled as C++ by the system's g++, each CUDA
 thread a std::thread, __syncthreads a std::barrier of the block, a named barrier (bar.sync id, n) a count of n
-arrivals, a warp shuffle an exchange through memory between barriers of the warp, a tensor-core mma.sync the same (the warp's fragments exchanged, each output
-summed in float32; TF32 rounding as cvt.rna), the grid barrier its row group's atomic counter, float16 through
-_Float16 (bfloat16 as the GPU's own bit arithmetic). A test
-backend (Emulated) runs the persistent loops this way on the numpy workspace and everything else as numpy
+arrivals, a warp shuffle an exchange through memory between barriers of the warp, a tensor-core mma.sync the
+same (the warp's fragments exchanged, each output summed in float32; TF32 rounding as cvt.rna), the grid
+barrier its row group's atomic counter, float16 through _Float16 (bfloat16 as the GPU's own bit arithmetic). A
+test backend (Emulated) runs the persistent loops this way on the numpy workspace and everything else as numpy
 does, so a kernel's indexing, arguments and synchronisation are checked against the reference without a GPU.
 
 blocks_in_turn=True runs the blocks one after another, each to its end: a kernel that reads another block's

@@ -27,8 +27,9 @@ def roles(k) -> tuple | None:
 
 def test_which_kernels_run_in_warp_roles():
     """sLSTM H = 768 in 12 heads of 64 (a block a head): at 2 rows a block 256 threads sum (a weight row against
-    both rows each), 128 run the 64 units × 2 rows and 128 store their values; at B = 1, 256, 64 and 64. Not where the weights stay in shared
-    memory (float64, 4 rows a thread), on tensor cores, backward, or where heads split over blocks (barriers)."""
+    both rows each), 128 run the 64 units × 2 rows and 128 store their values; at B = 1, 256, 64 and 64. Not where
+    the weights stay in shared memory (float64, 4 rows a thread), on tensor cores, backward, or where heads split
+    over blocks (barriers)."""
     cell = load_cell("slstm", 8, 768, heads=12)
     fwd, bwd = loops(cell)
     G, more = block_counts(cell, fwd, 132)

@@ -93,7 +93,8 @@ ROWS_BLOCK = ", blk = blockIdx.x % G, b0 = (blockIdx.x / G) * NB;"
 SOURCE = AT_DEFINE + SYNC + KERNEL_HEAD + SYNC_VARS + BODY
 # per head: no block waits for another, so no barrier or tagged word, and an ordinary launch
 HEAD_SOURCE = AT_DEFINE + KERNEL_HEAD + "    (void)bar;\n" + BODY
-ROLES_SOURCE = AT_DEFINE + ROLES_SYNC + STAGE_DEFINE + KERNEL_HEAD + "    (void)bar;\n{roles}"   # in warp roles (roles.py)
+# ... in warp roles (roles.py)
+ROLES_SOURCE = AT_DEFINE + ROLES_SYNC + STAGE_DEFINE + KERNEL_HEAD + "    (void)bar;\n{roles}"
 
 ZERO_SOURCE = r"""
 extern "C" __global__ void rg_persist_zero(unsigned int* bar, int groups) {

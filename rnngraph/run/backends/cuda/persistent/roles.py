@@ -40,7 +40,8 @@ static __device__ __forceinline__ void rg_arrive(int id, int n) {{
     asm volatile("barrier.cta.arrive %0, %1;" :: "r"(id), "r"(n) : "memory");   // any of a warp's threads
 }}
 """     # (a template, as kernels.SYNC)
-STAGE_DEFINE = r"""#define SG(k, j) ((ST*)(smem + STAGE_OFF))[((k) * NV + (j)) * ET + tid]     // value j of stage[k], element tid
+STAGE_DEFINE = r"""// stage[k]: value j of element tid, as stored
+#define SG(k, j) ((ST*)(smem + STAGE_OFF))[((k) * NV + (j)) * ET + tid]
 """
 
 ROLES_BODY = r"""{load}
