@@ -322,8 +322,9 @@ def test_a_heads_operand_stays_in_shared_memory_between_frames():
     assert "                if (s == 0) {" in tc and "((ST*)xs)[b * " in tc
     cores = persistent_kernel(cell, fwd, "double", 2, G).source
     assert "if (s == 0) for (int e = tid;" in cores and "xs[b * 4 + u] = v" in cores
-    roles = persistent_kernel(cell, fwd, "rg_bf16", 2, G).source         # in warp roles: staged before the loop
-    assert "frame 0's operand, staged by every thread" in roles and "xs[b * 4 + u] = rg_rounded<rg_bf16>(" in roles
+    wide = load_cell("slstm", 8, 64, heads=2)           # in warp roles (heads of 32): staged before the loop
+    roles = persistent_kernel(wide, loops(wide)[0], "rg_bf16", 1, 2).source
+    assert "frame 0's operand, staged by every thread" in roles and "xs[b * 32 + u] = rg_rounded<rg_bf16>(" in roles
     staged_each_frame = [persistent_kernel(cell, bwd, "rg_bf16", 16, G), persistent_kernel(cell, bwd, "float", 2, G)]
     staged_each_frame += [persistent_kernel(cell, fwd, "float", 2, g) for g in more]
     for k in staged_each_frame:

@@ -79,7 +79,6 @@ ROLES_BODY = r"""{load}
             rg_wait(SUMS, MT + ET);
             {{  {units}
 {elements}
-            if (tid >= nu * NB) rg_arrive(OPERAND, MT + ET);
             }}
             rg_arrive(STAGED + (s & 1), 2 * ET);
         }}
@@ -90,10 +89,8 @@ ROLES_BODY = r"""{load}
             const int t = s;
             rg_wait(STAGED + (s & 1), 2 * ET);
             {{  {units}
-                if (tid < nu * NB) {{
-                    const int b = tid / nu, f = u0 + tid - b * nu;{reads}
-                    rg_arrive(FREE + (s & 1), 2 * ET);{stores}
-                }} else rg_arrive(FREE + (s & 1), 2 * ET);
+                const int b = tid / nu, f = u0 + tid - b * nu;{reads}
+                rg_arrive(FREE + (s & 1), 2 * ET);{stores}
             }}
         }}
     }}
@@ -105,11 +102,12 @@ STORE = re.compile(r"^(\s*)(AT\(.*\)) = (.*);$")     # an epilogue's store: AT(p
 def warp_roles(p, G: int, B: int, rows: int) -> tuple | None:
     """(MT, ET): the GEMM warps' and the element warps' threads of the kernel whose only phase is the handed-on
     pair p, its weights resident (a thread one weight row against `rows` x rows, heads.resident) on G blocks of B
-    rows, where the three roles fit in a block, each element (and store) warp's thread one element; else None."""
+    rows, where the three roles fit in a block and a block's elements fill whole warps, each element (and store)
+    warp's thread one element, so that every warp arrives at a barrier with all its threads; else None."""
     nu = -(-p.units // G)
     warps = lambda n: -(-n // 32) * 32
-    mt, et = warps(nu * p.m * (B // rows)), warps(nu * B)
-    return (mt, et) if mt + 2 * et <= THREADS else None
+    mt, et = warps(nu * p.m * (B // rows)), nu * B
+    return (mt, et) if et % 32 == 0 and p.units % G == 0 and mt + 2 * et <= THREADS else None
 
 
 def element_inputs(cell, p, arg) -> tuple:
