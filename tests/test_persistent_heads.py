@@ -213,22 +213,31 @@ def test_head_wise_tensor_cores_ragged_and_chunked():
     assert len(be.ran) == 6
 
 
-def test_per_head_kernels_split_rows_over_blocks():
+def test_per_head_kernels_split_rows_over_blocks(monkeypatch):
     """A block owns whole heads, so the rows split over blocks too (runner.head_rows): on CUDA cores the fewest rows
     a block whose blocks fit on the SMs at once, tensor cores from 32 rows in half storage with one head a block
-    (16 rows a block)."""
+    (16 rows a block). At fewer rows in half storage, one head a block, the forward's GEMM warps run on tensor cores
+    too (warp roles, roles.tensor_core_warps), not on a GPU without them nor with RNNGRAPH_PERSISTENT_TENSOR_CORES=0;
+    the backward stays on CUDA cores."""
     import ml_dtypes
     from rnngraph.run.backends.cuda.persistent.runner import chosen, fit, gpu_loop
     cell, H200 = load_cell("slstm", 8, 768, heads=12), (132, 227 * 1024)
     fwd, bwd = loops(cell)
-    shape = lambda B, dtype, sms=132: (lambda k: (k.blocks, k.cooperative, k.tensor_cores, "mma.sync" in k.source))(
-        chosen(cell, fwd, B, dtype, sms, H200[1]))
-    assert shape(16, ml_dtypes.bfloat16) == (12 * 8, False, False, False)         # 2 rows a block
+    shape = lambda B, dtype, sms=132, mma=True, lp=fwd: (lambda k: (k.blocks, k.cooperative, k.tensor_cores,
+                                                                     "mma.sync" in k.source))(
+        chosen(cell, lp, B, dtype, sms, H200[1], mma))
+    assert shape(16, ml_dtypes.bfloat16) == (12 * 8, False, True, True)           # 2 rows a block, in warp roles
+    assert shape(16, ml_dtypes.bfloat16, lp=bwd) == (12 * 8, False, False, False)
+    assert shape(16, ml_dtypes.bfloat16, mma=False) == (12 * 8, False, False, False)
+    monkeypatch.setenv("RNNGRAPH_PERSISTENT_TENSOR_CORES", "0")
+    assert shape(16, ml_dtypes.bfloat16) == (12 * 8, False, False, False)
+    monkeypatch.delenv("RNNGRAPH_PERSISTENT_TENSOR_CORES")
     assert shape(64, ml_dtypes.bfloat16) == (12 * 4, False, True, True)           # 16 rows a block
     assert shape(40, ml_dtypes.bfloat16) == (12 * 4, False, True, True)           # 10 rows a block
     assert shape(5, np.float32) == (12 * 5, False, False, False)
     assert shape(64, ml_dtypes.bfloat16, 8) == (6 * 8, False, False, False)      # 2 heads a block: CUDA cores
-    for B, dtype, ran in ((16, ml_dtypes.bfloat16, "CUDA"), (64, ml_dtypes.bfloat16, "tensor"), (64, np.float32, "CUDA")):
+    for B, dtype, ran in ((16, ml_dtypes.bfloat16, "tensor"), (64, ml_dtypes.bfloat16, "tensor"),
+                          (64, np.float32, "CUDA")):
         assert fit(cell, bwd, B, dtype, *H200) is None
         assert gpu_loop(cell, fwd, B, dtype, *H200) == f"persistent ({ran} cores)"
     assert gpu_loop(cell, fwd, 128, ml_dtypes.bfloat16, *H200).startswith("stages: at B=128 > 64 rows the per-head")
@@ -290,9 +299,10 @@ def test_a_thread_sums_several_rows_against_one_weight_row(name, B, rows, R, dty
     columns times 4 linear ops backward): each thread sums R rows against one weight row, loaded once
     (heads.rows_a_thread), the sums in the order of one row a thread; ragged, blocks one after another. Computing
     in float with at most two rows a thread, that row sits in the thread's registers for the whole sequence
-    (heads.resident), forward and backward (each the kernel's only GEMM phase)."""
+    (heads.resident), forward and backward (each the kernel's only GEMM phase). On CUDA cores throughout
+    (tensor_cores=False, as on a GPU without them: half storage's forward would run its GEMM warps on them)."""
     cell = load_cell(name, 8, 128, heads=2)
-    be = Emulated(None, True, rows)
+    be = Emulated(None, True, rows, tensor_cores=False)
     args, lengths = problem_arrays(cell, 5, B, dtype), np.arange(B) % 6
     got = run_executor(Executor(cell, be, loop="persistent"), *args, lengths)
     assert_agree(got, run_executor(Executor(cell, get_backend("numpy"), loop="stages"), *args, lengths), dtype)
@@ -324,7 +334,7 @@ def test_a_heads_operand_stays_in_shared_memory_between_frames():
     assert "if (s == 0) for (int e = tid;" in cores and "xs[b * 4 + u] = v" in cores
     wide = load_cell("slstm", 8, 64, heads=2)           # in warp roles (heads of 32): staged before the loop
     roles = persistent_kernel(wide, loops(wide)[0], "rg_bf16", 1, 2).source
-    assert "frame 0's operand, staged by every thread" in roles and "xs[b * 32 + u] = rg_rounded<rg_bf16>(" in roles
+    assert "frame 0's operand, staged by every thread" in roles and "((ST*)xs)[b * XLD + u] = v" in roles  # as stored
     staged_each_frame = [persistent_kernel(cell, bwd, "rg_bf16", 16, G), persistent_kernel(cell, bwd, "float", 2, G)]
     staged_each_frame += [persistent_kernel(cell, fwd, "float", 2, g) for g in more]
     for k in staged_each_frame:

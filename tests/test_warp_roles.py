@@ -46,24 +46,28 @@ def test_which_kernels_run_in_warp_roles():
     assert roles(persistent_kernel(odd, loops(odd)[0], "rg_bf16", 1, 2)) is None
 
 
-def test_each_role_does_its_part_of_a_frame():
+@pytest.mark.parametrize("ctype, sums, hand", [("rg_bf16", "gs[q * NB + g] = acc", "((ST*)xs)[b * XLD + u] ="),
+                                               ("float", "gs[q * NB + b + r] =", "xs[b * 64 + u] =")])
+def test_each_role_does_its_part_of_a_frame(ctype, sums, hand):
     """The GEMM warps touch no frame array (their weights are in registers). The element warps load sLSTM's states
     c, n, m (read at lag 1, stored at lag 0) before the loop only, then carry them in registers, and its four gate
     inputs two frames ahead; in the loop: the wait for the sums, the operand into xs, the arrival, the loads of frame
     s + 2, the 11 values into stage[s mod 2] (not the four GEMM sums, which only adds read: elements.stored_sums),
     the carried states, the arrival at STAGED. The store warps read those values, free the stage, then store them
-    to memory. No __syncthreads in the loop."""
+    to memory. No __syncthreads in the loop. In half storage the GEMM warps run on tensor cores (mma.sync, their
+    weights' fragments in registers), in float32 on CUDA cores (a weight row a thread in registers)."""
     cell = load_cell("slstm", 8, 768, heads=12)
-    src = persistent_kernel(cell, loops(cell)[0], "rg_bf16", 2, 12).source
+    src = persistent_kernel(cell, loops(cell)[0], ctype, 2, 12).source
     gemm, rest = src.split("if (tid < MT) {", 1)[1].split("} else if (tid < MT + ET) {", 1)
     elements, stores = rest.split("} else if (tid < MT + 2 * ET) {", 1)
     assert "AT(" not in gemm and "__syncthreads" not in gemm + elements + stores
-    assert gemm.index("gs[q * NB + b + r] =") < gemm.index("rg_arrive(SUMS") < gemm.index("rg_wait(OPERAND")
+    assert gemm.index(sums) < gemm.index("rg_arrive(SUMS") < gemm.index("rg_wait(OPERAND")
+    assert ("rg_mma(acc[i]" in gemm) == (ctype == "rg_bf16")
     before, loop = elements.split("for (int s = 0; s < NF; ++s) {", 1)
     assert len(re.findall(r"= AT\(pp\d+, ld\d+, 1, f\)", before)) == 3
     assert len(re.findall(r"= AT\(pp\d+, ld\d+, 0, f\)", before)) == 8      # frames 0 and 1
     assert len(re.findall(r"= AT\(pp\d+, ld\d+, 0, f\)", loop)) == 4 and not re.search(r"AT\([^()=]*\) = ", loop)
-    marks = [loop.index(s) for s in ("rg_wait(SUMS", "xs[b * 64 + u] =", "rg_arrive(OPERAND", "s + 2 < NF",
+    marks = [loop.index(s) for s in ("rg_wait(SUMS", hand, "rg_arrive(OPERAND", "s + 2 < NF",
                                      "SG(s & 1, 0) = v", "SG(s & 1, 10) = v", "r_x8 = v", "rg_arrive(STAGED")]
     assert marks == sorted(marks) and "SG(s & 1, 11)" not in loop
     marks = [stores.index(s) for s in ("rg_wait(STAGED", "= SG(s & 1, 10);", "rg_arrive(FREE", "AT(pp")]
@@ -83,12 +87,13 @@ def test_roles_sources_compile(dtype):
 
 @needs_cxx
 @pytest.mark.parametrize("name, H, B, dtype, roles_ran", [
-    ("slstm", 64, 1, "bfloat16", (128, 32)), ("slstm", 64, 2, "float32", (256, 64)),
+    ("slstm", 64, 1, "bfloat16", (256, 32)), ("slstm", 64, 2, "float32", (256, 64)),
     ("mh_lstm", 64, 2, "float16", (256, 64)), ("mh_lstm", 128, 2, "bfloat16", (256, 128)),
     ("slstm", 48, 1, "bfloat16", None), ("slstm", 16, 5, "float32", None)])
 def test_warp_roles_compute_the_reference(name, H, B, dtype, roles_ran):
     """Blocks one after another (none reads another's head), ragged lengths, then chunks of 4, 4 and 1 frames (a
-    launch a chunk, each staging its first frame's operand). Where a block's elements do not fill whole warps
+    launch a chunk, each staging its first frame's operand); half storage on tensor cores (mma.sync emulated,
+    16-row tiles of which B rows are real). Where a block's elements do not fill whole warps
     (heads of 24 units at B = 1, of 8 at B = 5), the kernel runs without roles, so that no warp arrives at a
     barrier with only some of its threads."""
     cell = load_cell(name, 8, H, heads=2)
@@ -99,4 +104,5 @@ def test_warp_roles_compute_the_reference(name, H, B, dtype, roles_ran):
         ref = Executor(cell, get_backend("numpy"), loop="stages", chunk=chunk)
         assert_agree(got, run_executor(ref, *args, lengths), dtype)
         assert roles(be.ran[0]) == roles_ran and not roles(be.ran[-1])      # the forward in roles, the backward not
+        assert be.ran[0].tensor_cores == (roles_ran is not None and dtype != "float32")
         assert len(be.ran) == (2 if chunk is None else 6)

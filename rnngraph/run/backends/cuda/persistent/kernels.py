@@ -35,7 +35,8 @@ from .heads import (handed_on, head_gemv, head_mma, head_thread_gemv, head_threa
                     resident, resident_rows, row_stride, rows_a_thread)
 from .phases import (MAX_ROWS, THREADS, barriers, block_units, exchanges, loop_heads, nodes_of, own, per_head, phases,
                      shared_layout, sources, staged)
-from .roles import ROLES_SYNC, STAGE_DEFINE, element_inputs, roles_body, warp_roles
+from .roles import (ROLES_SYNC, STAGE_DEFINE, element_inputs, mma_parts, roles_body, tensor_core_warps,
+                    warp_roles)
 
 AT_DEFINE = r"""
 #define AT(p, ld, lag, col) p[((long long)(P + t - (lag)) * NB + b) * (ld) + (col)]
@@ -133,7 +134,8 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
                       tensor_cores: bool | None = None) -> Persistent:
     """The kernel running `loop` (a PersistentLoop; problem() is None) for B ≤ MAX_ROWS rows on G blocks, or
     in half storage up to mma.MMA_ROWS on tensor cores (mma.py; head-wise GEMMs one head a block, heads.py):
-    tensor_cores None takes them beyond MAX_ROWS rows; True (half storage; float32 in TF32, full matrices) at any B.
+    tensor_cores None takes them beyond MAX_ROWS rows (and in warp roles, roles.tensor_core_warps); True (half
+    storage; float32 in TF32, full matrices) at any B; False nowhere.
     row_groups > 1: the frames hold B·row_groups rows, and G·row_groups blocks run them, block k the units (or
     heads) of k mod G and rows B·(k div G) on (sequences never read one another), each group's G blocks meeting
     at their own barriers."""
@@ -189,8 +191,9 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
     gemms = sum(p.kind in ("gemm", "pair", "dgemm") for g in groups for p in g)
     rows = {id(p): rows_a_thread(p, G, B) for g in groups for p in g}     # x rows a thread sums (whole heads)
     held = {id(p): apart and tc is None and resident(p, G, B, rows[id(p)], gemms, ctype) for g in groups for p in g}
-    roles = warp_roles(kept, G, B, rows[id(kept)]) if kept and held[id(kept)] and len(groups) == len(groups[0]) == 1 \
-        else None
+    mw = tensor_core_warps(kept, G, B, ctype) if kept and tensor_cores is not False else None
+    roles = warp_roles(kept, G, B, rows[id(kept)], mw) \
+        if kept and held[id(kept)] and len(groups) == len(groups[0]) == 1 else None
     load, prologue, body, tail_loads, tail = [], [], [], [], []
     for gi, g in enumerate(groups if roles is None else ()):
         pre, early, per = [], {}, {}
@@ -219,7 +222,8 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
         prologue = ["    {\n    const int t = NF - 1;"] + prologue + ["    }"]
     source, defs = HEAD_SOURCE if apart else SOURCE, {}
     if roles:
-        defs, text, more = _in_roles(cell, kept, roles, arg, woff[id(kept)], ctype, G, B, rows[id(kept)], total)
+        defs, text, more = _in_roles(cell, kept, roles, arg, woff[id(kept)], ctype, G, B, rows[id(kept)], total,
+                                     mw)
         source = ROLES_SOURCE.replace("{roles}", text.replace("{", "{{").replace("}", "}}"))
         total += more
     names = list(args)
@@ -230,13 +234,14 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
     if row_groups > 1:
         defs["BT"] = B * row_groups
         source = ROWS_AT_DEFINE + source[len(AT_DEFINE):].replace(", blk = blockIdx.x;", ROWS_BLOCK, 1)
-    text = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + (mma.helpers(ctype) if tc else "") + \
+    on_mma = tc is not None or bool(roles and mw)
+    text = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + (mma.helpers(ctype) if on_mma else "") + \
         source.format(
         name="{name}", args=sig, load="\n".join(dict.fromkeys(load)), prologue="\n".join(prologue), phases="\n".join(body),
         frame="NF - 1 - s" if loop.reverse else "s")
     name = kernel_name("persist", text)
     return Persistent(name, text.replace("{name}", name), tuple(names), G * row_groups, THREADS,
-                      w_bytes + total * itemsize, cooperative=not apart, tensor_cores=tc is not None,
+                      w_bytes + total * itemsize, cooperative=not apart, tensor_cores=on_mma,
                       row_groups=row_groups)
 
 
@@ -278,17 +283,24 @@ def _handing_on(p, tc, xw: int, st: str) -> str:
     return f"((ST*)xs)[b * {tc.xld} + u] = {v};" if tc else f"xs[b * {xw} + u] = {rounded(v, st)};"
 
 
-def _in_roles(cell, p, roles: tuple, arg, woff: int, st: str, G: int, B: int, rows: int, total: int) -> tuple:
+def _in_roles(cell, p, roles: tuple, arg, woff: int, st: str, G: int, B: int, rows: int, total: int,
+              mw: int | None) -> tuple:
     """({#define: value}, the body after KERNEL_HEAD, the math-type elements of shared memory it adds after `total`)
     of the forward whose only phase is the handed-on pair p, its weights resident, in warp roles (MT, ET)
-    (roles.py)."""
+    (roles.py), the GEMM on mw warps' tensor cores where mw is given."""
     early, inputs = element_inputs(cell, p, arg)
     x, xw = _head_x(p, arg), staged(p, G, True)
-    load = resident_rows(p, woff, rows, _head_w(p, arg))
-    stage, sums = head_thread_parts(p, woff, x, ld_arg(x), xw, row_stride(p.width, ITEMSIZE[st]), st, rows, True)
-    elements = epilogue(cell, p, arg, early, {}, st, 1, _handing_on(p, None, xw, st), inputs["arrive"],
-                        inputs["carry"])
-    return roles_body(p, roles, load, stage, sums, inputs, elements, total, ITEMSIZE[st], ITEMSIZE[math_type(st)])
+    if mw:
+        more, load, stage, sums = mma_parts(p, G, mw, _head_w(p, arg), x, ld_arg(x))
+        v = f"v{p.item.fused.nodes.index(p.item.gemm.operand)}"
+        hand = f"((ST*)xs)[b * XLD + u] = {v};"      # as stored, where the MMA's fragments read it
+    else:
+        more, load, hand = {}, resident_rows(p, woff, rows, _head_w(p, arg)), _handing_on(p, None, xw, st)
+        stage, sums = head_thread_parts(p, woff, x, ld_arg(x), xw, row_stride(p.width, ITEMSIZE[st]), st, rows, True)
+    elements = epilogue(cell, p, arg, early, {}, st, 1, hand, inputs["arrive"], inputs["carry"])
+    defs, text, extra = roles_body(p, roles, load, stage, sums, inputs, elements, total, ITEMSIZE[st],
+                                   ITEMSIZE[math_type(st)])
+    return {**defs, **more}, text, extra
 
 
 def _stride(groups, G: int, ctype: str):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 
+from ..source import HALF_TYPES
 from .elements import element_at, read_ahead
 from .phases import THREADS, block_units, sources
 
@@ -98,16 +99,85 @@ ROLES_BODY = r"""{load}
 """
 STORE = re.compile(r"^(\s*)(AT\(.*\)) = (.*);$")     # an epilogue's store: AT(p, ld, lag, col) = value;
 
+# On tensor cores (half storage, one head a block, at most 16 rows): GEMM warp w holds the weight fragments of its
+# NTW tiles of 8 weight rows in registers for the whole call; x sits in shared memory as stored, rows XLD apart
+MMA_WEIGHTS = r"""    unsigned wf[{NTW}][{KSTEPS}][2] = {{}};     // the GEMM warps' weight fragments, for every frame
+    if (warp < MW) {{
+        {units}
+        const int g = lane >> 2, c = (lane & 3) * 2;
+        #pragma unroll
+        for (int i = 0; i < {NTW}; ++i)
+            #pragma unroll
+            for (int ks = 0; ks < {KSTEPS}; ++ks)
+                #pragma unroll
+                for (int h = 0; h < 2; ++h) {{      // B[k][n] = W[q = n][k]: k = 2c', 2c' + 1 (+ 8), n = g
+                    const int q = (warp * {NTW} + i) * 8 + g, j = q / nu, u = q - j * nu;
+                    (void)j; (void)u;
+                    unsigned lo, hi;
+                    {{ const int k = ks * 16 + h * 8 + c; lo = (unsigned)({w}).u; }}
+                    {{ const int k = ks * 16 + h * 8 + c + 1; hi = (unsigned)({w}).u; }}
+                    wf[i][ks][h] = lo | (hi << 16);
+                }}
+    }}"""
+MMA_STAGE = r"""        for (int e = tid; e < NB * {K}; e += NT) {{
+            const int b = e / {K}, i = e - b * {K};
+            ((ST*)xs)[b * XLD + i] = AT({x}, {ld}, {lag}, (u0 / {per}) * {K} + i);
+        }}"""
+MMA_SUMS = r"""
+        {{  // tensor cores: x's NB rows (one tile of 16, the rest zero) against warp w's NTW tiles of 8 weight rows
+            const int g = lane >> 2, c = (lane & 3) * 2;
+            const ST* xh = (const ST*)xs;
+            float acc[{NTW}][4] = {{}};
+            #pragma unroll
+            for (int ks = 0; ks < {KSTEPS}; ++ks) {{
+                const unsigned a0 = g < NB ? *(const unsigned*)(xh + g * XLD + ks * 16 + c) : 0u;
+                const unsigned a1 = g + 8 < NB ? *(const unsigned*)(xh + (g + 8) * XLD + ks * 16 + c) : 0u;
+                const unsigned a2 = g < NB ? *(const unsigned*)(xh + g * XLD + ks * 16 + 8 + c) : 0u;
+                const unsigned a3 = g + 8 < NB ? *(const unsigned*)(xh + (g + 8) * XLD + ks * 16 + 8 + c) : 0u;
+                #pragma unroll
+                for (int i = 0; i < {NTW}; ++i) rg_mma(acc[i], a0, a1, a2, a3, wf[i][ks][0], wf[i][ks][1]);
+            }}
+            #pragma unroll
+            for (int i = 0; i < {NTW}; ++i) {{      // D[b][n]: rows g (and g + 8), weight rows 2c', 2c' + 1
+                const int q = (warp * {NTW} + i) * 8 + c;
+                if (g < NB) {{ gs[q * NB + g] = acc[i][0]; gs[(q + 1) * NB + g] = acc[i][1]; }}
+                if (g + 8 < NB) {{ gs[q * NB + g + 8] = acc[i][2]; gs[(q + 1) * NB + g + 8] = acc[i][3]; }}
+            }}
+        }}"""
 
-def warp_roles(p, G: int, B: int, rows: int) -> tuple | None:
+
+def warp_roles(p, G: int, B: int, rows: int, mma_warps: int | None) -> tuple | None:
     """(MT, ET): the GEMM warps' and the element warps' threads of the kernel whose only phase is the handed-on
-    pair p, its weights resident (a thread one weight row against `rows` x rows, heads.resident) on G blocks of B
-    rows, where the three roles fit in a block and a block's elements fill whole warps, each element (and store)
-    warp's thread one element, so that every warp arrives at a barrier with all its threads; else None."""
+    pair p, its weights resident (a thread one weight row against `rows` x rows, heads.resident; or mma_warps
+    warps on tensor cores, tensor_core_warps) on G blocks of B rows, where the three roles fit in a block and a
+    block's elements fill whole warps, each element (and store) warp's thread one element, so that every warp
+    arrives at a barrier with all its threads; else None."""
     nu = -(-p.units // G)
     warps = lambda n: -(-n // 32) * 32
-    mt, et = warps(nu * p.m * (B // rows)), nu * B
+    mt, et = 32 * mma_warps if mma_warps else warps(nu * p.m * (B // rows)), nu * B
     return (mt, et) if et % 32 == 0 and p.units % G == 0 and mt + 2 * et <= THREADS else None
+
+
+def tensor_core_warps(p, G: int, B: int, st: str) -> int | None:
+    """The GEMM warps (MW) where warp roles run the GEMM on tensor cores (MMA_SUMS): half storage, a block one
+    head whose width is a multiple of 16, at most 16 rows (one tile); the most of 8, 4, 2, 1 that share the nq/8
+    tiles of 8 weight rows evenly. Else None (CUDA cores)."""
+    nq = p.units // G * p.m
+    if st not in HALF_TYPES or p.heads != G or p.width % 16 or B > 16 or nq % 8:
+        return None
+    return next(w for w in (8, 4, 2, 1) if nq // 8 % w == 0)
+
+
+def mma_parts(p, G: int, mw: int, w: str, x: str, ld: str) -> tuple:
+    """({#define: value}, the weights' load, frame 0's staging, the sums) of the GEMM warps on tensor cores: w the
+    weights' element (q = j·nu + u, k) in memory (heads.head_weight), x and ld the operand's frame array."""
+    nq, K = p.units // G * p.m, p.width
+    ntw, ksteps = nq // 8 // mw, K // 16
+    it = p.item.gemm
+    defs = {"MW": mw, "XLD": K + 8}     # rows 16 bytes apart past K: a warp's 8 rows in distinct banks
+    return (defs, MMA_WEIGHTS.format(NTW=ntw, KSTEPS=ksteps, units=block_units(p.units), w=w),
+            MMA_STAGE.format(K=K, x=x, ld=ld, lag=it.delay, per=p.units // p.heads),
+            MMA_SUMS.format(NTW=ntw, KSTEPS=ksteps))
 
 
 def element_inputs(cell, p, arg) -> tuple:

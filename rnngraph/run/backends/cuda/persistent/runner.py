@@ -188,8 +188,11 @@ def chosen(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, tf3
     if loop_heads(groups) > 1:          # per head first: its rows split over blocks (head_rows)
         tc = mma and float_dtype(dtype, half=True).itemsize == 2 and one_head(groups, counts[0])
         rows = head_rows(B, tc, counts[0], sms)
-        few = tc and rows <= MAX_ROWS and tensor_core_setting() == "1"     # tensor cores at few rows a block
-        apart = _made(cell, loop, ctype, rows, counts[0], B // rows, tensor_cores=True if few else None)
+        setting = tensor_core_setting()
+        few = tc and rows <= MAX_ROWS and setting == "1"     # tensor cores at few rows a block
+        cores = (not tc or setting == "0") and rows <= MAX_ROWS      # ... and none, not even in warp roles
+        apart = _made(cell, loop, ctype, rows, counts[0], B // rows,
+                      tensor_cores=True if few else False if cores else None)
         if apart.smem <= smem or B > MAX_ROWS or len(counts) == 1:
             return apart
         counts = counts[1:]             # heads too large for a block: split over more blocks, with barriers
