@@ -1,7 +1,8 @@
 """Warp roles in a persistent kernel whose blocks own whole heads (phases.per_head) and whose only phase is a pair
-that hands its operand on in shared memory (heads.handed_on: sLSTM's and the multi-head LSTM's forward on CUDA
-cores, their weights resident in registers): some warps sum each frame's GEMM, others run its elements, others
-store the elements' values, and no role waits for another's memory traffic.
+that hands its operand on in shared memory (heads.handed_on: sLSTM's and the multi-head LSTM's forward, their
+weights resident in registers: a weight row a thread on CUDA cores, or in half storage with one head a block each
+GEMM warp's MMA fragments, MMA_SUMS): some warps sum each frame's GEMM, others run its elements, others store the
+elements' values, and no role waits for another's memory traffic.
 
 Without roles every warp runs both the GEMM and the elements, one after the other, with a block-wide barrier
 after each: a frame costs the GEMM, then the elements' loads, body and stores (sLSTM: 7 loads and 11 stores an
@@ -38,7 +39,7 @@ ROLES_SYNC = r"""static __device__ __forceinline__ void rg_wait(int id, int n) {
     asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(n) : "memory");        // a warp at a time, all its threads
 }}
 static __device__ __forceinline__ void rg_arrive(int id, int n) {{
-    asm volatile("barrier.cta.arrive %0, %1;" :: "r"(id), "r"(n) : "memory");   // any of a warp's threads
+    asm volatile("barrier.cta.arrive %0, %1;" :: "r"(id), "r"(n) : "memory");   // n: threads (whole warps)
 }}
 """     # (a template, as kernels.SYNC)
 STAGE_DEFINE = r"""// stage[k]: value j of element tid, as stored
