@@ -12,7 +12,7 @@ import warnings
 from ....errors import RnnGraphError, RnnGraphWarning
 from ....plan.backward import kept_values
 from ....plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum
-from ....plan.loops import STRATEGIES
+from ....plan.loops import STRATEGIES, PersistentLoop
 from ..base import ArrayBackend, head_parts, strategy_runners
 from .chunks import chunk_launch
 from .fused import fusable
@@ -119,11 +119,12 @@ class CupyBackend(ArrayBackend):
         store all); with the persistent loop, also its pairs' GEMM sums it does not store (elements.stored_sums)."""
         cell, loop = sched.cell, [it for st in sched.loop for it in st]
         groups = [*sched.pre, *(() if sched.loop_strategy in ("elementwise", "scan") else loop), *sched.post]
-        sums = {n for it in sched.forward[1].items if sched.loop_strategy == "persistent" and not problem(cell, it)
-                for g in phases(cell, it) for p in g if p.kind == "pair" for n in set(p.item.gemm.nodes) -
-                stored_sums(cell, p)}
-        return frozenset(sums) | frozenset(n for it in groups if isinstance(it, Fused) and not row_group(cell, it.nodes)
-                                           for n in set(it.nodes) - kept_values(cell, it.nodes))
+        runs = [it for sec in sched.forward for it in sec.items if isinstance(it, PersistentLoop)
+                and sched.loop_strategy == "persistent" and not problem(cell, it)]
+        sums = {n for it in runs for g in phases(cell, it) for p in g if p.kind == "pair"
+                for n in set(p.item.gemm.nodes) - stored_sums(cell, p)}
+        return frozenset(sums) | {n for it in groups if isinstance(it, Fused) and not row_group(cell, it.nodes)
+                                  for n in set(it.nodes) - kept_values(cell, it.nodes)}
 
     def gather(self, src, idx, runs, out):
         """One take kernel, whatever the runs (a copy a run would be a launch each)."""

@@ -78,9 +78,9 @@ def epilogue(cell, p, arg, early: dict, tagged: dict, st: str, per: int = 1, xs=
              last=()) -> list:
     """The per-(b, f) part of a phase: a GEMM's stores, a pair's stores (of stored_sums) and fused body (reading
     the GEMM's sums as stored in element type st), a group's body; per > 1: a thread's elements e = tid + i·NT,
-    i < per, unrolled, so that the registers prefetch loaded them into are indexed by constants; xs: the line by which a
-    pair's body also writes its GEMM's operand into the staged rows of x (heads.handed_on); arrive: lines run
-    right after it (roles.py), the pair's stores after them, then the lines `last`."""
+    i < per, unrolled, so that the registers prefetch loaded them into are indexed by constants; xs: the line by
+    which a pair's body also writes its GEMM's operand into the staged rows of x (heads.handed_on); arrive: lines
+    run right after it (roles.py), the pair's stores after them, then the lines `last`."""
     walk = ["        for (int e = tid; e < nu * NB; e += NT) {"] if per == 1 else \
         ["        #pragma unroll", f"        for (int i = 0; i < {per}; ++i) {{",
          "            const int e = tid + i * NT;", "            if (e >= nu * NB) break;"]

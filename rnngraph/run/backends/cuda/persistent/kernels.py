@@ -272,15 +272,16 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
     elif woff is not None:
         load.append(_weights(p, woff, arg))
         out.append(_gemv(cell, p, woff, arg, xb) if p.heads == 1 else _head_gemv(p, woff, arg, xw, apart))
-    xs = _handing_on(p, tc, xw, st) if kept else None
+    xs = _handing_on(p, xw, st, tc and tc.xld) if kept else None
     return out + epilogue(cell, p, arg, early, tagged, st, per, xs) + ["        __syncthreads();\n        }"]
 
 
-def _handing_on(p, tc, xw: int, st: str) -> str:
+def _handing_on(p, xw: int, st: str, xld=None) -> str:
     """The line of a handed-on pair's body (heads.handed_on) writing its GEMM's operand, as stored, into the staged
-    rows of x, where the next frame's GEMM reads it."""
+    rows of x, where the next frame's GEMM reads it: in the math type xw apart, or as stored xld apart where the
+    GEMM runs on tensor cores."""
     v = f"v{p.item.fused.nodes.index(p.item.gemm.operand)}"
-    return f"((ST*)xs)[b * {tc.xld} + u] = {v};" if tc else f"xs[b * {xw} + u] = {rounded(v, st)};"
+    return f"((ST*)xs)[b * {xld} + u] = {v};" if xld else f"xs[b * {xw} + u] = {rounded(v, st)};"
 
 
 def _in_roles(cell, p, roles: tuple, arg, woff: int, st: str, G: int, B: int, rows: int, total: int,
@@ -292,12 +293,11 @@ def _in_roles(cell, p, roles: tuple, arg, woff: int, st: str, G: int, B: int, ro
     x, xw = _head_x(p, arg), staged(p, G, True)
     if mw:
         more, load, stage, sums = mma_parts(p, G, mw, _head_w(p, arg), x, ld_arg(x))
-        v = f"v{p.item.fused.nodes.index(p.item.gemm.operand)}"
-        hand = f"((ST*)xs)[b * XLD + u] = {v};"      # as stored, where the MMA's fragments read it
     else:
-        more, load, hand = {}, resident_rows(p, woff, rows, _head_w(p, arg)), _handing_on(p, None, xw, st)
+        more, load = {}, resident_rows(p, woff, rows, _head_w(p, arg))
         stage, sums = head_thread_parts(p, woff, x, ld_arg(x), xw, row_stride(p.width, ITEMSIZE[st]), st, rows, True)
-    elements = epilogue(cell, p, arg, early, {}, st, 1, hand, inputs["arrive"], inputs["carry"])
+    elements = epilogue(cell, p, arg, early, {}, st, 1, _handing_on(p, xw, st, mw and "XLD"), inputs["arrive"],
+                        inputs["carry"])
     defs, text, extra = roles_body(p, roles, load, stage, sums, inputs, elements, total, ITEMSIZE[st],
                                    ITEMSIZE[math_type(st)])
     return {**defs, **more}, text, extra
