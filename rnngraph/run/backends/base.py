@@ -212,7 +212,8 @@ class ArrayBackend:
 def strategy_runners(package: str) -> dict:
     """loop item kind -> the module of a backend's room (`package`) named as the strategy (plan/loops), where
     there is one: compile(backend, cell, loop, views) -> launches or None, and optionally why_not and
-    auto_problem(backend, cell, loop, B, dtype) -> why its kernel does not (or should not) run, or None."""
+    auto_problem(backend, cell, loop, B, dtype) -> why its kernel does not (or should not) run, or None, and
+    unstored(cell, loop) -> the nodes whose values its kernels never store."""
     return {s.item: importlib.import_module(f"{package}.{s.name}") for s in STRATEGIES.values()
             if importlib.util.find_spec(f"{package}.{s.name}")}
 

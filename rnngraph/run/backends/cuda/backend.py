@@ -12,14 +12,12 @@ import warnings
 from ....errors import RnnGraphError, RnnGraphWarning
 from ....plan.backward import kept_values
 from ....plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum
-from ....plan.loops import STRATEGIES, PersistentLoop
+from ....plan.loops import STRATEGIES
 from ..base import ArrayBackend, head_parts, strategy_runners
 from .chunks import chunk_launch
 from .fused import fusable
 from .matmul import GEMV_ROWS, matmul_source
 from .pair import GEMV_FUSED_ROWS, PAIR_MAX_BYTES, pair_kernel
-from .persistent.elements import stored_sums
-from .persistent.phases import phases, problem
 from .param_grad import chunks, param_grad_kernel, sum_source
 from .recordings import Recordings, chunk_frames_setting
 from .rows import group_kernel, row_group
@@ -116,15 +114,14 @@ class CupyBackend(ArrayBackend):
     def unstored(self, sched) -> frozenset:
         """The fused members whose values no kernel stores (rows.group_kernel): those of every elementwise group,
         the loop's too where it runs its groups (stages, persistent; the elementwise and scan loops' own kernels
-        store all); with the persistent loop, also its pairs' GEMM sums it does not store (elements.stored_sums)."""
+        store all); and what a loop strategy's own kernels do not store, where its room says (the persistent
+        loop's pairs' GEMM sums)."""
         cell, loop = sched.cell, [it for st in sched.loop for it in st]
         groups = [*sched.pre, *(() if sched.loop_strategy in ("elementwise", "scan") else loop), *sched.post]
-        runs = [it for sec in sched.forward for it in sec.items if isinstance(it, PersistentLoop)
-                and sched.loop_strategy == "persistent" and not problem(cell, it)]
-        sums = {n for it in runs for g in phases(cell, it) for p in g if p.kind == "pair"
-                for n in set(p.item.gemm.nodes) - stored_sums(cell, p)}
-        return frozenset(sums) | {n for it in groups if isinstance(it, Fused) and not row_group(cell, it.nodes)
-                                  for n in set(it.nodes) - kept_values(cell, it.nodes)}
+        own = {n for sec in sched.forward for it in sec.items
+               for n in getattr(ROOM.get(type(it)), "unstored", lambda cell, it: ())(cell, it)}
+        return frozenset(own) | {n for it in groups if isinstance(it, Fused) and not row_group(cell, it.nodes)
+                                 for n in set(it.nodes) - kept_values(cell, it.nodes)}
 
     def gather(self, src, idx, runs, out):
         """One take kernel, whatever the runs (a copy a run would be a launch each)."""

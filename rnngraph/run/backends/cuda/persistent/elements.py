@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .....plan.backward import kept_values
 from ..source import rounded
-from .phases import MAX_ROWS, THREADS, block_units, sources
+from .phases import MAX_ROWS, THREADS, block_units, phases, problem, sources
 
 MAX_PREFETCH = 8            # elements a thread loads into registers ahead of its phase's GEMM (prefetch), at most
 
@@ -65,6 +65,13 @@ def stored_sums(cell, p) -> set:
     """The GEMM nodes of pair phase p whose sums its epilogue stores: those something reads after its fused body
     (plan.backward.kept_values of both; an LSTM's or sLSTM's four products only its adds read, so none)."""
     return kept_values(cell, (*p.item.fused.nodes, *p.item.gemm.nodes)) & set(p.item.gemm.nodes)
+
+
+def unstored(cell, loop) -> set:
+    """The GEMM nodes whose sums the kernels running `loop` (a PersistentLoop) never store: its pairs' but
+    stored_sums, where a kernel runs it (phases.problem None)."""
+    return set() if problem(cell, loop) else {n for g in phases(cell, loop) for p in g if p.kind == "pair"
+                                              for n in set(p.item.gemm.nodes) - stored_sums(cell, p)}
 
 
 def element_at(arg, source) -> str:
