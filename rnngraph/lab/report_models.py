@@ -105,9 +105,9 @@ cores at B = 64 (`RNNGRAPH_PERSISTENT_ROWS` sets the rows). The sLSTM training s
 {growth:.1f}× the B = {B0} one, for {B1 // B0}× the rows. Against cuDNN's single-head LSTM of the same size,
 rnngraph's sLSTM training step takes {against["slstm"]}; the multi-head LSTM's takes {against["mh_lstm"]}.
 
-Their forward runs in warp roles: in each block, half the warps sum the heads' GEMM (on tensor cores in half
-precision), a quarter run the elements and a quarter store the elements' values, meeting at named barriers, so a
-frame waits only for the GEMM and the elements' arithmetic ([On a GPU](gpu.md#the-persistent-kernel)). Measured
+Their forward runs in warp roles: in each block, eight warps sum the heads' GEMM (on tensor cores in half
+precision), others run the elements and as many again store the elements' values (8, 4 and 4 warps at B = 16),
+meeting at named barriers, so a frame waits only for the GEMM and the elements' arithmetic ([On a GPU](gpu.md#the-persistent-kernel)). Measured
 again in one process at B = 16 against
 cuDNN float16's single-head LSTM of the same size (the forward's µs a frame: the whole forward, the input GEMM
 included, over T):
