@@ -50,8 +50,7 @@ def kept_values(cell, nodes) -> set:
     products does in an LSTM's gates; so do the products of a pair given with its group (nodes: both), which only
     adds read."""
     members, states = set(nodes), {p for p, _ in cell.states.values()}
-    reads = lambda kind: " ".join(KERNEL[kind][1]) if kind in KERNEL else \
-        " ".join(f"{{{k}}}" for k in range(2)) if kind in MATMUL else None     # noqa: E731
+    reads = lambda kind: " ".join(KERNEL[kind][1]) if kind in KERNEL else "{0} {1}" if kind in MATMUL else None  # noqa
     keep = set()
     for n in nodes:
         own = reads(cell.op(n).kind)

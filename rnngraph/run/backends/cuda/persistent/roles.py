@@ -153,10 +153,11 @@ def warp_roles(p, G: int, B: int, rows: int, mma_warps: int | None) -> tuple | N
     warps on tensor cores, tensor_core_warps) on G blocks of B rows, where the three roles fit in a block and a
     block's elements fill whole warps, each element (and store) warp's thread one element, so that every warp
     arrives at a barrier with all its threads; else None."""
-    nu = -(-p.units // G)
-    warps = lambda n: -(-n // 32) * 32
-    mt, et = 32 * mma_warps if mma_warps else warps(nu * p.m * (B // rows)), nu * B
-    return (mt, et) if et % 32 == 0 and p.units % G == 0 and mt + 2 * et <= THREADS else None
+    if p.units % G:
+        return None
+    nu = p.units // G
+    mt, et = 32 * mma_warps if mma_warps else -(-nu * p.m * (B // rows) // 32) * 32, nu * B
+    return (mt, et) if et % 32 == 0 and mt + 2 * et <= THREADS else None
 
 
 def tensor_core_warps(p, G: int, B: int, st: str) -> int | None:
