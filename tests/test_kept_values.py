@@ -74,7 +74,7 @@ def test_a_group_stores_the_gradients_of_members_reading_a_parameter():
     cell = load_cell("lstm", 4, 8)
     (group,) = [it for st in build_schedule(cell, loop="stages").loop for it in st if isinstance(it, Fused)]
     kept = kept_grads(cell, group.nodes)
-    assert kept == {n for n in group.nodes if any(u in cell.params for u, _ in cell.reads(n))} and len(kept) == 4
+    assert kept == {n for n in group.nodes if any(u in cell.params for u, _ in cell.reads(n))} and len(kept) == 8
 
 
 def test_only_states_outputs_and_members_read_elsewhere_get_arriving_gradients():
@@ -94,7 +94,7 @@ def test_only_states_outputs_and_members_read_elsewhere_get_arriving_gradients()
 
 
 def test_a_backward_spec_stores_kept_gradients_and_reads_only_what_arrives():
-    """stored_only: the LSTM group's backward stores the 4 gradients its bias sums read (and its operands'), loads
+    """stored_only: the LSTM group's backward stores the 8 gradients its bias sums read (and its operands'), loads
     the arriving sums of c and h only, and reads only the values its templates name (the kept ones)."""
     from rnngraph.run.backends.cuda.fused import fused_backward_kernel, fused_forward_kernel, stored_only
     cell = load_cell("lstm", 4, 8)
@@ -102,12 +102,12 @@ def test_a_backward_spec_stores_kept_gradients_and_reads_only_what_arrives():
     nodes = group.nodes
     spec = stored_only(cell, nodes, "bwd", fused_backward_kernel(cell, nodes, set(cell.params)))
     stored = {n for kind, n in spec.outputs if kind == "grad"}
-    assert stored == {"add4", "add8", "add12", "add16"}
+    assert stored == {f"add{2 * k}" for k in range(1, 9)}       # both biases of each gate
     assert {dict(zip(spec.in_names + spec.out_names, spec.inputs + spec.outputs))[nm][1]
             for nm in spec.arrivals() + [n for n in spec.read_inputs() if n.startswith("gm")]} == {"c", "h"}
     values = {key for nm, (kind, key) in zip(spec.in_names, spec.inputs) if kind == "val" and nm in spec.read_inputs()}
     assert values <= kept_values(cell, nodes)
-    assert "T d4 = 0;" in spec.body and "T d14 = gm14;" in spec.body
+    assert "T d8 = 0;" in spec.body and "T d18 = gm18;" in spec.body      # add17: none arrives; c: its own
     fwd = stored_only(cell, nodes, "fwd", fused_forward_kernel(cell, nodes))
     assert {n for _, n in fwd.outputs} == kept_values(cell, nodes)
 
@@ -147,7 +147,7 @@ def test_the_gpu_finite_check_skips_what_its_kernels_never_store():
     lstm = load_cell("lstm", 4, 8)
     (group,) = [it for st in build_schedule(lstm, loop="stages").loop for it in st if isinstance(it, Fused)]
     dropped = set(group.nodes) - kept_values(lstm, group.nodes)
-    assert len(dropped) == 10 and CupyBackend.unstored(None, build_schedule(lstm, loop="stages")) == dropped
+    assert len(dropped) == 14 and CupyBackend.unstored(None, build_schedule(lstm, loop="stages")) == dropped
     ind = build_schedule(load_cell("indrnn", 4, 8), loop="elementwise")
     assert CupyBackend.unstored(None, ind) == CupyBackend.unstored(None, build_schedule(ind.cell, loop="stages")) - {
         n for st in ind.loop for it in st if isinstance(it, Fused) for n in it.nodes}

@@ -13,7 +13,8 @@ from rnngraph.run.backends import get_backend
 from rnngraph.run.backends.numpy_backend import NumpyBackend
 from rnngraph.run.executor import HANDLERS, Executor
 
-LSTM_FUSED = "add4, add8, add12, add16, add17, i, add18, f, add19, g, add20, o, mul21, mul22, c, tanh24, h"
+LSTM_FUSED = ("add2, add4, add6, add8, add10, add12, add14, add16, add17, i, add18, f, add19, g, add20, o, mul21, "
+              "mul22, c, tanh24, h")      # the input biases' adds too (sunk): no pre pass of their own
 EXPECTED = {
     "lstm": {
         "forward_loop": [f"stages 0+1: pair   linear3, linear7, linear11, linear15 -> {{{LSTM_FUSED}}}   "
@@ -22,25 +23,23 @@ EXPECTED = {
             ("post", []),
             ("loop", [f"stage 1: dfused {{{', '.join(reversed(LSTM_FUSED.split(', ')))}}}",
                       "stage 0: dgemm  dh@t-1 += d[linear3, linear7, linear11, linear15] · [W_hi; W_hf; W_hg; W_ho]"]),
-            ("reduce", ["dW_hi; dW_hf; dW_hg; dW_ho <- gemm over T", "db_hi <- sum over T", "db_hf <- sum over T",
-                        "db_hg <- sum over T", "db_ho <- sum over T"]),
-            ("pre", ["dfused {add14, add10, add6, add2}",
-                     "dgemm  dx += d[linear1, linear5, linear9, linear13] · [W_ii; W_if; W_ig; W_io]",
-                     "dW_ii; dW_if; dW_ig; dW_io <- gemm over T", "db_ii <- sum over T", "db_if <- sum over T",
-                     "db_ig <- sum over T", "db_io <- sum over T"]),
+            ("reduce", ["dW_hi; dW_hf; dW_hg; dW_ho <- gemm over T", "db_ii <- sum over T", "db_hi <- sum over T",
+                        "db_if <- sum over T", "db_hf <- sum over T", "db_ig <- sum over T", "db_hg <- sum over T",
+                        "db_io <- sum over T", "db_ho <- sum over T"]),
+            ("pre", ["dgemm  dx += d[linear1, linear5, linear9, linear13] · [W_ii; W_if; W_ig; W_io]",
+                     "dW_ii; dW_if; dW_ig; dW_io <- gemm over T"]),
             ("shared", [])]},
     "mgu": {
-        "forward_loop": ["stages 0+1: pair   linear3 -> {add4, f, mul7, one_minus10, mul11}   "
+        "forward_loop": ["stages 0+1: pair   linear3 -> {add2, add4, f, mul7, one_minus10, mul11}   "
                          "(one kernel where the backend can)",
-                         "stages 2+3: pair   linear8 -> {add9, n, mul12, h}   (one kernel where the backend can)"],
+                         "stages 2+3: pair   linear8 -> {add6, add9, n, mul12, h}   (one kernel where the backend can)"],
         "backward": [
             ("post", []),
-            ("loop", ["stage 3: dfused {h, mul12, n, add9}", "stage 2: dgemm  dmul7 += d[linear8] · [U_n]",
-                      "stage 1: dfused {mul11, one_minus10, mul7, f, add4}",
+            ("loop", ["stage 3: dfused {h, mul12, n, add9, add6}", "stage 2: dgemm  dmul7 += d[linear8] · [U_n]",
+                      "stage 1: dfused {mul11, one_minus10, mul7, f, add4, add2}",
                       "stage 0: dgemm  dh@t-1 += d[linear3] · [U_f]"]),
-            ("reduce", ["dU_f <- gemm over T", "dU_n <- gemm over T"]),
-            ("pre", ["dfused {add6, add2}", "dgemm  dx += d[linear1, linear5] · [W_f; W_n]",
-                     "dW_f; dW_n <- gemm over T", "db_f <- sum over T", "db_n <- sum over T"]),
+            ("reduce", ["dU_f <- gemm over T", "db_f <- sum over T", "dU_n <- gemm over T", "db_n <- sum over T"]),
+            ("pre", ["dgemm  dx += d[linear1, linear5] · [W_f; W_n]", "dW_f; dW_n <- gemm over T"]),
             ("shared", [])]},
 }
 
@@ -84,8 +83,8 @@ def test_backward_items_carry_the_decisions():
     assert isinstance(bwd_loop, StagesLoop) and bwd_loop.reverse and loop.per_frame
     assert [type(it) for st in bwd_loop.stages for it in st.items] == [FusedGrad, GemmGrad]
     assert not any(it.params for st in bwd_loop.stages for it in st.items)      # reduced once, after the loop
-    assert [type(r) for r in reduce.items] == [WeightGrad] + [ParamSum] * 4
-    assert reduce.items[1].terms == (("add4", 1),)                               # b_hi read by add4, slot 1
+    assert [type(r) for r in reduce.items] == [WeightGrad] + [ParamSum] * 8      # both biases of each gate
+    assert reduce.items[2].terms == (("add4", 1),)                               # b_hi read by add4, slot 1
     assert lstm.capture_problem is None and post.items == () == shared.items
     (persistent,) = build_schedule(load_cell("lstm", 8, 16)).backward[1].items             # auto's: the same stages
     assert isinstance(persistent, PersistentLoop) and persistent.reverse and persistent.stages == bwd_loop.stages
@@ -96,8 +95,8 @@ def test_post_item_reading_a_node_at_two_delays_adds_atomically():
     (post,) = sru.backward[0].items
     assert isinstance(post, FusedGrad) and post.one_kernel and post.atomic      # c at t and t-1
     assert sru.capture_problem is None and "(atomic adds: reads a node at several delays)" in str(sru)
-    assert [r.param for r in sru.backward[2].items] == ["v_f", "v_r"]          # loop's, then post's
-    assert sru.summary()["param_grad_reductions"] == ["dv_f <- sum over T"]      # the loop's only
+    assert [r.param for r in sru.backward[2].items] == ["b_f", "v_f", "v_r"]   # loop's (b_f sunk), then post's
+    assert sru.summary()["param_grad_reductions"] == ["db_f <- sum over T", "dv_f <- sum over T"]   # the loop's
 
 
 def test_naive_plan_takes_parameter_gradients_frame_by_frame():

@@ -50,8 +50,8 @@ def test_which_kernels_run_in_warp_roles():
                                                ("float", "gs[q * NB + b + r] =", "xs[b * 64 + u] =")])
 def test_each_role_does_its_part_of_a_frame(ctype, sums, hand):
     """The GEMM warps touch no frame array (their weights are in registers). The element warps load sLSTM's states
-    c, n, m (read at lag 1, stored at lag 0) before the loop only, then carry them in registers, and its four gate
-    inputs two frames ahead; in the loop: the wait for the sums, the operand into xs, the arrival, the loads of frame
+    c, n, m (read at lag 1, stored at lag 0) and its four input biases (sunk into the loop) before the loop only,
+    then carry them in registers, and its four gate inputs two frames ahead; in the loop: the wait for the sums, the operand into xs, the arrival, the loads of frame
     s + 2, the 11 values into stage[s mod 2] (not the four GEMM sums, which only adds read: elements.stored_sums),
     the carried states, the arrival at STAGED. The store warps read those values, free the stage, then store them
     to memory. No __syncthreads in the loop. In half storage the GEMM warps run on tensor cores (mma.sync, their
@@ -65,10 +65,11 @@ def test_each_role_does_its_part_of_a_frame(ctype, sums, hand):
     assert ("rg_mma(acc[i]" in gemm) == (ctype == "rg_bf16")
     before, loop = elements.split("for (int s = 0; s < NF; ++s) {", 1)
     assert len(re.findall(r"= AT\(pp\d+, ld\d+, 1, f\)", before)) == 3
-    assert len(re.findall(r"= AT\(pp\d+, ld\d+, 0, f\)", before)) == 8      # frames 0 and 1
+    assert len(re.findall(r"= AT\(pp\d+, ld\d+, 0, f\)", before)) == 12     # frames 0 and 1, the 4 biases once
     assert len(re.findall(r"= AT\(pp\d+, ld\d+, 0, f\)", loop)) == 4 and not re.search(r"AT\([^()=]*\) = ", loop)
+    carry = re.search(r"r_x\d+ = v\d+;", loop).group()       # a carried state takes its stored value
     marks = [loop.index(s) for s in ("rg_wait(SUMS", hand, "rg_arrive(OPERAND", "s + 2 < NF",
-                                     "SG(s & 1, 0) = v", "SG(s & 1, 10) = v", "r_x8 = v", "rg_arrive(STAGED")]
+                                     "SG(s & 1, 0) = v", "SG(s & 1, 10) = v", carry, "rg_arrive(STAGED")]
     assert marks == sorted(marks) and "SG(s & 1, 11)" not in loop
     marks = [stores.index(s) for s in ("rg_wait(STAGED", "= SG(s & 1, 10);", "rg_arrive(FREE", "AT(pp")]
     assert marks == sorted(marks) and len(re.findall(r"AT\(pp\d+, ld\d+, 0, f\) = w\d+;", stores)) == 11

@@ -200,6 +200,24 @@ def sections(cell: CellGraph) -> tuple[set, set, set]:
     return compute - dep, loop, (dep & compute) - loop
 
 
+SINKS = {OpKind.ADD, OpKind.SUB, OpKind.MUL}     # a frame and a parameter: a bias, a scale (sunk)
+
+
+def sunk(cell: CellGraph, pre: set, loop: set) -> set:
+    """The ops of pre that a loop whose frames run fused bodies computes in them instead (LoopStrategy.sinks): an
+    add, sub or mul of one frame value (a hoisted GEMM's output, an input) and parameters, whose every reader is in
+    the loop at delay 0 and which is no output. The loop then reads that frame value and the parameter, as many
+    bytes a frame as it read the op's output, and the op's pass over all T·B rows (an LSTM's bias: a read and a
+    write of [T·B, 4H], and its gradient's copy in the backward) is saved."""
+    g, out = cell.graph, set(cell.outputs)
+
+    def sinks(n):
+        reads = [cell.op(u).kind for u, _ in cell.reads(n)]
+        return (cell.op(n).kind in SINKS and n not in out and sum(k is not OpKind.PARAM for k in reads) == 1
+                and all(v in loop and d["delay"] == 0 for _, v, d in g.out_edges(n, data=True)))
+    return {n for n in pre if sinks(n)}
+
+
 def _merge(cell: CellGraph, nodes: list) -> list:
     """Items for one section, in dependence order: merged GEMMs and fused elementwise groups."""
     order = topo_order(cell.graph, nodes)
@@ -268,6 +286,9 @@ def build_schedule(cell: CellGraph, optimize: bool = True, loop: str = "auto", r
         stages = tuple((it,) for it in _singletons(cell, cell.frame_order()))
         return Schedule(cell, (), stages, (), hoist_param_grads=False, loop_strategy=strategy, state_classes=classes,
                         blocked_loops=no)
+    if STRATEGIES[strategy].sinks:
+        down = sunk(cell, pre, core)
+        pre, core = pre - down, core | down
     items = _merge(cell, list(core))
     q = nx.DiGraph()
     q.add_nodes_from(range(len(items)))

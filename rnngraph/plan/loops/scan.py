@@ -153,5 +153,6 @@ STRATEGY = LoopStrategy(
     name="scan", item=ScanLoop, needs="a linear_diagonal state", admits=lambda kinds: "linear_diagonal" in kinds,
     plan=scan_plan, title="loop: the rest in reverse time (if any), then one reverse scan over all frames",
     views=chain_views, reference=reference, describe=describe,
+    sinks=False,        # the scan reads a and b as hoisted arrays over all frames
     chunk_frames=0)     # each chunk a replay and copies that cost more than the scan: minGRU, T = 4096, B = 1,
                         # 1.79x whole calls in chunks of 1024

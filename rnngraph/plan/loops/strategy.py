@@ -26,6 +26,8 @@ class LoopStrategy:
     note: str | Callable | None = None  # a line `rnngraph schedule` adds under the forward loop, or (schedule) -> it
     runs_as: str | None = None      # what the reference amounts to, where it is another strategy ('stages')
     auto_by_reference: bool = True  # whether 'auto' picks it where a backend runs only the reference
+    sinks: bool = True              # whether its frames' fused bodies take in a hoisted GEMM's bias or scale
+                                    # (plan/schedule.py, sunk): where a frame runs fused bodies anyway
     chunk_frames: int = 1024        # graph mode's chunk of time for it unless the user sets one (0: whole calls),
                                     # measured (H200, training step, chunks / whole calls): LSTM persistent
                                     # and stages, minGRU elementwise at T = 1000, 2000 and 4096, B = 1 and 64:

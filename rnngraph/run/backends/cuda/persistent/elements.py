@@ -87,8 +87,10 @@ def epilogue(cell, p, arg, early: dict, tagged: dict, st: str, per: int = 1, xs=
     the GEMM's sums as stored in element type st), a group's body; per > 1: a thread's elements e = tid + i·NT,
     i < per, unrolled, so that the registers prefetch loaded them into are indexed by constants; xs: the line by
     which a pair's body also writes its GEMM's operand into the staged rows of x (heads.handed_on); arrive: lines
-    run right after it (roles.py), the pair's stores after them, then the lines `last`."""
-    walk = ["        for (int e = tid; e < nu * NB; e += NT) {"] if per == 1 else \
+    run right after it (roles.py: each thread exactly one element, no loop over them, so that the registers handed
+    on from frame to frame are renamed, not copied), the pair's stores after them, then the lines `last`."""
+    walk = ["        {   const int e = tid;      // warp roles: a thread exactly one element"] if arrive else \
+        ["        for (int e = tid; e < nu * NB; e += NT) {"] if per == 1 else \
         ["        #pragma unroll", f"        for (int i = 0; i < {per}; ++i) {{",
          "            const int e = tid + i * NT;", "            if (e >= nu * NB) break;"]
     head = walk + ["            const int b = e / nu, u = e - b * nu, f = u0 + u;", "            (void)f;"]

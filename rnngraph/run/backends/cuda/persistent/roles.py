@@ -185,15 +185,17 @@ def mma_parts(p, G: int, mw: int, w: str, x: str, ld: str) -> tuple:
 def element_inputs(cell, p, arg) -> tuple:
     """({name: register}, {field: lines}) of the element warps' inputs of the forward pair p (elements.read_ahead),
     each in a register: a state the body stores at lag 0 and reads at lag 1 (sLSTM's c, n, m) is loaded from memory
-    at frame 0 only, then carried as stored (the register takes the stored value after the stores, `carry`); the
-    rest is loaded two frames ahead (`second`, then `ahead` right after the element's arrival at OPERAND, into the
+    at frame 0 only, then carried as stored (the register takes the stored value after the stores, `carry`); a
+    parameter (a bias the loop adds, plan.schedule.sunk) at frame 0 only, the same every frame; the rest is loaded
+    two frames ahead (`second`, then `ahead` right after the element's arrival at OPERAND, into the
     n-registers, which `rotate` hands on first), so its trip to memory overlaps a frame's GEMM and body."""
     spec, where = sources(cell, p.item.fused.nodes, "fwd")
     stored = {where[nm][1]: v for nm, v, op in spec.stores if op == "=" and where[nm][2] == 0}
     wanted = read_ahead(cell, p)
     carried = {nm: stored[src[1]] for nm, src in wanted if src[0] == "val" and src[2] == 1 and src[1] in stored}
+    fixed = {nm for nm, src in wanted if src[1] in cell.params}     # a bias (schedule.sunk): every frame's
     cur = {nm: f"r_{nm}" for nm, _ in wanted}
-    ahead = [(nm, src) for nm, src in wanted if nm not in carried]
+    ahead = [(nm, src) for nm, src in wanted if nm not in carried and nm not in fixed]
     load = lambda regs, items: "".join(f" {regs[nm]} = {element_at(arg, src)};" for nm, src in items)
     nxt = {nm: f"n_{nm}" for nm, _ in ahead}
     regs = [f"{r} = {{}}" for r in (*cur.values(), *nxt.values())]
