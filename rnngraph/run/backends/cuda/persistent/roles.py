@@ -100,24 +100,23 @@ ROLES_BODY = r"""{load}
 """
 STORE = re.compile(r"^(\s*)(AT\(.*\)) = (.*);$")     # an epilogue's store: AT(p, ld, lag, col) = value;
 
-# On tensor cores (half storage, one head a block, at most 8 rows): GEMM warp w holds the A fragments of its MTW
-# tiles of 16 weight rows in registers for the whole call, and x's rows are B, one tile of 8 rows (a block of a
-# few rows pads half as much as with x as A, 16 rows a tile); x sits in shared memory as stored, rows XLD apart
-MMA_WEIGHTS = r"""    unsigned wf[{MTW}][{KSTEPS}][4] = {{}};     // the GEMM warps' weight fragments, for every frame
+# On tensor cores (half storage, one head a block, at most 16 rows): GEMM warp w holds the weight fragments of its
+# NTW tiles of 8 weight rows in registers for the whole call; x sits in shared memory as stored, rows XLD apart
+MMA_WEIGHTS = r"""    unsigned wf[{NTW}][{KSTEPS}][2] = {{}};     // the GEMM warps' weight fragments, for every frame
     if (warp < MW) {{
         {units}
         const int g = lane >> 2, c = (lane & 3) * 2;
         #pragma unroll
-        for (int i = 0; i < {MTW}; ++i)
+        for (int i = 0; i < {NTW}; ++i)
             #pragma unroll
             for (int ks = 0; ks < {KSTEPS}; ++ks)
                 #pragma unroll
-                for (int h = 0; h < 4; ++h) {{      // A[m][k] = W[q][k], q = 16 tile + m: m = g (+ 8), k = 2c' (+ 8)
-                    const int q = (warp * {MTW} + i) * 16 + g + (h & 1) * 8, j = q / nu, u = q - j * nu;
+                for (int h = 0; h < 2; ++h) {{      // B[k][n] = W[q = n][k]: k = 2c', 2c' + 1 (+ 8), n = g
+                    const int q = (warp * {NTW} + i) * 8 + g, j = q / nu, u = q - j * nu;
                     (void)j; (void)u;
                     unsigned lo, hi;
-                    {{ const int k = ks * 16 + (h >> 1) * 8 + c; lo = (unsigned)({w}).u; }}
-                    {{ const int k = ks * 16 + (h >> 1) * 8 + c + 1; hi = (unsigned)({w}).u; }}
+                    {{ const int k = ks * 16 + h * 8 + c; lo = (unsigned)({w}).u; }}
+                    {{ const int k = ks * 16 + h * 8 + c + 1; hi = (unsigned)({w}).u; }}
                     wf[i][ks][h] = lo | (hi << 16);
                 }}
     }}"""
@@ -126,23 +125,24 @@ MMA_STAGE = r"""        for (int e = tid; e < NB * {K}; e += NT) {{
             ((ST*)xs)[b * XLD + i] = AT({x}, {ld}, {lag}, (u0 / {per}) * {K} + i);
         }}"""
 MMA_SUMS = r"""
-        {{  // tensor cores: warp w's MTW tiles of 16 weight rows against x's NB rows (one tile of 8, the rest zero)
+        {{  // tensor cores: x's NB rows (one tile of 16, the rest zero) against warp w's NTW tiles of 8 weight rows
             const int g = lane >> 2, c = (lane & 3) * 2;
             const ST* xh = (const ST*)xs;
-            float acc[{MTW}][4] = {{}};
+            float acc[{NTW}][4] = {{}};
             #pragma unroll
-            for (int ks = 0; ks < {KSTEPS}; ++ks) {{      // B[k][n] = x[row n = g][k]: k = 2c', 2c' + 1 (+ 8)
-                const unsigned b0 = g < NB ? *(const unsigned*)(xh + g * XLD + ks * 16 + c) : 0u;
-                const unsigned b1 = g < NB ? *(const unsigned*)(xh + g * XLD + ks * 16 + 8 + c) : 0u;
+            for (int ks = 0; ks < {KSTEPS}; ++ks) {{
+                const unsigned a0 = g < NB ? *(const unsigned*)(xh + g * XLD + ks * 16 + c) : 0u;
+                const unsigned a1 = g + 8 < NB ? *(const unsigned*)(xh + (g + 8) * XLD + ks * 16 + c) : 0u;
+                const unsigned a2 = g < NB ? *(const unsigned*)(xh + g * XLD + ks * 16 + 8 + c) : 0u;
+                const unsigned a3 = g + 8 < NB ? *(const unsigned*)(xh + (g + 8) * XLD + ks * 16 + 8 + c) : 0u;
                 #pragma unroll
-                for (int i = 0; i < {MTW}; ++i)
-                    rg_mma(acc[i], wf[i][ks][0], wf[i][ks][1], wf[i][ks][2], wf[i][ks][3], b0, b1);
+                for (int i = 0; i < {NTW}; ++i) rg_mma(acc[i], a0, a1, a2, a3, wf[i][ks][0], wf[i][ks][1]);
             }}
             #pragma unroll
-            for (int i = 0; i < {MTW}; ++i) {{      // D[m][n]: weight rows g (and g + 8), x rows 2c', 2c' + 1
-                const int q = (warp * {MTW} + i) * 16 + g;
-                if (c < NB) {{ gs[q * NB + c] = acc[i][0]; gs[(q + 8) * NB + c] = acc[i][2]; }}
-                if (c + 1 < NB) {{ gs[q * NB + c + 1] = acc[i][1]; gs[(q + 8) * NB + c + 1] = acc[i][3]; }}
+            for (int i = 0; i < {NTW}; ++i) {{      // D[b][n]: rows g (and g + 8), weight rows 2c', 2c' + 1
+                const int q = (warp * {NTW} + i) * 8 + c;
+                if (g < NB) {{ gs[q * NB + g] = acc[i][0]; gs[(q + 1) * NB + g] = acc[i][1]; }}
+                if (g + 8 < NB) {{ gs[q * NB + g + 8] = acc[i][2]; gs[(q + 1) * NB + g + 8] = acc[i][3]; }}
             }}
         }}"""
 
@@ -162,24 +162,24 @@ def warp_roles(p, G: int, B: int, rows: int, mma_warps: int | None) -> tuple | N
 
 def tensor_core_warps(p, G: int, B: int, st: str) -> int | None:
     """The GEMM warps (MW) where warp roles run the GEMM on tensor cores (MMA_SUMS): half storage, a block one
-    head whose width is a multiple of 16, at most 8 rows (one tile); the most of 8, 4, 2, 1 that share the nq/16
-    tiles of 16 weight rows evenly. Else None (CUDA cores)."""
+    head whose width is a multiple of 16, at most 16 rows (one tile); the most of 8, 4, 2, 1 that share the nq/8
+    tiles of 8 weight rows evenly. Else None (CUDA cores)."""
     nq = p.units // G * p.m
-    if st not in HALF_TYPES or p.heads != G or p.width % 16 or B > 8 or nq % 16:
+    if st not in HALF_TYPES or p.heads != G or p.width % 16 or B > 16 or nq % 8:
         return None
-    return next(w for w in (8, 4, 2, 1) if nq // 16 % w == 0)
+    return next(w for w in (8, 4, 2, 1) if nq // 8 % w == 0)
 
 
 def mma_parts(p, G: int, mw: int, w: str, x: str, ld: str) -> tuple:
     """({#define: value}, the weights' load, frame 0's staging, the sums) of the GEMM warps on tensor cores: w the
     weights' element (q = j·nu + u, k) in memory (heads.head_weight), x and ld the operand's frame array."""
     nq, K = p.units // G * p.m, p.width
-    mtw, ksteps = nq // 16 // mw, K // 16
+    ntw, ksteps = nq // 8 // mw, K // 16
     it = p.item.gemm
     defs = {"MW": mw, "XLD": K + 8}     # rows 16 bytes apart past K: a warp's 8 rows in distinct banks
-    return (defs, MMA_WEIGHTS.format(MTW=mtw, KSTEPS=ksteps, units=block_units(p.units), w=w),
+    return (defs, MMA_WEIGHTS.format(NTW=ntw, KSTEPS=ksteps, units=block_units(p.units), w=w),
             MMA_STAGE.format(K=K, x=x, ld=ld, lag=it.delay, per=p.units // p.heads),
-            MMA_SUMS.format(MTW=mtw, KSTEPS=ksteps))
+            MMA_SUMS.format(NTW=ntw, KSTEPS=ksteps))
 
 
 def element_inputs(cell, p, arg) -> tuple:
