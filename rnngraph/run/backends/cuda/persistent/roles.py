@@ -193,7 +193,7 @@ def element_inputs(cell, p, arg) -> tuple:
     stored = {where[nm][1]: v for nm, v, op in spec.stores if op == "=" and where[nm][2] == 0}
     wanted = read_ahead(cell, p)
     carried = {nm: stored[src[1]] for nm, src in wanted if src[0] == "val" and src[2] == 1 and src[1] in stored}
-    fixed = {nm for nm, src in wanted if src[1] in cell.params}     # a bias (schedule.sunk): every frame's
+    fixed = {nm for nm, src in wanted if src[1] in cell.params}     # a bias (schedule.sunk): the same every frame
     cur = {nm: f"r_{nm}" for nm, _ in wanted}
     ahead = [(nm, src) for nm, src in wanted if nm not in carried and nm not in fixed]
     load = lambda regs, items: "".join(f" {regs[nm]} = {element_at(arg, src)};" for nm, src in items)
