@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from rnngraph.run.backends.cuda.source import complete
+from rnngraph.run.backends.cuda.source import complete, options
 
 
 def _nvrtc():
@@ -26,13 +26,13 @@ def _nvrtc():
 
 
 def nvrtc_compile(source: str, name: str):
-    """Compiles a generated source (as the cupy backend completes it) for sm_90; fails the test with the
-    compiler's log."""
+    """Compiles a generated source (as the cupy backend completes it, with its options) for sm_90; fails the test
+    with the compiler's log."""
     lib, prog = _nvrtc(), ctypes.c_void_p()
     assert lib.nvrtcCreateProgram(ctypes.byref(prog), complete(source).encode(), f"{name}.cu".encode(), 0, None,
                                   None) == 0
-    opts = (ctypes.c_char_p * 2)(b"-arch=compute_90", b"-default-device")
-    rc = lib.nvrtcCompileProgram(prog, 2, opts)
+    given = [b"-arch=compute_90", b"-default-device", *(o.encode() for o in options(source))]
+    rc = lib.nvrtcCompileProgram(prog, len(given), (ctypes.c_char_p * len(given))(*given))
     size = ctypes.c_size_t()
     lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
     log = ctypes.create_string_buffer(size.value)

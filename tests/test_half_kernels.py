@@ -14,7 +14,7 @@ from rnngraph.run.backends.cuda.persistent.kernels import persistent_kernel
 from rnngraph.run.backends.cuda.source import CTYPES
 from rnngraph.run.backends.cuda.rows import row_backward_kernel, row_forward_kernel
 from rnngraph.run.backends.cuda.scan import scan_source
-from rnngraph.run.backends.cuda.source import HALF_PRELUDE, complete, math_type
+from rnngraph.run.backends.cuda.source import HALF_PRELUDE, complete, math_type, options
 from nvrtc import nvrtc_compile
 from test_persistent import GEMM_CORES, loops
 
@@ -95,6 +95,16 @@ def test_sources_without_half_types_are_compiled_as_they_are():
     src = matmul_source("gemv", "float")
     assert complete(src) == src and complete(matmul_source("gemv", "rg_bf16")).startswith(HALF_PRELUDE)
     assert [math_type(t) for t in ("float", "double", *HALF)] == ["float", "double", "float", "float"]
+
+
+def test_only_bfloat16_sources_compile_with_fast_math():
+    """bfloat16's rounding unit (2^-8) is 8 times tanh.approx's error; float16's is not, and float32 and float64
+    must keep every bit: their kernels compile exactly (no options)."""
+    cell = load_cell("slstm", 8, 64, heads=2)
+    fwd = loops(cell)[0]
+    got = {t: options(persistent_kernel(cell, fwd, t, 1, 2).source) for t in ("float", "double", *HALF)}
+    assert got == {"float": (), "double": (), "rg_bf16": ("--use_fast_math",), "rg_f16": ()}
+    assert options(matmul_source("gemv", "rg_bf16")) == ("--use_fast_math",)
 
 
 def test_a_stored_element_picked_by_a_ternary_is_converted_to_float_first():

@@ -46,12 +46,12 @@ def test_which_kernels_run_in_warp_roles():
     assert roles(persistent_kernel(odd, loops(odd)[0], "rg_bf16", 1, 2)) is None
 
 
-@pytest.mark.parametrize("ctype, sums, hand", [("rg_bf16", "gs[q * NB + g] = acc", "((ST*)xs)[b * XLD + u] ="),
+@pytest.mark.parametrize("ctype, sums, hand", [("rg_bf16", "gs[q * NB + c] = acc", "((ST*)xs)[b * XLD + u] ="),
                                                ("float", "gs[q * NB + b + r] =", "xs[b * 64 + u] =")])
 def test_each_role_does_its_part_of_a_frame(ctype, sums, hand):
     """The GEMM warps touch no frame array (their weights are in registers). The element warps load sLSTM's states
     c, n, m (read at lag 1, stored at lag 0) and its four input biases (sunk into the loop) before the loop only,
-    then carry them in registers, and its four gate inputs two frames ahead; in the loop: the wait for the sums,
+    then carry them in registers, and its four gate inputs two frames ahead, even and odd frames into registers of their own; in each frame: the wait for the sums,
     the operand into xs, the arrival, the loads of frame s + 2, the 11 values into stage[s mod 2] (not the four
     GEMM sums, which only adds read: elements.stored_sums), the carried states, the arrival at STAGED. The store
     warps read those values, free the stage, then store them to memory. No __syncthreads in the loop. In half
@@ -64,14 +64,18 @@ def test_each_role_does_its_part_of_a_frame(ctype, sums, hand):
     assert "AT(" not in gemm and "__syncthreads" not in gemm + elements + stores
     assert gemm.index(sums) < gemm.index("rg_arrive(SUMS") < gemm.index("rg_wait(OPERAND")
     assert ("rg_mma(acc[i]" in gemm) == (ctype == "rg_bf16")
-    before, loop = elements.split("for (int s = 0; s < NF; ++s) {", 1)
+    before, loop = elements.split("for (int s2 = 0; s2 < NF; s2 += 2) {", 1)
     assert len(re.findall(r"= AT\(pp\d+, ld\d+, 1, f\)", before)) == 3
     assert len(re.findall(r"= AT\(pp\d+, ld\d+, 0, f\)", before)) == 12     # frames 0 and 1, the 4 biases once
-    assert len(re.findall(r"= AT\(pp\d+, ld\d+, 0, f\)", loop)) == 4 and not re.search(r"AT\([^()=]*\) = ", loop)
-    carry = re.search(r"r_x\d+ = v\d+;", loop).group()       # a carried state takes its stored value
-    marks = [loop.index(s) for s in ("rg_wait(SUMS", hand, "rg_arrive(OPERAND", "s + 2 < NF",
-                                     "SG(s & 1, 0) = v", "SG(s & 1, 10) = v", carry, "rg_arrive(STAGED")]
-    assert marks == sorted(marks) and "SG(s & 1, 11)" not in loop
+    frames = loop.split("if (s2 + 1 < NF) {", 1)
+    for k, (frame, regs) in enumerate(zip(frames, ("r_", "n_"))):      # even and odd frames, each its own inputs
+        loads = re.findall(r"(\w+) = AT\(pp\d+, ld\d+, 0, f\)", frame)
+        assert len(loads) == 4 and all(r.startswith(regs) and f"= {r};" in frame for r in loads)
+        assert not re.search(r"AT\([^()=]*\) = ", frame)
+        carry = re.search(r"r_x\d+ = v\d+;", frame).group()       # a carried state takes its stored value
+        marks = [frame.index(s) for s in ("rg_wait(SUMS", hand, "rg_arrive(OPERAND", "s + 2 < NF",
+                                          f"SG({k}, 0) = v", f"SG({k}, 10) = v", carry, f"rg_arrive(STAGED + {k}")]
+        assert marks == sorted(marks) and f"SG({k}, 11)" not in frame
     marks = [stores.index(s) for s in ("rg_wait(STAGED", "= SG(s & 1, 10);", "rg_arrive(FREE", "AT(pp")]
     assert marks == sorted(marks) and len(re.findall(r"AT\(pp\d+, ld\d+, 0, f\) = w\d+;", stores)) == 11
 
@@ -91,16 +95,16 @@ def test_roles_sources_compile(dtype):
 @pytest.mark.parametrize("name, H, B, dtype, roles_ran", [
     ("slstm", 64, 1, "bfloat16", (256, 32)), ("slstm", 64, 2, "float32", (256, 64)),
     ("mh_lstm", 64, 2, "float16", (256, 64)), ("mh_lstm", 128, 2, "bfloat16", (256, 128)),
-    ("mh_lstm", 32, 8, "bfloat16", (256, 128)),        # heads of 16 units, 8 rows
+    ("mh_lstm", 32, 8, "bfloat16", (128, 128)),        # heads of 16 units, 8 rows: x's tile of 8 rows full
     ("slstm", 48, 1, "bfloat16", None), ("slstm", 16, 5, "float32", None)])
 def test_warp_roles_compute_the_reference(name, H, B, dtype, roles_ran):
     """Blocks one after another (none reads another's head), ragged lengths, then chunks of 4, 4 and 1 frames (a
-    launch a chunk, each staging its first frame's operand); half storage on tensor cores (mma.sync emulated,
-    16-row tiles of which B rows are real). Where a block's elements do not fill whole warps
-    (heads of 24 units at B = 1, of 8 at B = 5), the kernel runs without roles, so that no warp arrives at a
-    barrier with only some of its threads."""
+    launch a chunk, each staging its first frame's operand); half storage on tensor cores (mma.sync emulated:
+    tiles of 16 weight rows against x's rows in a tile of 8, of which B rows are real). Where a block's elements
+    do not fill whole warps (heads of 24 units at B = 1, of 8 at B = 5), the kernel runs without roles, so that no
+    warp arrives at a barrier with only some of its threads."""
     cell = load_cell(name, 8, H, heads=2)
-    args, lengths = problem_arrays(cell, 9, B, dtype), np.array(([9, 4, 1, 7, 2] * 2)[:B])
+    args, lengths = problem_arrays(cell, 9, B, dtype), np.array(([9, 4, 1, 7, 2] * 3)[:B])
     for chunk in (None, 4):
         be = Emulated(None, True)
         got = run_executor(Executor(cell, be, loop="persistent", chunk=chunk), *args, lengths)

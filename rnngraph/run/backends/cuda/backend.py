@@ -21,7 +21,7 @@ from .pair import GEMV_FUSED_ROWS, PAIR_MAX_BYTES, pair_kernel
 from .param_grad import chunks, param_grad_kernel, sum_source
 from .recordings import Recordings, chunk_frames_setting
 from .rows import group_kernel, row_group
-from .source import CTYPES, complete
+from .source import CTYPES, complete, options
 
 _KERNELS: dict = {}      # process-wide cache: (kernel name, generated source) -> compiled kernel object
 
@@ -322,7 +322,8 @@ class CupyBackend(ArrayBackend):
     def raw(self, name: str, src: str, cooperative: bool = False):
         """The compiled kernel `name` of `src`, built once per process (cooperative: launched so)."""
         if (name, src) not in _KERNELS:
-            _KERNELS[name, src] = self.xp.RawKernel(complete(src), name, enable_cooperative_groups=cooperative)
+            _KERNELS[name, src] = self.xp.RawKernel(complete(src), name, options=options(src),
+                                                    enable_cooperative_groups=cooperative)
         return _KERNELS[name, src]
 
     COMPILE = {Gemm: _compile_gemm, GemmGrad: _compile_gemm_grad, Fused: _compile_fused,

@@ -289,16 +289,16 @@ def _in_roles(cell, p, roles: tuple, arg, woff: int, st: str, G: int, B: int, ro
     """({#define: value}, the body after KERNEL_HEAD, the math-type elements of shared memory it adds after `total`)
     of the forward whose only phase is the handed-on pair p, its weights resident, in warp roles (MT, ET)
     (roles.py), the GEMM on mw warps' tensor cores where mw is given."""
-    early, inputs = element_inputs(cell, p, arg)
+    sets, inputs = element_inputs(cell, p, arg)
     x, xw = _head_x(p, arg), staged(p, G, True)
     if mw:
         more, load, stage, sums = mma_parts(p, G, mw, _head_w(p, arg), x, ld_arg(x))
     else:
         more, load = {}, resident_rows(p, woff, rows, _head_w(p, arg))
         stage, sums = head_thread_parts(p, woff, x, ld_arg(x), xw, row_stride(p.width, ITEMSIZE[st]), st, rows, True)
-    elements = epilogue(cell, p, arg, early, {}, st, 1, _handing_on(p, xw, st, mw and "XLD"), inputs["arrive"],
-                        inputs["carry"])
-    defs, text, extra = roles_body(p, roles, load, stage, sums, inputs, elements, total, ITEMSIZE[st],
+    frames = [epilogue(cell, p, arg, early, {}, st, 1, _handing_on(p, xw, st, mw and "XLD"), arrive, inputs["carry"])
+              for early, arrive in zip(sets, inputs["arrive"])]
+    defs, text, extra = roles_body(p, roles, load, stage, sums, inputs, frames, total, ITEMSIZE[st],
                                    ITEMSIZE[math_type(st)])
     return {**defs, **more}, text, extra
 

@@ -46,6 +46,13 @@ STAGE_DEFINE = r"""// stage[k]: value j of element tid, as stored
 #define SG(k, j) ((ST*)(smem + STAGE_OFF))[((k) * NV + (j)) * ET + tid]
 """
 
+ROLES_FRAME = r"""                if (s >= 2) rg_wait(FREE + {k}, 2 * ET);
+                rg_wait(SUMS, MT + ET);
+                {{  {units}
+{elements}
+                }}
+                rg_arrive(STAGED + {k}, 2 * ET);"""      # frame s of the element warps, k = s mod 2
+
 ROLES_BODY = r"""{load}
     __syncthreads();
     if (NF > 0) {{          // frame 0's operand, staged by every thread
@@ -74,15 +81,14 @@ ROLES_BODY = r"""{load}
                 if (NF > 1) {{ const int t = 1;{second} }}
             }}
         }}
-        #pragma unroll 2
-        for (int s = 0; s < NF; ++s) {{        // two frames an iteration: the n-registers alternate, not copied
-            const int t = s;
-            if (s >= 2) rg_wait(FREE + (s & 1), 2 * ET);
-            rg_wait(SUMS, MT + ET);
-            {{  {units}
-{elements}
+        for (int s2 = 0; s2 < NF; s2 += 2) {{     // two frames an iteration, each its own input registers
+            {{  const int s = s2, t = s;
+{even}
             }}
-            rg_arrive(STAGED + (s & 1), 2 * ET);
+            if (s2 + 1 < NF) {{
+                const int s = s2 + 1, t = s;
+{odd}
+            }}
         }}
         for (int s = NF < 2 ? 0 : NF - 2; s < NF; ++s) rg_wait(FREE + (s & 1), 2 * ET);
     }} else if (tid < MT + 2 * ET) {{   // store warps, each element e = tid's values
@@ -100,23 +106,24 @@ ROLES_BODY = r"""{load}
 """
 STORE = re.compile(r"^(\s*)(AT\(.*\)) = (.*);$")     # an epilogue's store: AT(p, ld, lag, col) = value;
 
-# On tensor cores (half storage, one head a block, at most 16 rows): GEMM warp w holds the weight fragments of its
-# NTW tiles of 8 weight rows in registers for the whole call; x sits in shared memory as stored, rows XLD apart
-MMA_WEIGHTS = r"""    unsigned wf[{NTW}][{KSTEPS}][2] = {{}};     // the GEMM warps' weight fragments, for every frame
+# On tensor cores (half storage, one head a block, at most 8 rows): GEMM warp w holds the A fragments of its MTW
+# tiles of 16 weight rows in registers for the whole call, and x's rows are B, one tile of 8 rows (a block of a
+# few rows pads half as much as with x as A, 16 rows a tile); x sits in shared memory as stored, rows XLD apart
+MMA_WEIGHTS = r"""    unsigned wf[{MTW}][{KSTEPS}][4] = {{}};     // the GEMM warps' weight fragments, for every frame
     if (warp < MW) {{
         {units}
         const int g = lane >> 2, c = (lane & 3) * 2;
         #pragma unroll
-        for (int i = 0; i < {NTW}; ++i)
+        for (int i = 0; i < {MTW}; ++i)
             #pragma unroll
             for (int ks = 0; ks < {KSTEPS}; ++ks)
                 #pragma unroll
-                for (int h = 0; h < 2; ++h) {{      // B[k][n] = W[q = n][k]: k = 2c', 2c' + 1 (+ 8), n = g
-                    const int q = (warp * {NTW} + i) * 8 + g, j = q / nu, u = q - j * nu;
+                for (int h = 0; h < 4; ++h) {{      // A[m][k] = W[q][k], q = 16 tile + m: m = g (+ 8), k = 2c' (+ 8)
+                    const int q = (warp * {MTW} + i) * 16 + g + (h & 1) * 8, j = q / nu, u = q - j * nu;
                     (void)j; (void)u;
                     unsigned lo, hi;
-                    {{ const int k = ks * 16 + h * 8 + c; lo = (unsigned)({w}).u; }}
-                    {{ const int k = ks * 16 + h * 8 + c + 1; hi = (unsigned)({w}).u; }}
+                    {{ const int k = ks * 16 + (h >> 1) * 8 + c; lo = (unsigned)({w}).u; }}
+                    {{ const int k = ks * 16 + (h >> 1) * 8 + c + 1; hi = (unsigned)({w}).u; }}
                     wf[i][ks][h] = lo | (hi << 16);
                 }}
     }}"""
@@ -125,24 +132,23 @@ MMA_STAGE = r"""        for (int e = tid; e < NB * {K}; e += NT) {{
             ((ST*)xs)[b * XLD + i] = AT({x}, {ld}, {lag}, (u0 / {per}) * {K} + i);
         }}"""
 MMA_SUMS = r"""
-        {{  // tensor cores: x's NB rows (one tile of 16, the rest zero) against warp w's NTW tiles of 8 weight rows
+        {{  // tensor cores: warp w's MTW tiles of 16 weight rows against x's NB rows (one tile of 8, the rest zero)
             const int g = lane >> 2, c = (lane & 3) * 2;
             const ST* xh = (const ST*)xs;
-            float acc[{NTW}][4] = {{}};
+            float acc[{MTW}][4] = {{}};
             #pragma unroll
-            for (int ks = 0; ks < {KSTEPS}; ++ks) {{
-                const unsigned a0 = g < NB ? *(const unsigned*)(xh + g * XLD + ks * 16 + c) : 0u;
-                const unsigned a1 = g + 8 < NB ? *(const unsigned*)(xh + (g + 8) * XLD + ks * 16 + c) : 0u;
-                const unsigned a2 = g < NB ? *(const unsigned*)(xh + g * XLD + ks * 16 + 8 + c) : 0u;
-                const unsigned a3 = g + 8 < NB ? *(const unsigned*)(xh + (g + 8) * XLD + ks * 16 + 8 + c) : 0u;
+            for (int ks = 0; ks < {KSTEPS}; ++ks) {{      // B[k][n] = x[row n = g][k]: k = 2c', 2c' + 1 (+ 8)
+                const unsigned b0 = g < NB ? *(const unsigned*)(xh + g * XLD + ks * 16 + c) : 0u;
+                const unsigned b1 = g < NB ? *(const unsigned*)(xh + g * XLD + ks * 16 + 8 + c) : 0u;
                 #pragma unroll
-                for (int i = 0; i < {NTW}; ++i) rg_mma(acc[i], a0, a1, a2, a3, wf[i][ks][0], wf[i][ks][1]);
+                for (int i = 0; i < {MTW}; ++i)
+                    rg_mma(acc[i], wf[i][ks][0], wf[i][ks][1], wf[i][ks][2], wf[i][ks][3], b0, b1);
             }}
             #pragma unroll
-            for (int i = 0; i < {NTW}; ++i) {{      // D[b][n]: rows g (and g + 8), weight rows 2c', 2c' + 1
-                const int q = (warp * {NTW} + i) * 8 + c;
-                if (g < NB) {{ gs[q * NB + g] = acc[i][0]; gs[(q + 1) * NB + g] = acc[i][1]; }}
-                if (g + 8 < NB) {{ gs[q * NB + g + 8] = acc[i][2]; gs[(q + 1) * NB + g + 8] = acc[i][3]; }}
+            for (int i = 0; i < {MTW}; ++i) {{      // D[m][n]: weight rows g (and g + 8), x rows 2c', 2c' + 1
+                const int q = (warp * {MTW} + i) * 16 + g;
+                if (c < NB) {{ gs[q * NB + c] = acc[i][0]; gs[(q + 8) * NB + c] = acc[i][2]; }}
+                if (c + 1 < NB) {{ gs[q * NB + c + 1] = acc[i][1]; gs[(q + 8) * NB + c + 1] = acc[i][3]; }}
             }}
         }}"""
 
@@ -162,55 +168,55 @@ def warp_roles(p, G: int, B: int, rows: int, mma_warps: int | None) -> tuple | N
 
 def tensor_core_warps(p, G: int, B: int, st: str) -> int | None:
     """The GEMM warps (MW) where warp roles run the GEMM on tensor cores (MMA_SUMS): half storage, a block one
-    head whose width is a multiple of 16, at most 16 rows (one tile); the most of 8, 4, 2, 1 that share the nq/8
-    tiles of 8 weight rows evenly. Else None (CUDA cores)."""
+    head whose width is a multiple of 16, at most 8 rows (one tile); the most of 8, 4, 2, 1 that share the nq/16
+    tiles of 16 weight rows evenly. Else None (CUDA cores)."""
     nq = p.units // G * p.m
-    if st not in HALF_TYPES or p.heads != G or p.width % 16 or B > 16 or nq % 8:
+    if st not in HALF_TYPES or p.heads != G or p.width % 16 or B > 8 or nq % 16:
         return None
-    return next(w for w in (8, 4, 2, 1) if nq // 8 % w == 0)
+    return next(w for w in (8, 4, 2, 1) if nq // 16 % w == 0)
 
 
 def mma_parts(p, G: int, mw: int, w: str, x: str, ld: str) -> tuple:
     """({#define: value}, the weights' load, frame 0's staging, the sums) of the GEMM warps on tensor cores: w the
     weights' element (q = j·nu + u, k) in memory (heads.head_weight), x and ld the operand's frame array."""
     nq, K = p.units // G * p.m, p.width
-    ntw, ksteps = nq // 8 // mw, K // 16
+    mtw, ksteps = nq // 16 // mw, K // 16
     it = p.item.gemm
     defs = {"MW": mw, "XLD": K + 8}     # rows 16 bytes apart past K: a warp's 8 rows in distinct banks
-    return (defs, MMA_WEIGHTS.format(NTW=ntw, KSTEPS=ksteps, units=block_units(p.units), w=w),
+    return (defs, MMA_WEIGHTS.format(MTW=mtw, KSTEPS=ksteps, units=block_units(p.units), w=w),
             MMA_STAGE.format(K=K, x=x, ld=ld, lag=it.delay, per=p.units // p.heads),
-            MMA_SUMS.format(NTW=ntw, KSTEPS=ksteps))
+            MMA_SUMS.format(MTW=mtw, KSTEPS=ksteps))
 
 
 def element_inputs(cell, p, arg) -> tuple:
-    """({name: register}, {field: lines}) of the element warps' inputs of the forward pair p (elements.read_ahead),
-    each in a register: a state the body stores at lag 0 and reads at lag 1 (sLSTM's c, n, m) is loaded from memory
-    at frame 0 only, then carried as stored (the register takes the stored value after the stores, `carry`); a
-    parameter (a bias the loop adds, plan.schedule.sunk) at frame 0 only, the same every frame; the rest is loaded
-    two frames ahead (`second`, then `ahead` right after the element's arrival at OPERAND, into the
-    n-registers, which `rotate` hands on first), so its trip to memory overlaps a frame's GEMM and body."""
+    """([{name: register}] of even and odd frames, {field: lines}) of the element warps' inputs of the forward pair
+    p (elements.read_ahead), each in a register: a state the body stores at lag 0 and reads at lag 1 (sLSTM's c, n,
+    m) is loaded from memory at frame 0 only, then carried as stored (the register takes the stored value after
+    the stores, `carry`); a parameter (a bias the loop adds, plan.schedule.sunk) at frame 0 only, the same every
+    frame; the rest is loaded two frames ahead into registers of its own for even (r_) and odd (n_) frames: frame
+    s's set is loaded again with frame s + 2's inputs right after the element's arrival at OPERAND (`arrive`, one
+    list a parity), so each load has two frames' GEMM and body to arrive in, and no register is copied."""
     spec, where = sources(cell, p.item.fused.nodes, "fwd")
     stored = {where[nm][1]: v for nm, v, op in spec.stores if op == "=" and where[nm][2] == 0}
     wanted = read_ahead(cell, p)
     carried = {nm: stored[src[1]] for nm, src in wanted if src[0] == "val" and src[2] == 1 and src[1] in stored}
     fixed = {nm for nm, src in wanted if src[1] in cell.params}     # a bias (schedule.sunk): the same every frame
-    cur = {nm: f"r_{nm}" for nm, _ in wanted}
     ahead = [(nm, src) for nm, src in wanted if nm not in carried and nm not in fixed]
+    even = {nm: f"r_{nm}" for nm, _ in wanted}
+    sets = [even, {**even, **{nm: f"n_{nm}" for nm, _ in ahead}}]
     load = lambda regs, items: "".join(f" {regs[nm]} = {element_at(arg, src)};" for nm, src in items)
-    nxt = {nm: f"n_{nm}" for nm, _ in ahead}
-    regs = [f"{r} = {{}}" for r in (*cur.values(), *nxt.values())]
-    rotate = "".join(f" {cur[nm]} = {nxt[nm]};" for nm, _ in ahead)
-    return cur, {
+    regs = [f"{r} = {{}}" for r in dict.fromkeys(r for m in sets for r in m.values())]
+    again = lambda regs: [f"if (s + 2 < NF) {{ const int t = s + 2;{load(regs, ahead)} }}"] if ahead else []
+    return sets, {
         "registers": f"ST {', '.join(regs)};" if regs else "",
-        "first": load(cur, wanted), "second": load(nxt, ahead),
-        "arrive": [f"rg_arrive(OPERAND, MT + ET);{rotate}"] +
-                  ([f"if (s + 2 < NF) {{ const int t = s + 2;{load(nxt, ahead)} }}"] if ahead else []),
-        "carry": [f"{cur[nm]} = {v};" for nm, v in carried.items()]}
+        "first": load(sets[0], wanted), "second": load(sets[1], ahead),
+        "arrive": [["rg_arrive(OPERAND, MT + ET);", *again(regs)] for regs in sets],
+        "carry": [f"{even[nm]} = {v};" for nm, v in carried.items()]}
 
 
-def staged_stores(elements: list) -> tuple:
-    """(the element warps' epilogue with each store `AT(...) = v;` written as SG(s & 1, j) = v, as stored, into
-    stage[s mod 2], the store warps' reads of those values, their stores, the values' count)."""
+def staged_stores(elements: list, k: int) -> tuple:
+    """(the element warps' epilogue with each store `AT(...) = v;` written as SG(k, j) = v, as stored, into
+    stage[k], k the frame's parity, the store warps' reads of those values, their stores, the values' count)."""
     out, reads, stores = [], [], []
     for ln in elements:
         m = STORE.match(ln)
@@ -218,23 +224,27 @@ def staged_stores(elements: list) -> tuple:
             out.append(ln)
             continue
         j = len(stores)
-        out.append(f"{m.group(1)}SG(s & 1, {j}) = {m.group(3)};")
+        out.append(f"{m.group(1)}SG({k}, {j}) = {m.group(3)};")
         reads.append(f"\n                    const ST w{j} = SG(s & 1, {j});")
         stores.append(f"\n                    {m.group(2)} = w{j};")
     return out, "".join(reads), "".join(stores), len(stores)
 
 
-def roles_body(p, roles: tuple, load: str, stage: str, sums: str, inputs: dict, elements: list, total: int,
+def roles_body(p, roles: tuple, load: str, stage: str, sums: str, inputs: dict, frames: list, total: int,
                st_bytes: int, ct_bytes: int) -> tuple:
     """({#define: value}, the kernel body after KERNEL_HEAD, the math-type elements of shared memory it adds after
     the `total` there) running phase p in warp roles (MT, ET): `load` the weights' load, `stage` frame 0's operand
-    staging, `sums` the GEMM's sums, `inputs` the element warps' loads (element_inputs), `elements` their epilogue
-    (the operand's write followed by inputs' arrive lines, then the stores, then the carried states)."""
+    staging, `sums` the GEMM's sums, `inputs` the element warps' loads (element_inputs), `frames` their epilogue of
+    an even and of an odd frame (the operand's write followed by inputs' arrive lines, then the stores, then the
+    carried states)."""
     mt, et = roles
-    elements, reads, stores, nv = staged_stores(elements)
+    staged = [staged_stores(lines, k) for k, lines in enumerate(frames)]
+    _, reads, stores, nv = staged[0]
     extra = -(-2 * nv * et * st_bytes // ct_bytes)
     fields = {k: v for k, v in inputs.items() if k not in ("carry", "arrive")}
+    even, odd = (ROLES_FRAME.format(k=k, units=block_units(p.units), elements="\n".join(out))
+                 for k, (out, *_) in enumerate(staged))
     defs = {"MT": mt, "ET": et, "NV": nv, "STAGE_OFF": total, "SUMS": SUMS, "OPERAND": OPERAND, "STAGED": STAGED,
             "FREE": FREE}
-    return defs, ROLES_BODY.format(load=load, units=block_units(p.units), stage=stage, sums=sums,
-                                   elements="\n".join(elements), reads=reads, stores=stores, **fields), extra
+    return defs, ROLES_BODY.format(load=load, units=block_units(p.units), stage=stage, sums=sums, even=even,
+                                   odd=odd, reads=reads, stores=stores, **fields), extra
