@@ -2,7 +2,8 @@
 float32 arithmetic, each stored value rounded once, run/backends/base.py): every built-in cell, staged and
 graph mode, cuBLAS GemmEx and rnngraph's own GEMMs, ragged and chunked calls, and overflow named by op.
 
-The two differ only where float32 results differ (a GEMM's summation order, expf and tanhf against numpy's)
+The two differ only where float32 results differ (a GEMM's summation order, expf and tanhf against numpy's,
+in bfloat16 their fast approximations: source.options)
 and a rounding falls the other way: one unit in the last place of the half value, which the recurrence
 can carry a few frames on. So each array is held to a few units of the format's rounding unit u (2^-8
 bfloat16, 2^-11 float16), relative to its 2-norm, not to float32's 1e-4."""
