@@ -25,7 +25,7 @@ static __device__ __forceinline__ void rg_no_mma(float*, unsigned, unsigned, uns
 """
 CUTS = {"barrier": [("grid_barrier(count, ++barriers * G);", "__syncthreads();")],
         "staging": [("rg_copy16(&xh[", "rg_no_copy(&xh[")],
-        "mma": [("rg_mma(acc[i], ", "rg_no_mma(acc[i], ")]}
+        "mma": [("rg_mma(acc[", "rg_no_mma(acc[")]}
 VARIANTS = {"as generated": [], **{f"no {k}": v for k, v in CUTS.items()},
             "all three": [c for v in CUTS.values() for c in v]}
 
