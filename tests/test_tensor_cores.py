@@ -134,12 +134,12 @@ def test_schedule_says_which_loop_the_gpu_runs(capsys):
 @pytest.mark.parametrize("cell, B, dtype, tc, H, G", [
     ("lstm", 16, "bfloat16", None, 16, 4), ("gru", 20, "float16", None, 16, 4), ("lstm", 33, "bfloat16", None, 16, 4),
     ("lstm", 1, "bfloat16", True, 16, 4), ("gru", 5, "float16", True, 16, 4), ("lstm", 8, "bfloat16", True, 16, 4),
-    ("lstm", 16, "bfloat16", None, 96, 4),      # 12 tiles a block, 6 k-steps: a warp's 4 chains, then 2 k-steps
-    ("lstm", 9, "float16", None, 160, 10)])     # 8 tiles, 2 warps a tile: 5 k-steps each, 4 chains and 1
+    ("lstm", 16, "bfloat16", None, 96, 4),      # 12 tiles a block, 6 k-steps a warp
+    ("lstm", 9, "float16", None, 160, 10)])     # 8 tiles, 2 warps a tile: 5 k-steps each
 def test_tensor_core_kernels_compute_the_reference_on_the_cpu(cell, B, dtype, tc, H, G):
     """mma.sync emulated (cuda_on_cpu.py), the grid barriers of G blocks at once, against numpy's loop; B ≤ 8 on
-    tensor cores where asked (rows past B in the 16-row tile read, never stored); a warp's k-steps in chains of
-    MMAs, interleaved, then the k-steps left."""
+    tensor cores where asked (rows past B in the 16-row tile read, never stored); several k-steps a warp, and
+    warps sharing a tile's k-steps."""
     pytest.importorskip("ml_dtypes")
     got, want, be = emulated_against_numpy(load_cell(cell, 8, H), G=G, in_turn=False, B=B, T=5, dtype=dtype,
                                            tensor_cores=tc)

@@ -9,10 +9,8 @@ as stored, K in slices of KS columns of even width ([ceil(B/16)·16, KS + PAD] e
 do not fit at once; each slice's 16-byte copies all in flight at once, cp.async through L2, where rows are
 16-byte aligned), and every warp runs `mma.sync` with float32 accumulation on its tiles of 16 rows × 8 weight
 rows, fixed per warp: m16n8k16 on halves, m16n8k8 on TF32 (x's values rounded to TF32, to nearest, as they
-enter the MMA: a product's inputs each within 2⁻¹¹ relative, the product exact in float32, the sums float32).
-A warp sums its k-steps in CHAINS accumulators a tile (fewer where it has several tiles), the k-steps taken in
-turn, so that CHAINS MMAs are in flight rather than each waiting for the one before; the chains are added in
-order at the end. No atomics, so runs are bit for bit reproducible. The sums land where the CUDA-core GEMV puts them
+enter the MMA: a product's inputs each within 2⁻¹¹ relative, the product exact in float32, the sums float32);
+no atomics, so runs are bit for bit reproducible. The sums land where the CUDA-core GEMV puts them
 (gs[q·NB + b]), so the phases' stores and fused bodies are the same code. Rows of x past B and weight
 rows past the block's are read but never stored (an MMA's output element reads only its own row and
 column); the pad columns are zero in both.
@@ -60,71 +58,46 @@ GEMM = r"""
             // where there are fewer tiles than warps, S warps share a tile, each taking every S-th k-step
             ST* xh = (ST*)xs{xoff};
             const int nq = nu * {m}, nt = (nq + 7) >> 3, tiles = {MT} * nt, S = tiles < NT / 32 ? (NT / 32) / tiles : 1;
-            const int sl = warp % S;        // the warp's k-steps (S > 1 only where a warp has one tile)
-            float acc[{TPW}][{C}][4];       // C chains a tile, their k-steps interleaved: C MMAs in flight, not one
+            float acc[{TPW}][4];
             #pragma unroll
-            for (int i = 0; i < {TPW}; ++i)
-                #pragma unroll
-                for (int a = 0; a < {C}; ++a) acc[i][a][0] = acc[i][a][1] = acc[i][a][2] = acc[i][a][3] = 0.f;
+            for (int i = 0; i < {TPW}; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
             #pragma unroll {UNROLL}
             for (int k0 = 0; k0 < {KP}; k0 += {KS}) {{
                 const int kw = min({KS}, {KP} - k0);{stage}
-                const unsigned *w[{TPW}], *x0[{TPW}], *x8[{TPW}];
-                bool on[{TPW}];
                 #pragma unroll
                 for (int i = 0; i < {TPW}; ++i) {{
-                    const int tile = (warp + i * (NT / 32)) / S;
-                    const int r = (tile / nt) * 16 + (lane >> 2), c = (lane & 3) * {E};
-                    on[i] = tile < tiles;
-                    w[i] = (const unsigned*)(sw + {woff} + ((tile % nt) * 8 + (lane >> 2)) * {WLD} + k0 + c);
-                    x0[i] = (const unsigned*)(xh + r * {XLD} + c);
-                    x8[i] = (const unsigned*)(xh + (r + 8) * {XLD} + c);
-                }}
-                const int n = (kw / {E} - sl * 8 + 8 * S - 1) / (8 * S);     // the warp's k-steps in the slice
-                int j = 0;
-                for (; j + {C} <= n; j += {C})
-                    #pragma unroll
-                    for (int a = 0; a < {C}; ++a)
-                        #pragma unroll
-                        for (int i = 0; i < {TPW}; ++i) {{
-                            const int h = sl * 8 + (j + a) * 8 * S;
-                            if (on[i]) rg_mma(acc[i][a], {a}, w[i][h], w[i][h + 4]);
-                        }}
-                #pragma unroll
-                for (int a = 0; a < {C} - 1; ++a)         // the k-steps left, fewer than C
-                    #pragma unroll
-                    for (int i = 0; i < {TPW}; ++i) {{
-                        const int h = sl * 8 + (j + a) * 8 * S;
-                        if (on[i] && j + a < n) rg_mma(acc[i][a], {a}, w[i][h], w[i][h + 4]);
+                    const int wt = warp + i * (NT / 32), tile = wt / S, sl = wt - tile * S;
+                    if (tile < tiles) {{
+                        const int r = (tile / nt) * 16 + (lane >> 2), c = (lane & 3) * {E};
+                        const unsigned* w = (const unsigned*)(sw + {woff} + ((tile % nt) * 8 + (lane >> 2)) * {WLD} + k0 + c);
+                        const unsigned* x0 = (const unsigned*)(xh + r * {XLD} + c);
+                        const unsigned* x8 = (const unsigned*)(xh + (r + 8) * {XLD} + c);
+                        for (int h = sl * 8; h < kw / {E}; h += 8 * S)
+                            rg_mma(acc[i], {a}, w[h], w[h + 4]);
                     }}
+                }}
                 __syncthreads();
             }}
-            #pragma unroll
-            for (int i = 0; i < {TPW}; ++i)         // the chains added in order (no atomics: bit for bit the same)
-                #pragma unroll
-                for (int a = 1; a < {C}; ++a)
-                    #pragma unroll
-                    for (int c = 0; c < 4; ++c) acc[i][0][c] += acc[i][a][c];
             if (S > 1) {{        // the k-slices' partial sums, added in slice order (no atomics)
                 if (warp < tiles * S)
-                    for (int c = 0; c < 4; ++c) gp[(warp * 4 + c) * 32 + lane] = acc[0][0][c];
+                    for (int c = 0; c < 4; ++c) gp[(warp * 4 + c) * 32 + lane] = acc[0][c];
                 __syncthreads();
                 if (warp < tiles * S && warp % S == 0)
                     for (int c = 0; c < 4; ++c) {{
                         float v = 0.f;
                         for (int sl = 0; sl < S; ++sl) v += gp[((warp + sl) * 4 + c) * 32 + lane];
-                        acc[0][0][c] = v;
+                        acc[0][c] = v;
                     }}
             }}
             #pragma unroll
             for (int i = 0; i < {TPW}; ++i) {{
-                const int wt = warp + i * (NT / 32), tile = wt / S;
+                const int wt = warp + i * (NT / 32), tile = wt / S, sl = wt - tile * S;
                 if (tile < tiles && sl == 0) {{
                     const int b = (tile / nt) * 16 + (lane >> 2), q = (tile % nt) * 8 + (lane & 3) * 2;
-                    if (b < NB && q < nq) {gs}[q * NB + b] = acc[i][0][0];
-                    if (b < NB && q + 1 < nq) {gs}[(q + 1) * NB + b] = acc[i][0][1];
-                    if (b + 8 < NB && q < nq) {gs}[q * NB + b + 8] = acc[i][0][2];
-                    if (b + 8 < NB && q + 1 < nq) {gs}[(q + 1) * NB + b + 8] = acc[i][0][3];
+                    if (b < NB && q < nq) {gs}[q * NB + b] = acc[i][0];
+                    if (b < NB && q + 1 < nq) {gs}[(q + 1) * NB + b] = acc[i][1];
+                    if (b + 8 < NB && q < nq) {gs}[q * NB + b + 8] = acc[i][2];
+                    if (b + 8 < NB && q + 1 < nq) {gs}[(q + 1) * NB + b + 8] = acc[i][3];
                 }}
             }}
         }}
@@ -145,8 +118,7 @@ STAGE_WIDE = r"""                if ((((unsigned long long)&{x}[0]) & 15) == 0 &
 {wait}                }} else
 """ + STAGE
 
-A_WORDS = ("x0[i][h]", "x8[i][h]", "x0[i][h + 4]", "x8[i][h + 4]")    # a lane's A fragment: rows r, r + 8, words h, h + 4
-CHAINS = 4                  # MMAs a warp keeps in flight (its tiles' chains together), where registers allow
+A_WORDS = ("x0[h]", "x8[h]", "x0[h + 4]", "x8[h + 4]")    # a lane's A fragment: rows r and r + 8, k-words h and h + 4
 SUMS = 4 * 32               # a warp's partial sums of one tile: 4 floats a lane
 UNROLLED_SLICES = 4         # x staged in at most this many slices: the slice loop unrolled (its bounds constants)
 
@@ -230,7 +202,6 @@ def gemm(p, off, lay: Layout, x: str, ld: str, lag: int, col: str = "k", m: int 
             stage = "\n                if (s == 0) {" + stage + "\n                }"
         stage += "\n                __syncthreads();"
     return GEMM.format(m=p.m if m is None else m, MT=lay.x_rows // 16, TPW=lay.tiles_per_warp, KP=KP, KS=KS,
-                       C=max(1, CHAINS // lay.tiles_per_warp),
                        UNROLL=slices if slices <= UNROLLED_SLICES else 1, XLD=lay.xld, WLD=lay.wld(p.width), woff=off,
                        stage=stage, gs=sums, E=4 // lay.itemsize, a=", ".join(cvt.format(v) for v in A_WORDS),
                        xoff=f" + {buffer * lay.x_rows * lay.xld}" if buffer else "")
