@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from ....ir.ops import KERNEL, REDUCE, OpKind
 from .fused import KernelSpec, backward_io, externals, fusable, fused_backward_kernel, fused_forward_kernel, operands, \
     stored_only
-from .source import kernel_name, math_type, op_expr
+from .source import ROW_REDUCTION, kernel_name, math_type, op_expr
 
 ROW_THREADS = 256           # a block's threads at most; fewer (a multiple of 32) for rows narrower than that
 
 ROW_SOURCE = r"""
 #define Q {Q}
 #define NT {NT}
-template <typename T> static __device__ __forceinline__ T rg_row_sum(T s, T* red) {{
+template <typename T> static __device__ __forceinline__ T {SUM}(T s, T* red) {{
     // the block's sum of every thread's s, in one fixed order; every thread gets it
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
@@ -64,7 +64,7 @@ class RowSpec(KernelSpec):
         lines += _each_q(["if (f < F) " + (f"atomicAdd(&{at(nm)}, {v}[q]);" if op == "atomic" else
                                             f"{at(nm)} = {at(nm)} + {v}[q];" if op == "+=" else f"{at(nm)} = {v}[q];")
                           for nm, v, op in self.stores])
-        text = ROW_SOURCE.format(name="{name}", Q=self.per_thread, NT=self.threads, T=mt, args=args,
+        text = ROW_SOURCE.format(name="{name}", SUM=ROW_REDUCTION, Q=self.per_thread, NT=self.threads, T=mt, args=args,
                                  body="\n".join("    " + ln for ln in lines))
         name = kernel_name("row", text)
         return name, text.replace("{name}", name)
@@ -98,7 +98,7 @@ def _reduce(cell, n, operand: str, out: str, add: bool = False) -> list:
     """Lines: out [Q] (+)= the reduction n (SUM or MEAN) of operand [Q] over the row, broadcast."""
     scale = "" if cell.op(n).kind is OpKind.SUM else " / F"
     return ["{", "    T s = 0;", *["    " + ln for ln in _each_q([f"if (f < F) s += {operand}[q];"])],
-            f"    s = rg_row_sum(s, red){scale};",
+            f"    s = {ROW_REDUCTION}(s, red){scale};",
             *["    " + ln for ln in _each_q([f"{out}[q] {'+=' if add else '='} s;"])], "}"]
 
 
