@@ -89,7 +89,9 @@ def heads(results: Results, findings: Findings) -> str:
 xLSTM's sLSTM and the multi-head LSTM in 12 heads of 64 (H = 768, T = 1024, bfloat16), against the same cells
 in FlashRNN (its `cuda` backend: a GEMM and a pointwise kernel a frame) and written as a PyTorch loop, and, for the
 plain LSTM of that size, cuDNN in float16 (cuDNN has no head-wise cells). FlashRNN's sLSTM is its own variant (a
-log-sigmoid forget gate): the same work, not the same numbers.
+log-sigmoid forget gate): the same work, not the same numbers. `--impls torch_compile` times that PyTorch loop
+through `torch.compile` too, but it compiles the loop unrolled, so its compile grows with T; at T = 1024 it is not in
+this table.
 
 {table(["cell", "B", "loop", "rnngraph graph mode", "FlashRNN (cuda)", "torch eager loop", "cuDNN float16",
         "FlashRNN ÷ rnngraph, training", "eager ÷ rnngraph, training"], rows)}
