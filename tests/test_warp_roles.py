@@ -51,12 +51,12 @@ def test_which_kernels_run_in_warp_roles():
 def test_each_role_does_its_part_of_a_frame(ctype, sums, hand):
     """The GEMM warps touch no frame array (their weights are in registers). The element warps load sLSTM's states
     c, n, m (read at lag 1, stored at lag 0) and its four input biases (sunk into the loop) before the loop only,
-    then carry them in registers, and its four gate inputs two frames ahead, even and odd frames into registers of their own; in each frame: the wait for the sums,
-    the operand into xs, the arrival, the loads of frame s + 2, the 11 values into stage[s mod 2] (not the four
-    GEMM sums, which only adds read: elements.stored_sums), the carried states, the arrival at STAGED. The store
-    warps read those values, free the stage, then store them to memory. No __syncthreads in the loop. In half
-    storage the GEMM warps run on tensor cores (mma.sync, their weights' fragments in registers), in float32 on
-    CUDA cores (a weight row a thread in registers)."""
+    then carry them in registers, and its four gate inputs two frames ahead, even and odd frames into registers of
+    their own; in each frame: the wait for the sums, the operand into xs, the arrival, the loads of frame s + 2,
+    the 11 values into stage[s mod 2] (not the four GEMM sums, which only adds read: elements.stored_sums), the
+    carried states, the arrival at STAGED. The store warps read those values, free the stage, then store them to
+    memory. No __syncthreads in the loop. In half storage the GEMM warps run on tensor cores (mma.sync, their
+    weights' fragments in registers), in float32 on CUDA cores (a weight row a thread in registers)."""
     cell = load_cell("slstm", 8, 768, heads=12)
     src = persistent_kernel(cell, loops(cell)[0], ctype, 2, 12).source
     gemm, rest = src.split("if (tid < MT) {", 1)[1].split("} else if (tid < MT + ET) {", 1)
