@@ -40,7 +40,7 @@ def test_fused_kernels_store_half_and_compute_in_float(ctype):
     spec = fused_forward_kernel(cell, fused[0].nodes)
     name, src = spec.source(ctype)
     assert f"const {ctype}* __restrict__ p_x0" in src and f"{ctype}* p_y0" in src
-    assert f"float x0 = p_x0" in src and f"{ctype} x0" not in src and "double" not in src
+    assert "float x0 = p_x0" in src and f"{ctype} x0" not in src and "double" not in src
     nvrtc_compile(src, name)
     back = fused_backward_kernel(cell, fused[0].nodes, set(cell.params), atomic=True)
     nvrtc_compile(*reversed(back.source(ctype)))
@@ -105,6 +105,45 @@ def test_only_bfloat16_sources_compile_with_fast_math():
     got = {t: options(persistent_kernel(cell, fwd, t, 1, 2).source) for t in ("float", "double", *HALF)}
     assert got == {"float": (), "double": (), "rg_bf16": ("--use_fast_math",), "rg_f16": ()}
     assert options(matmul_source("gemv", "rg_bf16")) == ("--use_fast_math",)
+    assert options(matmul_source("gemv", "rg_bf16"), fast=False) == ()       # RNNGRAPH_FAST_MATH=0
+
+
+def test_the_backend_compiles_with_the_options_in_effect(monkeypatch):
+    """CupyBackend.raw hands RawKernel the source's options and keeps a kernel per options (a fake CuPy here: no
+    GPU), so RNNGRAPH_FAST_MATH=0 set after a bfloat16 kernel was built builds it again, exactly."""
+    from rnngraph.run.backends.cuda import backend as cuda_backend
+    made = []
+
+    class FakeCupy:
+        @staticmethod
+        def RawKernel(code, name, options=(), enable_cooperative_groups=False):
+            made.append((name, options))
+            return object()
+    be = cuda_backend.CupyBackend.__new__(cuda_backend.CupyBackend)
+    be.xp = FakeCupy
+    monkeypatch.setattr(cuda_backend, "_KERNELS", {})
+    name, src = "rg_test_bf16", matmul_source("gemv", "rg_bf16")
+    monkeypatch.delenv("RNNGRAPH_FAST_MATH", raising=False)
+    assert be.raw(name, src) is be.raw(name, src)
+    monkeypatch.setenv("RNNGRAPH_FAST_MATH", "0")
+    be.raw(name, src)
+    be.raw("rg_test_f32", matmul_source("gemv", "float"))
+    assert made == [(name, ("--use_fast_math",)), (name, ()), ("rg_test_f32", ())]
+
+
+@pytest.mark.parametrize("text, want", [(None, None), ("1", True), ("0", False)])
+def test_fast_math_is_switched_by_the_environment(monkeypatch, text, want):
+    """RNNGRAPH_FAST_MATH: unset (the default, fast math in bfloat16), 1 or 0; anything else says what it takes."""
+    from rnngraph.errors import RnnGraphError
+    from rnngraph.run.settings import switch
+    if text is None:
+        monkeypatch.delenv("RNNGRAPH_FAST_MATH", raising=False)
+    else:
+        monkeypatch.setenv("RNNGRAPH_FAST_MATH", text)
+    assert switch("RNNGRAPH_FAST_MATH") is want
+    monkeypatch.setenv("RNNGRAPH_FAST_MATH", "yes")
+    with pytest.raises(RnnGraphError, match="RNNGRAPH_FAST_MATH must be 1 or 0, got 'yes'"):
+        switch("RNNGRAPH_FAST_MATH")
 
 
 def test_a_layer_norms_row_kernels_compile_exactly_in_bfloat16():

@@ -28,6 +28,14 @@ def count(variable: str, what: str) -> int | None:
     return int(text) if text else None
 
 
+def switch(variable: str) -> bool | None:
+    """The environment variable `variable` as on (1) or off (0), or None where it is unset."""
+    text = os.environ.get(variable)
+    if text is not None and text not in ("0", "1"):
+        raise RnnGraphError(f"{variable} must be 1 or 0, got {text!r}")
+    return None if text is None else text == "1"
+
+
 STORE_SHARE = 16         # the default store limit is this share of the device's memory ...
 STORE_FLOOR = 2 ** 31    # ... and at least this
 

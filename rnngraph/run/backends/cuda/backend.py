@@ -13,6 +13,7 @@ from ....errors import RnnGraphError, RnnGraphWarning
 from ....plan.backward import kept_values
 from ....plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum
 from ....plan.loops import STRATEGIES
+from ...settings import switch
 from ..base import ArrayBackend, head_parts, strategy_runners
 from .chunks import chunk_launch
 from .fused import fusable
@@ -23,7 +24,7 @@ from .recordings import Recordings, chunk_frames_setting
 from .rows import group_kernel, row_group
 from .source import CTYPES, complete, options
 
-_KERNELS: dict = {}      # process-wide cache: (kernel name, generated source) -> compiled kernel object
+_KERNELS: dict = {}      # process-wide cache: (kernel name, generated source, options) -> compiled kernel object
 
 
 def gpu_problem() -> str | None:
@@ -320,11 +321,13 @@ class CupyBackend(ArrayBackend):
         return (running[0], self.xp.int32(running[1])) if running else (self.xp.uint64(0), self.xp.int32(0))
 
     def raw(self, name: str, src: str, cooperative: bool = False):
-        """The compiled kernel `name` of `src`, built once per process (cooperative: launched so)."""
-        if (name, src) not in _KERNELS:
-            _KERNELS[name, src] = self.xp.RawKernel(complete(src), name, options=options(src),
-                                                    enable_cooperative_groups=cooperative)
-        return _KERNELS[name, src]
+        """The compiled kernel `name` of `src`, built once per process and compiler options (cooperative: launched
+        so; fast math in bfloat16 unless RNNGRAPH_FAST_MATH=0: source.options)."""
+        opts = options(src, fast=switch("RNNGRAPH_FAST_MATH") is not False)
+        if (name, src, opts) not in _KERNELS:
+            _KERNELS[name, src, opts] = self.xp.RawKernel(complete(src), name, options=opts,
+                                                          enable_cooperative_groups=cooperative)
+        return _KERNELS[name, src, opts]
 
     COMPILE = {Gemm: _compile_gemm, GemmGrad: _compile_gemm_grad, Fused: _compile_fused,
                FusedGrad: _compile_fused_grad, Pair: _compile_pair, ParamSum: _compile_param_sum}

@@ -71,9 +71,9 @@ def complete(source: str) -> str:
     return HALF_PRELUDE + source if any(h in source for h in HALF_TYPES) else source
 
 
-def options(source: str) -> tuple:
-    """The compiler's options for a generated source: --use_fast_math where it stores bfloat16, but for a row
-    reduction's kernel (rows.py: a layer norm). The approximate tanh, exp, reciprocal and division it then
+def options(source: str, fast: bool = True) -> tuple:
+    """The compiler's options for a generated source: --use_fast_math where it stores bfloat16 and `fast` allows
+    (RNNGRAPH_FAST_MATH=0 does not), but for a row reduction's kernel (rows.py: a layer norm). The approximate tanh, exp, reciprocal and division it then
     compiles to (one MUFU instruction or a few) err by at most 2^-11 relative (tanh.approx; exp2, rcp and div a
     few float32 ulps), an eighth of bfloat16's rounding unit 2^-8, so a stored value moves by at most a rounding
     flip, as any float32 difference does (the GPU tests' bound); they shorten the chain of a frame (sLSTM's
@@ -81,7 +81,7 @@ def options(source: str) -> tuple:
     the LayerNorm-LSTM's gradients by 13 u against 6 u exactly (measured on an H200), so its kernels compile
     exactly. float16's unit (2^-11) is no larger than tanh.approx's error, and float32 and float64 keep every
     bit: those compile exactly too."""
-    fast = "rg_bf16" in source and "rg_f16" not in source and ROW_REDUCTION not in source
+    fast = fast and "rg_bf16" in source and "rg_f16" not in source and ROW_REDUCTION not in source
     return ("--use_fast_math",) if fast else ()
 
 
