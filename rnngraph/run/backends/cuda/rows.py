@@ -64,8 +64,8 @@ class RowSpec(KernelSpec):
         lines += _each_q(["if (f < F) " + (f"atomicAdd(&{at(nm)}, {v}[q]);" if op == "atomic" else
                                             f"{at(nm)} = {at(nm)} + {v}[q];" if op == "+=" else f"{at(nm)} = {v}[q];")
                           for nm, v, op in self.stores])
-        text = ROW_SOURCE.format(name="{name}", SUM=ROW_REDUCTION, Q=self.per_thread, NT=self.threads, T=mt, args=args,
-                                 body="\n".join("    " + ln for ln in lines))
+        text = ROW_SOURCE.format(name="{name}", SUM=ROW_REDUCTION, Q=self.per_thread, NT=self.threads, T=mt,
+                                 args=args, body="\n".join("    " + ln for ln in lines))
         name = kernel_name("row", text)
         return name, text.replace("{name}", name)
 

@@ -73,14 +73,14 @@ def complete(source: str) -> str:
 
 def options(source: str, fast: bool = True) -> tuple:
     """The compiler's options for a generated source: --use_fast_math where it stores bfloat16 and `fast` allows
-    (RNNGRAPH_FAST_MATH=0 does not), but for a row reduction's kernel (rows.py: a layer norm). The approximate tanh, exp, reciprocal and division it then
-    compiles to (one MUFU instruction or a few) err by at most 2^-11 relative (tanh.approx; exp2, rcp and div a
-    few float32 ulps), an eighth of bfloat16's rounding unit 2^-8, so a stored value moves by at most a rounding
-    flip, as any float32 difference does (the GPU tests' bound); they shorten the chain of a frame (sLSTM's
-    forward: 0.1 µs a frame of 0.9). A layer norm divides by σ after x − μ cancels: there the approximations moved
-    the LayerNorm-LSTM's gradients by 13 u against 6 u exactly (measured on an H200), so its kernels compile
-    exactly. float16's unit (2^-11) is no larger than tanh.approx's error, and float32 and float64 keep every
-    bit: those compile exactly too."""
+    (RNNGRAPH_FAST_MATH=0 does not), but for a row reduction's kernel (rows.py: a layer norm). The approximate
+    tanh, exp, reciprocal and division it then compiles to (one MUFU instruction or a few) err by at most 2^-11
+    relative (tanh.approx; exp2, rcp and div a few float32 ulps), an eighth of bfloat16's rounding unit 2^-8, so a
+    stored value moves by at most a rounding flip, as any float32 difference does (the GPU tests' bound); they
+    shorten the chain of a frame (sLSTM's forward: 0.1 µs a frame of 0.9). A layer norm divides by σ after x − μ
+    cancels: there the approximations moved the LayerNorm-LSTM's gradients by 13 u against 6 u exactly (measured
+    on an H200), so its kernels compile exactly. float16's unit (2^-11) is no larger than tanh.approx's error, and
+    float32 and float64 keep every bit: those compile exactly too."""
     fast = fast and "rg_bf16" in source and "rg_f16" not in source and ROW_REDUCTION not in source
     return ("--use_fast_math",) if fast else ()
 
