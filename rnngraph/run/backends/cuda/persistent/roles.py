@@ -205,10 +205,10 @@ def element_inputs(cell, p, arg) -> tuple:
     even = {nm: f"r_{nm}" for nm, _ in wanted}
     sets = [even, {**even, **{nm: f"n_{nm}" for nm, _ in ahead}}]
     load = lambda regs, items: "".join(f" {regs[nm]} = {element_at(arg, src)};" for nm, src in items)
-    regs = [f"{r} = {{}}" for r in dict.fromkeys(r for m in sets for r in m.values())]
+    decls = [f"{r} = {{}}" for r in dict.fromkeys(r for m in sets for r in m.values())]
     again = lambda regs: [f"if (s + 2 < NF) {{ const int t = s + 2;{load(regs, ahead)} }}"] if ahead else []
     return sets, {
-        "registers": f"ST {', '.join(regs)};" if regs else "",
+        "registers": f"ST {', '.join(decls)};" if decls else "",
         "first": load(sets[0], wanted), "second": load(sets[1], ahead),
         "arrive": [["rg_arrive(OPERAND, MT + ET);", *again(regs)] for regs in sets],
         "carry": [f"{even[nm]} = {v};" for nm, v in carried.items()]}
