@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from rnngraph import load_cell
+from rnngraph.run.backends.cuda.persistent import mma
 from rnngraph.run.backends.cuda.persistent.mma import MMA_ROWS
+from rnngraph.run.backends.cuda.persistent.phases import phases
 from rnngraph.run.backends.cuda.persistent.kernels import persistent_kernel
 from rnngraph.run.backends.cuda.persistent.runner import chosen, fit, gpu_loop
 from cuda_on_cpu import needs_cxx
@@ -131,20 +133,57 @@ def test_schedule_says_which_loop_the_gpu_runs(capsys):
 
 
 @needs_cxx
+@pytest.mark.parametrize("words", [mma.RESIDENT_WORDS, 0], ids=["registers", "shared"])
 @pytest.mark.parametrize("cell, B, dtype, tc, H, G", [
     ("lstm", 16, "bfloat16", None, 16, 4), ("gru", 20, "float16", None, 16, 4), ("lstm", 33, "bfloat16", None, 16, 4),
     ("lstm", 1, "bfloat16", True, 16, 4), ("gru", 5, "float16", True, 16, 4), ("lstm", 8, "bfloat16", True, 16, 4),
-    ("lstm", 16, "bfloat16", None, 96, 4),      # 12 tiles a block, 6 k-steps a warp
-    ("lstm", 9, "float16", None, 160, 10)])     # 8 tiles, 2 warps a tile: 5 k-steps each
-def test_tensor_core_kernels_compute_the_reference_on_the_cpu(cell, B, dtype, tc, H, G):
+    ("lstm", 16, "bfloat16", None, 96, 4),      # shared: 12 tiles a block, 6 k-steps a warp; registers: k-groups
+    ("lstm", 9, "float16", None, 160, 10),      # shared: 8 tiles, 2 warps a tile: 5 k-steps each
+    ("gru", 12, "bfloat16", None, 40, 3)])      # uneven units (13, 13, 14 a block), K = 40 padded to 48
+def test_tensor_core_kernels_compute_the_reference_on_the_cpu(cell, B, dtype, tc, H, G, words, monkeypatch):
     """mma.sync emulated (cuda_on_cpu.py), the grid barriers of G blocks at once, against numpy's loop; B ≤ 8 on
-    tensor cores where asked (rows past B in the 16-row tile read, never stored); several k-steps a warp, and
-    warps sharing a tile's k-steps."""
+    tensor cores where asked (rows past B in the tile read, never stored); the weights' fragments in registers
+    (mma.RESIDENT: m-groups and k-groups of warps, the k-groups' sums added in shared memory), and, with no
+    registers to spare, in shared memory (several k-steps a warp, warps sharing a tile's k-steps)."""
     pytest.importorskip("ml_dtypes")
+    monkeypatch.setattr(mma, "RESIDENT_WORDS", words)
     got, want, be = emulated_against_numpy(load_cell(cell, 8, H), G=G, in_turn=False, B=B, T=5, dtype=dtype,
                                            tensor_cores=tc)
     assert_agree(got, want, dtype)
     assert ["mma.sync" in k.source for k in be.ran] == [True, True]
+    assert ["weights in registers" in k.source for k in be.ran] == [bool(words)] * 2
+
+
+def test_resident_weights_split_over_warps_by_the_words_they_move():
+    """The split of a block's m-tiles and k-steps over its 16 warps (mma.resident): within the registers, the one
+    moving the fewest words through shared memory a frame; k-groups take whole k-steps; no registers, no split."""
+    c = load_cell("lstm", 768, 768)
+    fwd, bwd = (next(p for g in phases(c, lp) for p in g if p.kind in ("pair", "dgemm")) for lp in loops(c))
+    r = mma.resident(fwd, 16, 64, 16, 48, 2, "wf0")        # 48 rows (3 m-tiles) x 48 k-steps, x in 2 n-tiles
+    assert (r.wm, r.wk, r.mtw, r.kpw, r.nti, r.words) == (3, 4, 1, 12, 2, 48)
+    assert r.partials == 4 * 3 * 1 * 2 * mma.SUMS
+    r = mma.resident(bwd, 16, 64, 16, 48, 2, "wf0")        # 12 units (one m-tile) x 192 k-steps
+    assert (r.wm, r.wk, r.kpw) == (1, 16, 12)
+    assert mma.resident(bwd, 16, 64, 16, 47, 2, "wf0") is None
+    odd = load_cell("lstm", 24, 24)                        # K = 24 padded to 32: 2 k-steps
+    p = next(p for g in phases(odd, loops(odd)[0]) for p in g if p.kind == "pair")
+    r = mma.resident(p, 8, 4, 16, 48, 2, "wf0")            # 24 rows (2 m-tiles), one n-tile
+    assert r.wk in (1, 2) and r.wm * r.mtw >= 2 and r.nti == 1 and r.words <= 48
+    lay = mma.layout([fwd], 16, 64, 512)
+    assert lay.weights == 0 and set(lay.resident) == {id(fwd)} and lay.partials == 4 * 3 * 2 * mma.SUMS
+    both = mma.layout([fwd, bwd], 16, 64, 512)             # the registers taken by the first: the second's in shared
+    assert set(both.resident) == {id(fwd)} and both.weights == 16 * (3072 + 8)
+
+
+def test_registers_where_they_fit_else_shared_memory_and_both_compile():
+    """The LSTM's weights in registers at H = 768, B = 16 on 64 blocks; at H = 1024 they need 64 registers a thread,
+    more than RESIDENT_WORDS, so they sit in shared memory; both sources compile for sm_90."""
+    for H, where in ((768, "weights in registers"), (1024, "tensor cores: the block's nq weight rows")):
+        c = load_cell("lstm", H, H)
+        for lp in loops(c):
+            k = persistent_kernel(c, lp, "rg_bf16", 16, 64, tensor_cores=True)
+            assert where in k.source
+            nvrtc_compile(k.source, k.name)
 
 
 def test_full_matrices_take_tensor_cores_from_a_measured_batch_or_where_asked(monkeypatch):

@@ -56,13 +56,18 @@ def test_tf32_kernels_compute_the_reference_within_tf32s_rounding(name, B, rows,
     assert all("mma.sync" not in k.source or "m16n8k8" in k.source for k in be.ran)
 
 
-def test_tf32_kernel_source():
-    """m16n8k8 on TF32, weights rounded once as they are loaded, x as it enters the MMA, 16-byte copies of 4
-    floats, rows padded by 4 floats (a warp's fragment loads in distinct banks)."""
+def test_tf32_kernel_source(monkeypatch):
+    """m16n8k8 on TF32, weights rounded once as they are loaded (into registers, or shared memory where no
+    registers are spared), x as it enters the MMA, 16-byte copies of 4 floats, rows padded by 4 floats (a warp's
+    fragment loads in distinct banks)."""
     cell = load_cell("lstm", 64, 64)
     k = persistent_kernel(cell, loops(cell)[0], "float", 16, 8, 1, True)
     src = k.source
     assert k.tensor_cores and "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in src
+    assert "v = rg_tf32(__float_as_uint(" in src and "rg_tf32((n * 8 + g < NB ? xw[(n * 8 + g) * 68 + kw]" in src
+    monkeypatch.setattr(mma, "RESIDENT_WORDS", 0)
+    k = persistent_kernel(cell, loops(cell)[0], "float", 16, 8, 1, True)
+    src = k.source
     assert "cvt.rna.tf32.f32" in src and "= rg_tf32f(" in src
     assert "rg_mma(acc[i], rg_tf32(x0[h]), rg_tf32(x8[h]), rg_tf32(x0[h + 4]), rg_tf32(x8[h + 4]), w[h], w[h + 4]);" in src
     assert "c = (lane & 3) * 1;" in src and "h < kw / 1;" in src

@@ -154,7 +154,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
         woff, n_w = tc.woff, tc.weights
         xs = -(-tc.x_buffers * tc.x_rows * tc.xld * ITEMSIZE[ctype] // itemsize)
         gs = max((-(-p.units // G) * p.m * B for g in groups for p in g if id(p) in woff), default=0)
-        xs_off, gs_off, gp_off, total = 0, xs, xs + gs, xs + gs + THREADS // 32 * mma.SUMS
+        xs_off, gs_off, gp_off, total = 0, xs, xs + gs, xs + gs + max(THREADS // 32 * mma.SUMS, tc.partials)
     else:
         woff, n_w, xs_off, gs_off, gp_off, total = shared_layout(groups, B, G, _stride(groups, G, ctype))
     w_bytes = -(-n_w * ITEMSIZE[ctype] // 16) * 16
@@ -260,6 +260,10 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
         x = _head_x(p, arg)
         load.append(mma.weights(p, woff, _head_w(p, arg), tc))
         out.append(head_mma(p, woff, tc, x, ld_arg(x), kept))
+    elif woff is not None and tc is not None and id(p) in tc.resident:     # its weights in registers
+        src, x, lag = _operand(p, arg)
+        load.append(mma.fragments(p, src, tc))
+        out.append(mma.resident_gemm(p, tc, x, ld_arg(x), lag))
     elif woff is not None and tc is not None:
         src, x, lag = _operand(p, arg)
         load.append(mma.weights(p, woff, src, tc))

@@ -2,7 +2,11 @@
 runner.TENSOR_CORES_FROM rows, head-wise ones beyond MAX_ROWS; up to MMA_ROWS), and for float32 in TF32
 where the user allows it (full matrices, as torch's allow_tf32).
 
-A GEMM phase's block holds its weight rows in shared memory as stored (bfloat16 or float16; float32 rounded
+A full-matrix GEMM phase's block holds its weight rows in registers where they fit (RESIDENT_WORDS a thread, all
+such phases together; x's whole rows staged at once): as the MMA's A fragments, 16 weight rows a tile, spread over
+the warps by m-tiles and k-steps (resident), with x's rows as B, 8 a tile, each B fragment loaded once a k-step
+and used for every m-tile the warp holds; the warps of one m-tile add their k-steps' partial sums in shared memory
+in a fixed order. Otherwise a GEMM phase's block holds its weight rows in shared memory as stored (bfloat16 or float16; float32 rounded
 to TF32 once), each row padded to KP = K rounded up to 16 and strided WLD = KP + PAD elements (PAD: 16 bytes;
 the pad zero; the stride keeps the fragments' loads free of bank conflicts). Per frame it stages x's B rows,
 as stored, K in slices of KS columns of even width ([ceil(B/16)·16, KS + PAD] elements: B = 256 and K = 2048
@@ -23,6 +27,8 @@ from .phases import block_units
 
 MMA_ROWS = 256              # the batch rows a tensor-core persistent kernel takes
 XS_BYTES = 96 << 10         # the staged slice of x takes at most this much shared memory
+XS_RESIDENT_BYTES = 160 << 10   # ... where every GEMM phase holds its weights in registers (none in shared memory)
+RESIDENT_WORDS = 48         # the weight fragments' registers a thread may hold, all resident phases together
 
 PTX_TYPE = {"rg_bf16": "bf16", "rg_f16": "f16", "float": "tf32"}
 K_STEP = {"bf16": 16, "f16": 16, "tf32": 8}             # the MMA's k: m16n8k16 on halves, m16n8k8 on TF32
@@ -118,6 +124,86 @@ STAGE_WIDE = r"""                if ((((unsigned long long)&{x}[0]) & 15) == 0 &
 {wait}                }} else
 """ + STAGE
 
+# RESIDENT: a phase's weights as the MMA's A (16 weight rows a tile) in registers for the whole call, x's rows as B
+# (8 a tile): per k-step a warp loads x's B fragments once (2 LDS.32 a tile) and runs them against every m-tile it
+# holds; the k-groups' partial sums meet in shared memory, added in k-group order (no atomics)
+FRAGMENTS = r"""    unsigned {f}[{MTW}][{KPW}][4];     // phase {kind}'s weight fragments, held for every frame
+    {{  {units}
+        const int g = lane >> 2, c = lane & 3, kg = warp % {WK}, mg = warp / {WK};
+        #pragma unroll
+        for (int i = 0; i < {MTW}; ++i)
+            #pragma unroll
+            for (int ks = 0; ks < {KPW}; ++ks)
+                #pragma unroll
+                for (int h = 0; h < 4; ++h) {{      // A[m][k]: row q = 16·tile + g (+ 8: h odd), word kw = 8·k-step + c (+ 4)
+                    const int q = (mg + i * {WM}) * 16 + g + (h & 1) * 8, kw = (kg * {KPW} + ks) * 8 + c + (h >> 1) * 4;
+                    unsigned v = 0u;
+                    if (mg < {WM} && q < nu * {m}) {{
+                        const int j = q / nu, u = q - j * nu;
+                        (void)j; (void)u;
+{word}
+                    }}
+                    {f}[i][ks][h] = v;
+                }}
+    }}"""
+HALF_WORD = r"""                        {{ const int k = 2 * kw; if (k < {K}) v = (unsigned)({src}).u; }}
+                        {{ const int k = 2 * kw + 1; if (k < {K}) v |= (unsigned)({src}).u << 16; }}"""
+TF32_WORD = r"""                        {{ const int k = kw; if (k < {K}) v = rg_tf32(__float_as_uint({src})); }}"""
+
+RESIDENT_GEMM = r"""
+        {{  // tensor cores, the weights in registers ({f}): warp (mg, kg) its m-tiles mg + i·{WM} over k-steps from kg·{KPW}
+            ST* xh = (ST*)xs;
+            {{  const int k0 = 0, kw = {KP};
+{stage}
+            }}
+            __syncthreads();
+            const int nq = nu * {m}, g = lane >> 2, c = lane & 3, kg = warp % {WK}, mg = warp / {WK};
+            const unsigned* xw = (const unsigned*)xh;
+            float acc[{MTW}][{NTI}][4] = {{}};
+            if (mg < {WM}) {{
+                #pragma unroll
+                for (int ks = 0; ks < {KPW}; ++ks) {{
+                    const int kw = (kg * {KPW} + ks) * 8 + c;
+                    #pragma unroll
+                    for (int n = 0; n < {NTI}; ++n) {{    // B[k][n] = x[row 8n + g][k]: words kw and kw + 4
+                        const unsigned b0 = {cvt0}, b1 = {cvt1};
+                        #pragma unroll
+                        for (int i = 0; i < {MTW}; ++i)
+                            rg_mma(acc[i][n], {f}[i][ks][0], {f}[i][ks][1], {f}[i][ks][2], {f}[i][ks][3], b0, b1);
+                    }}
+                }}
+            }}
+{sums}
+        }}
+        __syncthreads();"""
+DIRECT_SUMS = r"""            if (mg < {WM})
+                #pragma unroll
+                for (int i = 0; i < {MTW}; ++i)
+                    #pragma unroll
+                    for (int n = 0; n < {NTI}; ++n) {{   // D[m][n]: weight rows g (+ 8), x rows 2c, 2c + 1 of tile n
+                        const int q = (mg + i * {WM}) * 16 + g, b = n * 8 + 2 * c;
+                        if (q < nq && b < NB) {gs}[q * NB + b] = acc[i][n][0];
+                        if (q < nq && b + 1 < NB) {gs}[q * NB + b + 1] = acc[i][n][1];
+                        if (q + 8 < nq && b < NB) {gs}[(q + 8) * NB + b] = acc[i][n][2];
+                        if (q + 8 < nq && b + 1 < NB) {gs}[(q + 8) * NB + b + 1] = acc[i][n][3];
+                    }}"""
+SPLIT_SUMS = r"""            if (mg < {WM})              // partial sums in fragment order: [kg][mg][i][n][register][lane]
+                #pragma unroll
+                for (int i = 0; i < {MTW}; ++i)
+                    #pragma unroll
+                    for (int n = 0; n < {NTI}; ++n)
+                        #pragma unroll
+                        for (int r = 0; r < 4; ++r) gp[kg * {SLOTS} + (((mg * {MTW} + i) * {NTI} + n) * 4 + r) * 32 + lane] = acc[i][n][r];
+            __syncthreads();
+            for (int e = tid; e < {SLOTS}; e += NT) {{     // each sum's k-groups added in order
+                float v = 0.f;
+                #pragma unroll
+                for (int kk = 0; kk < {WK}; ++kk) v += gp[kk * {SLOTS} + e];
+                const int ln = e & 31, r = (e >> 5) & 3, tn = e >> 7, n = tn % {NTI}, mi = tn / {NTI}, i = mi % {MTW};
+                const int q = (mi / {MTW} + i * {WM}) * 16 + (ln >> 2) + (r >> 1) * 8, b = n * 8 + (ln & 3) * 2 + (r & 1);
+                if (q < nq && b < NB) {gs}[q * NB + b] = v;
+            }}"""
+
 A_WORDS = ("x0[h]", "x8[h]", "x0[h + 4]", "x8[h + 4]")    # a lane's A fragment: rows r and r + 8, k-words h and h + 4
 SUMS = 4 * 32               # a warp's partial sums of one tile: 4 floats a lane
 UNROLLED_SLICES = 4         # x staged in at most this many slices: the slice loop unrolled (its bounds constants)
@@ -141,6 +227,7 @@ class Layout:
     tiles_per_warp: int
     itemsize: int = 2
     x_buffers: int = 1  # slices of x staged at once: a head-wise dgemm's J linear ops' output gradients (heads.py)
+    resident: dict = None   # id(phase) -> Resident: its weights' fragments in registers (RESIDENT)
 
     @property
     def pad(self) -> int:
@@ -152,24 +239,87 @@ class Layout:
         """The row stride of a phase's weight rows of `width` columns."""
         return padded(width) + self.pad
 
+    @property
+    def partials(self) -> int:
+        """The float32 partial sums the resident phases' warps hand one another (their largest)."""
+        return max((r.partials for r in (self.resident or {}).values()), default=0)
+
+
+@dataclass(frozen=True)
+class Resident:
+    """A GEMM phase whose weights stay in registers (RESIDENT): WM·WK warps, warp (mg, kg) = (w div WK, w mod WK)
+    holding the A fragments of m-tiles mg, mg + WM, ... (MTW of the MTI tiles of 16 weight rows) over k-steps
+    kg·KPW .. (kg + 1)·KPW - 1 (the MMA's k each: WK·KPW of them cover the padded row), against NTI tiles of 8 of
+    x's rows; `name` its fragments' array."""
+    name: str
+    wm: int
+    wk: int
+    mtw: int
+    kpw: int
+    nti: int
+
+    @property
+    def words(self) -> int:
+        """The fragment registers a thread holds."""
+        return self.mtw * self.kpw * 4
+
+    @property
+    def partials(self) -> int:
+        """The float32 partial sums its warps write for one another (none where WK = 1)."""
+        return 0 if self.wk == 1 else self.wk * self.wm * self.mtw * self.nti * SUMS
+
+
+def resident(p, B: int, G: int, warps: int, words: int, itemsize: int, name: str) -> Resident | None:
+    """How full-matrix phase p keeps its weights in registers at B rows on G blocks of `warps` warps, in at most
+    `words` registers a thread, or None: the split of its m-tiles and k-steps over warps that moves the fewest
+    32-bit words through shared memory a frame (x's B fragments, loaded by every m-group; the k-groups' partial sums,
+    written and read), fewest registers first among equals; its k-groups take whole k-steps each."""
+    mti, nti = -(-(-(-p.units // G) * p.m) // 16), -(-B // 8)
+    kst = padded(p.width) * itemsize // 32      # k-steps of 32 bytes a row: 16 halves, 8 TF32 values
+    best = None
+    for wk in (d for d in range(1, warps + 1) if kst % d == 0):
+        for wm in range(1, min(mti, warps // wk) + 1):
+            r = Resident(name, wm, wk, -(-mti // wm), kst // wk, nti)
+            cost = (2 * kst * nti * wm + (2 * r.partials // 32 if wk > 1 else 0), r.words)
+            if r.words <= words and (best is None or cost < best[0]):
+                best = (cost, r)
+    return best and best[1]
+
 
 def layout(gemm_phases, B: int, G: int, threads: int, itemsize: int = 2) -> Layout:
     """The layout for `gemm_phases` (each with units, m and width K) at B rows on G blocks, elements of
-    `itemsize` bytes (2: half storage; 4: float32 in TF32)."""
+    `itemsize` bytes (2: half storage; 4: float32 in TF32): full-matrix phases keep their weights in registers
+    (resident) where the registers and a staging of x's whole rows allow, else in shared memory."""
     rows, pad = -(-B // 16) * 16, 16 // itemsize
-    cap = max(16, (XS_BYTES // (itemsize * rows) - pad) // 16 * 16)
+    res = _residents(gemm_phases, B, G, threads, itemsize, XS_RESIDENT_BYTES)
+    if len(res) < len(gemm_phases):        # weights in shared memory too: x within the smaller budget
+        res = _residents(gemm_phases, B, G, threads, itemsize, XS_BYTES)
+    cap = max(16, ((XS_RESIDENT_BYTES if len(res) == len(gemm_phases) else XS_BYTES) // (itemsize * rows) - pad)
+              // 16 * 16)
     woff, n, ks, tiles = {}, 0, {}, 1
     for p in gemm_phases:
         per, KP = -(-p.units // G) * p.m, padded(p.width)
         woff[id(p)] = n
-        n += -(-per // 8) * 8 * (KP + pad)
+        n += 0 if id(p) in res else -(-per // 8) * 8 * (KP + pad)
         ks[id(p)] = padded(-(-KP // -(-KP // cap)))     # slices of even width, each within the cap
         tiles = max(tiles, rows // 16 * -(-per // 8))
     xld = max(ks.values()) + pad
     bufs = max((p.m for p in gemm_phases if p.kind == "dgemm" and p.heads > 1 and ks[id(p)] == padded(p.width)),
                default=1)                       # one slice each: their J slices in flight at once
     bufs = bufs if bufs * rows * xld * itemsize <= XS_BYTES else 1
-    return Layout(woff, n, ks, xld, rows, -(-tiles // (threads // 32)), itemsize, bufs)
+    return Layout(woff, n, ks, xld, rows, -(-tiles // (threads // 32)), itemsize, bufs, res)
+
+
+def _residents(gemm_phases, B: int, G: int, threads: int, itemsize: int, budget: int) -> dict:
+    """{id(phase): Resident} of the full-matrix phases, in order, while their registers last (RESIDENT_WORDS in
+    all) and x's rows fit `budget` bytes unsliced."""
+    rows, out, words = -(-B // 16) * 16, {}, RESIDENT_WORDS
+    for i, p in enumerate(gemm_phases):
+        fits = rows * (padded(p.width) + 16 // itemsize) * itemsize <= budget
+        r = resident(p, B, G, threads // 32, words, itemsize, f"wf{i}") if p.heads == 1 and fits else None
+        if r:
+            out[id(p)], words = r, words - r.words
+    return out
 
 
 def weights(p, off: int, src: str, lay: Layout) -> str:
@@ -205,6 +355,30 @@ def gemm(p, off, lay: Layout, x: str, ld: str, lag: int, col: str = "k", m: int 
                        UNROLL=slices if slices <= UNROLLED_SLICES else 1, XLD=lay.xld, WLD=lay.wld(p.width), woff=off,
                        stage=stage, gs=sums, E=4 // lay.itemsize, a=", ".join(cvt.format(v) for v in A_WORDS),
                        xoff=f" + {buffer * lay.x_rows * lay.xld}" if buffer else "")
+
+
+def fragments(p, src: str, lay: Layout) -> str:
+    """Declares resident phase p's weight fragments and loads them once (the pad rows and columns zero); src: the
+    element of row q (j, u: its merged block and unit), column k in memory."""
+    r = lay.resident[id(p)]
+    word = (HALF_WORD if lay.itemsize == 2 else TF32_WORD).format(K=p.width, src=src)
+    return FRAGMENTS.format(f=r.name, MTW=r.mtw, KPW=r.kpw, WK=r.wk, WM=r.wm, m=p.m, kind=p.kind, word=word,
+                            units=block_units(p.units))
+
+
+def resident_gemm(p, lay: Layout, x: str, ld: str, lag: int, sums: str = "gs") -> str:
+    """Resident phase p's GEMM (RESIDENT_GEMM) over x (a frame array's pointer and row stride, read at `lag`), its
+    whole rows staged at once, the sums into `sums`."""
+    r = lay.resident[id(p)]
+    cvt = "rg_tf32({})" if lay.itemsize == 4 else "{}"
+    word = "(n * 8 + g < NB ? xw[(n * 8 + g) * {XLDW} + kw{plus}] : 0u)"
+    b = [cvt.format(word.format(XLDW=lay.xld * lay.itemsize // 4, plus=plus)) for plus in ("", " + 4")]
+    slots = r.wm * r.mtw * r.nti * SUMS
+    tail = (DIRECT_SUMS if r.wk == 1 else SPLIT_SUMS).format(WM=r.wm, MTW=r.mtw, NTI=r.nti, WK=r.wk, SLOTS=slots,
+                                                           gs=sums)
+    return RESIDENT_GEMM.format(f=r.name, WM=r.wm, WK=r.wk, KPW=r.kpw, MTW=r.mtw, NTI=r.nti, m=p.m,
+                                KP=padded(p.width), stage=_stage(p, lay, x, ld, lag, "k", True), cvt0=b[0], cvt1=b[1],
+                                sums=tail)
 
 
 def _stage(p, lay: Layout, x: str, ld: str, lag: int, col: str, wait: bool) -> str:
