@@ -69,15 +69,23 @@ def test_what_the_gpu_runs_is_said_by_batch_and_dtype():
     c = load_cell("lstm", 32, 512)
     fwd, _ = loops(c)
     assert gpu_loop(c, fwd, 1, np.float32, **H200) == "persistent (CUDA cores)"
-    assert gpu_loop(c, fwd, 16, ml_dtypes.bfloat16, **H200) == "persistent (tensor cores)"
+    assert gpu_loop(c, fwd, 16, ml_dtypes.bfloat16, **H200) == "persistent (tensor cores, weights in registers)"
     assert gpu_loop(c, fwd, 64, ml_dtypes.bfloat16, **H200, auto=False) == \
-        "persistent (tensor cores, 4 groups of 16 rows)"
-    assert gpu_loop(c, fwd, 64, ml_dtypes.bfloat16, **H200) == "persistent (tensor cores, 4 groups of 16 rows)"
+        "persistent (tensor cores, weights in registers, 4 groups of 16 rows)"
+    assert gpu_loop(c, fwd, 64, ml_dtypes.bfloat16, **H200) == \
+        "persistent (tensor cores, weights in registers, 4 groups of 16 rows)"
+    # 128 rows a block in groups of 16: 128 registers a thread would hold their weights, so shared memory does
     assert gpu_loop(c, fwd, 128, ml_dtypes.bfloat16, **H200) == "persistent (tensor cores, 8 groups of 16 rows)"
     assert gpu_loop(c, fwd, 256, ml_dtypes.bfloat16, **H200).startswith(
         "stages: at B=256 > 128 rows the tensor-core persistent kernel of width 512 measured no faster")
     wide = load_cell("lstm", 32, 1024)             # 'auto' by width (runner.AUTO_TENSOR_CORE_ROWS)
-    assert gpu_loop(wide, loops(wide)[0], 16, ml_dtypes.bfloat16, **H200) == "persistent (tensor cores)"
+    # H = 1024: on 64 blocks the weights would take 64 registers a thread, on 128 they take 32 (runner.GROUP_ROWS)
+    assert gpu_loop(wide, loops(wide)[0], 16, ml_dtypes.bfloat16, **H200) == \
+        "persistent (tensor cores, weights in registers)"
+    assert chosen(wide, loops(wide)[0], 16, ml_dtypes.bfloat16, **H200).blocks == 128
+    w768 = load_cell("lstm", 32, 768)              # 2 groups of 16 rows on 64 blocks each hold theirs in registers
+    assert gpu_loop(w768, loops(w768)[0], 32, ml_dtypes.bfloat16, **H200) == \
+        "persistent (tensor cores, weights in registers, 2 groups of 16 rows)"
     assert gpu_loop(wide, loops(wide)[0], 32, ml_dtypes.bfloat16, **H200).startswith("stages: at B=32 > 16 rows")
     mid = load_cell("lstm", 32, 600)
     assert gpu_loop(mid, loops(mid)[0], 32, ml_dtypes.bfloat16, **H200).startswith("persistent (tensor cores")
@@ -122,10 +130,10 @@ def test_schedule_says_which_loop_the_gpu_runs(capsys):
     assert main(["schedule", "lstm", "--batch", "256", "--dtype", "bfloat16"]) == 0
     assert "on the GPU at B=256 in bfloat16: stages: at B=256 > 128 rows" in capsys.readouterr().out
     assert main(["schedule", "lstm", "--batch", "64", "--tf32"]) == 0
-    assert "in float32 with TF32 allowed: persistent (tensor cores in TF32, 4 groups of 16 rows)" in \
+    assert "in float32 with TF32 allowed: persistent (tensor cores in TF32, weights in registers, 4 groups of 16 rows)" in \
         capsys.readouterr().out
     assert main(["schedule", "lstm", "--batch", "16", "--dtype", "bfloat16", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["gpu_loop"].startswith("persistent (tensor cores), on ")
+    assert json.loads(capsys.readouterr().out)["gpu_loop"].startswith("persistent (tensor cores, weights in registers), on ")
     assert main(["schedule", "lstm", "--batch", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["gpu_loop"].startswith("persistent (CUDA cores)")
     assert main(["schedule", "min_gru", "--batch", "16", "--json"]) == 0
@@ -154,6 +162,19 @@ def test_tensor_core_kernels_compute_the_reference_on_the_cpu(cell, B, dtype, tc
     assert ["weights in registers" in k.source for k in be.ran] == [bool(words)] * 2
 
 
+@needs_cxx
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_resident_weights_with_x_staged_in_slices_compute_the_reference(dtype, monkeypatch):
+    """x's rows wider than the staging budget: staged in equal slices, each warp's k-steps in every slice."""
+    pytest.importorskip("ml_dtypes")
+    monkeypatch.setattr(mma, "XS_RESIDENT_BYTES", 7000)      # the backward's 16 rows of 384 columns: 2 slices
+    monkeypatch.setattr(mma, "XS_BYTES", 7000)
+    got, want, be = emulated_against_numpy(load_cell("lstm", 8, 96), G=4, in_turn=False, B=16, T=5, dtype=dtype)
+    assert_agree(got, want, dtype)
+    assert ["weights in registers" in k.source for k in be.ran] == [True, True]
+    assert "sl < 2;" in be.ran[1].source and "sl < 1;" in be.ran[0].source
+
+
 def test_resident_weights_split_over_warps_by_the_words_they_move():
     """The split of a block's m-tiles and k-steps over its 16 warps (mma.resident): within the registers, the one
     moving the fewest words through shared memory a frame; k-groups take whole k-steps; no registers, no split."""
@@ -165,6 +186,9 @@ def test_resident_weights_split_over_warps_by_the_words_they_move():
     r = mma.resident(bwd, 16, 64, 16, 48, 2, "wf0")        # 12 units (one m-tile) x 192 k-steps
     assert (r.wm, r.wk, r.kpw) == (1, 16, 12)
     assert mma.resident(bwd, 16, 64, 16, 47, 2, "wf0") is None
+    r = mma.resident(bwd, 32, 64, 16, 48, 2, "wf0")        # 32 rows of 3072 columns: x in 2 slices of 1536
+    assert (r.slices, r.wk, r.kpw, r.nti) == (2, 16, 12, 4)
+    assert mma.resident(bwd, 256, 64, 16, 48, 2, "wf0") is None     # 4 slices of 768 columns still too wide
     odd = load_cell("lstm", 24, 24)                        # K = 24 padded to 32: 2 k-steps
     p = next(p for g in phases(odd, loops(odd)[0]) for p in g if p.kind == "pair")
     r = mma.resident(p, 8, 4, 16, 48, 2, "wf0")            # 24 rows (2 m-tiles), one n-tile

@@ -102,7 +102,8 @@ def test_which_kernel_a_gpu_runs_in_float32_with_tf32(monkeypatch):
     assert gpu_loop(cell, loop, 64, np.float32, **H200, tf32=True) == \
         "persistent (tensor cores in TF32, 4 groups of 16 rows)"
     assert gpu_loop(cell, loop, 16, np.float32, **H200) == "persistent (CUDA cores, 2 groups of 8 rows)"
-    assert gpu_loop(cell, loop, 16, np.float32, **H200, tf32=True) == "persistent (tensor cores in TF32)"
+    assert gpu_loop(cell, loop, 16, np.float32, **H200, tf32=True) == \
+        "persistent (tensor cores in TF32, weights in registers)"
     assert gpu_loop(cell, loop, 2, np.float32, **H200, tf32=True) == "persistent (CUDA cores)"
     assert gpu_loop(cell, loop, 16, np.float32, **H200, mma=False, tf32=True) == \
         "persistent (CUDA cores, 2 groups of 8 rows)"     # no tensor cores on the GPU: as without TF32

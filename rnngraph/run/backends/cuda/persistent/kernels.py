@@ -128,6 +128,7 @@ class Persistent:
     cooperative: bool = True    # False per head: no block waits for another, an ordinary launch
     tensor_cores: bool = False  # its GEMMs on tensor cores (mma.py)
     row_groups: int = 1         # the groups of rows its blocks split B into, each with its own barrier count
+    resident: bool = False      # every GEMM's weights in registers (mma.RESIDENT)
 
 
 def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 1,
@@ -242,7 +243,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
     name = kernel_name("persist", text)
     return Persistent(name, text.replace("{name}", name), tuple(names), G * row_groups, THREADS,
                       w_bytes + total * itemsize, cooperative=not apart, tensor_cores=on_mma,
-                      row_groups=row_groups)
+                      row_groups=row_groups, resident=bool(tc and tc.resident and len(tc.resident) == len(tc.woff)))
 
 
 def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, st: str, xw: int,

@@ -29,6 +29,7 @@ MMA_ROWS = 256              # the batch rows a tensor-core persistent kernel tak
 XS_BYTES = 96 << 10         # the staged slice of x takes at most this much shared memory
 XS_RESIDENT_BYTES = 160 << 10   # ... where every GEMM phase holds its weights in registers (none in shared memory)
 RESIDENT_WORDS = 48         # the weight fragments' registers a thread may hold, all resident phases together
+RESIDENT_SUMS = 32          # ... and the float32 sums of a resident GEMM's tiles a thread may hold (4 a tile)
 
 PTX_TYPE = {"rg_bf16": "bf16", "rg_f16": "f16", "float": "tf32"}
 K_STEP = {"bf16": 16, "f16": 16, "tf32": 8}             # the MMA's k: m16n8k16 on halves, m16n8k8 on TF32
@@ -136,7 +137,8 @@ FRAGMENTS = r"""    unsigned {f}[{MTW}][{KPW}][4];     // phase {kind}'s weight 
             for (int ks = 0; ks < {KPW}; ++ks)
                 #pragma unroll
                 for (int h = 0; h < 4; ++h) {{      // A[m][k]: row q = 16·tile + g (+ 8: h odd), word kw = 8·k-step + c (+ 4)
-                    const int q = (mg + i * {WM}) * 16 + g + (h & 1) * 8, kw = (kg * {KPW} + ks) * 8 + c + (h >> 1) * 4;
+                    const int step = (ks / {KPS}) * {SLICE_STEPS} + kg * {KPS} + ks % {KPS};     // slice, then kg's own
+                    const int q = (mg + i * {WM}) * 16 + g + (h & 1) * 8, kw = step * 8 + c + (h >> 1) * 4;
                     unsigned v = 0u;
                     if (mg < {WM} && q < nu * {m}) {{
                         const int j = q / nu, u = q - j * nu;
@@ -151,27 +153,32 @@ HALF_WORD = r"""                        {{ const int k = 2 * kw; if (k < {K}) v 
 TF32_WORD = r"""                        {{ const int k = kw; if (k < {K}) v = rg_tf32(__float_as_uint({src})); }}"""
 
 RESIDENT_GEMM = r"""
-        {{  // tensor cores, the weights in registers ({f}): warp (mg, kg) its m-tiles mg + i·{WM} over k-steps from kg·{KPW}
+        {{  // tensor cores, the weights in registers ({f}): warp (mg, kg) its m-tiles mg + i·{WM}, in each of the {S}
+            // slices of x's columns its k-steps from kg·{KPS}
             ST* xh = (ST*)xs;
-            {{  const int k0 = 0, kw = {KP};
-{stage}
-            }}
-            __syncthreads();
             const int nq = nu * {m}, g = lane >> 2, c = lane & 3, kg = warp % {WK}, mg = warp / {WK};
             const unsigned* xw = (const unsigned*)xh;
             float acc[{MTW}][{NTI}][4] = {{}};
-            if (mg < {WM}) {{
-                #pragma unroll
-                for (int ks = 0; ks < {KPW}; ++ks) {{
-                    const int kw = (kg * {KPW} + ks) * 8 + c;
+            #pragma unroll
+            for (int sl = 0; sl < {S}; ++sl) {{
+                {{  const int k0 = sl * {KSL}, kw = {KSL};
+{stage}
+                }}
+                __syncthreads();
+                if (mg < {WM}) {{
                     #pragma unroll
-                    for (int n = 0; n < {NTI}; ++n) {{    // B[k][n] = x[row 8n + g][k]: words kw and kw + 4
-                        const unsigned b0 = {cvt0}, b1 = {cvt1};
+                    for (int j = 0; j < {KPS}; ++j) {{
+                        const int ks = sl * {KPS} + j, kw = (kg * {KPS} + j) * 8 + c;
                         #pragma unroll
-                        for (int i = 0; i < {MTW}; ++i)
-                            rg_mma(acc[i][n], {f}[i][ks][0], {f}[i][ks][1], {f}[i][ks][2], {f}[i][ks][3], b0, b1);
+                        for (int n = 0; n < {NTI}; ++n) {{    // B[k][n] = x[row 8n + g][k]: words kw and kw + 4
+                            const unsigned b0 = {cvt0}, b1 = {cvt1};
+                            #pragma unroll
+                            for (int i = 0; i < {MTW}; ++i)
+                                rg_mma(acc[i][n], {f}[i][ks][0], {f}[i][ks][1], {f}[i][ks][2], {f}[i][ks][3], b0, b1);
+                        }}
                     }}
                 }}
+                if (sl + 1 < {S}) __syncthreads();       // the slice read before the next is staged
             }}
 {sums}
         }}
@@ -249,14 +256,15 @@ class Layout:
 class Resident:
     """A GEMM phase whose weights stay in registers (RESIDENT): WM·WK warps, warp (mg, kg) = (w div WK, w mod WK)
     holding the A fragments of m-tiles mg, mg + WM, ... (MTW of the MTI tiles of 16 weight rows) over k-steps
-    kg·KPW .. (kg + 1)·KPW - 1 (the MMA's k each: WK·KPW of them cover the padded row), against NTI tiles of 8 of
-    x's rows; `name` its fragments' array."""
+    of each of x's `slices` (its columns staged in turn, equal parts of the padded row) the KPW / slices k-steps from
+    kg·KPW / slices (the MMA's k each), against NTI tiles of 8 of x's rows; `name` its fragments' array."""
     name: str
     wm: int
     wk: int
     mtw: int
     kpw: int
     nti: int
+    slices: int = 1
 
     @property
     def words(self) -> int:
@@ -269,19 +277,23 @@ class Resident:
         return 0 if self.wk == 1 else self.wk * self.wm * self.mtw * self.nti * SUMS
 
 
-def resident(p, B: int, G: int, warps: int, words: int, itemsize: int, name: str) -> Resident | None:
+def resident(p, B: int, G: int, warps: int, words: int, itemsize: int, name: str,
+             budget: int = XS_RESIDENT_BYTES) -> Resident | None:
     """How full-matrix phase p keeps its weights in registers at B rows on G blocks of `warps` warps, in at most
-    `words` registers a thread, or None: the split of its m-tiles and k-steps over warps that moves the fewest
-    32-bit words through shared memory a frame (x's B fragments, loaded by every m-group; the k-groups' partial sums,
-    written and read), fewest registers first among equals; its k-groups take whole k-steps each."""
-    mti, nti = -(-(-(-p.units // G) * p.m) // 16), -(-B // 8)
+    `words` registers a thread (and RESIDENT_SUMS sums), x staged in the fewest equal slices (at most UNROLLED_SLICES) of at most `budget`
+    bytes, or None: the split of its m-tiles and k-steps over warps that moves the fewest 32-bit words through shared
+    memory a frame (x's B fragments, loaded by every m-group; the k-groups' partial sums, written and read), fewest
+    registers first among equals; its k-groups take whole k-steps of each slice."""
+    mti, nti, rows = -(-(-(-p.units // G) * p.m) // 16), -(-B // 8), -(-B // 16) * 16
     kst = padded(p.width) * itemsize // 32      # k-steps of 32 bytes a row: 16 halves, 8 TF32 values
+    S = next((S for S in range(1, UNROLLED_SLICES + 1)
+              if kst % S == 0 and rows * (kst // S * 32 + 16) <= budget), None)
     best = None
-    for wk in (d for d in range(1, warps + 1) if kst % d == 0):
+    for wk in (d for d in range(1, warps + 1) if S and kst // S % d == 0):
         for wm in range(1, min(mti, warps // wk) + 1):
-            r = Resident(name, wm, wk, -(-mti // wm), kst // wk, nti)
+            r = Resident(name, wm, wk, -(-mti // wm), kst // wk, nti, S)
             cost = (2 * kst * nti * wm + (2 * r.partials // 32 if wk > 1 else 0), r.words)
-            if r.words <= words and (best is None or cost < best[0]):
+            if r.words <= words and r.mtw * nti * 4 <= RESIDENT_SUMS and (best is None or cost < best[0]):
                 best = (cost, r)
     return best and best[1]
 
@@ -301,7 +313,7 @@ def layout(gemm_phases, B: int, G: int, threads: int, itemsize: int = 2) -> Layo
         per, KP = -(-p.units // G) * p.m, padded(p.width)
         woff[id(p)] = n
         n += 0 if id(p) in res else -(-per // 8) * 8 * (KP + pad)
-        ks[id(p)] = padded(-(-KP // -(-KP // cap)))     # slices of even width, each within the cap
+        ks[id(p)] = KP // res[id(p)].slices if id(p) in res else padded(-(-KP // -(-KP // cap)))   # each within the cap
         tiles = max(tiles, rows // 16 * -(-per // 8))
     xld = max(ks.values()) + pad
     bufs = max((p.m for p in gemm_phases if p.kind == "dgemm" and p.heads > 1 and ks[id(p)] == padded(p.width)),
@@ -312,11 +324,10 @@ def layout(gemm_phases, B: int, G: int, threads: int, itemsize: int = 2) -> Layo
 
 def _residents(gemm_phases, B: int, G: int, threads: int, itemsize: int, budget: int) -> dict:
     """{id(phase): Resident} of the full-matrix phases, in order, while their registers last (RESIDENT_WORDS in
-    all) and x's rows fit `budget` bytes unsliced."""
-    rows, out, words = -(-B // 16) * 16, {}, RESIDENT_WORDS
+    all), x's slices each within `budget` bytes."""
+    out, words = {}, RESIDENT_WORDS
     for i, p in enumerate(gemm_phases):
-        fits = rows * (padded(p.width) + 16 // itemsize) * itemsize <= budget
-        r = resident(p, B, G, threads // 32, words, itemsize, f"wf{i}") if p.heads == 1 and fits else None
+        r = resident(p, B, G, threads // 32, words, itemsize, f"wf{i}", budget) if p.heads == 1 else None
         if r:
             out[id(p)], words = r, words - r.words
     return out
@@ -363,12 +374,12 @@ def fragments(p, src: str, lay: Layout) -> str:
     r = lay.resident[id(p)]
     word = (HALF_WORD if lay.itemsize == 2 else TF32_WORD).format(K=p.width, src=src)
     return FRAGMENTS.format(f=r.name, MTW=r.mtw, KPW=r.kpw, WK=r.wk, WM=r.wm, m=p.m, kind=p.kind, word=word,
-                            units=block_units(p.units))
+                            units=block_units(p.units), KPS=r.kpw // r.slices, SLICE_STEPS=r.kpw // r.slices * r.wk)
 
 
 def resident_gemm(p, lay: Layout, x: str, ld: str, lag: int, sums: str = "gs") -> str:
-    """Resident phase p's GEMM (RESIDENT_GEMM) over x (a frame array's pointer and row stride, read at `lag`), its
-    whole rows staged at once, the sums into `sums`."""
+    """Resident phase p's GEMM (RESIDENT_GEMM) over x (a frame array's pointer and row stride, read at `lag`), staged
+    in its slices, the sums into `sums`."""
     r = lay.resident[id(p)]
     cvt = "rg_tf32({})" if lay.itemsize == 4 else "{}"
     word = "(n * 8 + g < NB ? xw[(n * 8 + g) * {XLDW} + kw{plus}] : 0u)"
@@ -376,9 +387,9 @@ def resident_gemm(p, lay: Layout, x: str, ld: str, lag: int, sums: str = "gs") -
     slots = r.wm * r.mtw * r.nti * SUMS
     tail = (DIRECT_SUMS if r.wk == 1 else SPLIT_SUMS).format(WM=r.wm, MTW=r.mtw, NTI=r.nti, WK=r.wk, SLOTS=slots,
                                                            gs=sums)
-    return RESIDENT_GEMM.format(f=r.name, WM=r.wm, WK=r.wk, KPW=r.kpw, MTW=r.mtw, NTI=r.nti, m=p.m,
-                                KP=padded(p.width), stage=_stage(p, lay, x, ld, lag, "k", True), cvt0=b[0], cvt1=b[1],
-                                sums=tail)
+    return RESIDENT_GEMM.format(f=r.name, WM=r.wm, WK=r.wk, KPS=r.kpw // r.slices, MTW=r.mtw, NTI=r.nti, m=p.m,
+                                S=r.slices, KSL=padded(p.width) // r.slices, stage=_stage(p, lay, x, ld, lag, "k", True),
+                                cvt0=b[0], cvt1=b[1], sums=tail)
 
 
 def _stage(p, lay: Layout, x: str, ld: str, lag: int, col: str, wait: bool) -> str:

@@ -26,6 +26,11 @@ TENSOR_CORE_BLOCKS = 64
 # B = 32 1.65 / 1.81 / 2.19 (2.12, 1.32); B = 64 2.57 / 2.32 / 2.91 (2.66, 2.04); B = 128 3.70 / 3.66 / 3.86 (3.57,
 # 3.23).
 GROUP_ROWS, GROUPS = 16, 4
+# Where a later choice of rows and blocks holds every GEMM's weights in registers (mma.RESIDENT) and the first does not,
+# the later one runs, if its groups have at most GROUP_ROWS rows. Measured on an H200 (bfloat16 LSTM, T = 100, training
+# ms, the first choice / the resident one): H = 768 B = 32 1.70 (4 groups of 8 rows on 32 blocks) / 1.59 (2 groups of
+# 16 on 64); H = 1024 B = 16 2.09 (64 blocks) / 1.86 (128). Larger groups in registers measured slower: H = 768 B = 64
+# 2.24 (4 of 16) / 2.70 (2 of 32, resident), H = 512 B = 128 2.02 (8 of 16) / 1.98 (4 of 32) / 3.37 (2 of 64).
 # 'auto' runs the tensor-core kernel of full matrices up to B rows by the width of the cell (its largest phase's
 # units: H for an LSTM), 'stages' beyond. Measured on an H200 (bfloat16 LSTM, T = 100, training ms, persistent /
 # stages; experiments/gpu_checks.sh bench tensor_cores wide): H = 512 B = 128 2.45 / 2.55, B = 256 4.47 / 3.40;
@@ -109,8 +114,9 @@ def gpu_loop(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, a
              tf32: bool = False) -> str:
     """What runs `loop` (a PersistentLoop) at B rows of dtype on such a GPU, for loop='auto' or (auto False)
     loop='persistent', float32 in TF32 where `tf32` allows, in words: 'persistent (tensor cores)', 'persistent
-    (tensor cores in TF32)', 'persistent (CUDA cores)' (with ', R groups of r rows' where full matrices split the
-    batch, full_groups) or 'stages: <why>'."""
+    (tensor cores in TF32)', 'persistent (CUDA cores)' (with ', weights in registers' where every GEMM's weights sit
+    there, mma.RESIDENT, and ', R groups of r rows' where full matrices split the batch, full_groups) or
+    'stages: <why>'."""
     why = fit(cell, loop, B, dtype, sms, smem, mma, tf32)
     k = None if why else chosen(cell, loop, B, dtype, sms, smem, mma, tf32)
     why = why or auto and _slower(cell, loop, B, k)
@@ -118,7 +124,8 @@ def gpu_loop(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, a
         return f"stages: {why}"
     groups = f", {k.row_groups} groups of {B // k.row_groups} rows" if k.row_groups > 1 and k.cooperative else ""
     how = " in TF32" if k.tensor_cores and float_dtype(dtype, half=True).itemsize == 4 else ""
-    return f"persistent ({'tensor' if k.tensor_cores else 'CUDA'} cores{how}{groups})"
+    held = ", weights in registers" if k.resident else ""
+    return f"persistent ({'tensor' if k.tensor_cores else 'CUDA'} cores{how}{held}{groups})"
 
 
 def gpu_facts(facts: dict) -> tuple:
@@ -182,7 +189,9 @@ def chosen(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, tf3
     the first of phases.block_counts whose shared memory fits, else the last (None: none runs B): per head first
     where the GEMMs are head-wise (its rows split over blocks, head_rows; beyond MAX_ROWS the only one); for full
     matrices row groups first where B splits into them (full_groups), then one group, on tensor cores fewer blocks
-    first (tensor_core_blocks), on CUDA cores only up to MAX_ROWS rows."""
+    first (tensor_core_blocks), on CUDA cores only up to MAX_ROWS rows; on tensor cores the first of those whose
+    weights all sit in registers (Persistent.resident) at most GROUP_ROWS rows a group, where one does (measured
+    beside GROUP_ROWS)."""
     ctype = CTYPES[float_dtype(dtype, half=True).name]
     counts, groups = block_counts(cell, loop, sms), phases(cell, loop)
     if loop_heads(groups) > 1:          # per head first: its rows split over blocks (head_rows)
@@ -202,7 +211,9 @@ def chosen(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, tf3
     if tc:
         counts = [G for G in dict.fromkeys(tensor_core_blocks(B, sms) + counts) if G <= counts[-1]]
     made += [_made(cell, loop, ctype, B, G, tensor_cores=tc) for G in counts] if tc or B <= MAX_ROWS else []
-    return next((k for k in made if k.smem <= smem), made[-1] if made else None)
+    fits = [k for k in made if k.smem <= smem]
+    return next((k for k in fits if k.resident and B // k.row_groups <= GROUP_ROWS), fits[0] if fits else
+                made[-1] if made else None)
 
 
 def full_groups(B: int, tc: bool, sms: int, units: int) -> list:
