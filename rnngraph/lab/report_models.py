@@ -71,10 +71,11 @@ def heads(results: Results, findings: Findings) -> str:
     lstm16 = record(b16, cell="lstm", impl="cudnn@float16")
     at16 = [[c, r["loop_strategy"], pair(r), num(r["forward_ms"] * 1e3 / r["T"]), pair(lstm16),
              f"{times(ratio(r, lstm16, 'forward'))} / {times(ratio(r, lstm16))}"]
-            for c in ("slstm", "mh_lstm") for r in [record(b16, cell=c, impl="graph")]]
+            for c in ("slstm", "mh_lstm", "lstm") for r in [record(b16, cell=c, impl="graph")]]
     for c, *_ in at16:
         findings.compare("Heads", f"{c} at B = 16 against cuDNN's single-head LSTM of the same size",
                          record(b16, cell=c, impl="graph"), lstm16, "cuDNN float16 LSTM")
+    plain = record(b16, cell="lstm", impl="graph")
     B0, B1 = doc["settings"]["B"][0], doc["settings"]["B"][-1]
     growth = ours("slstm", B1)["train_ms"] / ours("slstm", B0)["train_ms"]
     against = {name: " and ".join(f"{times(ratio(ours(name, B), c))} its time at B = {B}" for B, c in cudnn.items())
@@ -118,6 +119,11 @@ included, over T):
         "rnngraph ÷ cuDNN"], at16)}
 
 {source(b16)}
+
+The last row is the plain LSTM of the same size (FlashRNN's own benchmark shape): the persistent kernel of full
+matrices ({plain["gpu_loop"].split(", on ")[0].removeprefix("persistent (").rstrip(")")}), whose training step takes
+{times(ratio(plain, lstm16))} cuDNN float16's. Its frame waits for a grid barrier and for the whole 4H-wide gate gradient staged from L2 in each
+block, where the head-wise cells' blocks wait for no one.
 
 This forward's time moves between processes on the same GPU: five runs of its kernels on one day gave the sLSTM's
 forward 0.83 to 1.02 ms (0.81 to 0.99 µs a frame), so compare within a run. In bfloat16 the kernels compile with
