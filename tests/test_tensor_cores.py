@@ -130,10 +130,11 @@ def test_schedule_says_which_loop_the_gpu_runs(capsys):
     assert main(["schedule", "lstm", "--batch", "256", "--dtype", "bfloat16"]) == 0
     assert "on the GPU at B=256 in bfloat16: stages: at B=256 > 128 rows" in capsys.readouterr().out
     assert main(["schedule", "lstm", "--batch", "64", "--tf32"]) == 0
-    assert "in float32 with TF32 allowed: persistent (tensor cores in TF32, weights in registers, 4 groups of 16 rows)" in \
-        capsys.readouterr().out
+    assert ("in float32 with TF32 allowed: persistent (tensor cores in TF32, weights in registers, 4 groups of 16 "
+            "rows)") in capsys.readouterr().out
     assert main(["schedule", "lstm", "--batch", "16", "--dtype", "bfloat16", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["gpu_loop"].startswith("persistent (tensor cores, weights in registers), on ")
+    assert json.loads(capsys.readouterr().out)["gpu_loop"].startswith(
+        "persistent (tensor cores, weights in registers), on ")
     assert main(["schedule", "lstm", "--batch", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["gpu_loop"].startswith("persistent (CUDA cores)")
     assert main(["schedule", "min_gru", "--batch", "16", "--json"]) == 0
@@ -151,7 +152,7 @@ def test_schedule_says_which_loop_the_gpu_runs(capsys):
 def test_tensor_core_kernels_compute_the_reference_on_the_cpu(cell, B, dtype, tc, H, G, words, monkeypatch):
     """mma.sync emulated (cuda_on_cpu.py), the grid barriers of G blocks at once, against numpy's loop; B ≤ 8 on
     tensor cores where asked (rows past B in the tile read, never stored); the weights' fragments in registers
-    (mma.RESIDENT: m-groups and k-groups of warps, the k-groups' sums added in shared memory), and, with no
+    (resident.py: m-groups and k-groups of warps, the k-groups' sums added in shared memory), and, with no
     registers to spare, in shared memory (several k-steps a warp, warps sharing a tile's k-steps)."""
     pytest.importorskip("ml_dtypes")
     monkeypatch.setattr(mma, "RESIDENT_WORDS", words)

@@ -234,9 +234,10 @@ cuDNN's float16 (its fastest LSTM) and show bfloat16 with `loop="persistent"` at
 
 In half precision `auto` runs the persistent loop up to {auto_rows()}: up to B = {TENSOR_CORES_FROM - 1} on CUDA
 cores, from B = {TENSOR_CORES_FROM} on tensor cores (`mma.sync` with float32 sums, the rows past B masked, the
-weights held in registers where they fit, else in shared memory), beyond B = {GROUP_ROWS} in groups of at most {GROUP_ROWS}
-rows, each group on its own blocks ([On a GPU](gpu.md#the-persistent-kernel)). Beyond those it runs `stages`, a `GemmEx` and a fused kernel a frame,
-where the persistent kernel measured no faster (the wider LSTMs are in [the next section](#wider-lstms-gru-and-mgu)).
+weights held in registers where they fit, else in shared memory), beyond B = {GROUP_ROWS} in groups of at most
+{GROUP_ROWS} rows, each group on its own blocks ([On a GPU](gpu.md#the-persistent-kernel)). Beyond those it runs
+`stages`, a `GemmEx` and a fused kernel a frame, where the persistent kernel measured no faster (the wider LSTMs
+are in [the next section](#wider-lstms-gru-and-mgu)).
 In float32 with TF32 off it runs the persistent loop on CUDA cores up to B = {AUTO_CUDA_CORE_ROWS}, beyond B = {MAX_ROWS} in groups
 of {MAX_ROWS} rows; at H = 512 a block's share of the weights no longer fits from B = 64. With TF32 allowed, float32 runs
 on tensor cores as half precision does ([float32 in TF32](#float32-in-tf32)). The persistent backward stages all 4H

@@ -33,6 +33,7 @@ from .gemv import row_sums
 from .elements import epilogue, ld_arg, prefetch
 from .heads import (handed_on, head_gemv, head_mma, head_thread_gemv, head_thread_parts, head_weight, one_head,
                     resident, resident_rows, row_stride, rows_a_thread)
+from .resident import fragments, resident_gemm
 from .phases import (MAX_ROWS, THREADS, barriers, block_units, exchanges, loop_heads, nodes_of, own, per_head, phases,
                      shared_layout, sources, staged)
 from .roles import (ROLES_SYNC, STAGE_DEFINE, element_inputs, mma_parts, roles_body, tensor_core_warps,
@@ -128,7 +129,7 @@ class Persistent:
     cooperative: bool = True    # False per head: no block waits for another, an ordinary launch
     tensor_cores: bool = False  # its GEMMs on tensor cores (mma.py)
     row_groups: int = 1         # the groups of rows its blocks split B into, each with its own barrier count
-    resident: bool = False      # every GEMM's weights in registers (mma.RESIDENT)
+    resident: bool = False      # every GEMM's weights in registers (resident.py)
 
 
 def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 1,
@@ -263,8 +264,8 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
         out.append(head_mma(p, woff, tc, x, ld_arg(x), kept))
     elif woff is not None and tc is not None and id(p) in tc.resident:     # its weights in registers
         src, x, lag = _operand(p, arg)
-        load.append(mma.fragments(p, src, tc))
-        out.append(mma.resident_gemm(p, tc, x, ld_arg(x), lag))
+        load.append(fragments(p, src, tc))
+        out.append(resident_gemm(p, tc, x, ld_arg(x), lag))
     elif woff is not None and tc is not None:
         src, x, lag = _operand(p, arg)
         load.append(mma.weights(p, woff, src, tc))

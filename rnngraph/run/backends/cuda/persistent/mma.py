@@ -3,10 +3,9 @@ runner.TENSOR_CORES_FROM rows, head-wise ones beyond MAX_ROWS; up to MMA_ROWS), 
 where the user allows it (full matrices, as torch's allow_tf32).
 
 A full-matrix GEMM phase's block holds its weight rows in registers where they fit (RESIDENT_WORDS a thread, all
-such phases together; x's whole rows staged at once): as the MMA's A fragments, 16 weight rows a tile, spread over
-the warps by m-tiles and k-steps (resident), with x's rows as B, 8 a tile, each B fragment loaded once a k-step
-and used for every m-tile the warp holds; the warps of one m-tile add their k-steps' partial sums in shared memory
-in a fixed order. Otherwise a GEMM phase's block holds its weight rows in shared memory as stored (bfloat16 or float16; float32 rounded
+such phases together, RESIDENT_SUMS sums; x staged in at most UNROLLED_SLICES equal slices): planned here
+(resident(): which warps hold which tiles and k-steps), generated in resident.py. Otherwise a GEMM phase's block
+holds its weight rows in shared memory as stored (bfloat16 or float16; float32 rounded
 to TF32 once), each row padded to KP = K rounded up to 16 and strided WLD = KP + PAD elements (PAD: 16 bytes;
 the pad zero; the stride keeps the fragments' loads free of bank conflicts). Per frame it stages x's B rows,
 as stored, K in slices of KS columns of even width ([ceil(B/16)·16, KS + PAD] elements: B = 256 and K = 2048
@@ -125,92 +124,6 @@ STAGE_WIDE = r"""                if ((((unsigned long long)&{x}[0]) & 15) == 0 &
 {wait}                }} else
 """ + STAGE
 
-# RESIDENT: a phase's weights as the MMA's A (16 weight rows a tile) in registers for the whole call, x's rows as B
-# (8 a tile): per k-step a warp loads x's B fragments once (2 LDS.32 a tile) and runs them against every m-tile it
-# holds; the k-groups' partial sums meet in shared memory, added in k-group order (no atomics)
-FRAGMENTS = r"""    unsigned {f}[{MTW}][{KPW}][4];     // phase {kind}'s weight fragments, held for every frame
-    {{  {units}
-        const int g = lane >> 2, c = lane & 3, kg = warp % {WK}, mg = warp / {WK};
-        #pragma unroll
-        for (int i = 0; i < {MTW}; ++i)
-            #pragma unroll
-            for (int ks = 0; ks < {KPW}; ++ks)
-                #pragma unroll
-                for (int h = 0; h < 4; ++h) {{      // A[m][k]: row q = 16·tile + g (+ 8: h odd), word kw = 8·k-step + c (+ 4)
-                    const int step = (ks / {KPS}) * {SLICE_STEPS} + kg * {KPS} + ks % {KPS};     // slice, then kg's own
-                    const int q = (mg + i * {WM}) * 16 + g + (h & 1) * 8, kw = step * 8 + c + (h >> 1) * 4;
-                    unsigned v = 0u;
-                    if (mg < {WM} && q < nu * {m}) {{
-                        const int j = q / nu, u = q - j * nu;
-                        (void)j; (void)u;
-{word}
-                    }}
-                    {f}[i][ks][h] = v;
-                }}
-    }}"""
-HALF_WORD = r"""                        {{ const int k = 2 * kw; if (k < {K}) v = (unsigned)({src}).u; }}
-                        {{ const int k = 2 * kw + 1; if (k < {K}) v |= (unsigned)({src}).u << 16; }}"""
-TF32_WORD = r"""                        {{ const int k = kw; if (k < {K}) v = rg_tf32(__float_as_uint({src})); }}"""
-
-RESIDENT_GEMM = r"""
-        {{  // tensor cores, the weights in registers ({f}): warp (mg, kg) its m-tiles mg + i·{WM}, in each of the {S}
-            // slices of x's columns its k-steps from kg·{KPS}
-            ST* xh = (ST*)xs;
-            const int nq = nu * {m}, g = lane >> 2, c = lane & 3, kg = warp % {WK}, mg = warp / {WK};
-            const unsigned* xw = (const unsigned*)xh;
-            float acc[{MTW}][{NTI}][4] = {{}};
-            #pragma unroll
-            for (int sl = 0; sl < {S}; ++sl) {{
-                {{  const int k0 = sl * {KSL}, kw = {KSL};
-{stage}
-                }}
-                __syncthreads();
-                if (mg < {WM}) {{
-                    #pragma unroll
-                    for (int j = 0; j < {KPS}; ++j) {{
-                        const int ks = sl * {KPS} + j, kw = (kg * {KPS} + j) * 8 + c;
-                        #pragma unroll
-                        for (int n = 0; n < {NTI}; ++n) {{    // B[k][n] = x[row 8n + g][k]: words kw and kw + 4
-                            const unsigned b0 = {cvt0}, b1 = {cvt1};
-                            #pragma unroll
-                            for (int i = 0; i < {MTW}; ++i)
-                                rg_mma(acc[i][n], {f}[i][ks][0], {f}[i][ks][1], {f}[i][ks][2], {f}[i][ks][3], b0, b1);
-                        }}
-                    }}
-                }}
-                if (sl + 1 < {S}) __syncthreads();       // the slice read before the next is staged
-            }}
-{sums}
-        }}
-        __syncthreads();"""
-DIRECT_SUMS = r"""            if (mg < {WM})
-                #pragma unroll
-                for (int i = 0; i < {MTW}; ++i)
-                    #pragma unroll
-                    for (int n = 0; n < {NTI}; ++n) {{   // D[m][n]: weight rows g (+ 8), x rows 2c, 2c + 1 of tile n
-                        const int q = (mg + i * {WM}) * 16 + g, b = n * 8 + 2 * c;
-                        if (q < nq && b < NB) {gs}[q * NB + b] = acc[i][n][0];
-                        if (q < nq && b + 1 < NB) {gs}[q * NB + b + 1] = acc[i][n][1];
-                        if (q + 8 < nq && b < NB) {gs}[(q + 8) * NB + b] = acc[i][n][2];
-                        if (q + 8 < nq && b + 1 < NB) {gs}[(q + 8) * NB + b + 1] = acc[i][n][3];
-                    }}"""
-SPLIT_SUMS = r"""            if (mg < {WM})              // partial sums in fragment order: [kg][mg][i][n][register][lane]
-                #pragma unroll
-                for (int i = 0; i < {MTW}; ++i)
-                    #pragma unroll
-                    for (int n = 0; n < {NTI}; ++n)
-                        #pragma unroll
-                        for (int r = 0; r < 4; ++r) gp[kg * {SLOTS} + (((mg * {MTW} + i) * {NTI} + n) * 4 + r) * 32 + lane] = acc[i][n][r];
-            __syncthreads();
-            for (int e = tid; e < {SLOTS}; e += NT) {{     // each sum's k-groups added in order
-                float v = 0.f;
-                #pragma unroll
-                for (int kk = 0; kk < {WK}; ++kk) v += gp[kk * {SLOTS} + e];
-                const int ln = e & 31, r = (e >> 5) & 3, tn = e >> 7, n = tn % {NTI}, mi = tn / {NTI}, i = mi % {MTW};
-                const int q = (mi / {MTW} + i * {WM}) * 16 + (ln >> 2) + (r >> 1) * 8, b = n * 8 + (ln & 3) * 2 + (r & 1);
-                if (q < nq && b < NB) {gs}[q * NB + b] = v;
-            }}"""
-
 A_WORDS = ("x0[h]", "x8[h]", "x0[h + 4]", "x8[h + 4]")    # a lane's A fragment: rows r and r + 8, k-words h and h + 4
 SUMS = 4 * 32               # a warp's partial sums of one tile: 4 floats a lane
 UNROLLED_SLICES = 4         # x staged in at most this many slices: the slice loop unrolled (its bounds constants)
@@ -234,7 +147,7 @@ class Layout:
     tiles_per_warp: int
     itemsize: int = 2
     x_buffers: int = 1  # slices of x staged at once: a head-wise dgemm's J linear ops' output gradients (heads.py)
-    resident: dict = None   # id(phase) -> Resident: its weights' fragments in registers (RESIDENT)
+    resident: dict = None   # id(phase) -> Resident: its weights' fragments in registers (resident.py)
 
     @property
     def pad(self) -> int:
@@ -254,7 +167,7 @@ class Layout:
 
 @dataclass(frozen=True)
 class Resident:
-    """A GEMM phase whose weights stay in registers (RESIDENT): WM·WK warps, warp (mg, kg) = (w div WK, w mod WK)
+    """A GEMM phase whose weights stay in registers (resident.py): WM·WK warps, warp (mg, kg) = (w div WK, w mod WK)
     holding the A fragments of m-tiles mg, mg + WM, ... (MTW of the MTI tiles of 16 weight rows) over k-steps
     of each of x's `slices` (its columns staged in turn, equal parts of the padded row) the KPW / slices k-steps from
     kg·KPW / slices (the MMA's k each), against NTI tiles of 8 of x's rows; `name` its fragments' array."""
@@ -280,10 +193,11 @@ class Resident:
 def resident(p, B: int, G: int, warps: int, words: int, itemsize: int, name: str,
              budget: int = XS_RESIDENT_BYTES) -> Resident | None:
     """How full-matrix phase p keeps its weights in registers at B rows on G blocks of `warps` warps, in at most
-    `words` registers a thread (and RESIDENT_SUMS sums), x staged in the fewest equal slices (at most UNROLLED_SLICES) of at most `budget`
-    bytes, or None: the split of its m-tiles and k-steps over warps that moves the fewest 32-bit words through shared
-    memory a frame (x's B fragments, loaded by every m-group; the k-groups' partial sums, written and read), fewest
-    registers first among equals; its k-groups take whole k-steps of each slice."""
+    `words` registers a thread (and RESIDENT_SUMS sums), x staged in the fewest equal slices (at most
+    UNROLLED_SLICES) of at most `budget` bytes, or None: the split of its m-tiles and k-steps over warps that moves
+    the fewest 32-bit words through shared memory a frame (x's B fragments, loaded by every m-group; the k-groups'
+    partial sums, written and read), fewest registers first among equals; its k-groups take whole k-steps of each
+    slice."""
     mti, nti, rows = -(-(-(-p.units // G) * p.m) // 16), -(-B // 8), -(-B // 16) * 16
     kst = padded(p.width) * itemsize // 32      # k-steps of 32 bytes a row: 16 halves, 8 TF32 values
     S = next((S for S in range(1, UNROLLED_SLICES + 1)
@@ -358,7 +272,7 @@ def gemm(p, off, lay: Layout, x: str, ld: str, lag: int, col: str = "k", m: int 
     cvt = "rg_tf32({})" if lay.itemsize == 4 else "{}"      # TF32: x's words rounded as they enter the MMA
     stage = ""                              # already staged (buffer), else staged here and waited for
     if buffer is None:
-        stage = "\n" + _stage(p, lay, x, ld, lag, col, True)
+        stage = "\n" + stage_slice(p, lay, x, ld, lag, col, True)
         if first_only:
             stage = "\n                if (s == 0) {" + stage + "\n                }"
         stage += "\n                __syncthreads();"
@@ -368,31 +282,7 @@ def gemm(p, off, lay: Layout, x: str, ld: str, lag: int, col: str = "k", m: int 
                        xoff=f" + {buffer * lay.x_rows * lay.xld}" if buffer else "")
 
 
-def fragments(p, src: str, lay: Layout) -> str:
-    """Declares resident phase p's weight fragments and loads them once (the pad rows and columns zero); src: the
-    element of row q (j, u: its merged block and unit), column k in memory."""
-    r = lay.resident[id(p)]
-    word = (HALF_WORD if lay.itemsize == 2 else TF32_WORD).format(K=p.width, src=src)
-    return FRAGMENTS.format(f=r.name, MTW=r.mtw, KPW=r.kpw, WK=r.wk, WM=r.wm, m=p.m, kind=p.kind, word=word,
-                            units=block_units(p.units), KPS=r.kpw // r.slices, SLICE_STEPS=r.kpw // r.slices * r.wk)
-
-
-def resident_gemm(p, lay: Layout, x: str, ld: str, lag: int, sums: str = "gs") -> str:
-    """Resident phase p's GEMM (RESIDENT_GEMM) over x (a frame array's pointer and row stride, read at `lag`), staged
-    in its slices, the sums into `sums`."""
-    r = lay.resident[id(p)]
-    cvt = "rg_tf32({})" if lay.itemsize == 4 else "{}"
-    word = "(n * 8 + g < NB ? xw[(n * 8 + g) * {XLDW} + kw{plus}] : 0u)"
-    b = [cvt.format(word.format(XLDW=lay.xld * lay.itemsize // 4, plus=plus)) for plus in ("", " + 4")]
-    slots = r.wm * r.mtw * r.nti * SUMS
-    tail = (DIRECT_SUMS if r.wk == 1 else SPLIT_SUMS).format(WM=r.wm, MTW=r.mtw, NTI=r.nti, WK=r.wk, SLOTS=slots,
-                                                           gs=sums)
-    return RESIDENT_GEMM.format(f=r.name, WM=r.wm, WK=r.wk, KPS=r.kpw // r.slices, MTW=r.mtw, NTI=r.nti, m=p.m,
-                                S=r.slices, KSL=padded(p.width) // r.slices, stage=_stage(p, lay, x, ld, lag, "k", True),
-                                cvt0=b[0], cvt1=b[1], sums=tail)
-
-
-def _stage(p, lay: Layout, x: str, ld: str, lag: int, col: str, wait: bool) -> str:
+def stage_slice(p, lay: Layout, x: str, ld: str, lag: int, col: str, wait: bool) -> str:
     """The lines staging slice k0 (kw columns) of x into xh: 16-byte copies in flight at once where rows are aligned
     (waited for here, or by the caller where `wait` is False), else loads."""
     load, V = f"AT({x}, {ld}, {lag}, {col})", 16 // lay.itemsize        # V: elements a 16-byte copy
@@ -407,7 +297,8 @@ def stage_at_once(p, lay: Layout, x: str, ld: str, cols: list) -> str:
     a frame become one)."""
     KP = padded(p.width)
     parts = [f"            {{   ST* xh = (ST*)xs + {j * lay.x_rows * lay.xld};\n"
-             f"                const int k0 = 0, kw = {KP};\n{_stage(p, lay, x, ld, 0, col, False)}\n            }}"
+             f"                const int k0 = 0, kw = {KP};\n{stage_slice(p, lay, x, ld, 0, col, False)}\n"
+             "            }"
              for j, col in enumerate(cols)]
     return "\n        {\n" + "\n".join(parts) + "\n            rg_copies_wait();\n        }\n        __syncthreads();"
 

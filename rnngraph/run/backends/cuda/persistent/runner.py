@@ -26,7 +26,7 @@ TENSOR_CORE_BLOCKS = 64
 # B = 32 1.65 / 1.81 / 2.19 (2.12, 1.32); B = 64 2.57 / 2.32 / 2.91 (2.66, 2.04); B = 128 3.70 / 3.66 / 3.86 (3.57,
 # 3.23).
 GROUP_ROWS, GROUPS = 16, 4
-# Where a later choice of rows and blocks holds every GEMM's weights in registers (mma.RESIDENT) and the first does not,
+# Where a later choice of rows and blocks holds every GEMM's weights in registers (resident.py) and the first does not,
 # the later one runs, if its groups have at most GROUP_ROWS rows. Measured on an H200 (bfloat16 LSTM, T = 100, training
 # ms, the first choice / the resident one): H = 768 B = 32 1.70 (4 groups of 8 rows on 32 blocks) / 1.59 (2 groups of
 # 16 on 64); H = 1024 B = 16 2.09 (64 blocks) / 1.86 (128). Larger groups in registers measured slower: H = 768 B = 64
@@ -115,7 +115,7 @@ def gpu_loop(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, a
     """What runs `loop` (a PersistentLoop) at B rows of dtype on such a GPU, for loop='auto' or (auto False)
     loop='persistent', float32 in TF32 where `tf32` allows, in words: 'persistent (tensor cores)', 'persistent
     (tensor cores in TF32)', 'persistent (CUDA cores)' (with ', weights in registers' where every GEMM's weights sit
-    there, mma.RESIDENT, and ', R groups of r rows' where full matrices split the batch, full_groups) or
+    there, resident.py, and ', R groups of r rows' where full matrices split the batch, full_groups) or
     'stages: <why>'."""
     why = fit(cell, loop, B, dtype, sms, smem, mma, tf32)
     k = None if why else chosen(cell, loop, B, dtype, sms, smem, mma, tf32)
