@@ -20,7 +20,7 @@ column); the pad columns are zero in both.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .phases import block_units
 
@@ -147,7 +147,7 @@ class Layout:
     tiles_per_warp: int
     itemsize: int = 2
     x_buffers: int = 1  # slices of x staged at once: a head-wise dgemm's J linear ops' output gradients (heads.py)
-    resident: dict = None   # id(phase) -> Resident: its weights' fragments in registers (resident.py)
+    resident: dict = field(default_factory=dict)    # id(phase) -> Resident: weights in registers (resident.py)
 
     @property
     def pad(self) -> int:
@@ -162,15 +162,15 @@ class Layout:
     @property
     def partials(self) -> int:
         """The float32 partial sums the resident phases' warps hand one another (their largest)."""
-        return max((r.partials for r in (self.resident or {}).values()), default=0)
+        return max((r.partials for r in self.resident.values()), default=0)
 
 
 @dataclass(frozen=True)
 class Resident:
-    """A GEMM phase whose weights stay in registers (resident.py): WM·WK warps, warp (mg, kg) = (w div WK, w mod WK)
-    holding the A fragments of m-tiles mg, mg + WM, ... (MTW of the MTI tiles of 16 weight rows) over k-steps
-    of each of x's `slices` (its columns staged in turn, equal parts of the padded row) the KPW / slices k-steps from
-    kg·KPW / slices (the MMA's k each), against NTI tiles of 8 of x's rows; `name` its fragments' array."""
+    """A GEMM phase whose weights stay in registers (resident.py), `name` their array. Its WM·WK warps are (mg, kg) =
+    (w div WK, w mod WK): warp (mg, kg) holds the A fragments of m-tiles mg, mg + WM, ... (MTW tiles of 16 weight
+    rows) for KPW k-steps (the MMA's k each), KPW / slices in each of the `slices` equal parts of x's padded row
+    that are staged in turn (there, the k-steps from kg·KPW / slices), against NTI tiles of 8 of x's rows."""
     name: str
     wm: int
     wk: int
@@ -215,7 +215,8 @@ def resident(p, B: int, G: int, warps: int, words: int, itemsize: int, name: str
 def layout(gemm_phases, B: int, G: int, threads: int, itemsize: int = 2) -> Layout:
     """The layout for `gemm_phases` (each with units, m and width K) at B rows on G blocks, elements of
     `itemsize` bytes (2: half storage; 4: float32 in TF32): full-matrix phases keep their weights in registers
-    (resident) where the registers and a staging of x's whole rows allow, else in shared memory."""
+    (resident) where the registers allow and x's rows stage in at most UNROLLED_SLICES slices, else in shared
+    memory (then x within the smaller budget, XS_BYTES, for all)."""
     rows, pad = -(-B // 16) * 16, 16 // itemsize
     res = _residents(gemm_phases, B, G, threads, itemsize, XS_RESIDENT_BYTES)
     if len(res) < len(gemm_phases):        # weights in shared memory too: x within the smaller budget

@@ -20,8 +20,8 @@ FRAGMENTS = r"""    unsigned {f}[{MTW}][{KPW}][4];     // phase {kind}'s weight 
             #pragma unroll
             for (int ks = 0; ks < {KPW}; ++ks)
                 #pragma unroll
-                for (int h = 0; h < 4; ++h) {{      // A[m][k]: row q = 16·tile + g (+ 8: h odd), word kw = 8·k-step + c (+ 4)
-                    const int step = (ks / {KPS}) * {SLICE_STEPS} + kg * {KPS} + ks % {KPS};     // slice, then kg's own
+                for (int h = 0; h < 4; ++h) {{      // A[m][k]: row q = 16·tile + g (+ 8), word 8·k-step + c (+ 4)
+                    const int step = (ks / {KPS}) * {SLICE_STEPS} + kg * {KPS} + ks % {KPS};   // slice, kg's own
                     const int q = (mg + i * {WM}) * 16 + g + (h & 1) * 8, kw = step * 8 + c + (h >> 1) * 4;
                     unsigned v = 0u;
                     if (mg < {WM} && q < nu * {m}) {{
@@ -37,8 +37,8 @@ HALF_WORD = r"""                        {{ const int k = 2 * kw; if (k < {K}) v 
 TF32_WORD = r"""                        {{ const int k = kw; if (k < {K}) v = rg_tf32(__float_as_uint({src})); }}"""
 
 RESIDENT_GEMM = r"""
-        {{  // tensor cores, the weights in registers ({f}): warp (mg, kg) its m-tiles mg + i·{WM}, in each of the {S}
-            // slices of x's columns its k-steps from kg·{KPS}
+        {{  // tensor cores, the weights in registers ({f}): warp (mg, kg) its m-tiles mg + i·{WM}, in each of the
+            // {S} slices of x's columns its k-steps from kg·{KPS}
             ST* xh = (ST*)xs;
             const int nq = nu * {m}, g = lane >> 2, c = lane & 3, kg = warp % {WK}, mg = warp / {WK};
             const unsigned* xw = (const unsigned*)xh;
@@ -58,7 +58,8 @@ RESIDENT_GEMM = r"""
                             const unsigned b0 = {cvt0}, b1 = {cvt1};
                             #pragma unroll
                             for (int i = 0; i < {MTW}; ++i)
-                                rg_mma(acc[i][n], {f}[i][ks][0], {f}[i][ks][1], {f}[i][ks][2], {f}[i][ks][3], b0, b1);
+                                rg_mma(acc[i][n], {f}[i][ks][0], {f}[i][ks][1], {f}[i][ks][2], {f}[i][ks][3], b0,
+                                       b1);
                         }}
                     }}
                 }}
@@ -67,7 +68,7 @@ RESIDENT_GEMM = r"""
 {sums}
         }}
         __syncthreads();"""
-DIRECT_SUMS = r"""            if (mg < {WM})
+WHOLE_SUMS = r"""            if (mg < {WM})
                 #pragma unroll
                 for (int i = 0; i < {MTW}; ++i)
                     #pragma unroll
@@ -78,20 +79,22 @@ DIRECT_SUMS = r"""            if (mg < {WM})
                         if (q + 8 < nq && b < NB) {gs}[(q + 8) * NB + b] = acc[i][n][2];
                         if (q + 8 < nq && b + 1 < NB) {gs}[(q + 8) * NB + b + 1] = acc[i][n][3];
                     }}"""
-SPLIT_SUMS = r"""            if (mg < {WM})              // partial sums in fragment order: [kg][mg][i][n][register][lane]
+ADDED_SUMS = r"""            if (mg < {WM})      // partial sums in fragment order: [kg][mg][i][n][register][lane]
                 #pragma unroll
                 for (int i = 0; i < {MTW}; ++i)
                     #pragma unroll
                     for (int n = 0; n < {NTI}; ++n)
                         #pragma unroll
-                        for (int r = 0; r < 4; ++r) gp[kg * {SLOTS} + (((mg * {MTW} + i) * {NTI} + n) * 4 + r) * 32 + lane] = acc[i][n][r];
+                        for (int r = 0; r < 4; ++r)
+                            gp[kg * {SLOTS} + (((mg * {MTW} + i) * {NTI} + n) * 4 + r) * 32 + lane] = acc[i][n][r];
             __syncthreads();
             for (int e = tid; e < {SLOTS}; e += NT) {{     // each sum's k-groups added in order
                 float v = 0.f;
                 #pragma unroll
                 for (int kk = 0; kk < {WK}; ++kk) v += gp[kk * {SLOTS} + e];
-                const int ln = e & 31, r = (e >> 5) & 3, tn = e >> 7, n = tn % {NTI}, mi = tn / {NTI}, i = mi % {MTW};
-                const int q = (mi / {MTW} + i * {WM}) * 16 + (ln >> 2) + (r >> 1) * 8, b = n * 8 + (ln & 3) * 2 + (r & 1);
+                const int ln = e & 31, r = (e >> 5) & 3, tn = e >> 7, n = tn % {NTI}, mi = tn / {NTI};
+                const int i = mi % {MTW}, q = (mi / {MTW} + i * {WM}) * 16 + (ln >> 2) + (r >> 1) * 8;
+                const int b = n * 8 + (ln & 3) * 2 + (r & 1);
                 if (q < nq && b < NB) {gs}[q * NB + b] = v;
             }}"""
 
@@ -113,7 +116,7 @@ def resident_gemm(p, lay: Layout, x: str, ld: str, lag: int, sums: str = "gs") -
     word = "(n * 8 + g < NB ? xw[(n * 8 + g) * {XLDW} + kw{plus}] : 0u)"
     b = [cvt.format(word.format(XLDW=lay.xld * lay.itemsize // 4, plus=plus)) for plus in ("", " + 4")]
     slots = r.wm * r.mtw * r.nti * SUMS
-    tail = (DIRECT_SUMS if r.wk == 1 else SPLIT_SUMS).format(WM=r.wm, MTW=r.mtw, NTI=r.nti, WK=r.wk, SLOTS=slots,
+    tail = (WHOLE_SUMS if r.wk == 1 else ADDED_SUMS).format(WM=r.wm, MTW=r.mtw, NTI=r.nti, WK=r.wk, SLOTS=slots,
                                                            gs=sums)
     return RESIDENT_GEMM.format(f=r.name, WM=r.wm, WK=r.wk, KPS=r.kpw // r.slices, MTW=r.mtw, NTI=r.nti, m=p.m,
                                 S=r.slices, KSL=padded(p.width) // r.slices, cvt0=b[0], cvt1=b[1], sums=tail,
