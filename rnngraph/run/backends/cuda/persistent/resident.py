@@ -92,9 +92,10 @@ ADDED_SUMS = r"""            if (mg < {WM})      // partial sums in fragment ord
                 float v = 0.f;
                 #pragma unroll
                 for (int kk = 0; kk < {WK}; ++kk) v += gp[kk * {SLOTS} + e];
-                const int ln = e & 31, r = (e >> 5) & 3, tn = e >> 7, n = tn % {NTI}, mi = tn / {NTI};
-                const int i = mi % {MTW}, q = (mi / {MTW} + i * {WM}) * 16 + (ln >> 2) + (r >> 1) * 8;
-                const int b = n * 8 + (ln & 3) * 2 + (r & 1);
+                const int ln = e & 31, r = (e >> 5) & 3, tn = e >> 7, n = tn % {NTI}, mi = tn / {NTI},
+                          i = mi % {MTW};
+                const int q = (mi / {MTW} + i * {WM}) * 16 + (ln >> 2) + (r >> 1) * 8,
+                          b = n * 8 + (ln & 3) * 2 + (r & 1);
                 if (q < nq && b < NB) {gs}[q * NB + b] = v;
             }}"""
 
