@@ -39,6 +39,7 @@ def test_row_groups_compute_the_reference_one_group_after_another(name, B, rows,
     got, want, be = run_groups(cell, B, rows, dtype, tc)
     assert_agree(got, want, dtype)
     assert [(k.row_groups, k.blocks, k.cooperative, k.tensor_cores) for k in be.ran] == [(B // rows, 3 * B // rows, True, tc)] * 2
+    assert [k.resident for k in be.ran] == [tc] * 2       # on tensor cores the weights in registers (resident.py)
 
 
 @needs_cxx

@@ -52,7 +52,7 @@ def test_tf32_kernels_compute_the_reference_within_tf32s_rounding(name, B, rows,
     assert max(errors) <= TF32_BOUND, errors
     assert max(errors) > 1e-5, "no TF32 rounding seen"      # float32 on CUDA cores agrees to ~1e-7
     runs = 2 if chunk is None else 6
-    assert [(k.row_groups, k.tensor_cores) for k in be.ran] == [(B // rows, True)] * runs
+    assert [(k.row_groups, k.tensor_cores, k.resident) for k in be.ran] == [(B // rows, True, True)] * runs
     assert all("mma.sync" not in k.source or "m16n8k8" in k.source for k in be.ran)
 
 
