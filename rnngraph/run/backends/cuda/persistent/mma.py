@@ -221,8 +221,7 @@ def layout(gemm_phases, B: int, G: int, threads: int, itemsize: int = 2) -> Layo
     res = _residents(gemm_phases, B, G, threads, itemsize, XS_RESIDENT_BYTES)
     if len(res) < len(gemm_phases):        # weights in shared memory too: x within the smaller budget
         res = _residents(gemm_phases, B, G, threads, itemsize, XS_BYTES)
-    cap = max(16, ((XS_RESIDENT_BYTES if len(res) == len(gemm_phases) else XS_BYTES) // (itemsize * rows) - pad)
-              // 16 * 16)
+    cap = max(16, (XS_BYTES // (itemsize * rows) - pad) // 16 * 16)     # x's slices where weights sit in shared memory
     woff, n, ks, tiles = {}, 0, {}, 1
     for p in gemm_phases:
         per, KP = -(-p.units // G) * p.m, padded(p.width)
