@@ -120,10 +120,11 @@ def test_a_million_frames_within_device_memory():
     assert pool.total_bytes() <= 3.5 * 2 ** 30, pool.total_bytes() / 2 ** 30   # x, y and their gradients: 2 GiB; the layer's copies
 
 
-@pytest.mark.parametrize("cell,loop", [("lstm", "persistent"), ("min_gru", "elementwise"), ("lstm", "stages")])
+@pytest.mark.parametrize("cell,loop", [("lstm", "persistent"), ("min_gru", "elementwise"), ("min_gru", "scan"),
+                                      ("lstm", "stages")])
 def test_walking_kernels_in_padded_chunks_equal_staged(cell, loop):
     """A ladder of 64 and 8 frames: where the loop's kernel walks only a chunk's n frames (persistent,
-    elementwise) a rest within 8 frames of 64 runs padded in one chunk of 64 (T = 60: one chunk walking 60;
+    elementwise, scan) a rest within 8 frames of 64 runs padded in one chunk of 64 (T = 60: one chunk walking 60;
     T = 130: two of 64 and one of 8 walking 2), ragged, against staged mode; 'stages' walks every frame, so its
     ladder stays the greedy one."""
     import cupy

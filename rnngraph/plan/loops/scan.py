@@ -4,6 +4,7 @@ The reference scan here is what numpy runs and what the GPU's scan kernels follo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ...arrays import in_float32, is_half
 from ...ir.graph import fmt_read
@@ -56,7 +57,14 @@ def sole_gradient(cell, n, reader) -> bool:
         [d for u, d in cell.reads(reader) if u == n] == [0]
 
 
-def chain_views(ws, loop) -> list:
+class ChainViews(NamedTuple):
+    """What a scan runs on: per chain, the workspace views (chain_views), and a chunk's cursor (as
+    stages.FrameViews.running: a kernel may stop after the running chunk's n frames)."""
+    chains: list
+    running: tuple | None
+
+
+def chain_views(ws, loop) -> ChainViews:
     """Per chain, the workspace views the scan runs on: a, b ([T, B, F], or a parameter [F]), s [d+T, B, F]
     (the state with its d frames of history), m [T, B, F], their gradients gs, gm, and ga, gb ([T, B, F],
     or None for a parameter, which the reduce section sums)."""
@@ -66,14 +74,14 @@ def chain_views(ws, loop) -> list:
         g = [None if ws.grads[n].ndim == 1 else ws.frames(ws.grads[n]) for n in (a, b)]
         out.append((*ab, ws.vals[p][ws.P - d:], ws.frames(ws.vals[m]), ws.grads[p][ws.P - d:],
                     ws.frames(ws.grads[m]), *g))
-    return out
+    return ChainViews(out, ws.running)
 
 
-def reference(run, loop, ws, chains):
+def reference(run, loop, ws, views):
     """The forward scan over all frames, or the reverse scan writing the gradients of p (history rows
     included), of its product m, and of a and b where they are not parameters."""
     xp = run.backend.xp
-    for a, b, s, m, gs, gm, ga, gb in chains:
+    for a, b, s, m, gs, gm, ga, gb in views.chains:
         if loop.reverse:
             scan_backward(xp, a, s, gs, gm, ga, gb)
         else:

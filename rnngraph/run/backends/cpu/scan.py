@@ -55,10 +55,10 @@ def scan_backward(T, d, B, F, a, la, s, ls, gs, lgs, gm, lgm, ga, lga, gb, lgb, 
                 wgb[f] += total[f]
 
 
-def compile(be, cell, loop, chains):
+def compile(be, cell, loop, views):
     """Each chain's walk as one call, or None for half storage, the naive mode or an unusual layout."""
     calls = []
-    for a, b, s, m, gs, gm, ga, gb in chains:
+    for a, b, s, m, gs, gm, ga, gb in views.chains:
         if storage_of(s) not in ("float32", "float64") or be.mode == "naive" or \
                 (ga is not None and gb is not None and np.may_share_memory(ga, gb)):    # a is b: one gradient
             return None

@@ -76,7 +76,7 @@ class CupyBackend(ArrayBackend):
     compiles_heads = True
     keeps_transposes = True
     kernel_loops = frozenset(s.name for s in STRATEGIES.values() if s.item in ROOM)
-    walking_loops = frozenset({"persistent", "elementwise"})      # their kernels read n from the cursor
+    walking_loops = frozenset({"persistent", "elementwise", "scan"})      # their kernels read n from the cursor
 
     def __init__(self, mode: str = "staged", matmul: str = "cublas", lanes: int = 1, max_graphs: int = 1024,
                  max_graph_bytes: int | None = None, chunk_frames: int | None = None, tf32: bool = False):

@@ -14,8 +14,10 @@ from .source import CTYPES, math_type
 # per column (b, f). Three kernels: each chunk of a chain composes its (A, C) (part), one thread per
 # chain combines the chunks' composites in order into each chunk's carry-in (carry), each chunk
 # re-walks its frames from its carry-in, writing the results (out); with one chunk per chain (many
-# columns) part is skipped and carry only writes each chain's start. The backward runs the same
-# three over reversed chains: H_t = (gm_t + gs_t) + a_{t+d} ⊙ H_{t+d}, H the total gradient of m_t.
+# columns) part is skipped and carry only writes each chain's start. A chunk of a call (run/chunks.py)
+# walks only its n frames, read from the call's cursor: part and out skip the frames past n, whose
+# composites are (1, 0). The backward runs the same three over reversed chains:
+# H_t = (gm_t + gs_t) + a_{t+d} ⊙ H_{t+d}, H the total gradient of m_t.
 # Grid: x over the B·F columns (coalesced), y over (chunk k, chain j) as k·d + j.
 
 SCAN_SOURCE = r"""
@@ -23,11 +25,13 @@ SCAN_SOURCE = r"""
 #define COLUMN long long col = (long long)blockIdx.x * blockDim.x + threadIdx.x; \
     if (col >= (long long)B * F) return; \
     int b = (int)(col / F), f = (int)(col - (long long)b * F);
+#define WALK if (run) T = (int)run[tab + 3 * run[0] + 1];     /* a chunk: the running one's n frames */
 #define FRAME(q) int i = {REV} ? k * L + L - 1 - (q) : k * L + (q); int t = j + d * i; if (t >= T) continue;
 
-extern "C" __global__ void rg_scan_{DIR}_part_{TY}({ARGS}int T, int B, int F, int d, int L,
-        {TY}* PA, {TY}* PC) {
+extern "C" __global__ void rg_scan_{DIR}_part_{TY}({ARGS}const long long* __restrict__ run, int tab, int T, int B,
+        int F, int d, int L, {TY}* PA, {TY}* PC) {
     COLUMN
+    WALK
     int j = blockIdx.y % d, k = blockIdx.y / d;
     {TY} A = 1, C = 0;
     #pragma unroll 8
@@ -80,9 +84,10 @@ extern "C" __global__ void rg_scan_{DIR}_carry_{TY}({ARGS}int T, int B, int F, i
     }
 }
 
-extern "C" __global__ void rg_scan_{DIR}_out_{TY}({ARGS}int T, int B, int F, int d, int L,
-        const {TY}* __restrict__ PC) {
+extern "C" __global__ void rg_scan_{DIR}_out_{TY}({ARGS}const long long* __restrict__ run, int tab, int T, int B,
+        int F, int d, int L, const {TY}* __restrict__ PC) {
     COLUMN
+    WALK
     int j = blockIdx.y % d, k = blockIdx.y / d;
     {TY} y = PC[blockIdx.y * (long long)B * F + col];
     #pragma unroll 8
@@ -141,11 +146,12 @@ def scan_chunks(T: int, d: int, columns: int) -> tuple[int, int]:
     return -(-n // L), L
 
 
-def compile(be, cell, loop, chains):
-    """Per state, the three chunked-scan kernels over all frames, forward or reverse; the chunks' composites
-    live in two buffers made here. chains: the executor's views per state (plan/loops/scan.py chain_views)."""
-    cp, out = be.xp, []
-    for (pn, mn, an, bn, _), (a, b, s, m, gs, gm, ga, gb) in zip(loop.chains, chains):
+def compile(be, cell, loop, views):
+    """Per state, the three chunked-scan kernels over all frames, forward or reverse, in a chunk only over its n
+    frames (part and out read n from the cursor; the carry passes the chunks past n through, (1, 0) each); the
+    chunks' composites live in two buffers made here. views: plan/loops/scan.py chain_views."""
+    cp, out, walk = be.xp, [], be.running_args(views.running)
+    for (pn, mn, an, bn, _), (a, b, s, m, gs, gm, ga, gb) in zip(loop.chains, views.chains):
         (T, B, F), d = m.shape, s.shape[0] - m.shape[0]          # a, b: [T, B, F] or a vector [F]; s, gs: [d+T, B, F]
         ctype = CTYPES[str(m.dtype)]
         src, names = scan_source("bwd" if loop.reverse else "fwd", ctype)
@@ -159,9 +165,9 @@ def compile(be, cell, loop, chains):
             head = be.frame_args([a, b, s, m], B)
         dims, grid = [cp.int32(T), cp.int32(B), cp.int32(F), cp.int32(d)], (B * F + 127) // 128
         k = {ph: be.raw(nm, src) for ph, nm in names.items()}
-        out += [(k["part"], (grid, NC * d), (128,), (*head, *dims, cp.int32(L), PA, PC))] * (NC > 1)
+        out += [(k["part"], (grid, NC * d), (128,), (*head, *walk, *dims, cp.int32(L), PA, PC))] * (NC > 1)
         out += [(k["carry"], ((B * F + 31) // 32, d), (32, 32), (*head, *dims, cp.int32(NC), PA, PC)),
-                (k["out"], (grid, NC * d), (128,), (*head, *dims, cp.int32(L), PC))]
+                (k["out"], (grid, NC * d), (128,), (*head, *walk, *dims, cp.int32(L), PC))]
     return tuple(out)
 
 
