@@ -193,9 +193,10 @@ backward recomputes, and with chunks off it does so in chunks of a quarter of th
 time of whole calls; the costliest case is {worst['cell']} ({worst['loop']}) at T = {worst['T']}, B = {worst['B']}, where
 the chunk before the last sets its values aside for the backward, {aside:.1f} GB copied out and back (computed, not
 timed apart). The scan in chunks takes up to {times(cost(scan))} (T = {scan['T']}, B = {scan['B']}), so it runs whole
-calls. In the ladder, the `persistent` and `elementwise` kernels walk only the frames a chunk holds, so T = 1000
-is one chunk of 1024 holding 1000 frames; `stages` runs it as 14 chunks of 128 and 16 frames (the last padded),
-which costs most where a step is shortest.
+calls. In the ladder, the `persistent`, `elementwise` and `scan` kernels walk only the frames a chunk holds, so
+T = 1000 is one chunk of 1024 holding 1000 frames (for the scan, whose ladder starts at 4096 frames, two chunks of
+512, the second holding 488); `stages` runs it as 14 chunks of 128 and 16 frames (the last padded), which costs
+most where a step is shortest.
 
 An LSTM layer (H = {st['H']}, graph mode, float32, the automatic shape policy) fed {st['calls']:,} training steps
 of random shapes, T in [{st['tmin']}, {st['tmax'] - 1}] and B in [{st['bmin']}, {st['bmax']}]: it holds
