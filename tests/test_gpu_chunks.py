@@ -144,25 +144,3 @@ def test_walking_kernels_in_padded_chunks_equal_staged(cell, loop):
         assert ex.chunks.last[0] == spans(T, 64, True, walks=loop != "stages"), T
         graph.backward(cupy.ones_like(y))
     assert graph.loop_strategy == loop and ex._walks(4, np.float64) == (loop != "stages")
-
-
-def test_uploads_return_before_the_gpu_runs_them_and_land_in_order():
-    """The cursor's uploads (backend.upload) go through pinned memory in stream order: made while a kernel still
-    runs, they return before it ends (a copy from pageable memory would wait for it) and land after it; more
-    uploads than the ring of staging buffers holds each land, the later of two into one place last."""
-    import cupy
-    from rnngraph.run.backends.cuda.backend import CupyBackend
-    from rnngraph.run.backends.cuda.staging import RING
-    be = CupyBackend("graph")
-    spin = cupy.RawKernel(r'''extern "C" __global__ void spin(long long cycles, long long* out) {
-        long long t0 = clock64(); while (clock64() - t0 < cycles) {} out[0] = 1; }''', "spin")
-    with cupy.cuda.Stream(non_blocking=True) as s:
-        out, flag = cupy.zeros(2 * RING, np.int64), cupy.zeros(1, np.int64)
-        spin((1,), (1,), (np.int64(4 * 10 ** 9), flag))         # about two seconds
-        for k in range(RING - 1):
-            be.upload(out[k:k + 1], np.array([k + 1], np.int64))
-        assert not s.done and int(flag[0].get(stream=s)) == 1    # the uploads did not wait; .get waits for the kernel
-        for k in range(2 * RING):
-            be.upload(out[k:k + 1], np.array([10 * (k + 1)], np.int64))
-        s.synchronize()
-    assert out.get().tolist() == [10 * (k + 1) for k in range(2 * RING)]

@@ -23,7 +23,6 @@ from .param_grad import chunks, param_grad_kernel, sum_source
 from .recordings import Recordings, chunk_frames_setting
 from .rows import group_kernel, row_group
 from .source import CTYPES, complete, options
-from .staging import Staging
 
 _KERNELS: dict = {}      # process-wide cache: (kernel name, generated source, options) -> compiled kernel object
 
@@ -109,7 +108,6 @@ class CupyBackend(ArrayBackend):
         self.records = ("all" if self.blas else "loops") if capture else None
         self.own_loop_gemms = capture and self.matmul == "own"    # per-frame GEMMs as our own kernels
         self.lanes = [cupy.cuda.Stream(non_blocking=True) for _ in range(lanes if lanes > 1 else 0)]
-        self.staging = Staging(cupy)        # uploads that do not wait for the GPU
 
     def to_numpy(self, a):
         return self.xp.asnumpy(a)
@@ -139,7 +137,7 @@ class CupyBackend(ArrayBackend):
             dst[...] = src
 
     def upload(self, dst, host):
-        self.staging.upload(dst, host)
+        dst.set(host)
 
     def compile_chunk(self, op, cursor, args):
         return chunk_launch(self, op, cursor, args)
