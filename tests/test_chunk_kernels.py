@@ -29,7 +29,8 @@ def _library(src: str):
     half = HALF_PRELUDE
     for a, b in F16.items():
         half = half.replace(a, b)
-    text = PRELUDE + "using std::max;\nstatic rg_dim blockDim = {1}, gridDim = {1};\n" + half + src
+    text = PRELUDE.replace("struct rg_dim { int x; };", "struct rg_dim { int x, y; };") + \
+        "using std::max;\nstatic rg_dim blockDim = {1, 1}, gridDim = {1, 1};\n" + half + src
     key = hashlib.sha1(text.encode()).hexdigest()[:16]
     if key not in _LIBS:
         cpp, so = _DIR / f"chunk_{key}.cpp", _DIR / f"chunk_{key}.so"

@@ -15,7 +15,9 @@ CHUNK_SOURCE = r"""
 #define SLOT(k) (cur + {HEAD} + B + 3 * (k))
 #define EACH(count) for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < (count); \
                          e += (long long)gridDim.x * blockDim.x)
-#define AT long long t = e / ((long long)B * F); int b = (int)(e / F % B), f = (int)(e % F);
+// frame rows: sequences b over the blocks' y, frames t over their x, features f over the threads (no division)
+#define ROWS(count) for (int b = blockIdx.y; b < B; b += gridDim.y) \
+    for (long long t = blockIdx.x; t < (count); t += gridDim.x) for (int f = threadIdx.x; f < F; f += blockDim.x)
 #define PART(b) min(max(cur[{HEAD} + (b)] - ROW[0], 0LL), ROW[1])
 
 // dst [L, B, F] = slot k's frames t0 .. t0 + n - 1, zeros after them (all zeros where the slot is empty)
@@ -23,11 +25,10 @@ extern "C" __global__ void rg_chunk_frames_in_{TY}(const long long* __restrict__
         {TY}* dst, long long ld, int L, int F) {
     const long long *row = ROW, *slot = SLOT(k);
     const {TY}* src = (const {TY}*)slot[0];
-    long long n = src ? row[1] : 0;
-    EACH((long long)L * B * F) {
-        AT
+    const long long n = src ? row[1] : 0, t0 = row[0], fs = slot[1], bs = slot[2];
+    ROWS(L) {
         {TY} v;
-        if (t < n) v = src[(row[0] + t) * slot[1] + b * slot[2] + f]; else v = 0.0f;
+        if (t < n) v = src[(t0 + t) * fs + b * bs + f]; else v = 0.0f;
         dst[(t * B + b) * ld + f] = v;
     }
 }
@@ -38,9 +39,9 @@ extern "C" __global__ void rg_chunk_frames_out_{TY}(const long long* __restrict_
     const long long *row = ROW, *slot = SLOT(k);
     {TY}* dst = ({TY}*)slot[0];
     if (!dst) return;
-    EACH((long long)L * B * F) {
-        AT
-        if (t < row[1]) dst[(row[0] + t) * slot[1] + b * slot[2] + f] = src[(t * B + b) * ld + f];
+    const long long n = row[1], t0 = row[0], fs = slot[1], bs = slot[2];
+    ROWS(n) {
+        dst[(t0 + t) * fs + b * bs + f] = src[(t * B + b) * ld + f];
     }
 }
 
@@ -57,30 +58,27 @@ extern "C" __global__ void rg_chunk_stash_{TY}(const long long* __restrict__ cur
 // h [P, B, F] (a state's rows before frame 0) = carry slot c of carry [N + 1, P, B, F]
 extern "C" __global__ void rg_chunk_history_in_{TY}(const long long* __restrict__ cur, int B, int NS,
         {TY}* h, long long ld, const {TY}* __restrict__ carry, int P, int F) {
-    long long c = cur[0];
-    EACH((long long)P * B * F) {
-        AT
-        h[(t * B + b) * ld + f] = carry[c * P * B * F + e];
+    const long long c = cur[0];
+    ROWS(P) {
+        h[(t * B + b) * ld + f] = carry[((c * P + t) * B + b) * F + f];
     }
 }
 
 // carry slot c + 1 [P, B, F] = each sequence's last P rows of v [P + L, B, F] in the chunk
 extern "C" __global__ void rg_chunk_history_out_{TY}(const long long* __restrict__ cur, int B, int NS,
         const {TY}* __restrict__ v, long long ld, {TY}* carry, int P, int F) {
-    long long c = cur[0];
-    EACH((long long)P * B * F) {
-        AT
-        carry[(c + 1) * P * B * F + e] = v[((PART(b) + t) * B + b) * ld + f];
+    const long long c = cur[0];
+    ROWS(P) {
+        carry[(((c + 1) * P + t) * B + b) * F + f] = v[((PART(b) + t) * B + b) * ld + f];
     }
 }
 
 // g [P + L, B, F] += gc [P, B, F] at each sequence's last P rows of the chunk
 extern "C" __global__ void rg_chunk_grads_in_{TY}(const long long* __restrict__ cur, int B, int NS,
         {TY}* g, long long ld, const {TY}* __restrict__ gc, int P, int F) {
-    EACH((long long)P * B * F) {
-        AT
+    ROWS(P) {
         long long o = ((PART(b) + t) * B + b) * ld + f;
-        g[o] = ({MT})g[o] + ({MT})gc[e];
+        g[o] = ({MT})g[o] + ({MT})gc[(t * B + b) * F + f];
     }
 }
 
@@ -99,7 +97,8 @@ extern "C" __global__ void rg_chunk_advance_{TY}(long long* cur, int forward) {
 }
 """
 
-THREADS, MAX_BLOCKS = 256, 2048     # grid-stride loops over a chunk's elements
+THREADS, MAX_BLOCKS = 256, 2048     # grid-stride loops over a chunk's elements (EACH), ...
+ROW_THREADS, MAX_GRID_Y = 128, 65535   # ... or over its frame rows, sequences on the grid's y (ROWS)
 
 
 def chunk_source(ctype: str) -> str:
@@ -113,24 +112,33 @@ def chunk_launch(be, op: str, cur, args) -> tuple:
 
 
 def _launch(be, op, dtype, count, *args):
+    """A grid-stride loop over `count` elements (EACH)."""
     ctype = CTYPES[str(dtype)]
     kernel = be.raw(f"rg_chunk_{op}_{ctype}", chunk_source(ctype))
     return kernel, (max(1, min(MAX_BLOCKS, -(-count // THREADS))),), (THREADS,), args
 
 
+def _row_launch(be, op, dtype, frames, B, *args):
+    """A loop over `frames` frames of B sequences (ROWS): the frames over about MAX_BLOCKS / B blocks, the
+    sequences over at most MAX_GRID_Y."""
+    ctype = CTYPES[str(dtype)]
+    kernel = be.raw(f"rg_chunk_{op}_{ctype}", chunk_source(ctype))
+    return kernel, (max(1, min(frames, MAX_BLOCKS // B)), min(B, MAX_GRID_Y)), (ROW_THREADS,), args
+
+
 def _frames(op):
     def launch(be, cur, a, k):          # a [L, B, F], a workspace's frames
         cp, (L, B, F) = be.xp, a.shape
-        return _launch(be, op, a.dtype, L * B * F, cur.dev, cp.int32(B), cp.int32(cur.slots), cp.int32(k),
-                       *be.frame_args([a], B), cp.int32(L), cp.int32(F))
+        return _row_launch(be, op, a.dtype, L, B, cur.dev, cp.int32(B), cp.int32(cur.slots), cp.int32(k),
+                           *be.frame_args([a], B), cp.int32(L), cp.int32(F))
     return launch
 
 
 def _rows(op):
     def launch(be, cur, v, carry):      # v [P or P + L, B, F] (frame rows), carry [.., P, B, F] (contiguous)
         cp, (P, B, F) = be.xp, carry.shape[-3:]
-        return _launch(be, op, v.dtype, P * B * F, cur.dev, cp.int32(B), cp.int32(cur.slots),
-                       *be.frame_args([v], B), carry, cp.int32(P), cp.int32(F))
+        return _row_launch(be, op, v.dtype, P, B, cur.dev, cp.int32(B), cp.int32(cur.slots),
+                           *be.frame_args([v], B), carry, cp.int32(P), cp.int32(F))
     return launch
 
 
