@@ -104,20 +104,22 @@ class ScanKernels(NumpyBackend):
 
 
 def delayed(delay):
+    """A cell of one state s = a ⊙ s@t-delay + b (test_classify.one_state)."""
     return lambda D, H, bias=True: one_state(LINEAR_FORMS["a*h + b"], delay=delay, D=D, H=H)
 
 
 def launches(chunks, B, cell) -> list:
     """The frames each part and out kernel walks over a call's chunks, forward then backward: a chunk's n, once
     for out and once more for part where a chain has more than one chunk of frames (scan_chunks)."""
-    (_, m, _, _, d), = load_cell_chains(cell)
+    (_, m, _, _, d), = scan_chains(cell)
     per = [1 + (cuda_scan.scan_chunks(L, d, B * cell.op(m).size)[0] > 1) for _, L, _ in chunks]
     fwd = [n for (_, _, n), k in zip(chunks, per) for _ in range(k)]
     bwd = [n for (_, _, n), k in zip(reversed(chunks), reversed(per)) for _ in range(k)]
     return fwd + bwd
 
 
-def load_cell_chains(cell):
+def scan_chains(cell) -> tuple:
+    """The forward scan's chains (p, m, a, b, d) as the scheduler plans them."""
     return Executor(cell, get_backend("numpy"), loop="scan").sched.forward[1].items[0].chains
 
 
@@ -134,7 +136,8 @@ def results(ex, cell, x, params, init, lengths, gy, gf, ladder=False):
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("name", ["min_gru", "min_lstm", "qrnn", "delay 2", "delay 3"])
 def test_the_scan_kernels_compute_the_reference(name, dtype):
-    """Whole calls and chunks of 8 frames (T = 21: two chunks and a rest of 5, each in its own workspace)."""
+    """Whole calls and chunks of 8 frames (T = 21: two chunks of 8 and the rest, 5 frames, a chunk of its own
+    length), ragged."""
     make = delayed(int(name[-1])) if name.startswith("delay") else None
     cell = make(3, 4) if make else load_cell(name, 3, 4)
     for chunk, T in ((None, 13), (8, 21)):
@@ -169,5 +172,5 @@ def test_a_chunk_of_the_ladder_walks_only_its_frames(T):
         return
     _, L, n = chunks[0]
     ws = ex.workspace(L, 3, np.dtype("float64"), chunk=True)
-    (_, m, _, _, _), = load_cell_chains(cell)                   # the scan's product a ⊙ s@t-d, written per frame
+    (_, m, _, _, _), = scan_chains(cell)                   # the scan's product a ⊙ s@t-d, written per frame
     assert np.all(ws.frames(ws.vals[m])[n:] == 0) and np.any(ws.frames(ws.vals[m])[:n] != 0)
