@@ -67,8 +67,8 @@ bench)
         chunks) RNNGRAPH_CHUNK_FRAMES=1024 timeout "${LIMIT:-300}" python3 experiments/chunk_overhead.py --T 1000,2000,4096 \
                             --json "$OUT/chunk_overhead.json" ;;
         # the scan at long T against JAX
-        scan_long) bench --cell min_gru,min_lstm,qrnn -T 4096,65536 -B 1 --impls graph,jax_scan --loop scan --repeats 10 \
-                            --json "$OUT/scan_long.json" ;;
+        scan_long) bench --cell min_gru,min_lstm,qrnn -T 4096,65536 -B 1 --impls graph,jax_scan --loop scan \
+                            --repeats 10 --json "$OUT/scan_long.json" ;;
         # a long sequence within device memory: LSTM H = 512, B = 8, T = 100,000, a training step in graph mode
         memory) timeout "${LIMIT:-300}" python3 experiments/long_sequence_memory.py --json "$OUT/memory.json" ;;
         *) echo "unknown bench $name" >&2 ;;
