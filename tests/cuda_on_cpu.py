@@ -109,6 +109,8 @@ static inline void grid_barrier(unsigned int* count, unsigned int target) {
     __syncthreads();
 }
 """
+PRELUDE_2D = PRELUDE.replace("struct rg_dim { int x; };", "struct rg_dim { int x, y; };").replace(
+    "rg_dim threadIdx, blockIdx;", "rg_dim threadIdx, blockIdx, blockDim;")     # kernels of 2D blocks and grids
 MMA = r"""
 static inline float rg_value(unsigned r, int hi) {      // an element of a fragment register
     VALUE
@@ -226,21 +228,25 @@ def cpp_source(k) -> str:
     return PRELUDE + (half if any(h in src for h in HALF_TYPES) else "") + src + LAUNCH.replace("KERNEL_CALL", call)
 
 
-def built(k):
-    """The compiled launcher of kernel k (built once per source)."""
-    text = cpp_source(k)
+def compiled(text: str):
+    """C++ `text` compiled by g++ into a shared library and loaded (once per text)."""
     key = hashlib.sha1(text.encode()).hexdigest()[:16]
     if key not in _BUILT:
         cpp, so = _DIR / f"{key}.cpp", _DIR / f"{key}.so"
         cpp.write_text(text)
         subprocess.run([CXX, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", str(cpp), "-o", str(so)],
                        check=True, capture_output=True, text=True)
-        lib = ctypes.CDLL(str(so))
-        lib.rg_launch.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_longlong), ctypes.c_void_p,
-                                  ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                  ctypes.c_longlong, ctypes.c_int]
-        _BUILT[key] = lib
+        _BUILT[key] = ctypes.CDLL(str(so))
     return _BUILT[key]
+
+
+def built(k):
+    """The compiled launcher of kernel k (built once per source)."""
+    lib = compiled(cpp_source(k))
+    lib.rg_launch.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_longlong), ctypes.c_void_p,
+                              ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_longlong, ctypes.c_int]
+    return lib
 
 
 class Emulated(NumpyBackend):

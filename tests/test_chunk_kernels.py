@@ -4,13 +4,11 @@ numpy arrays. A backend that runs them in place of the references (chunks.OPS) g
 references give, in chunks of K frames and in the ladder, ragged, recomputing, batch-first (strided slots), for
 float64, float32 and bfloat16 (the same roundings), and the sources compile with NVRTC for sm_90."""
 import ctypes
-import hashlib
-import subprocess
 
 import numpy as np
 import pytest
 
-from cuda_on_cpu import _DIR, CXX, F16, PRELUDE, needs_cxx
+from cuda_on_cpu import F16, PRELUDE, compiled, needs_cxx
 from nvrtc import nvrtc_compile
 from rnngraph.nn import Recurrent
 from rnngraph.run.backends.cuda.backend import CupyBackend
@@ -21,7 +19,6 @@ from rnngraph.run.chunks import OPS
 from test_history import skip_cell
 
 K = 4
-_LIBS: dict = {}
 
 
 def _library(src: str):
@@ -31,14 +28,7 @@ def _library(src: str):
         half = half.replace(a, b)
     text = PRELUDE.replace("struct rg_dim { int x; };", "struct rg_dim { int x, y; };") + \
         "using std::max;\nstatic rg_dim blockDim = {1, 1}, gridDim = {1, 1};\n" + half + src
-    key = hashlib.sha1(text.encode()).hexdigest()[:16]
-    if key not in _LIBS:
-        cpp, so = _DIR / f"chunk_{key}.cpp", _DIR / f"chunk_{key}.so"
-        cpp.write_text(text)
-        subprocess.run([CXX, "-std=c++20", "-O1", "-shared", "-fPIC", "-w", str(cpp), "-o", str(so)], check=True,
-                       capture_output=True, text=True)
-        _LIBS[key] = ctypes.CDLL(str(so))
-    return _LIBS[key]
+    return compiled(text)
 
 
 class _Kernel:

@@ -3,13 +3,11 @@ the CPU: their source compiled as C++ with the emulator's prelude (cuda_on_cpu.p
 the blocks one after another (so a block's __shared__ array is a static one), against numpy in float64. Few rows
 run one kernel into out; many run in chunks of rows into a buffer of partial sums, which the second kernel adds."""
 import ctypes
-import hashlib
-import subprocess
 
 import numpy as np
 import pytest
 
-from cuda_on_cpu import CXX, PRELUDE, _DIR, needs_cxx
+from cuda_on_cpu import PRELUDE_2D, compiled, needs_cxx
 from rnngraph import load_cell
 from rnngraph.run.backends.cuda.param_grad import chunks, param_grad_kernel, sum_source
 
@@ -36,19 +34,12 @@ extern "C" void rg_launch(void** p, long long* ld, int N, int F, int L, void* pa
 def built(name: str, source: str, operands: int):
     """The launcher of pgrad kernel `name` (operands: its G, A…, Y arrays) and of the chunks' sum, in double."""
     call = ", ".join(f"(const double*)p[{k}], ld[{k}]" for k in range(operands))
-    text = PRELUDE.replace("struct rg_dim { int x; };", "struct rg_dim { int x, y; };").replace(
-        "rg_dim threadIdx, blockIdx;", "rg_dim threadIdx, blockIdx, blockDim;") + \
+    text = PRELUDE_2D + \
         (source + sum_source("double")).replace('extern "C" __global__ void', "static void").replace(
             "__shared__", "static") + \
         LAUNCH.replace("KERNEL_CALL", f"{name}({call}, (double*)out, N, F, L, (double*)part)").replace(
             "SUM_CALL", "rg_pgrad_sum_double((const double*)part, R, F, (double*)out)")
-    key = hashlib.sha1(text.encode()).hexdigest()[:16]
-    cpp, so = _DIR / f"pgrad_{key}.cpp", _DIR / f"pgrad_{key}.so"
-    if not so.exists():
-        cpp.write_text(text)
-        subprocess.run([CXX, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", str(cpp), "-o", str(so)],
-                       check=True, capture_output=True, text=True)
-    lib = ctypes.CDLL(str(so))
+    lib = compiled(text)
     lib.rg_launch.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_longlong)] + \
         [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_int] * 6
     return lib

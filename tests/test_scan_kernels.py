@@ -5,14 +5,12 @@ gives what numpy's whole calls give: whole calls, chunks of K frames and the lad
 n frames (the kernels read n from the call's cursor, and leave the frames past it unwritten), ragged, with states
 read 1 to 3 frames back, in float64 (1e-10) and float32 (1e-4)."""
 import ctypes
-import hashlib
 import re
-import subprocess
 
 import numpy as np
 import pytest
 
-from cuda_on_cpu import _DIR, CXX, PRELUDE, needs_cxx
+from cuda_on_cpu import PRELUDE_2D, compiled, needs_cxx
 from rnngraph import load_cell
 from rnngraph.plan.loops.scan import ScanLoop
 from rnngraph.run.backends import get_backend
@@ -25,7 +23,6 @@ from test_classify import LINEAR_FORMS, one_state
 from test_persistent_heads import assert_agree, problem_arrays
 
 pytestmark = needs_cxx
-_LIBS: dict = {}
 
 LAUNCH = r"""
 extern "C" void rg_launch_NAME(const unsigned long long* a, int gx, int gy, int bx, int by) {
@@ -49,21 +46,12 @@ extern "C" void rg_launch_NAME(const unsigned long long* a, int gx, int gy, int 
 def _library(src: str):
     """The kernels of `src` compiled for the CPU, each with a launcher rg_launch_<name>(arguments as 8-byte
     words, grid x, y, block x, y)."""
-    text = PRELUDE.replace("struct rg_dim { int x; };", "struct rg_dim { int x, y; };").replace(
-        "rg_dim threadIdx, blockIdx;", "rg_dim threadIdx, blockIdx, blockDim;")
-    text += src.replace('extern "C" __global__ void', "static void").replace("__shared__", "static")
+    text = PRELUDE_2D + src.replace('extern "C" __global__ void', "static void").replace("__shared__", "static")
     for name, params in re.findall(r'extern "C" __global__ void (\w+)\((.*?)\)\s*\{', src, re.S):
         types = [" ".join(p.split()[:-1]).replace("__restrict__", "") for p in params.split(",")]
         args = ", ".join(f"({t})a[{k}]" if "*" in t else f"({t})(long long)a[{k}]" for k, t in enumerate(types))
         text += LAUNCH.replace("NAME", name).replace("ARGS", args)
-    key = hashlib.sha1(text.encode()).hexdigest()[:16]
-    if key not in _LIBS:
-        cpp, so = _DIR / f"scan_{key}.cpp", _DIR / f"scan_{key}.so"
-        cpp.write_text(text)
-        subprocess.run([CXX, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", str(cpp), "-o", str(so)],
-                       check=True, capture_output=True, text=True)
-        _LIBS[key] = ctypes.CDLL(str(so))
-    return _LIBS[key]
+    return compiled(text)
 
 
 class _Kernel:
