@@ -28,6 +28,7 @@ def main(argv=None) -> int:
     for k, v in (("calls", 10000), ("tmin", 1), ("tmax", 2001), ("bmin", 1), ("bmax", 64), ("H", 256), ("check", 8),
                  ("warm", 200)):
         ap.add_argument(f"--{k}", type=int, default=v)
+    ap.add_argument("--pairs", type=int, default=32, help="calls timed both as the policy runs them and exact")
     ap.add_argument("--json", help="write the summary here")
     args = ap.parse_args(argv)
     import cupy
@@ -35,6 +36,7 @@ def main(argv=None) -> int:
     from rnngraph.lab.bench import machine_info
     from rnngraph.nn.recurrent import Recurrent
     from rnngraph.run.settings import store_limit
+    from rnngraph.nn.buckets import bucket
     H, rng = args.H, np.random.default_rng(0)
     layer = Recurrent("lstm", H, H, backend="cupy", mode="graph")
     staged = Recurrent("lstm", H, H, backend="cupy", mode="staged")
@@ -102,6 +104,8 @@ def main(argv=None) -> int:
         call(Tm, Bm, fixed)
     cupy.cuda.get_current_stream().synchronize()
     fixed_call = (time.perf_counter() - start) / n_fixed * 1e3
+    paired = [late[i] for i in np.linspace(0, len(late) - 1, args.pairs).astype(int)]
+    policy_ms, exact_ms = timed_pairs(call, layer, fixed, paired)
     end = (layer.backend.cache_info()["graphs"], used())
     worst = 0.0                 # the sample against staged mode, after the run (its memory outside the run's rows)
     for T, B, got in kept:
@@ -116,16 +120,47 @@ def main(argv=None) -> int:
                    chunk_frames=ex.chunk_frames,
                    device_mb_at_warm_up=at_warm[1] / 2**20, device_mb_at_end=end[1] / 2**20, ms_per_call=mean_call,
                    fixed_shape=[Tm, Bm], fixed_ms_per_call=fixed_call, ratio=mean_call / fixed_call,
+                   paired_calls=len(paired), paired_policy_ms=policy_ms, paired_exact_ms=exact_ms,
+                   paired_ratio=policy_ms / exact_ms, fixed_loop=loop_at(layer, Bm),
+                   padded_loop=loop_at(layer, bucket(Bm + 1)),
                    staged_check_calls=len(sample), worst_relative_error=worst)
     print(f"{recomputed} of {args.calls} calls recomputed (their values over RNNGRAPH_STORE_BYTES)")
     print(f"after call {args.warm}: {summary['graphs_after_warm_up']} graphs recorded ({at_warm[0]} then, {end[0]} in all); "
           f"device {at_warm[1] / 2**20:.0f} MB then, {end[1] / 2**20:.0f} MB at the end")
     print(f"second half: {mean_call:.2f} ms/call; fixed T={Tm} B={Bm} replay: {fixed_call:.2f} ms/call "
           f"(ratio {mean_call / fixed_call:.2f}); staged check on {len(sample)} calls: worst relative error {worst:.1e}")
+    print(f"{len(paired)} calls of the second half, each as the policy runs it and at its exact shape: {policy_ms:.2f} "
+          f"against {exact_ms:.2f} ms/call (ratio {policy_ms / exact_ms:.3f})")
     if args.json:               # as `rnngraph bench --json` writes (machine, settings, results), and the summary
         Path(args.json).write_text(json.dumps(dict(machine=info, settings=vars(args), results=rows, summary=summary),
                                               indent=1))
     return 0
+
+
+def loop_at(layer, B: int) -> str:
+    """The loop the GPU runs for the layer at B rows, in words (`rnngraph schedule --batch`)."""
+    from rnngraph.lab.gpu_loop import gpu_loop
+    from rnngraph.plan.schedule import build_schedule
+    return gpu_loop(build_schedule(layer.cells[0], loop="auto"), B, "float32", auto=True).rsplit(", on ", 1)[0]
+
+
+def timed_pairs(call, layer, exact, shapes, repeats: int = 3) -> tuple:
+    """(mean ms a call of `shapes` as `layer` runs them, its shape policy's recordings warm; mean ms of the same
+    calls on `exact`, a layer of the same weights replaying each shape exactly, warmed on that shape first),
+    interleaved shape by shape so that both see the same GPU."""
+    import cupy
+    sums = [0.0, 0.0]
+    for T, B in shapes:
+        for _ in range(2):
+            call(T, B, exact)
+        for i, net in enumerate((layer, exact)):
+            cupy.cuda.get_current_stream().synchronize()
+            start = time.perf_counter()
+            for _ in range(repeats):
+                call(T, B, net)
+            cupy.cuda.get_current_stream().synchronize()
+            sums[i] += (time.perf_counter() - start) / repeats * 1e3
+    return sums[0] / len(shapes), sums[1] / len(shapes)
 
 
 if __name__ == "__main__":
