@@ -35,8 +35,8 @@ HEADLINE = [
     Row("MGU (a user cell), B = 1", "targets", dict(cell="mgu", B=1, impl="graph"),
         dict(cell="mgu", B=1, impl="torch_eager"), "torch eager loop"),
     Row("LayerNorm-LSTM, B = 1", "norm", dict(impl="graph"), dict(impl="torch_compile"), "torch.compile"),
-    Row("minGRU, B = 1, T = 4096", "scan_long", dict(T=4096, impl="graph"), dict(T=4096, impl="jax_scan"),
-        "JAX associative scan"),
+    Row("minGRU, B = 1, T = 4096", "scan_long", dict(cell="min_gru", T=4096, impl="graph"),
+        dict(cell="min_gru", T=4096, impl="jax_scan"), "JAX associative scan"),
     Row("minGRU, B = 1", "loops_t100", dict(cell="min_gru", impl="graph", loop_strategy="scan"),
         dict(cell="min_gru", impl="jax_scan"), "JAX associative scan"),
     Row("sLSTM, 12 heads of 64, B = 16, T = 1024, H = 768, bfloat16", "heads_b16", dict(cell="slstm", impl="graph"),
@@ -145,6 +145,10 @@ def loops(results: Results, findings: Findings) -> str:
     T_long, r_long = max(long["settings"]["T"]), {}
     for impl in ("graph", "jax_scan"):
         r_long[impl] = record(long, cell="min_gru", T=T_long, B=1, impl=impl)
+
+    def each(T: int) -> str:        # every cell's training step ÷ JAX's at T
+        return ", ".join(f"{times(ratio(*(record(long, cell=c, T=T, B=1, impl=i) for i in ('graph', 'jax_scan'))))} "
+                         f"({NAMES.get(c, c)})" for c in long["settings"]["cells"])
     gb = stored_bytes(build_schedule(load_cell("min_gru", r_long["graph"]["D"], r_long["graph"]["H"])), T_long, 1,
                       "float32") / 1e9
     limit = default_store_limit(int(long["metadata"]["gpu_memory_gib"] * 2 ** 30)) / 1e9
@@ -170,8 +174,9 @@ scan). At T = {T_long:,} minGRU's call stores {gb:.1f} GB, {kept} the default `R
 At T = 100 a training step is bound by host work, not by the GPU: issuing one graph-mode step takes Python and
 CuPy calls around four graph replays (the input in; the states, the gradients and PyTorch-layout gradients out)
 while the GPU waits, where JAX dispatches one compiled program. The same floor caps the elementwise loop's gain
-over `stages` at T = 100. At T = {T_long:,} the scan's forward takes {times(fwd)} JAX's time and its training step
-{times(train)}. At that length both spend most of a step in the same cuBLAS float32 GEMMs (the gates' input products,
+over `stages` at T = 100. At T = {T_long:,} minGRU's scan takes {times(fwd)} JAX's time forward and
+{times(train)} a training step; the training step of each cell takes {each(T_long)} JAX's at T = {T_long:,}, and
+{each(min(long["settings"]["T"]))} at T = {min(long["settings"]["T"]):,}. At the longest T both spend most of a step in the same cuBLAS float32 GEMMs (the gates' input products,
 the input gradients and the weight gradients over all frames); what differs is the elementwise and scan work around
 them, which `experiments/kernel_profile.py` times kernel by kernel under Nsight Compute.
 

@@ -10,6 +10,7 @@ from ..errors import RnnGraphError
 from ..ir.loading import load_cell
 from ..nn.buckets import bucket
 from ..plan.schedule import build_schedule
+from ..run.chunks import LADDER_TOP, spans
 from ..run.workspace import stored_bytes
 from .report_data import Findings, Results, num, pair, ratio, record, slope, source, table, times
 
@@ -175,6 +176,10 @@ def shapes(results: Results, findings: Findings) -> str:
     limit = s["store_limit_bytes"]
     findings.compare("Calls of many shapes", f"{st['calls']:,} calls of random shapes", {"train_ms": s["ms_per_call"]},
                      {"train_ms": s["fixed_ms_per_call"]}, f"one fixed shape (T = {Tm}, B = {Bm})")
+    findings.compare("Calls of many shapes", f"{s['paired_calls']} calls of random shapes as the shape policy runs "
+                     "them",
+                     {"train_ms": s["paired_policy_ms"]}, {"train_ms": s["paired_exact_ms"]},
+                     "exact-shape replay")
     return f"""## Calls of many shapes
 
 A training step (forward and backward) in graph mode, H = {chunks['settings']['H']}, float32: in chunks of {K}
@@ -194,24 +199,38 @@ time of whole calls; the costliest case is {worst['cell']} ({worst['loop']}) at 
 the chunk before the last sets its values aside for the backward, {aside:.1f} GB copied out and back (computed, not
 timed apart). The scan in chunks takes up to {times(cost(scan))} (T = {scan['T']}, B = {scan['B']}), so it runs whole
 calls. In the ladder, the `persistent`, `elementwise` and `scan` kernels walk only the frames a chunk holds, so
-T = 1000 is one chunk of 1024 holding 1000 frames (for the scan, whose ladder starts at 4096 frames, two chunks of
-512, the second holding 488); `stages` runs it as 14 chunks of 128 and 16 frames (the last padded), which costs
-most where a step is shortest.
+T = 1000 runs as {_chunks(spans(1000, K, True, walks=True))} (the scan, whose ladder starts at {LADDER_TOP} frames, as
+{_chunks(spans(1000, LADDER_TOP, True, walks=True))}); `stages` runs it as {_chunks(spans(1000, K, True))}, which
+costs most where a step is shortest.
 
 An LSTM layer (H = {st['H']}, graph mode, float32, the automatic shape policy) fed {st['calls']:,} training steps
 of random shapes, T in [{st['tmin']}, {st['tmax'] - 1}] and B in [{st['bmin']}, {st['bmax']}]: it holds
 {s['graphs_at_warm_up']} recordings after {st['warm']} calls and records {s['graphs_after_warm_up']} after that
 ({last['graphs']} in all, {num(last['graph_mb'])} MB). Its arenas stay at {num(last['arenas_mb'])} MB and the memory
 pool holds {last['pool_held_mb']:,.0f} MB from the first tenth of the run to the last; the device memory in use is
-{s['device_mb_at_warm_up']:,.0f} MB after {st['warm']} calls and {s['device_mb_at_end']:,.0f} MB at the end (after the
-fixed-shape runs below). A call takes {num(s['ms_per_call'])} ms on average, {s['ratio']:.3f}× the time of one fixed
-shape of the mean size (T = {Tm}, B = {Bm}, {num(s['fixed_ms_per_call'])} ms). {s['recomputed_calls']:,} of the calls
-recompute (the store limit is {s['store_limit_bytes'] / 1e9:.1f} GB); the difference is padding B to a power of two
-(a mean of {padded:.1f} rows for {sum(Bs) / len(Bs):.1f}) and the ladder's extra chunks (its K was
-{s['chunk_frames']} frames in this run). The {st['check']} calls
+{s['device_mb_at_warm_up']:,.0f} MB after {st['warm']} calls and {last['device_mb']:,.0f} MB after the last. {s['recomputed_calls']:,} of the calls recompute (the store limit is
+{s['store_limit_bytes'] / 1e9:.1f} GB). A call takes {num(s['ms_per_call'])} ms on average, {s['ratio']:.3f}× the time
+of one fixed shape of the mean size (T = {Tm}, B = {Bm}, {num(s['fixed_ms_per_call'])} ms). The mean size is not the
+mean cost: at B = {Bm} the GPU runs {s['fixed_loop']}, while calls of B = {Bm + 1} to {st['bmax']}, padded to
+{bucket(Bm + 1)} rows, run {s['padded_loop'].split(':')[0]}, as they would at their exact sizes. Against the same
+calls, each replayed at its own exact shape ({s['paired_calls']} calls of the second half, interleaved call by call),
+the policy's calls take {s['paired_ratio']:.3f}× the time ({num(s['paired_policy_ms'])} against
+{num(s['paired_exact_ms'])} ms): that is what padding B to a power of two (a mean of {padded:.1f} rows for
+{sum(Bs) / len(Bs):.1f}) and the ladder's chunks of at most {s['chunk_frames']} frames cost. The {st['check']} calls
 checked against staged mode agree to {s['worst_relative_error']:.1e} (relative, float32).
 
 {source(probe)}"""
+
+
+def _chunks(sp: list) -> str:
+    """A call's chunks (spans) in words: 'one chunk of 1024 frames holding 1000', '9 chunks (3 of 256, ... and 2 of 16
+    frames, the last of 16 holding 8)'."""
+    if len(sp) == 1:
+        return f"one chunk of {sp[0][1]} frames holding {sp[0][2]}"
+    runs = [(L, sum(1 for _, M, n in sp if M == L and n == L)) for L in dict.fromkeys(L for _, L, _ in sp)]
+    parts, (_, L, n) = [f"{k if k > 1 else 'one'} of {M}" for M, k in runs if k], sp[-1]
+    full = ", ".join(parts[:-1]) + f" and {parts[-1]}" if len(parts) > 1 else parts[0]
+    return f"{len(sp)} chunks ({full} frames" + (f", the last of {L} holding {n})" if n < L else ")")
 
 
 def cpu(results: Results, findings: Findings) -> str:
