@@ -92,7 +92,7 @@ def test_the_spans_and_a_shorter_call_reusing_the_buffers():
 def test_a_ladder_covers_every_length_with_few_chunk_lengths():
     """Ladder spans: consecutive, every chunk but the last full, lengths from the ladder, the last padded by
     fewer frames than the smallest step."""
-    assert ladder(512) == [512, 64, 8] and ladder(LADDER_TOP) == [4096, 512, 64, 8] and ladder(4) == [4]
+    assert ladder(512) == [512, 128, 32, 8] and ladder(LADDER_TOP) == [4096, 1024, 256, 64, 16] and ladder(4) == [4]
     for k in (4, 64, 100, 512):
         steps = ladder(k)
         for T in range(1, 2 * k + 70):
@@ -102,7 +102,8 @@ def test_a_ladder_covers_every_length_with_few_chunk_lengths():
             assert all(n == L for _, L, n in sp[:-1]) and 0 <= sp[-1][1] - sp[-1][2] < steps[-1]
 
 
-LADDER_LENGTHS = [1, 7, 8, 9, 75]       # with the numpy backend's ladder (K = LADDER_TOP): 64 + 8 + 3 padded to 8
+LADDER_LENGTHS = [1, 15, 16, 17, 75, 280]   # the numpy backend's ladder (K = LADDER_TOP): 75 = 64 + 11 padded to 16,
+                                            # 280 = 256 + 16 + 8 padded to 16
 
 
 @pytest.mark.parametrize("cell", list(CELLS) + [skip_cell])
@@ -120,7 +121,7 @@ def test_ladder_calls_equal_whole_calls(cell):
                             strict=True):
                 close(a, b)
             ex = bounded._stack.runs[0][0].ex
-            assert ex.chunked and {L for L, B, _, chunk in ex._ws} <= {8, 64} and ex.ws.B == 4
+            assert ex.chunked and {L for L, B, _, chunk in ex._ws} <= {16, 64, 256} and ex.ws.B == 4
 
 
 def test_recomputed_ladder_calls_equal_whole_calls():
@@ -240,8 +241,8 @@ def test_most_chunks_bounds_every_shorter_call_tightly():
 
 
 def test_after_the_longest_call_no_shorter_one_grows_a_buffer():
-    """In the ladder, a shorter call may run in more chunks than the longest (T = 300 with K = 1024: 5 chunks,
-    T = 255: 9); the cursor and the carried states have room for them, so nothing grows after the longest call
+    """In the ladder, a shorter call may run in more chunks than the longest (T = 300 with K = 1024: 4 chunks,
+    T = 255: 7); the cursor and the carried states have room for them, so nothing grows after the longest call
     and, in graph mode, no recording is retired."""
     cell = load_cell("lstm", 3, 5)
     ex = Executor(cell, get_backend("numpy"), chunk=1024)
@@ -253,7 +254,7 @@ def test_after_the_longest_call_no_shorter_one_grows_a_buffer():
         ex.backward({"h": np.ones((T, 2, 5))})
         return ex.arenas.generation, ex.arenas.nbytes
     held = go(300)
-    assert len(spans(300, 1024, True)) == 5 and len(spans(255, 1024, True)) == 9
+    assert len(spans(300, 1024, True)) == 4 and len(spans(255, 1024, True)) == 7
     for T in (255, 1, 17, 143, 299, 300, 127):
         assert go(T) == held, T
 

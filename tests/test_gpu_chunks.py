@@ -45,9 +45,10 @@ def test_recordings_do_not_grow_with_t():
 
 
 def test_a_sweep_of_shapes_records_and_allocates_nothing_after_warm_up():
-    """Bounded shapes (buckets=True): once the longest call ran at every B bucket, a sweep of random (T, B)
-    records no graph, grows no arena and takes no more memory from the device (the pool's bytes); a sample
-    agrees with staged mode (float32)."""
+    """Bounded shapes (buckets=True): once calls covering every ladder step (T = 80: 64 + 16 frames; T = 300,
+    the longest: 256 + 16 + 16 + 12 padded) ran at every B bucket, a sweep of random (T, B) records no graph, grows
+    no arena and takes no more memory from the device (the pool's bytes); a sample agrees with staged mode
+    (float32)."""
     import cupy
     kw = dict(backend="cupy", dtype="float32", seed=1)
     layer = Recurrent("lstm", 8, 16, mode="graph", buckets=True, **kw)
@@ -60,7 +61,8 @@ def test_a_sweep_of_shapes_records_and_allocates_nothing_after_warm_up():
         gx, _, grads = lay.backward(cupy.ones_like(y))
         return [y, gx, *grads.values()]
     for B in (16, 8, 4, 2, 1, 16):      # the largest first (the arenas grow once) and last (a call allocates
-        go(300, B)                      # while the last one's arrays live)
+        go(80, B)                       # while the last one's arrays live)
+        go(300, B)
     cupy.cuda.get_current_stream().synchronize()
     ex = layer._stack.runs[0][0].ex
     graphs, held, generation = layer.backend.cache_info()["graphs"], pool.total_bytes(), ex.arenas.generation
@@ -123,9 +125,9 @@ def test_a_million_frames_within_device_memory():
 @pytest.mark.parametrize("cell,loop", [("lstm", "persistent"), ("min_gru", "elementwise"), ("min_gru", "scan"),
                                       ("lstm", "stages")])
 def test_walking_kernels_in_padded_chunks_equal_staged(cell, loop):
-    """A ladder of 64 and 8 frames: where the loop's kernel walks only a chunk's n frames (persistent,
-    elementwise, scan) a rest within 8 frames of 64 runs padded in one chunk of 64 (T = 60: one chunk walking 60;
-    T = 130: two of 64 and one of 8 walking 2), ragged, against staged mode; 'stages' walks every frame, so its
+    """A ladder of 64 and 16 frames: where the loop's kernel walks only a chunk's n frames (persistent,
+    elementwise, scan) a rest within 16 frames of 64 runs padded in one chunk of 64 (T = 60: one chunk walking 60;
+    T = 130: two of 64 and one of 16 walking 2), ragged, against staged mode; 'stages' walks every frame, so its
     ladder stays the greedy one."""
     import cupy
 

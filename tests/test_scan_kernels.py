@@ -142,8 +142,8 @@ def test_the_scan_kernels_compute_the_reference(name, dtype):
 
 @pytest.mark.parametrize("T", [60, 130, 7])
 def test_a_chunk_of_the_ladder_walks_only_its_frames(T):
-    """A ladder of 64 and 8 frames: T = 60 is one chunk of 64 walking 60, T = 130 two of 64 and one of 8
-    walking 2, T = 7 one of 8 walking 7; each part and out kernel reads its chunk's n, forward then backward;
+    """A ladder of 64 and 16 frames: T = 60 is one chunk of 64 walking 60, T = 130 two of 64 and one of 16
+    walking 2, T = 7 one of 16 walking 7; each part and out kernel reads its chunk's n, forward then backward;
     a call of one chunk leaves the frames past n unwritten (zeros in a new workspace); results equal numpy's
     whole calls, ragged."""
     cell = load_cell("min_gru", 3, 4)

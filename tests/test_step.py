@@ -8,6 +8,7 @@ import pytest
 import rnngraph
 from rnngraph import RnnGraphError
 from rnngraph.nn import Recurrent
+from rnngraph.run.chunks import LADDER_TOP, ladder
 from rnngraph.train.charlm import CharLM
 from rnngraph.train.data import Vocab
 from rnngraph.train.sample import generate
@@ -73,10 +74,10 @@ def test_the_backward_of_a_step_is_that_frame_s(cell, layers):
 
 
 def test_a_step_is_never_padded_to_a_shape_bucket():
-    layer = Recurrent("gru", 3, 4, dtype="float64", buckets=True)       # every call in ladder chunks of >= 8 frames
+    layer = Recurrent("gru", 3, 4, dtype="float64", buckets=True)       # every call in chunks of the ladder
     x = np.random.default_rng(0).standard_normal((1, 2, 3))
     y, h = layer(x)
-    assert layer._stack.runs[0][0].ex.ws.T == 8
+    assert layer._stack.runs[0][0].ex.ws.T == ladder(LADDER_TOP)[-1]     # a frame padded to the smallest step
     y_t, h_t = layer.step(x[0])
     assert layer._stack.runs[0][0].ex.ws.T == 1
     np.testing.assert_allclose(y_t, y[0], rtol=1e-12)

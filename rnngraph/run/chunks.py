@@ -5,10 +5,10 @@ written once a call. One recording of L frames therefore serves every chunk of t
 whatever T, and a chunk costs the host one replay.
 
 The chunks of a call (spans): chunks of K frames, then the rest, as one chunk of its own length (exact), or,
-where calls come in many lengths (ladder), as chunks from the ladder K, K/8, K/64, ... (≥ 8 frames), largest
-first. A ladder's last chunk holds the n < 8 frames left and runs padded to the smallest step: its frames
-past n read zero inputs and every sequence's length is clipped to n, as padded frames are, so they never
-feed a real one. A ladder records at most one chunk a step, whatever the lengths.
+where calls come in many lengths (ladder), as chunks from the ladder K, K/4, K/16, ... (≥ 8 frames), largest
+first. A ladder's last chunk holds the n frames left, fewer than its smallest step, and runs padded to that
+step: its frames past n read zero inputs and every sequence's length is clipped to n, as padded frames are, so
+they never feed a real one. A ladder records at most one chunk a step, whatever the lengths.
 
 The cursor (run/cursor.py) holds, for the chunk running, its first frame t0 and frame count n, the sequences'
 lengths, the addresses and strides of the caller's arrays the call reads and writes (its slots) and where
@@ -40,7 +40,7 @@ from ..errors import RnnGraphError
 from .cursor import HEAD, Cursor
 from .workspace import Arenas, value_size, write_history
 
-LADDER_BASE = 8              # a ladder's steps: K, K/8, K/64, ...
+LADDER_BASE = 4              # a ladder's steps: K, K/4, K/16, ...
 LADDER_MIN = 8               # ... down to no fewer frames than this
 LADDER_TOP = 4096            # the ladder's K where the loop strategy runs whole calls (chunk_frames 0)
 
@@ -49,7 +49,7 @@ def ladder(K: int) -> list:
     """The chunk lengths of ladder mode, longest first.
 
     >>> ladder(512), ladder(4096), ladder(100), ladder(5)
-    ([512, 64, 8], [4096, 512, 64, 8], [100, 12], [5])
+    ([512, 128, 32, 8], [4096, 1024, 256, 64, 16], [100, 25], [5])
     """
     steps = [K]
     while steps[-1] // LADDER_BASE >= LADDER_MIN:
@@ -62,10 +62,11 @@ def spans(T: int, K: int, in_ladder: bool = False, walks: bool = False) -> list:
     frames t0 .. t0 + n - 1; chunks of K frames then the rest as one chunk, or, in_ladder, greedily from the
     ladder, the last chunk padded up to its smallest step. walks: the loop walks only a chunk's n frames
     (a padded frame costs its share of the chunk's parallel work, not a frame of the loop), so in the ladder
-    a rest short of a step by less than the next step runs padded in that step, not in up to 7 chunks more.
+    a rest short of a step by less than the next step runs padded in that step, not in up to 3 chunks more a
+    step below.
 
     >>> spans(10, 4), spans(20, 16, True), len(spans(60, 64, True)), spans(60, 64, True, walks=True)
-    ([(0, 4, 4), (4, 4, 4), (8, 2, 2)], [(0, 16, 16), (16, 16, 4)], 8, [(0, 64, 60)])
+    ([(0, 4, 4), (4, 4, 4), (8, 2, 2)], [(0, 16, 16), (16, 16, 4)], 4, [(0, 64, 60)])
     """
     steps, out, t0 = (ladder(K) if in_ladder else [K]), [], 0
     for k, L in enumerate(steps):
@@ -89,11 +90,11 @@ def within(room: int, per_frame: int) -> int:
 def most_chunks(T: int, K: int, in_ladder: bool = False, weight=None) -> int:
     """The most chunks spans() makes of any call of at most T frames, or, given weight (chunk length L -> a
     number), the most that the weights of all its chunks but the last add up to: buffers sized by them serve
-    every shorter call. In the ladder a shorter call may run in more chunks (T = 300 with K = 1024: 5 chunks,
-    T = 255: 9), so each step takes either as many full chunks as fit or one fewer, leaving the most below.
+    every shorter call. In the ladder a shorter call may run in more chunks (T = 300 with K = 1024: 4 chunks,
+    T = 255: 7), so each step takes either as many full chunks as fit or one fewer, leaving the most below.
 
     >>> most_chunks(300, 1024, True), max(len(spans(t, 1024, True)) for t in range(1, 301))
-    (9, 9)
+    (7, 7)
     """
     if T < 1:
         return 0
