@@ -6,6 +6,7 @@ import json
 import pytest
 
 torch = pytest.importorskip("torch")
+from rnngraph.lab.bench_model import autocast_refused  # noqa: E402
 from rnngraph.lab.cli import main  # noqa: E402
 
 
@@ -23,10 +24,14 @@ def test_quick_model_bench_runs_and_its_losses_agree(tmp_path, capsys):
     data = json.loads(path.read_text())
     assert data["settings"]["layers"] == 2 and data["settings"]["impls"] == ["torch", "default", "staged", "graph"]
     ran = [r for r in data["results"] if "ms_per_step" in r]
-    assert {r["impl"] for r in ran} == {"torch", "default", "staged"} and len(ran) == 12
+    refused = autocast_refused("LSTM", "bf16")      # oneDNN's bfloat16 LSTM needs AVX-512 BF16 or AMX
+    assert {r["impl"] for r in ran} == {"torch", "default", "staged"} and len(ran) == (10 if refused else 12)
     for r in ran:
         assert r["ms_per_step"] > 0 and r["first_s"] >= 0 and len(r["losses"]) == 3 + 2
-        assert r["reference"] == "torch" and r["losses_agree"] and r["loss_diff"] <= r["loss_tol"]
+        ref = "torch@fp32" if refused and r["precision"] == "bf16" else "torch"
+        assert r["reference"] == ref and r["losses_agree"] and r["loss_diff"] <= r["loss_tol"]
+    if refused:                 # said as a skip, not a failure: the command succeeds
+        assert f"skipped torch: {refused}" in out
     bf16 = [r for r in ran if r["precision"] == "bf16" and r["impl"] != "torch"]
     assert all(0 < r["loss_diff"] for r in bf16)         # really computed in bfloat16, still within the bound
 

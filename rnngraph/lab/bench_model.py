@@ -10,6 +10,7 @@ the precision. torch is imported by the caller (bench_command.run checks it is t
 """
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -53,11 +54,25 @@ def recurrent(cell: str, impl: str, H: int, layers: int):
     return rt.Recurrent(cell, H, H, layers, mode=None if impl == "default" else impl)
 
 
-def unavailable(impl: str, cell: str, device: torch.device) -> str | None:
+def unavailable(impl: str, cell: str, device: torch.device, precision: str = "fp32") -> str | None:
     if impl == "graph" and device.type != "cuda":
         return "graph mode needs CUDA tensors"
     if impl == "torch" and load_cell(cell, 8, 8).name not in CUDNN:
         return f"torch.nn has no layer for cell {cell}"
+    if impl == "torch" and device.type == "cpu" and PRECISIONS[precision] is not None:
+        return autocast_refused(CUDNN[load_cell(cell, 8, 8).name][0], precision)
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def autocast_refused(cls: str, precision: str) -> str | None:
+    """Why torch.nn's layer `cls` does not train under CPU autocast in `precision` on this machine, or None: one
+    frame tried once (oneDNN has no bfloat16 LSTM on CPUs without AVX-512 BF16 or AMX, and says so as an error)."""
+    try:
+        with torch.autocast("cpu", dtype=PRECISIONS[precision]):
+            getattr(torch.nn, cls)(8, 8)(torch.zeros(1, 1, 8))
+    except RuntimeError as e:
+        return f"torch.nn.{cls} does not run under {precision} autocast on this CPU ({str(e).split('. ')[0]})"
     return None
 
 
@@ -68,7 +83,7 @@ def measure_model(cell: str, impl: str, *, T: int, B: int, H: int, layers: int, 
     to start from (the reference's), else torch's seeded initialisation."""
     res = {"model": "charlm", "cell": cell, "impl": impl, "T": T, "B": B, "H": H, "layers": layers,
            "precision": precision, "device": device.type}
-    why = unavailable(impl, cell, device)
+    why = unavailable(impl, cell, device, precision)
     if why:
         return {**res, "skipped": why}
     torch.manual_seed(seed)
@@ -124,20 +139,25 @@ def _timed(block, steps: int, device: torch.device) -> float:
 
 
 def compare(results: list, tf32: bool) -> list:
-    """Each row's largest relative loss difference from its configuration's reference (torch.nn's row where it
-    ran, else the first that ran) and whether it is within the precision's tolerance."""
+    """Each row's largest relative loss difference from its configuration's reference and whether it is within the
+    precision's tolerance. The reference: torch.nn's row where it ran, else torch.nn's float32 row of the same
+    configuration (reference 'torch@fp32': its layer refused the autocast dtype, autocast_refused), else the first
+    that ran."""
     groups: dict = {}
     for r in results:
         groups.setdefault((r["cell"], r["T"], r["B"], r["H"], r["layers"], r["precision"]), []).append(r)
-    for rs in groups.values():
+    torch_fp32 = {key[:-1]: r for key, rs in groups.items() for r in rs
+                  if key[-1] == "fp32" and r["impl"] == "torch" and "losses" in r}
+    for key, rs in groups.items():
         ran = [r for r in rs if "losses" in r]
         if not ran:
             continue
-        ref = next((r for r in ran if r["impl"] == "torch"), ran[0])
+        ref, name = next(((r, "torch") for r in ran if r["impl"] == "torch"), None) or \
+            ((torch_fp32[key[:-1]], "torch@fp32") if key[:-1] in torch_fp32 else (ran[0], ran[0]["impl"]))
         for r in ran:
             diff = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(r["losses"], ref["losses"]))
             tol = TOL["tf32" if tf32 and r["precision"] == "fp32" else r["precision"]]
-            r.update(reference=ref["impl"], loss_diff=diff, losses_agree=diff <= tol, loss_tol=tol)
+            r.update(reference=name, loss_diff=diff, losses_agree=diff <= tol, loss_tol=tol)
     return results
 
 
