@@ -34,9 +34,9 @@ def main(argv=None) -> int:
     import cupy
 
     from rnngraph.lab.bench import machine_info
+    from rnngraph.nn.buckets import bucket
     from rnngraph.nn.recurrent import Recurrent
     from rnngraph.run.settings import store_limit
-    from rnngraph.nn.buckets import bucket
     H, rng = args.H, np.random.default_rng(0)
     layer = Recurrent("lstm", H, H, backend="cupy", mode="graph")
     staged = Recurrent("lstm", H, H, backend="cupy", mode="staged")

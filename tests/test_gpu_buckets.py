@@ -68,7 +68,7 @@ def test_recordings_stay_within_the_limits():
     for T in (40, 20, 5):           # longest first: the arenas never grow, so nothing is retired
         y = layer(cupy.asarray(rng.standard_normal((T, 2, 3))))[0]
         layer.backward(cupy.ones_like(y))
-    assert roomy.cache_info()["graphs"] == 2        # every chunk 16 frames (the ladder's smallest): a forward, a backward
+    assert roomy.cache_info()["graphs"] == 2        # every chunk 16 frames (the ladder's smallest): forward, backward
     layer(cupy.asarray(rng.standard_normal((60, 2, 3))))    # a longer call: its buffers grow and retire them
     assert roomy.cache_info()["graphs"] == 1
 

@@ -176,9 +176,10 @@ CuPy calls around four graph replays (the input in; the states, the gradients an
 while the GPU waits, where JAX dispatches one compiled program. The same floor caps the elementwise loop's gain
 over `stages` at T = 100. At T = {T_long:,} minGRU's scan takes {times(fwd)} JAX's time forward and
 {times(train)} a training step; the training step of each cell takes {each(T_long)} JAX's at T = {T_long:,}, and
-{each(min(long["settings"]["T"]))} at T = {min(long["settings"]["T"]):,}. At the longest T both spend most of a step in the same cuBLAS float32 GEMMs (the gates' input products,
-the input gradients and the weight gradients over all frames); what differs is the elementwise and scan work around
-them, which `experiments/kernel_profile.py` times kernel by kernel under Nsight Compute.
+{each(min(long["settings"]["T"]))} at T = {min(long["settings"]["T"]):,}. At the longest T both spend most of a step
+in the same cuBLAS float32 GEMMs (the gates' input products, the input gradients and the weight gradients over all
+frames); what differs is the elementwise and scan work around them, which `experiments/kernel_profile.py`
+times kernel by kernel under Nsight Compute.
 
 The cost per frame (µs, forward / training step) of minGRU against T, from the `scan` experiment:
 

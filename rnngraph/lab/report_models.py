@@ -199,8 +199,8 @@ time of whole calls; the costliest case is {worst['cell']} ({worst['loop']}) at 
 the chunk before the last sets its values aside for the backward, {aside:.1f} GB copied out and back (computed, not
 timed apart). The scan in chunks takes up to {times(cost(scan))} (T = {scan['T']}, B = {scan['B']}), so it runs whole
 calls. In the ladder, the `persistent`, `elementwise` and `scan` kernels walk only the frames a chunk holds, so
-T = 1000 runs as {_chunks(spans(1000, K, True, walks=True))} (the scan, whose ladder starts at {LADDER_TOP} frames, as
-{_chunks(spans(1000, LADDER_TOP, True, walks=True))}); `stages` runs it as {_chunks(spans(1000, K, True))}, which
+T = 1000 runs as {_chunks(spans(1000, K, True, walks=True))} (the scan, whose ladder starts at {LADDER_TOP} frames,
+as {_chunks(spans(1000, LADDER_TOP, True, walks=True))}); `stages` runs it as {_chunks(spans(1000, K, True))}, which
 costs most where a step is shortest.
 
 An LSTM layer (H = {st['H']}, graph mode, float32, the automatic shape policy) fed {st['calls']:,} training steps
@@ -208,9 +208,10 @@ of random shapes, T in [{st['tmin']}, {st['tmax'] - 1}] and B in [{st['bmin']}, 
 {s['graphs_at_warm_up']} recordings after {st['warm']} calls and records {s['graphs_after_warm_up']} after that
 ({last['graphs']} in all, {num(last['graph_mb'])} MB). Its arenas stay at {num(last['arenas_mb'])} MB and the memory
 pool holds {last['pool_held_mb']:,.0f} MB from the first tenth of the run to the last; the device memory in use is
-{s['device_mb_at_warm_up']:,.0f} MB after {st['warm']} calls and {last['device_mb']:,.0f} MB after the last. {s['recomputed_calls']:,} of the calls recompute (the store limit is
-{s['store_limit_bytes'] / 1e9:.1f} GB). A call takes {num(s['ms_per_call'])} ms on average, {s['ratio']:.3f}× the time
-of one fixed shape of the mean size (T = {Tm}, B = {Bm}, {num(s['fixed_ms_per_call'])} ms). The mean size is not the
+{s['device_mb_at_warm_up']:,.0f} MB after {st['warm']} calls and {last['device_mb']:,.0f} MB after the last.
+{s['recomputed_calls']:,} of the calls recompute (the store limit is {s['store_limit_bytes'] / 1e9:.1f} GB). A call
+takes {num(s['ms_per_call'])} ms on average, {s['ratio']:.3f}× the time of one fixed shape of the mean size
+(T = {Tm}, B = {Bm}, {num(s['fixed_ms_per_call'])} ms). The mean size is not the
 mean cost: at B = {Bm} the GPU runs {s['fixed_loop']}, while calls of B = {Bm + 1} to {st['bmax']}, padded to
 {bucket(Bm + 1)} rows, run {s['padded_loop'].split(':')[0]}, as they would at their exact sizes. Against the same
 calls, each replayed at its own exact shape ({s['paired_calls']} calls of the second half, interleaved call by call),
