@@ -67,7 +67,8 @@ def unavailable(impl: str, cell: str, device: torch.device, precision: str = "fp
 @functools.lru_cache(maxsize=None)
 def autocast_refused(cls: str, precision: str) -> str | None:
     """Why torch.nn's layer `cls` does not train under CPU autocast in `precision` on this machine, or None: one
-    frame tried once (oneDNN has no bfloat16 LSTM on CPUs without AVX-512 BF16 or AMX, and says so as an error)."""
+    frame tried once (oneDNN may have no half-precision LSTM for this CPU's instruction set: torch 2.13 on an AVX2
+    machine raises 'could not create a primitive descriptor')."""
     try:
         with torch.autocast("cpu", dtype=PRECISIONS[precision]):
             getattr(torch.nn, cls)(8, 8)(torch.zeros(1, 1, 8))
