@@ -57,10 +57,13 @@ def recurrent(cell: str, impl: str, H: int, layers: int):
 def unavailable(impl: str, cell: str, device: torch.device, precision: str = "fp32") -> str | None:
     if impl == "graph" and device.type != "cuda":
         return "graph mode needs CUDA tensors"
-    if impl == "torch" and load_cell(cell, 8, 8).name not in CUDNN:
+    if impl != "torch":
+        return None
+    name = load_cell(cell, 8, 8).name
+    if name not in CUDNN:
         return f"torch.nn has no layer for cell {cell}"
-    if impl == "torch" and device.type == "cpu" and PRECISIONS[precision] is not None:
-        return autocast_refused(CUDNN[load_cell(cell, 8, 8).name][0], precision)
+    if device.type == "cpu" and PRECISIONS[precision] is not None:
+        return autocast_refused(CUDNN[name][0], precision)
     return None
 
 

@@ -111,19 +111,20 @@ def chunk_launch(be, op: str, cur, args) -> tuple:
     return (LAUNCHES[op](be, cur, *args),)
 
 
+def _kernel(be, op, dtype):
+    ctype = CTYPES[str(dtype)]
+    return be.raw(f"rg_chunk_{op}_{ctype}", chunk_source(ctype))
+
+
 def _launch(be, op, dtype, count, *args):
     """A grid-stride loop over `count` elements (EACH)."""
-    ctype = CTYPES[str(dtype)]
-    kernel = be.raw(f"rg_chunk_{op}_{ctype}", chunk_source(ctype))
-    return kernel, (max(1, min(MAX_BLOCKS, -(-count // THREADS))),), (THREADS,), args
+    return _kernel(be, op, dtype), (max(1, min(MAX_BLOCKS, -(-count // THREADS))),), (THREADS,), args
 
 
 def _row_launch(be, op, dtype, frames, B, *args):
     """A loop over `frames` frames of B sequences (ROWS): the frames over about MAX_BLOCKS / B blocks, the
     sequences over at most MAX_GRID_Y."""
-    ctype = CTYPES[str(dtype)]
-    kernel = be.raw(f"rg_chunk_{op}_{ctype}", chunk_source(ctype))
-    return kernel, (max(1, min(frames, MAX_BLOCKS // B)), min(B, MAX_GRID_Y)), (ROW_THREADS,), args
+    return _kernel(be, op, dtype), (max(1, min(frames, MAX_BLOCKS // B)), min(B, MAX_GRID_Y)), (ROW_THREADS,), args
 
 
 def _frames(op):
