@@ -259,10 +259,22 @@ def test_after_the_longest_call_no_shorter_one_grows_a_buffer():
         assert go(T) == held, T
 
 
-def test_value_size_is_the_workspaces_value_arena():
-    from rnngraph.plan.schedule import build_schedule
-    from rnngraph.run.workspace import Workspace, value_size
-    for cell in ("lstm", "min_gru", skip_cell):
+def test_a_chunk_sets_aside_the_values_its_backward_reads_and_no_others():
+    """stash_size, worked out without carving, is the workspace's: a leading span of its value arena that holds
+    every value a backward reads (read_back) and, in an LSTM, not the gate sums and products only adds read."""
+    from numpy.lib.array_utils import byte_bounds
+    from rnngraph.plan.backward import read_back
+    from rnngraph.run.workspace import Workspace, stash_size
+    for cell in ("lstm", "min_gru", "layernorm_gru", skip_cell):
         sched = build_schedule(load_cell(cell, 3, 5) if isinstance(cell, str) else cell(3, 5))
+        kept = read_back(sched.cell)
         for T, B, dtype in ((1, 1, "float64"), (16, 3, "float32"), (1024, 2, "float64")):
-            assert value_size(sched, T, B, dtype) == Workspace(sched, get_backend("numpy"), T, B, dtype).val_arena.size
+            ws = Workspace(sched, get_backend("numpy"), T, B, dtype)
+            assert stash_size(sched, T, B, dtype) == ws.stash_size <= ws.val_arena.size
+            end = byte_bounds(ws.val_arena[:ws.stash_size])[1]
+            for n in sched.cell.graph:
+                if n not in sched.cell.params:        # a node's values [P + T, B, F], in the arena
+                    assert (byte_bounds(ws.vals[n])[1] <= end) == (n in kept), (cell, n)
+    lstm = build_schedule(load_cell("lstm", 3, 5))
+    ws = Workspace(lstm, get_backend("numpy"), 16, 3, "float64")
+    assert {"i", "f", "g", "o", "c", "h", "x"} <= read_back(lstm.cell) and ws.stash_size < ws.val_arena.size / 3

@@ -67,6 +67,13 @@ def kept_values(cell, nodes) -> set:
     return keep
 
 
+def read_back(cell) -> set:
+    """The nodes whose values a backward reads (kept_values of the whole graph): a chunk of a call sets these
+    aside for its backward and no others (run/chunks.py), as an LSTM's products and gate sums, which only adds
+    read, are not."""
+    return kept_values(cell, [n for n in cell.graph if cell.op(n).kind is not OpKind.PARAM])
+
+
 def kept_grads(cell, nodes, aliases=None) -> set:
     """The members of a fused group whose gradients its backward must store: those reading a parameter, whose
     sums over frames are the parameter's gradient (reductions: ParamSum). Every other member's gradient is

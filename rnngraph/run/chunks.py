@@ -15,8 +15,8 @@ lengths, the addresses and strides of the caller's arrays the call reads and wri
 each chunk's values are set aside.
 
 A chunk's forward: its states' history from carry slot c (the call's initial states for c = 0), its inputs
-at t0 (zeros past n), the forward body, its outputs written at t0, its values set aside in the stash (every
-chunk but the last, unless the backward recomputes: the next chunk reuses the memory), each
+at t0 (zeros past n), the forward body, its outputs written at t0, the values its backward reads set aside in
+the stash (every chunk but the last, unless the backward recomputes: the next chunk reuses the memory), each
 sequence's state at its own last frame of the chunk into carry slot c + 1, c advanced. Its backward, last
 chunk first: its values from the stash (or its forward run again from carry slot c), the gradients of its
 outputs at t0 and of its final states (carried from the chunk after it, added at each sequence's own last
@@ -38,7 +38,7 @@ import numpy as np
 from ..arrays import address, array_module
 from ..errors import RnnGraphError
 from .cursor import HEAD, Cursor
-from .workspace import Arenas, value_size, write_history
+from .workspace import Arenas, stash_size, write_history
 
 LADDER_BASE = 4              # a ladder's steps: K, K/4, K/16, ...
 LADDER_MIN = 8               # ... down to no fewer frames than this
@@ -190,6 +190,7 @@ class Chunked:
         self.bufs = Arenas(ex.backend)  # outputs and input gradients where the caller gives none: read through
         self.grad_flat = None           # the cursor's slots, never recorded, so they may move freely
         self.cur = self.last = None     # the last forward: (its chunks, workspaces by length, recompute, params)
+        self.stash_sizes: dict = {}     # (L, B, dtype) -> stash_size, worked out once a shape
 
     @property
     def slots(self) -> tuple:
@@ -273,11 +274,11 @@ class Chunked:
         ex, cell = self.ex, self.ex.cell
         N, take, K = len(chunks), ex.arenas.take, self.K
         room = most_chunks(T, K, in_ladder)
-        aside = 0 if recompute else most_chunks(T, K, in_ladder, lambda L: value_size(ex.sched, L, B, dtype))
+        aside = 0 if recompute else most_chunks(T, K, in_ladder, lambda L: self._stash_size(L, B, dtype))
         while True:
             generation = ex.arenas.generation
             ws = {L: ex.workspace(L, B, dtype, chunk=True) for L in sorted({L for _, L, _ in chunks})}
-            sizes = [0 if recompute or i == N - 1 else ws[L].val_arena.size for i, (_, L, _) in enumerate(chunks)]
+            sizes = [0 if recompute or i == N - 1 else ws[L].stash_size for i, (_, L, _) in enumerate(chunks)]
             offsets = [int(o) if s else -1 for o, s in zip(np.cumsum([0] + sizes[:-1]), sizes)]
             w = next(iter(ws.values()))
             P, slots = w.P, 2 * (len(cell.inputs) + len(cell.outputs))
@@ -295,6 +296,12 @@ class Chunked:
             self.acc = take("chunk grads", max((o + math.prod(sh) for o, sh in self.grad_at.values()), default=0), dtype)
             if ex.arenas.generation == generation:
                 return ws, offsets
+
+    def _stash_size(self, L: int, B: int, dtype) -> int:
+        key = (L, B, str(dtype))
+        if key not in self.stash_sizes:
+            self.stash_sizes[key] = stash_size(self.ex.sched, L, B, dtype)
+        return self.stash_sizes[key]
 
     def _op(self, ws, key: tuple, *args):
         """The boundary operation key[0] (OPS) on args: the backend's kernels, compiled once per workspace and
@@ -317,7 +324,7 @@ class Chunked:
         ex._forward_body(ws, run_loop)
         for k, o in enumerate(cell.outputs):
             self._op(ws, ("frames_out", o), ws.frames(ws.vals[o]), o0 + k)
-        self._op(ws, ("stash", "save"), ws.val_arena, self.stash, True)
+        self._op(ws, ("stash", "save"), ws.val_arena[:ws.stash_size], self.stash, True)
         for s, (p, _) in cell.states.items():
             self._op(ws, ("history_out", s), ws.vals[p], self.carry[s])
         self._op(ws, ("advance", "forward"), True)
@@ -325,7 +332,7 @@ class Chunked:
     def _backward_body(self, ws, run_loop):
         ex, cell = self.ex, self.ex.cell
         _, _, go, gi = self.slots
-        self._op(ws, ("stash", "load"), ws.val_arena, self.stash, False)
+        self._op(ws, ("stash", "load"), ws.val_arena[:ws.stash_size], self.stash, False)
         self.ex.backend.zero(ws.grad_arena)
         for k, o in enumerate(cell.outputs):
             self._op(ws, ("frames_in", "grad", o), ws.frames(ws.grads[o]), go + k)

@@ -19,7 +19,7 @@ from ..arrays import address
 from ..errors import RnnGraphError
 from ..ir.ops import OpKind, accumulate
 from ..plan.aliases import GradAliases
-from ..plan.backward import shared_weights
+from ..plan.backward import read_back, shared_weights
 from ..plan.items import FusedGrad, Gemm, GemmGrad
 from ..plan.schedule import Schedule
 
@@ -44,6 +44,7 @@ class Workspace:
         home, windows = self.aliases.home, self.aliases.windows
         blocks, wblocks, pblocks = _blocks(sched, self.P + T, B)
         self.val_arena, vals = carve(arenas, "values", dtype, [s for s, _ in blocks + wblocks])
+        self.stash_size = stash_size(sched, T, B, dtype)
         owned = owned_blocks(blocks, self.aliases)
         # the weights' gradients first: at the same offsets whatever T and B (Executor.grad_source)
         self.grad_arena, grads = carve(arenas, "grads", dtype, [s for s, _ in wblocks + pblocks + owned])
@@ -167,14 +168,22 @@ def write_history(be, h, a):
 
 def _blocks(sched: Schedule, rows: int, B: int) -> tuple:
     """(shape, key) of every buffer a workspace carves: frame buffers [rows, B, F] (a merged GEMM's output,
-    every other node's value), the merged weights [ΣF, K] ([ΣF, K/heads] head-wise) and the parameters."""
+    every other node's value), those of the values a backward reads first (read_back: all a chunk sets aside
+    lies in one leading span), the merged weights [ΣF, K] ([ΣF, K/heads] head-wise) and the parameters."""
     cell = sched.cell
     gemms = [it for it in sched.items if isinstance(it, Gemm)]
     blocks = [((rows, B, sum(it.sizes)), it) for it in gemms]
     blocks += [((rows, B, cell.op(n).size), n) for n in cell.graph
                if cell.op(n).kind is not OpKind.PARAM and n not in {m for it in gemms for m in it.nodes}]
+    kept = read_back(cell)
+    blocks.sort(key=lambda b: not _read_back(b[1], kept))      # stable: the plan's order within each part
     wblocks = [((sum(it.sizes), cell.op(it.operand).size // it.heads), it) for it in gemms]     # [ΣF, K/heads]
     return blocks, wblocks, [(cell.params[p], p) for p in cell.params]
+
+
+def _read_back(key, kept: set) -> bool:
+    """Whether a backward reads the value block of `key` (a node, or a merged GEMM: any of its nodes)."""
+    return any(n in kept for n in key.nodes) if isinstance(key, Gemm) else key in kept
 
 
 def shared_grads(sched: Schedule, backend) -> GradAliases:
@@ -247,10 +256,14 @@ def layout(shapes, dtype) -> tuple:
     return starts, end
 
 
-def value_size(sched: Schedule, T: int, B: int, dtype) -> int:
-    """The elements of a (T, B) workspace's value arena (Workspace.val_arena.size), without carving it."""
+def stash_size(sched: Schedule, T: int, B: int, dtype) -> int:
+    """The elements of a (T, B) workspace's value arena that a chunk sets aside for its backward: its leading
+    blocks, the values a backward reads (_blocks), with the gaps between them (Workspace.stash_size)."""
     blocks, wblocks, _ = _blocks(sched, max(sched.cell.depths.values(), default=1) + T, B)
-    return layout([s for s, _ in blocks + wblocks], dtype)[1]
+    kept = read_back(sched.cell)
+    k = sum(_read_back(key, kept) for _, key in blocks)
+    starts, _ = layout([s for s, _ in blocks + wblocks], dtype)
+    return starts[k - 1] + math.prod(blocks[k - 1][0]) if k else 0
 
 
 def numpy_itemsize(dtype) -> int:
