@@ -5,8 +5,9 @@ Layout: every node's value lives in a buffer [P+T, B, F], P the cell's largest d
 PyTorch's cells); frame t is row P+t and rows 0..P-1 hold the frames before the call (a state's
 initial history, written by each forward; unused for other nodes, never read from earlier frames).
 A read with delay d at frame t is row P+t-d, so every delayed read, of one frame or of all T, is a
-plain view. Gradients mirror values. Nothing is allocated after construction, which is what lets the
-GPU backend record the loops into CUDA graphs.
+plain view. Gradients mirror values. The packed weights of merged GEMMs lie in an arena of their own, at one
+place for every T and B, so that no workspace's values overwrite another's weights. Nothing is allocated after
+construction, which is what lets the GPU backend record the loops into CUDA graphs.
 """
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ UNTOUCHED = ("untouched", "gradients")      # memo key: their spans in the gradi
 
 
 class Workspace:
-    """Static buffers for one (schedule, T, B, dtype): values and gradients carved from two flat
-    arenas (one fill zeroes every gradient), packed weights, and memoised per-frame views."""
+    """Static buffers for one (schedule, T, B, dtype): values, packed weights and gradients carved from flat
+    arenas (one fill zeroes every gradient), and memoised per-frame views."""
 
     def __init__(self, sched: Schedule, backend, T: int, B: int, dtype, arenas: Arenas | None = None):
         cell = sched.cell
@@ -43,7 +44,8 @@ class Workspace:
         self.aliases = shared_grads(sched, backend)
         home, windows = self.aliases.home, self.aliases.windows
         blocks, wblocks, pblocks = _blocks(sched, self.P + T, B)
-        self.val_arena, vals = carve(arenas, "values", dtype, [s for s, _ in blocks + wblocks])
+        self.val_arena, vals = carve(arenas, "values", dtype, [s for s, _ in blocks])
+        _, wvals = carve(arenas, "weights", dtype, [s for s, _ in wblocks])     # the same for every T and B
         self.stash_size = stash_size(sched, T, B, dtype)
         owned = owned_blocks(blocks, self.aliases)
         # the weights' gradients first: at the same offsets whatever T and B (Executor.grad_source)
@@ -64,7 +66,7 @@ class Workspace:
                 self.grads[key] = frame_grads.get(key)
         for n, h in home.items():
             self.grads[n] = self.grads[h]
-        for (_, key), v, g in zip(wblocks + pblocks, vals[len(blocks):] + [None] * len(pblocks), grads):
+        for (_, key), v, g in zip(wblocks + pblocks, wvals + [None] * len(pblocks), grads):
             if isinstance(key, Gemm):
                 self.wcat[key] = (v, g)
             else:
@@ -259,10 +261,10 @@ def layout(shapes, dtype) -> tuple:
 def stash_size(sched: Schedule, T: int, B: int, dtype) -> int:
     """The elements of a (T, B) workspace's value arena that a chunk sets aside for its backward: its leading
     blocks, the values a backward reads (_blocks), with the gaps between them (Workspace.stash_size)."""
-    blocks, wblocks, _ = _blocks(sched, max(sched.cell.depths.values(), default=1) + T, B)
+    blocks, _, _ = _blocks(sched, max(sched.cell.depths.values(), default=1) + T, B)
     kept = read_back(sched.cell)
     k = sum(_read_back(key, kept) for _, key in blocks)
-    starts, _ = layout([s for s, _ in blocks + wblocks], dtype)
+    starts, _ = layout([s for s, _ in blocks], dtype)
     return starts[k - 1] + math.prod(blocks[k - 1][0]) if k else 0
 
 
