@@ -11,7 +11,7 @@ from ..ir.loading import load_cell
 from ..nn.buckets import bucket
 from ..plan.schedule import build_schedule
 from ..run.chunks import LADDER_TOP, spans
-from ..run.workspace import stored_bytes
+from ..run.workspace import stash_size, stored_bytes
 from .report_data import Findings, Results, num, pair, ratio, record, slope, source, table, times
 
 
@@ -168,7 +168,7 @@ def shapes(results: Results, findings: Findings) -> str:
     scan = max((r for r in chunks["records"] if r["loop"] == "scan"), key=cost)
     K = worst["K"]
     sched = build_schedule(load_cell(worst["cell"], worst["H"], worst["H"]))
-    aside = stored_bytes(sched, K, worst["B"], "float32") / 2e9      # its values, not their gradients
+    aside = stash_size(sched, K, worst["B"], "float32") * 4 / 1e9      # the values its backward reads, float32
     s, st, last = probe["summary"], probe["settings"], probe["records"][-1]
     (Tm, Bm) = s["fixed_shape"]
     Bs = range(st["bmin"], st["bmax"] + 1)
@@ -196,8 +196,8 @@ Where the values a call stores exceed `RNNGRAPH_STORE_BYTES` ({limit / 1e9:.1f} 
 backward recomputes, and with chunks off it does so in chunks of a quarter of that limit, so there "whole calls"
 (marked "recomputes") run in chunks too. Chunks of {K} frames take {times(cost(best))} to {times(cost(worst))} the
 time of whole calls; the costliest case is {worst['cell']} ({worst['loop']}) at T = {worst['T']}, B = {worst['B']}, where
-the chunk before the last sets its values aside for the backward, {aside:.1f} GB copied out and back (computed, not
-timed apart). The scan in chunks takes up to {times(cost(scan))} (T = {scan['T']}, B = {scan['B']}), so it runs whole
+the chunk before the last sets the values its backward reads aside, {aside:.2f} GB copied out and back (computed,
+not timed apart). The scan in chunks takes up to {times(cost(scan))} (T = {scan['T']}, B = {scan['B']}), so it runs whole
 calls. In the ladder, the `persistent`, `elementwise` and `scan` kernels walk only the frames a chunk holds, so
 T = 1000 runs as {_chunks(spans(1000, K, True, walks=True))} (the scan, whose ladder starts at {LADDER_TOP} frames,
 as {_chunks(spans(1000, LADDER_TOP, True, walks=True))}); `stages` runs it as {_chunks(spans(1000, K, True))}, which
