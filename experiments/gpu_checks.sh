@@ -64,7 +64,7 @@ bench)
         # graph mode fed 10,000 calls of random shapes, T in [1, 2000] and B in [1, 64], LSTM H = 256
         shapes) timeout "${LIMIT:-420}" python3 experiments/graph_shapes_probe.py --json "$OUT/shapes.json" ;;
         # what chunks of time cost per loop strategy: chunks of 1024 (the scan's too), whole calls and the ladder
-        chunks) RNNGRAPH_CHUNK_FRAMES=1024 timeout "${LIMIT:-300}" python3 experiments/chunk_overhead.py --T 1000,2000,4096 \
+        chunks) RNNGRAPH_CHUNK_FRAMES=1024 timeout "${LIMIT:-300}" python3 experiments/chunk_overhead.py --T 1000,4096 \
                             --json "$OUT/chunk_overhead.json" ;;
         # the scan at long T against JAX
         scan_long) bench --cell min_gru,min_lstm,qrnn -T 4096,65536 -B 1 --impls graph,jax_scan --loop scan \

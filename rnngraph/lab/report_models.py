@@ -163,7 +163,7 @@ def shapes(results: Results, findings: Findings) -> str:
         rows.append([r["cell"], ran, r["T"], r["B"], K, whole, num(r["chunks_ms"]),
                      times(r["chunks_ms"] / r["whole_ms"]), num(r["ladder_ms"]), times(r["ladder_ms"] / r["whole_ms"])])
     cost = lambda r: r["chunks_ms"] / r["whole_ms"]        # noqa: E731
-    plain = [r for r in chunks["records"] if r["loop"] != "scan"]
+    plain = [r for r in chunks["records"] if r["loop"] != "scan" and r["T"] > r["K"]]     # calls that run in chunks
     worst, best = max(plain, key=cost), min(plain, key=cost)
     scan = max((r for r in chunks["records"] if r["loop"] == "scan"), key=cost)
     K = worst["K"]
@@ -194,8 +194,8 @@ milliseconds, and the ratio to whole calls.
 
 Where the values a call stores exceed `RNNGRAPH_STORE_BYTES` ({limit / 1e9:.1f} GB by default on this GPU) the
 backward recomputes, and with chunks off it does so in chunks of a quarter of that limit, so there "whole calls"
-(marked "recomputes") run in chunks too. Chunks of {K} frames take {times(cost(best))} to {times(cost(worst))} the
-time of whole calls; the costliest case is {worst['cell']} ({worst['loop']}) at T = {worst['T']}, B = {worst['B']}, where
+(marked "recomputes") run in chunks too. Calls longer than {K} frames take {times(cost(best))} to
+{times(cost(worst))} the time of whole calls in chunks; the costliest case is {worst['cell']} ({worst['loop']}) at T = {worst['T']}, B = {worst['B']}, where
 the chunk before the last sets the values its backward reads aside, {aside:.2f} GB copied out and back (computed,
 not timed apart). The scan in chunks takes up to {times(cost(scan))} (T = {scan['T']}, B = {scan['B']}), so it runs whole
 calls. In the ladder, the `persistent`, `elementwise` and `scan` kernels walk only the frames a chunk holds, so
