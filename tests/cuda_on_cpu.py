@@ -1,11 +1,13 @@
 """A generated persistent kernel run on the CPU: its CUDA source compiled as C++ by the system's g++, each CUDA
-thread a std::thread, __syncthreads a std::barrier of the block, a named barrier (bar.sync id, n) a count of n
-arrivals, a warp shuffle an exchange through memory between barriers of the warp, a tensor-core mma.sync the
-same (the warp's fragments exchanged, each output summed in float32; TF32 rounding as cvt.rna), the grid
-barrier its row group's atomic counter, float16 through _Float16 (bfloat16 as the GPU's own bit arithmetic). A
-test backend (Emulated) runs the persistent loops this way on the numpy workspace and everything else as numpy
-does, so a kernel's indexing, arguments and synchronisation are checked against the reference without a GPU.
-
+thread a fiber of one OS thread (its own stack, switched only where it waits: a persistent kernel's blocks meet at
+barriers thousands of times, which as std::threads on two cores cost a context switch each), __syncthreads a
+barrier of the block, a named barrier (bar.sync id, n) a count of n arrivals, a warp shuffle an exchange through
+memory between barriers of the warp, a tensor-core mma.sync the same (the warp's fragments exchanged, each output
+summed in float32; TF32 rounding as cvt.rna), the grid barrier its row group's atomic counter, float16 through
+_Float16 (bfloat16 as the GPU's own bit arithmetic). PRELUDE without RG_FIBERS defined (the other kernels' tests
+launch it) makes each CUDA thread a std::thread and the barriers std::barrier. A test backend (Emulated) runs the
+persistent loops this way on the numpy workspace and everything else as numpy does, so a kernel's indexing,
+arguments and synchronisation are checked against the reference without a GPU.
 blocks_in_turn=True runs the blocks one after another, each to its end: a kernel that reads another block's
 values then reads them unwritten (zeros), so where every block owns whole heads the results say that no block
 waits for another; a kernel with grid barriers needs its blocks at once (blocks_in_turn=False), or a row group's
@@ -36,21 +38,18 @@ needs_cxx = pytest.mark.skipif(CXX is None, reason="no g++ to compile kernels fo
 _BUILT: dict = {}
 _DIR = Path(tempfile.mkdtemp(prefix="rnngraph_cuda_on_cpu_"))
 
-PRELUDE = r"""
+HEADERS = ("atomic", "barrier", "cmath", "condition_variable", "cstring", "csetjmp", "functional", "memory", "mutex",
+           "thread", "vector", "ucontext.h")      # what every emulated kernel includes, compiled once (rg_std.h.gch)
+FLAGS = ("-std=c++20", "-O1", "-U_FORTIFY_SOURCE", "-fPIC", "-pthread", "-w")
+FIBERS = "// each CUDA thread a std::thread"       # the line of PRELUDE that LAUNCH's kernels replace: fibers
+
+PRELUDE = r"""#include "rg_std.h"
+// each CUDA thread a std::thread
 #define __global__
 #define __device__
 #define __forceinline__ inline
 #define __launch_bounds__(a, b)
 #define __restrict__
-#include <atomic>
-#include <barrier>
-#include <cmath>
-#include <condition_variable>
-#include <cstring>
-#include <memory>
-#include <mutex>
-#include <thread>
-#include <vector>
 using std::exp; using std::tanh; using std::log1p; using std::fabs; using std::sqrt;
 template <class T> static inline T rsqrt(T x) { return T(1) / std::sqrt(x); }
 using std::min;
@@ -58,27 +57,55 @@ struct uint4 { unsigned x, y, z, w; };
 struct alignas(16) float4 { float x, y, z, w; };
 static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 struct rg_dim { int x; };
-static thread_local rg_dim threadIdx, blockIdx;
-static thread_local std::barrier<>* rg_block_barrier;
-static thread_local std::vector<std::barrier<>*>* rg_warp_barriers;
-static thread_local double* rg_shuffle;        // the block's [NT] exchange slots
-static thread_local unsigned char* rg_smem;
-static thread_local unsigned* rg_mma_regs;    // the block's [NT][6] fragment registers
+#ifdef RG_FIBERS
+// every CUDA thread a fiber of one OS thread, switched only where it waits: at a barrier (resumed once the
+// barrier's phase has moved on) or in a spin (resumed in turn)
+#define RG_LOCAL static
+static void rg_yield();
+static void rg_wait_gen(const unsigned long* gen, unsigned long seen);
+struct rg_barrier_t {           // n arrivals complete a phase; the others wait until it does
+    int n, arrived = 0; unsigned long gen = 0;
+    explicit rg_barrier_t(int n) : n(n) {}
+    void arrive_and_wait() {
+        const unsigned long g = gen;
+        if (++arrived == n) { arrived = 0; ++gen; } else rg_wait_gen(&gen, g);
+    }
+};
+#else
+#define RG_LOCAL static thread_local
+typedef std::barrier<> rg_barrier_t;
+static inline void rg_yield() { std::this_thread::yield(); }
+#endif
+RG_LOCAL rg_dim threadIdx, blockIdx;
+RG_LOCAL rg_barrier_t* rg_block_barrier;
+RG_LOCAL std::vector<rg_barrier_t*>* rg_warp_barriers;
+RG_LOCAL double* rg_shuffle;        // the block's [NT] exchange slots
+RG_LOCAL unsigned char* rg_smem;
+RG_LOCAL unsigned* rg_mma_regs;    // the block's [NT][6] fragment registers
 static inline void __syncthreads() { rg_block_barrier->arrive_and_wait(); }
+#ifdef RG_FIBERS
+struct rg_named_bar { int arrived = 0; unsigned long gen = 0; };
+#else
 struct rg_named_bar { std::mutex m; std::condition_variable cv; int arrived = 0; unsigned long gen = 0; };
-static thread_local rg_named_bar* rg_named;     // the block's named barriers, by id
+#endif
+RG_LOCAL rg_named_bar* rg_named;     // the block's named barriers, by id
 static inline void rg_named_arrive(int id, int n, bool wait) {      // n threads complete a barrier (bar.sync id, n)
     rg_named_bar& b = rg_named[id];
+#ifdef RG_FIBERS
+    const unsigned long gen = b.gen;
+    if (++b.arrived == n) { b.arrived = 0; ++b.gen; } else if (wait) rg_wait_gen(&b.gen, gen);
+#else
     std::unique_lock<std::mutex> lock(b.m);
     const unsigned long gen = b.gen;
     if (++b.arrived == n) { b.arrived = 0; ++b.gen; b.cv.notify_all(); }
     else if (wait) b.cv.wait(lock, [&] { return b.gen != gen; });
+#endif
 }
 static inline void rg_wait(int id, int n) { rg_named_arrive(id, n, true); }
 static inline void rg_arrive(int id, int n) { rg_named_arrive(id, n, false); }
 template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    std::barrier<>* b = (*rg_warp_barriers)[warp];
+    rg_barrier_t* b = (*rg_warp_barriers)[warp];
     rg_shuffle[threadIdx.x] = (double)v;
     b->arrive_and_wait();
     T r = (T)rg_shuffle[warp * 32 + (lane ^ o)];
@@ -87,7 +114,7 @@ template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o) {
 }
 static inline float exchanged(const unsigned long long* w, unsigned int tag) {
     unsigned long long v;
-    do { v = __atomic_load_n(w, __ATOMIC_ACQUIRE); } while ((unsigned int)(v >> 32) != tag);
+    while ((unsigned int)((v = __atomic_load_n(w, __ATOMIC_ACQUIRE)) >> 32) != tag) rg_yield();
     unsigned int u = (unsigned int)v; float f; std::memcpy(&f, &u, 4); return f;
 }
 static inline void exchange(unsigned long long* w, unsigned int tag, float x) {
@@ -104,7 +131,7 @@ static inline void grid_barrier(unsigned int* count, unsigned int target) {
     __syncthreads();
     if (threadIdx.x == 0) {
         __atomic_fetch_add(count, 1u, __ATOMIC_SEQ_CST);
-        while (__atomic_load_n(count, __ATOMIC_SEQ_CST) < target) std::this_thread::yield();
+        while (__atomic_load_n(count, __ATOMIC_SEQ_CST) < target) rg_yield();
     }
     __syncthreads();
 }
@@ -118,7 +145,7 @@ static inline float rg_value(unsigned r, int hi) {      // an element of a fragm
 static inline void rg_mma(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
     // mma.sync row.col, float32 accumulation: the warp's fragments exchanged through memory
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    std::barrier<>* bar = (*rg_warp_barriers)[warp];
+    rg_barrier_t* bar = (*rg_warp_barriers)[warp];
     unsigned* regs = rg_mma_regs + warp * 32 * 6;
     const unsigned mine[6] = {a0, a1, a2, a3, b0, b1};
     for (int i = 0; i < 6; ++i) regs[lane * 6 + i] = mine[i];
@@ -170,38 +197,64 @@ F16 = {'float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(u)); return f;':
        "_Float16 h = (_Float16)f; std::memcpy(&u, &h, 2); return *this;"}    # round to nearest even, as cvt.rn
 
 LAUNCH = r"""
+struct rg_fiber {           // a CUDA thread: its context, stack and what PRELUDE's per-thread variables hold for it
+    ucontext_t ctx; jmp_buf jb; std::unique_ptr<char[]> stack; bool started = false, done = false;
+    const unsigned long* wait_gen = nullptr; unsigned long wait_seen = 0;       // a barrier's phase it waits past
+    int tid, blk; rg_barrier_t* bb; std::vector<rg_barrier_t*>* wb; double* shuffle; unsigned char* smem;
+    unsigned* mma_regs; rg_named_bar* named;
+};
+static jmp_buf rg_main;
+static rg_fiber* rg_current;
+static std::function<void()> rg_kernel;
+// switches: a fiber's first start through setcontext, then _setjmp/_longjmp (no signal mask saved or restored)
+static void rg_yield() { if (!_setjmp(rg_current->jb)) _longjmp(rg_main, 1); }
+static void rg_wait_gen(const unsigned long* gen, unsigned long seen) {
+    rg_current->wait_gen = gen; rg_current->wait_seen = seen;
+    rg_yield();
+    rg_current->wait_gen = nullptr;
+}
+static void rg_entry() { rg_kernel(); rg_current->done = true; _longjmp(rg_main, 1); }
+static bool rg_ready(const rg_fiber& f) { return !f.done && !(f.wait_gen && *f.wait_gen == f.wait_seen); }
+static void rg_resume(rg_fiber* f) {
+    threadIdx.x = f->tid; blockIdx.x = f->blk; rg_block_barrier = f->bb; rg_warp_barriers = f->wb;
+    rg_shuffle = f->shuffle; rg_smem = f->smem; rg_mma_regs = f->mma_regs; rg_named = f->named; rg_current = f;
+    if (!_setjmp(rg_main)) {
+        if (!f->started) { f->started = true; setcontext(&f->ctx); }
+        _longjmp(f->jb, 1);
+    }
+}
 extern "C" void rg_launch(void** ptrs, long long* lds, const long long* run, int tab, int T, int P, int rg_nblocks, int NTH, long long smem, int together) {
-    auto block = [&](int blk, std::vector<std::thread>& threads, std::barrier<>* bb,
-                     std::vector<std::barrier<>*>* wb, double* shuffle, unsigned char* smem_block, unsigned* mma_regs,
-                     rg_named_bar* named) {
-        for (int tid = 0; tid < NTH; ++tid)
-            threads.emplace_back([=]() {
-                threadIdx.x = tid; blockIdx.x = blk; rg_block_barrier = bb; rg_warp_barriers = wb;
-                rg_shuffle = shuffle; rg_smem = smem_block; rg_mma_regs = mma_regs; rg_named = named;
-                KERNEL_CALL;
-            });
-    };
-    std::vector<std::barrier<>*> bbs; std::vector<std::vector<std::barrier<>*>*> wbs;
+    const size_t STACK = 256 << 10;
+    rg_kernel = [&]() { KERNEL_CALL; };
+    std::vector<std::unique_ptr<rg_barrier_t>> bars;
+    std::vector<std::vector<rg_barrier_t*>> wbs(rg_nblocks);
     std::vector<std::vector<double>> shuffles(rg_nblocks, std::vector<double>(NTH));
     std::vector<std::vector<unsigned char>> smems(rg_nblocks, std::vector<unsigned char>(smem + 16));
     std::vector<std::vector<unsigned>> mma_regs(rg_nblocks, std::vector<unsigned>(6 * NTH));
     std::vector<std::unique_ptr<rg_named_bar[]>> named;
-    for (int blk = 0; blk < rg_nblocks; ++blk) named.emplace_back(new rg_named_bar[16]);
+    std::vector<rg_barrier_t*> bbs;
     for (int blk = 0; blk < rg_nblocks; ++blk) {
-        bbs.push_back(new std::barrier<>(NTH));
-        auto* w = new std::vector<std::barrier<>*>();
-        for (int k = 0; k < NTH / 32; ++k) w->push_back(new std::barrier<>(32));
-        wbs.push_back(w);
+        named.emplace_back(new rg_named_bar[16]);
+        bbs.push_back(bars.emplace_back(new rg_barrier_t(NTH)).get());
+        for (int k = 0; k < NTH / 32; ++k) wbs[blk].push_back(bars.emplace_back(new rg_barrier_t(32)).get());
     }
-    std::vector<std::vector<std::thread>> threads(rg_nblocks);
-    for (int blk = 0; blk < rg_nblocks; ++blk) {
-        block(blk, threads[blk], bbs[blk], wbs[blk], shuffles[blk].data(), smems[blk].data(), mma_regs[blk].data(),
-              named[blk].get());
-        if ((blk + 1) % together == 0 || blk + 1 == rg_nblocks)      // `together` blocks at a time, then the next
-            for (int b = blk + 1 - ((blk + 1) % together ? (blk + 1) % together : together); b <= blk; ++b)
-                for (auto& t : threads[b]) t.join();
+    for (int b0 = 0; b0 < rg_nblocks; b0 += together) {      // `together` blocks at a time, then the next
+        const int b1 = std::min(rg_nblocks, b0 + together);
+        std::vector<rg_fiber> fibers((b1 - b0) * NTH);
+        for (int blk = b0, i = 0; blk < b1; ++blk)
+            for (int tid = 0; tid < NTH; ++tid, ++i) {
+                rg_fiber& f = fibers[i];
+                f.tid = tid; f.blk = blk; f.bb = bbs[blk]; f.wb = &wbs[blk]; f.shuffle = shuffles[blk].data();
+                f.smem = smems[blk].data(); f.mma_regs = mma_regs[blk].data(); f.named = named[blk].get();
+                f.stack.reset(new char[STACK]);
+                getcontext(&f.ctx);
+                f.ctx.uc_stack.ss_sp = f.stack.get(); f.ctx.uc_stack.ss_size = STACK; f.ctx.uc_link = nullptr;
+                makecontext(&f.ctx, rg_entry, 0);
+            }
+        for (size_t live = fibers.size(); live;)         // each in turn until it waits, until all have ended
+            for (auto& f : fibers)
+                if (rg_ready(f)) { rg_resume(&f); live -= f.done; }
     }
-    for (int blk = 0; blk < rg_nblocks; ++blk) { delete bbs[blk]; for (auto* b : *wbs[blk]) delete b; delete wbs[blk]; }
 }
 """
 
@@ -225,17 +278,24 @@ def cpp_source(k) -> str:
         half = half.replace(a, b)
     for ctype, ptx in mma.PTX_TYPE.items():     # tensor cores: the MMA emulated (its input type's values)
         src = src.replace(mma.helpers(ctype), emulated_mma(ptx))
-    return PRELUDE + (half if any(h in src for h in HALF_TYPES) else "") + src + LAUNCH.replace("KERNEL_CALL", call)
+    return PRELUDE.replace(FIBERS, "#define RG_FIBERS") + (half if any(h in src for h in HALF_TYPES) else "") + src + \
+        LAUNCH.replace("KERNEL_CALL", call)
 
 
 def compiled(text: str):
-    """C++ `text` compiled by g++ into a shared library and loaded (once per text)."""
+    """C++ `text` compiled by g++ into a shared library and loaded (once per text); the standard headers it
+    includes (rg_std.h, PRELUDE's first line) parsed once, as a precompiled header of the same flags."""
+    header = _DIR / "rg_std.h"
+    if not header.exists():
+        header.write_text("".join(f"#include <{h}>\n" for h in HEADERS))
+        subprocess.run([CXX, *FLAGS, "-x", "c++-header", str(header), "-o", f"{header}.gch"], check=True,
+                       capture_output=True, text=True)
     key = hashlib.sha1(text.encode()).hexdigest()[:16]
     if key not in _BUILT:
         cpp, so = _DIR / f"{key}.cpp", _DIR / f"{key}.so"
         cpp.write_text(text)
-        subprocess.run([CXX, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", str(cpp), "-o", str(so)],
-                       check=True, capture_output=True, text=True)
+        subprocess.run([CXX, *FLAGS, "-shared", f"-I{_DIR}", str(cpp), "-o", str(so)], check=True, capture_output=True,
+                       text=True)
         _BUILT[key] = ctypes.CDLL(str(so))
     return _BUILT[key]
 

@@ -115,16 +115,8 @@ def test_which_kernel_a_gpu_runs_in_float32_with_tf32(monkeypatch):
 def test_emulated_tf32_rounding_is_to_nearest_ties_away():
     """The emulator's cvt.rna.tf32.f32 (the GPU test checks the GPU's own against the same bound)."""
     import ctypes
-    import subprocess
-    import tempfile
-    from pathlib import Path
-    from cuda_on_cpu import CXX, PRELUDE
-    src = PRELUDE + emulated_mma("tf32") + 'extern "C" unsigned r(unsigned x) { return rg_tf32(x); }\n'
-    d = Path(tempfile.mkdtemp())
-    (d / "r.cpp").write_text(src)
-    subprocess.run([CXX, "-std=c++20", "-shared", "-fPIC", "-pthread", "-w", str(d / "r.cpp"), "-o", str(d / "r.so")],
-                   check=True)
-    lib = ctypes.CDLL(str(d / "r.so"))
+    from cuda_on_cpu import PRELUDE, compiled
+    lib = compiled(PRELUDE + emulated_mma("tf32") + 'extern "C" unsigned r(unsigned x) { return rg_tf32(x); }\n')
     lib.r.restype, lib.r.argtypes = ctypes.c_uint, [ctypes.c_uint]
     one = np.float32(1).view(np.uint32)
     cases = {one: one, one + 0xfff: one, one + 0x1000: one + 0x2000, one + 0x1001: one + 0x2000,
