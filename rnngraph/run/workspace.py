@@ -46,7 +46,9 @@ class Workspace:
         blocks, wblocks, pblocks = _blocks(sched, self.P + T, B)
         self.val_arena, vals = carve(arenas, "values", dtype, [s for s, _ in blocks])
         _, wvals = carve(arenas, "weights", dtype, [s for s, _ in wblocks])     # the same for every T and B
-        self.stash_size = stash_size(sched, T, B, dtype)
+        kept, base = read_back(cell), address(self.val_arena)
+        self.stash_size = max(((address(v) - base) // v.itemsize + v.size for (_, key), v in zip(blocks, vals)
+                               if _read_back(key, kept)), default=0)    # what a chunk sets aside: the leading blocks
         owned = owned_blocks(blocks, self.aliases)
         # the weights' gradients first: at the same offsets whatever T and B (Executor.grad_source)
         self.grad_arena, grads = carve(arenas, "grads", dtype, [s for s, _ in wblocks + pblocks + owned])
