@@ -1,12 +1,12 @@
-"""A generated persistent kernel run on the CPU: its CUDA source compiled as C++ by the system's g++, each CUDA
-thread a fiber of one OS thread (its own stack, switched only where it waits: a persistent kernel's blocks meet at
-barriers thousands of times, which as std::threads on two cores cost a context switch each), __syncthreads a
-barrier of the block, a named barrier (bar.sync id, n) a count of n arrivals, a warp shuffle an exchange through
-memory between barriers of the warp, a tensor-core mma.sync the same (the warp's fragments exchanged, each output
-summed in float32; TF32 rounding as cvt.rna), the grid barrier its row group's atomic counter, float16 through
-_Float16 (bfloat16 as the GPU's own bit arithmetic). PRELUDE without RG_FIBERS defined (the other kernels' tests
-launch it) makes each CUDA thread a std::thread and the barriers std::barrier. A test backend (Emulated) runs the
-persistent loops this way on the numpy workspace and everything else as numpy does, so a kernel's indexing,
+"""A generated persistent kernel run on the CPU: its CUDA source compiled as C++ by the system's g++, each CUDA thread
+a fiber of one OS thread (its own stack, switched only where it waits: a persistent kernel's blocks meet at barriers
+thousands of times, which as std::threads on two cores cost a context switch each), __syncthreads a barrier of the
+block, a named barrier (bar.sync id, n) a count of n arrivals, a warp shuffle an exchange through memory between
+barriers of the warp, a tensor-core mma.sync the same (the warp's fragments exchanged, each output summed in
+float32; TF32 rounding as cvt.rna), the grid barrier its row group's atomic counter, float16 through _Float16
+(bfloat16 as the GPU's own bit arithmetic). PRELUDE without RG_FIBERS defined (the other kernels' tests launch it)
+makes each CUDA thread a std::thread and __syncthreads a std::barrier (no named barriers). A test backend (Emulated)
+runs the persistent loops this way on the numpy workspace and everything else as numpy does, so a kernel's indexing,
 arguments and synchronisation are checked against the reference without a GPU.
 blocks_in_turn=True runs the blocks one after another, each to its end: a kernel that reads another block's
 values then reads them unwritten (zeros), so where every block owns whole heads the results say that no block
@@ -38,8 +38,8 @@ needs_cxx = pytest.mark.skipif(CXX is None, reason="no g++ to compile kernels fo
 _BUILT: dict = {}
 _DIR = Path(tempfile.mkdtemp(prefix="rnngraph_cuda_on_cpu_"))
 
-HEADERS = ("atomic", "barrier", "cmath", "condition_variable", "cstring", "csetjmp", "functional", "memory", "mutex",
-           "thread", "vector", "ucontext.h")      # what every emulated kernel includes, compiled once (rg_std.h.gch)
+HEADERS = ("atomic", "barrier", "cmath", "cstring", "csetjmp", "functional", "memory", "thread", "vector",
+           "ucontext.h")      # what every emulated kernel includes, compiled once (rg_std.h.gch)
 FLAGS = ("-std=c++20", "-O1", "-U_FORTIFY_SOURCE", "-fPIC", "-pthread", "-w")
 FIBERS = "// each CUDA thread a std::thread"       # the line of PRELUDE that LAUNCH's kernels replace: fibers
 
@@ -83,26 +83,17 @@ RG_LOCAL double* rg_shuffle;        // the block's [NT] exchange slots
 RG_LOCAL unsigned char* rg_smem;
 RG_LOCAL unsigned* rg_mma_regs;    // the block's [NT][6] fragment registers
 static inline void __syncthreads() { rg_block_barrier->arrive_and_wait(); }
-#ifdef RG_FIBERS
+#ifdef RG_FIBERS       // named barriers: the persistent kernels' warp roles alone meet at them
 struct rg_named_bar { int arrived = 0; unsigned long gen = 0; };
-#else
-struct rg_named_bar { std::mutex m; std::condition_variable cv; int arrived = 0; unsigned long gen = 0; };
-#endif
 RG_LOCAL rg_named_bar* rg_named;     // the block's named barriers, by id
 static inline void rg_named_arrive(int id, int n, bool wait) {      // n threads complete a barrier (bar.sync id, n)
     rg_named_bar& b = rg_named[id];
-#ifdef RG_FIBERS
     const unsigned long gen = b.gen;
     if (++b.arrived == n) { b.arrived = 0; ++b.gen; } else if (wait) rg_wait_gen(&b.gen, gen);
-#else
-    std::unique_lock<std::mutex> lock(b.m);
-    const unsigned long gen = b.gen;
-    if (++b.arrived == n) { b.arrived = 0; ++b.gen; b.cv.notify_all(); }
-    else if (wait) b.cv.wait(lock, [&] { return b.gen != gen; });
-#endif
 }
 static inline void rg_wait(int id, int n) { rg_named_arrive(id, n, true); }
 static inline void rg_arrive(int id, int n) { rg_named_arrive(id, n, false); }
+#endif
 template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     rg_barrier_t* b = (*rg_warp_barriers)[warp];
