@@ -54,6 +54,8 @@ using std::exp; using std::tanh; using std::log1p; using std::fabs; using std::s
 template <class T> static inline T rsqrt(T x) { return T(1) / std::sqrt(x); }
 using std::min;
 struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
+static inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 struct alignas(16) float4 { float x, y, z, w; };
 static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 struct rg_dim { int x; };
@@ -111,6 +113,21 @@ static inline float exchanged(const unsigned long long* w, unsigned int tag) {
 static inline void exchange(unsigned long long* w, unsigned int tag, float x) {
     unsigned int u; std::memcpy(&u, &x, 4);
     __atomic_store_n(w, ((unsigned long long)tag << 32) | u, __ATOMIC_RELEASE);
+}
+template <class H> static inline void exchange_half(unsigned int* w, unsigned int t, float x) {
+    H h;
+    h = x;
+    __atomic_store_n(w, (t << 16) | h.u, __ATOMIC_RELEASE);
+}
+static inline uint4 rg_tagged4(const unsigned int* w) {
+    return {__atomic_load_n(w, __ATOMIC_ACQUIRE), __atomic_load_n(w + 1, __ATOMIC_ACQUIRE),
+            __atomic_load_n(w + 2, __ATOMIC_ACQUIRE), __atomic_load_n(w + 3, __ATOMIC_ACQUIRE)};
+}
+static inline bool rg_tagged(uint4 v, unsigned int t) {     // a spin's test: a word not yet written lets others run
+    const unsigned int k = t & 0xFFFFu;
+    const bool ok = (v.x >> 16) == k && (v.y >> 16) == k && (v.z >> 16) == k && (v.w >> 16) == k;
+    if (!ok) rg_yield();
+    return ok;
 }
 static inline float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &u, 4); return f; }
 static inline unsigned int __float_as_uint(float f) { unsigned int u; std::memcpy(&u, &f, 4); return u; }
@@ -260,8 +277,8 @@ def cpp_source(k) -> str:
     src = src.replace('extern "C" __global__ void', "static void")
     call = []
     for j, (kind, _) in enumerate(k.args):
-        call.append(f"({'unsigned long long' if kind == 'xb' else 'ST'}*)ptrs[{j + 1}]")
-        if kind not in ("w", "xb"):
+        call.append(f"({ {'xb': 'unsigned long long', 'xh': 'unsigned int'}.get(kind, 'ST')}*)ptrs[{j + 1}]")
+        if kind not in ("w", "xb", "xh"):
             call.append(f"lds[{j}]")
     call = f"{k.name}((unsigned int*)ptrs[0], {', '.join(call)}, run, tab, T, P)"
     half = HALF_PRELUDE
@@ -329,7 +346,8 @@ class Emulated(NumpyBackend):
         k = persistent_kernel(cell, item, CTYPES[str(dtype)], rows, G, B // rows, self.tensor_cores)
         pick = {"val": vals.__getitem__, "grad": grads.__getitem__, "cat": lambda it: cat[it][0],
                 "dcat": lambda it: cat[it][1], "w": lambda it: wcat[it][0],
-                "xb": lambda n: np.zeros((2, B, cell.op(n).size), np.uint64)}
+                "xb": lambda n: np.zeros((2, B, cell.op(n).size), np.uint64),
+                "xh": lambda n: np.zeros((2, B, cell.op(n).size), np.uint32)}
         arrays = [np.zeros(1 + k.row_groups, np.uint32)] + [pick[kind](key) for kind, key in k.args]
         lds = [0 if a.ndim == 1 else a.strides[0] // (B * a.itemsize) for a in arrays[1:]]
         return [(self._launcher(k, arrays, lds, running, T, P), None, None, None)]

@@ -228,3 +228,59 @@ def test_full_matrices_take_tensor_cores_from_a_measured_batch_or_where_asked(mo
     monkeypatch.setenv("RNNGRAPH_PERSISTENT_TENSOR_CORES", "yes")
     with pytest.raises(RnnGraphError, match="must be 1 or 0, got 'yes'"):
         full_tensor_cores(4, bf16)
+
+
+def test_half_storage_forwards_hand_x_on_in_tagged_words_after_two_frames():
+    """On tensor cores in half storage a forward's GEMM operand travels in 32-bit words above a 16-bit frame tag
+    (kernels.py): no grid barrier from the launch's third frame on, the staging loading four words at once, as many
+    loads in flight as the registers beside the weights' fragments allow (mma.TAGGED_WORDS); the backward, float32 in
+    TF32 and head-wise kernels keep their barriers."""
+    c = load_cell("lstm", 768, 768)
+    fwd, bwd = loops(c)
+    body = lambda k: k.source.split("__global__")[1]
+    k = persistent_kernel(c, fwd, "rg_bf16", 16, 64)
+    assert "if (t - 1 < 2) grid_barrier(count, ++barriers * G);" in body(k)
+    assert body(k).count("grid_barrier(count") == 1 and "exchange_half<ST>(&XAT(" in body(k)
+    assert "uint4 w[3];" in body(k) and ("unsigned int*", "xh") == (k.source.split("bar, ")[1][:13], k.args[0][0])
+    assert "uint4 w[4];" in body(persistent_kernel(load_cell("lstm", 512, 512), loops(load_cell("lstm", 512, 512))[0],
+                                                   "rg_f16", 16, 64))
+    assert "rg_tagged4" not in body(persistent_kernel(c, bwd, "rg_bf16", 16, 64))
+    assert "exchange_half" not in body(persistent_kernel(c, fwd, "float", 16, 64, tensor_cores=True))
+    heads = load_cell("slstm", 64, 64, heads=4)
+    assert "exchange_half" not in body(persistent_kernel(heads, loops(heads)[0], "rg_bf16", 32, 4))
+
+
+@needs_cxx
+@pytest.mark.parametrize("cell, B, rows, dtype", [("lstm", 16, 16, "bfloat16"), ("mgu", 32, 16, "float16"),
+                                                  ("gru", 24, 8, "bfloat16")])
+def test_tagged_words_compute_what_barriers_do_across_launches(cell, B, rows, dtype, monkeypatch):
+    """Chunks of 4 frames (launches of 4, 4 and 1) and a second call with other inputs, ragged lengths: each launch
+    finds the words of the one before in the buffer (tags from 0 again) and reads none of them; row groups index
+    the words by their rows; MGU's second GEMM reads its operand in the same frame (tagged at lag 0). Every array
+    is bit for bit the one the kernels with a barrier every frame compute (the same sums in the same order), and
+    LSTM's and GRU's agree with numpy's loop within a rounding of the storage type."""
+    pytest.importorskip("ml_dtypes")
+    from test_loops import run_executor
+    from test_persistent_heads import problem_arrays
+    from rnngraph.run.backends import get_backend
+    from rnngraph.run.backends.cuda.persistent import kernels
+    from rnngraph.run.executor import Executor
+    from cuda_on_cpu import Emulated
+    c, made = load_cell(cell, 8, 16), {}
+    every = kernels.exchanges
+    for way in ("tagged", "barriers"):
+        if way == "barriers":
+            monkeypatch.setattr(kernels, "exchanges", lambda *a: {} if a[-1] else every(*a))
+        be = Emulated(4, "groups", rows, tensor_cores=True)
+        ex = Executor(c, be, loop="persistent", chunk=4)
+        made[way] = [run_executor(ex, *problem_arrays(c, 9, B, dtype, seed=seed), np.arange(B) * 5 % 10)
+                     for seed in (0, 1)]
+        assert sum("rg_tagged4(&XAT" in k.source for k in be.ran) == (6 if way == "tagged" else 0)     # forwards
+        assert be.walked[:3] == [4, 4, 1] and {k.row_groups for k in be.ran} == {B // rows}
+    for tagged, barriers in zip(made["tagged"], made["barriers"]):
+        for a, b in zip(tagged, barriers, strict=True):
+            assert np.array_equal(a, b)
+    if cell != "mgu":           # its half-precision gradients differ from numpy's by more than a rounding at T = 9
+        ref = Executor(c, get_backend("numpy"), loop="stages", chunk=4)
+        assert_agree(made["tagged"][1], run_executor(ref, *problem_arrays(c, 9, B, dtype, seed=1),
+                                                     np.arange(B) * 5 % 10), dtype)

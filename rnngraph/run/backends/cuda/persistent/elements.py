@@ -133,7 +133,8 @@ def epilogue(cell, p, arg, early: dict, tagged: dict, st: str, per: int = 1, xs=
 def _body(cell, nodes, direction: str, arg, given: dict, early: dict, tagged: dict, st: str, apart: bool = False):
     """A fused group's body at element (b, f) of frame t: loads, the generated statements, stores.
     given: external nodes (read at delay 0) whose values are already in locals (a pair's GEMM sums);
-    early: inputs already loaded into registers (prefetch); tagged: members also written as tagged words;
+    early: inputs already loaded into registers (prefetch); tagged: members also written as tagged words
+    ({node: (buffer argument, whether half words)}, _exchange);
     apart: (the loads and statements, the stores) as two lists."""
     spec, where = sources(cell, nodes, direction)
     lines, read = [], set(spec.read_inputs())
@@ -146,9 +147,15 @@ def _body(cell, nodes, direction: str, arg, given: dict, early: dict, tagged: di
     lines += [f"CT {nm} = {early.get(nm) or at(nm)};" for nm in spec.arrivals()]
     lines += spec.olds(at, "CT", early)
     lines += [ln.replace("T ", "CT ", 1) if ln.startswith("T ") else ln for ln in spec.body]
-    F = cell.op(nodes[0]).size
-    writes = spec.writes(at) + [f"exchange({tagged[n]} + ((t & 1) * NB + b) * {F} + f, tags + t, "
-                                f"{rounded(f'v{k}', st)});"      # as stored
-                                for k, n in enumerate(nodes) if n in tagged and direction == "fwd"]
+    writes = [_exchange(*tagged[n], cell.op(n).size, f"v{k}", st)       # first: what other blocks wait for
+              for k, n in enumerate(nodes) if n in tagged and direction == "fwd"] + spec.writes(at)
     pad = lambda lns: ["            " + ln for ln in lns]
     return (pad(lines), pad(writes)) if apart else pad(lines + writes)
+
+
+def _exchange(xb: str, half: bool, F: int, v: str, st: str) -> str:
+    """The line writing value v of element (b, f) of a node of F features, as stored, into tagged buffer xb: a
+    32-bit word above frame t's 16-bit tag where `half` (kernels.py), else a 64-bit word above its 32-bit tag."""
+    if half:
+        return f"exchange_half<ST>(&XAT({xb}, t & 1, f, {F}), t, {v});"
+    return f"exchange({xb} + ((t & 1) * NB + b) * {F} + f, tags + t, {rounded(v, st)});"

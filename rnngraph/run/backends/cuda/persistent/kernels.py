@@ -11,7 +11,9 @@ separated by a grid barrier (an atomic counter), except before a fused or dfused
 reads what it wrote itself since the last one, and in a forward of GEMM phases only computed in
 float32 (float32 or half storage), where each x value travels with its frame's tag in one 64-bit word
 (a half value as stored, rounded) and the staging spins on the words it needs: LSTM's forward then
-needs no barrier, its backward one a frame (before the dgemm). Weights sit in shared memory in their
+needs no barrier, its backward one a frame (before the dgemm). On tensor cores in half storage a value travels as
+stored in a 32-bit word above a 16-bit tag, the staging loading four at once (mma.STAGE_TAGGED), from the launch's
+third frame on (barriers before it). Weights sit in shared memory in their
 storage type (half: twice float32's rows); x rows and sums in the math type. Where every block owns whole
 heads (phases.per_head: head-wise GEMMs, G dividing their heads) it reads only what it wrote itself, so the
 source (HEAD_SOURCE) has no grid barrier and no tagged word, and the launch is an ordinary one; the
@@ -61,6 +63,23 @@ static __device__ __forceinline__ CT exchanged(const unsigned long long* w, unsi
 }}
 static __device__ __forceinline__ void exchange(unsigned long long* w, unsigned int tag, CT x) {{
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" :: "l"(w), "l"(((unsigned long long)tag << 32) | __float_as_uint(x)) : "memory");
+}}
+template <class H> static __device__ __forceinline__ void exchange_half(unsigned int* w, unsigned int t, CT x) {{
+    // a half value as stored, in one 32-bit word above frame t's 16-bit tag
+    H h;
+    h = x;
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" :: "l"(w), "r"((t << 16) | h.u) : "memory");
+}}
+static __device__ __forceinline__ uint4 rg_tagged4(const unsigned int* w) {{
+    // four tagged half words, one 16-byte load
+    uint4 v;
+    asm volatile("ld.relaxed.gpu.global.v4.u32 {{%0,%1,%2,%3}}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(w) : "memory");
+    return v;
+}}
+static __device__ __forceinline__ bool rg_tagged(uint4 v, unsigned int t) {{
+    // whether all four words carry frame t's tag
+    const unsigned int k = t & 0xFFFFu;
+    return (v.x >> 16) == k && (v.y >> 16) == k && (v.z >> 16) == k && (v.w >> 16) == k;
 }}
 """
 KERNEL_HEAD = r"""extern "C" __global__ void __launch_bounds__(NT, 1) {name}(unsigned int* bar, {args}const long long* __restrict__ run, int tab, int T, int P) {{
@@ -169,9 +188,11 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
     apart = per_head(groups, G)     # each block owns whole heads: it reads only what it wrote, after its own sync
     kept = handed_on(groups, tc) if apart else None      # its operand stays in shared memory between frames
     need = [False] * len(groups) if apart else barriers(groups)
-    swaps = {} if apart or on_tc or row_groups > 1 else exchanges(cell, groups, written, ctype, B, G)   # group -> operand in tagged words
+    half_words = on_tc and ITEMSIZE[ctype] == 2     # tensor cores in half storage: 32-bit words, 16-bit tags
+    swaps = {} if apart or (on_tc or row_groups > 1) and not half_words else \
+        exchanges(cell, groups, written, ctype, B, G, half_words)       # group -> operand in tagged words
     need = [n and gi not in swaps for gi, n in enumerate(need)]
-    tagged = {u: arg("xb", u) for u in swaps.values()}
+    tagged = {u: (arg("xh" if half_words else "xb", u), half_words) for u in swaps.values()}
     # backward: groups before the frame's first barrier read only values (read-only here) and gradients of
     # their own block, so they run at the end of the previous frame's iteration, their loads issued before
     # its barrier (the forward has its barrier first: pair)
@@ -206,7 +227,10 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
             ok = (lambda *source: True) if apart and gi >= k else ok
             lines, early[pi], per[pi] = prefetch(cell, p, f"r{gi}_{pi}_", arg, ok, G, B)
             pre += lines
-        run = (["        grid_barrier(count, ++barriers * G);"] if need[gi] else []) + \
+        lag = _operand(g[0], arg)[2] if gi in swaps else 0
+        run = (["        grid_barrier(count, ++barriers * G);"] if need[gi] else
+               [f"        if (t - {lag} < 2) grid_barrier(count, ++barriers * G);   // tagged words from frame 2 on"]
+               if gi in swaps and half_words else []) + \
             [ln for pi, p in enumerate(g) for ln in _phase_lines(cell, p, arg, early[pi], woff.get(id(p)), load,
                                                                     tagged.get(swaps.get(gi)), tagged, ctype,
                                                                     staged(p, G, apart), apart, tc, per[pi],
@@ -229,10 +253,13 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
         source = ROLES_SOURCE.replace("{roles}", text.replace("{", "{{").replace("}", "}}"))
         total += more
     names = list(args)
-    ptr = {"w": "ST* pp{}, ", "xb": "unsigned long long* pp{}, "}
+    ptr = {"w": "ST* pp{}, ", "xb": "unsigned long long* pp{}, ", "xh": "unsigned int* pp{}, "}
     sig = "".join(ptr.get(kind, "ST* pp{0}, long long ld{0}, ").format(k) for k, (kind, _) in enumerate(names))
     defs = {"ST": ctype, "CT": math_type(ctype), "NB": B, "G": G, "NT": THREADS, "W_BYTES": w_bytes,
             "XS_OFF": xs_off, "GS_OFF": gs_off, "GP_OFF": gp_off, **defs}
+    if swaps and half_words:        # a tagged word [2, rows, F]: frame parity `slot`, the block's row b, column col
+        at = "BT + b0 + b" if row_groups > 1 else "NB + b"
+        defs["XAT(p, slot, col, F)"] = f"p[((long long)(slot) * {at}) * (F) + (col)]"
     if row_groups > 1:
         defs["BT"] = B * row_groups
         source = ROWS_AT_DEFINE + source[len(AT_DEFINE):].replace(", blk = blockIdx.x;", ROWS_BLOCK, 1)
@@ -250,7 +277,8 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
 def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, st: str, xw: int,
                  apart: bool, tc=None, per: int = 1, kept: bool = False, rows: int = 1, res: bool = False) -> list:
     """The lines running phase p at frame t (its GEMV first, with its weights' load added to `load`; its x
-    from tagged words where xb names their buffer; its members in `tagged` also written so; a head-wise
+    from tagged words where xb names their buffer (its argument, whether half words: on tensor cores); its members
+    in `tagged` also written so; a head-wise
     GEMV staging xw columns, the block's own heads where it owns whole heads, `apart`); tc: the tensor
     cores' layout (mma.Layout), where they run the GEMMs; per: the elements a thread holds in registers loaded
     early (elements.prefetch), where more than one; kept: its operand stays in shared memory (heads.handed_on);
@@ -265,11 +293,11 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
     elif woff is not None and tc is not None and id(p) in tc.resident:     # its weights in registers
         src, x, lag = _operand(p, arg)
         load.append(fragments(p, src, tc))
-        out.append(resident_gemm(p, tc, x, ld_arg(x), lag))
+        out.append(resident_gemm(p, tc, x, ld_arg(x), lag, xb and xb[0]))
     elif woff is not None and tc is not None:
         src, x, lag = _operand(p, arg)
         load.append(mma.weights(p, woff, src, tc))
-        out.append(mma.gemm(p, woff, tc, x, ld_arg(x), lag))
+        out.append(mma.gemm(p, woff, tc, x, ld_arg(x), lag, xh=xb and xb[0]))
     elif woff is not None and p.heads > 1 and apart:     # a thread whole sums, the rows padded apart
         x, rs = _head_x(p, arg), row_stride(p.width, ITEMSIZE[st])
         load.append(resident_rows(p, woff, rows, _head_w(p, arg))
@@ -277,7 +305,7 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
         out.append(head_thread_gemv(p, woff, x, ld_arg(x), xw, rs, st, rows, kept, res))
     elif woff is not None:
         load.append(_weights(p, woff, arg))
-        out.append(_gemv(cell, p, woff, arg, xb) if p.heads == 1 else _head_gemv(p, woff, arg, xw, apart))
+        out.append(_gemv(cell, p, woff, arg, xb and xb[0]) if p.heads == 1 else _head_gemv(p, woff, arg, xw, apart))
     xs = _handing_on(p, xw, st, tc and tc.xld) if kept else None
     return out + epilogue(cell, p, arg, early, tagged, st, per, xs) + ["        __syncthreads();\n        }"]
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .phases import block_units
+from .phases import THREADS, block_units
 
 MMA_ROWS = 256              # the batch rows a tensor-core persistent kernel takes
 XS_BYTES = 96 << 10         # the staged slice of x takes at most this much shared memory
@@ -123,6 +123,48 @@ STAGE_WIDE = r"""                if ((((unsigned long long)&{x}[0]) & 15) == 0 &
                     }}
 {wait}                }} else
 """ + STAGE
+
+STAGE_TAGGED = r"""                if (t - {lag} >= 2) {{
+                    // frame t - {lag}'s rows as tagged half words (kernels.py): four a load, {N} loads in flight at
+                    // once, those whose words do not all carry the frame's tag read again, together; the halves kept
+                    const int per = kw / 4;
+                    for (int e0 = tid; e0 < NB * per; e0 += {N} * NT) {{
+                        uint4 w[{N}];
+                        bool ok[{N}];
+                        #pragma unroll
+                        for (int i = 0; i < {N}; ++i) {{
+                            const int e = e0 + i * NT, b = e / per, k = k0 + (e - b * per) * 4;
+                            ok[i] = e >= NB * per || k >= {K};
+                            if (!ok[i]) w[i] = rg_tagged4(&XAT({xh}, (t - {lag}) & 1, k, {K}));
+                        }}
+                        for (bool all = false; !all;) {{
+                            all = true;
+                            #pragma unroll
+                            for (int i = 0; i < {N}; ++i) {{
+                                ok[i] = ok[i] || rg_tagged(w[i], t - {lag});
+                                all = all && ok[i];
+                            }}
+                            #pragma unroll
+                            for (int i = 0; i < {N}; ++i) {{
+                                const int e = e0 + i * NT, b = e / per, k = k0 + (e - b * per) * 4;
+                                if (!ok[i]) w[i] = rg_tagged4(&XAT({xh}, (t - {lag}) & 1, k, {K}));
+                            }}
+                        }}
+                        #pragma unroll
+                        for (int i = 0; i < {N}; ++i) {{
+                            const int e = e0 + i * NT, b = e / per, kk = (e - b * per) * 4;
+                            if (e >= NB * per) break;
+                            *(uint2*)&xh[b * {XLD} + kk] = k0 + kk < {K} ? make_uint2((w[i].x & 0xFFFFu) | (w[i].y << 16),
+                                (w[i].z & 0xFFFFu) | (w[i].w << 16)) : make_uint2(0u, 0u);
+                        }}
+                    }}
+                }} else
+"""
+TAGGED_LOADS = 4            # tagged staging: 16-byte loads a thread has in flight at once, at most, and with the
+TAGGED_WORDS = 60           # ... weights' fragments held in registers at most this many registers (4 a load). On an
+                            # H200 (bfloat16 LSTM, forward µs a frame, loads a thread: 6, 4, 3, barriers): H = 768
+                            # B = 16 (48 fragment registers: spills) 4.23, 5.01, 3.39, 3.73; H = 512 B = 16 (32) 4 loads
+                            # 2.17, barriers 2.93
 
 A_WORDS = ("x0[h]", "x8[h]", "x0[h + 4]", "x8[h + 4]")    # a lane's A fragment: rows r and r + 8, k-words h and h + 4
 SUMS = 4 * 32               # a warp's partial sums of one tile: 4 floats a lane
@@ -261,18 +303,19 @@ def weights(p, off: int, src: str, lay: Layout) -> str:
 
 
 def gemm(p, off, lay: Layout, x: str, ld: str, lag: int, col: str = "k", m: int | None = None, sums: str = "gs",
-         buffer: int | None = None, first_only: bool = False) -> str:
+         buffer: int | None = None, first_only: bool = False, xh: str | None = None) -> str:
     """Phase p's GEMM on tensor cores over x (a frame array's pointer and row-stride arguments, read at `lag`):
     x's column `col` (an expression of k, the GEMM's column) against m·nu weight rows from offset `off` (an
     expression; m: p.m), the sums into `sums` (gs, or an offset into it). A head-wise phase's x columns are its
     head's (heads.head_mma). buffer: x is already staged (stage_at_once), in that buffer of xs; first_only: staged
-    at a launch's first frame only (the frames after write it into xs themselves: heads.handed_on)."""
+    at a launch's first frame only (the frames after write it into xs themselves: heads.handed_on); xh: x's tagged
+    half words (stage_slice)."""
     KP, KS = padded(p.width), lay.ks[id(p)]
     slices = -(-KP // KS)
     cvt = "rg_tf32({})" if lay.itemsize == 4 else "{}"      # TF32: x's words rounded as they enter the MMA
     stage = ""                              # already staged (buffer), else staged here and waited for
     if buffer is None:
-        stage = "\n" + stage_slice(p, lay, x, ld, lag, col, True)
+        stage = "\n" + stage_slice(p, lay, x, ld, lag, col, True, xh)
         if first_only:
             stage = "\n                if (s == 0) {" + stage + "\n                }"
         stage += "\n                __syncthreads();"
@@ -282,13 +325,17 @@ def gemm(p, off, lay: Layout, x: str, ld: str, lag: int, col: str = "k", m: int 
                        xoff=f" + {buffer * lay.x_rows * lay.xld}" if buffer else "")
 
 
-def stage_slice(p, lay: Layout, x: str, ld: str, lag: int, col: str, wait: bool) -> str:
+def stage_slice(p, lay: Layout, x: str, ld: str, lag: int, col: str, wait: bool, xh: str | None = None) -> str:
     """The lines staging slice k0 (kw columns) of x into xh: 16-byte copies in flight at once where rows are aligned
-    (waited for here, or by the caller where `wait` is False), else loads."""
+    (waited for here, or by the caller where `wait` is False), else loads; where xh names x's tagged half words
+    (kernels.py), from them at frames two or more after the launch's first (STAGE_TAGGED)."""
     load, V = f"AT({x}, {ld}, {lag}, {col})", 16 // lay.itemsize        # V: elements a 16-byte copy
     waits = "                    rg_copies_wait();\n" if wait else ""
-    return (STAGE_WIDE if p.width % V == 0 else STAGE).format(K=p.width, XLD=lay.xld, load=load, x=x, ld=ld, V=V,
-                                                               wait=waits)
+    held = sum(r.words for r in lay.resident.values())
+    loads = max(1, min(TAGGED_LOADS, (TAGGED_WORDS - held) // 4, -(-lay.x_rows * lay.ks[id(p)] // 4 // THREADS)))
+    tagged = STAGE_TAGGED.format(lag=lag, N=loads, K=p.width, xh=xh, XLD=lay.xld) if xh else ""
+    return tagged + (STAGE_WIDE if p.width % V == 0 else STAGE).format(K=p.width, XLD=lay.xld, load=load, x=x, ld=ld,
+                                                                        V=V, wait=waits)
 
 
 def stage_at_once(p, lay: Layout, x: str, ld: str, cols: list) -> str:

@@ -182,25 +182,29 @@ def shared_layout(groups, B: int, G: int, stride=lambda p: p.width) -> tuple:
     return offs, n, 0, xs, xs + gs, xs + gs + gp
 
 
-def exchanges(cell, groups, written, ctype: str, B: int, G: int) -> dict:
+def exchanges(cell, groups, written, ctype: str, B: int, G: int, half_words: bool = False) -> dict:
     """{group index: node}: where every forward group is one GEMM phase (a pair or a gemm) reading, one frame
     back or earlier in this one, a node computed in float32 (stored in float32 or half) that a pair's or fused group's body writes on every block
     (its F ≥ G), and a pair's body reads only what its own block wrote, the grid barriers go: the writer
     stores each value with its frame's tag in one 64-bit word (two frames' words, by parity) and the GEMM
     spins on the words it stages. A block cannot overwrite a word two frames old before every block has
     read it: it has itself read every block's words of the frame in between. Else {} (barriers), as
-    also where a thread would spin on more than EXCHANGE_WORDS words."""
+    also where a thread would spin on more than EXCHANGE_WORDS words.
+    half_words (tensor cores, half storage): each value as stored in a 32-bit word above its frame's 16-bit tag,
+    the staging loading four words at once (the node's F a multiple of 4), at any B; a frame two back or more
+    (before it, a barrier): a word then holds that frame's value or the one two frames older (a 16-bit tag tells
+    them apart), never a value from an earlier launch."""
     out = {}
     for gi, g in enumerate(groups):
         (p, *rest) = g
         it = p.item.gemm if p.kind == "pair" else p.item
         _, w = written.get(getattr(it, "operand", None), (None, None))
         body = w.item.fused.nodes if w is not None and w.kind == "pair" else getattr(getattr(w, "item", None), "nodes", ())
-        if math_type(ctype) != "float" or B > MAX_ROWS or rest or p.kind not in ("pair", "gemm") or p.heads > 1 \
+        if math_type(ctype) != "float" or rest or p.kind not in ("pair", "gemm") or p.heads > 1 \
                 or w is None \
                 or w.kind not in ("pair", "fused") \
                 or it.operand not in body or it.delay > 1 or w.units != p.width or w.units < G \
-                or B * p.width > EXCHANGE_WORDS * THREADS:
+                or (p.width % 4 if half_words else B > MAX_ROWS or B * p.width > EXCHANGE_WORDS * THREADS):
             return {}
         if p.kind == "pair":
             spec, where = sources(cell, p.item.fused.nodes, "fwd")

@@ -109,9 +109,9 @@ def fragments(p, src: str, lay: Layout) -> str:
                             units=block_units(p.units), KPS=r.kpw // r.slices, SLICE_STEPS=r.kpw // r.slices * r.wk)
 
 
-def resident_gemm(p, lay: Layout, x: str, ld: str, lag: int, sums: str = "gs") -> str:
-    """Resident phase p's GEMM (RESIDENT_GEMM) over x (a frame array's pointer and row stride, read at `lag`), staged
-    in its slices, the sums into `sums`."""
+def resident_gemm(p, lay: Layout, x: str, ld: str, lag: int, xh: str | None = None, sums: str = "gs") -> str:
+    """Resident phase p's GEMM (RESIDENT_GEMM) over x (a frame array's pointer and row stride, read at `lag`; xh: its
+    tagged half words, mma.stage_slice), staged in its slices, the sums into `sums`."""
     r = lay.resident[id(p)]
     cvt = "rg_tf32({})" if lay.itemsize == 4 else "{}"
     word = "(n * 8 + g < NB ? xw[(n * 8 + g) * {XLDW} + kw{plus}] : 0u)"
@@ -121,4 +121,4 @@ def resident_gemm(p, lay: Layout, x: str, ld: str, lag: int, sums: str = "gs") -
                                                            gs=sums)
     return RESIDENT_GEMM.format(f=r.name, WM=r.wm, WK=r.wk, KPS=r.kpw // r.slices, MTW=r.mtw, NTI=r.nti, m=p.m,
                                 S=r.slices, KSL=padded(p.width) // r.slices, cvt0=b[0], cvt1=b[1], sums=tail,
-                                stage=stage_slice(p, lay, x, ld, lag, "k", True))
+                                stage=stage_slice(p, lay, x, ld, lag, "k", True, xh))

@@ -67,11 +67,12 @@ def compile(be, cell, loop, views):
     cp, k = be.xp, kernel(be, cell, loop, B, dtype)
     pick = {"val": vals.__getitem__, "grad": grads.__getitem__, "cat": lambda it: cat[it][0],
             "dcat": lambda it: cat[it][1], "w": lambda it: wcat[it][0],
-            "xb": lambda n: cp.zeros((2, B, cell.op(n).size), cp.uint64)}     # tagged words, two frames
+            "xb": lambda n: cp.zeros((2, B, cell.op(n).size), cp.uint64),     # tagged words, two frames
+            "xh": lambda n: cp.zeros((2, B, cell.op(n).size), cp.uint32)}     # ... tagged half words
     args = []
     for kind, key in k.args:
         a = pick[kind](key)
-        args += [a] if kind in ("w", "xb") else be.frame_args([a], B)
+        args += [a] if kind in ("w", "xb", "xh") else be.frame_args([a], B)
     bar = cp.zeros(1 + k.row_groups, cp.uint32)     # launch number, each row group's barrier count; kept with the launch
     raw = be.raw(k.name, k.source, cooperative=k.cooperative)
     raw.max_dynamic_shared_size_bytes = k.smem
