@@ -123,9 +123,9 @@ included, over T):
 
 The last row is the plain LSTM of the same size (FlashRNN's own benchmark shape): the persistent kernel of full
 matrices ({plain["gpu_loop"].split(", on ")[0].removeprefix("persistent (").rstrip(")")}), whose training step takes
-{times(ratio(plain, lstm16))} cuDNN float16's. Its forward frame waits for every block's h (tagged words, no grid barrier),
-its backward frame for a grid barrier and the whole 4H-wide gate gradient staged from L2 in each block, where the
-head-wise cells' blocks wait for no one.
+{times(ratio(plain, lstm16))} cuDNN float16's. Its forward frame waits for every block's h (tagged words, no grid
+barrier), its backward frame for a grid barrier and the whole 4H-wide gate gradient staged from L2 in each block,
+where the head-wise cells' blocks wait for no one.
 
 This forward's time moves between processes on the same GPU: five runs of its kernels on one day gave the sLSTM's
 forward 0.83 to 1.02 ms (0.81 to 0.99 µs a frame), so compare within a run. In bfloat16 the kernels compile with

@@ -73,7 +73,8 @@ template <class H> static __device__ __forceinline__ void exchange_half(unsigned
 static __device__ __forceinline__ uint4 rg_tagged4(const unsigned int* w) {{
     // four tagged half words, one 16-byte load
     uint4 v;
-    asm volatile("ld.relaxed.gpu.global.v4.u32 {{%0,%1,%2,%3}}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(w) : "memory");
+    asm volatile("ld.relaxed.gpu.global.v4.u32 {{%0,%1,%2,%3}}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(w) : "memory");
     return v;
 }}
 static __device__ __forceinline__ bool rg_tagged(uint4 v, unsigned int t) {{

@@ -154,8 +154,8 @@ STAGE_TAGGED = r"""                if (t - {lag} >= 2) {{
                         for (int i = 0; i < {N}; ++i) {{
                             const int e = e0 + i * NT, b = e / per, kk = (e - b * per) * 4;
                             if (e >= NB * per) break;
-                            *(uint2*)&xh[b * {XLD} + kk] = k0 + kk < {K} ? make_uint2((w[i].x & 0xFFFFu) | (w[i].y << 16),
-                                (w[i].z & 0xFFFFu) | (w[i].w << 16)) : make_uint2(0u, 0u);
+                            *(uint2*)&xh[b * {XLD} + kk] = k0 + kk >= {K} ? make_uint2(0u, 0u) :
+                                make_uint2((w[i].x & 0xFFFFu) | (w[i].y << 16), (w[i].z & 0xFFFFu) | (w[i].w << 16));
                         }}
                     }}
                 }} else
