@@ -64,24 +64,6 @@ static __device__ __forceinline__ CT exchanged(const unsigned long long* w, unsi
 static __device__ __forceinline__ void exchange(unsigned long long* w, unsigned int tag, CT x) {{
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" :: "l"(w), "l"(((unsigned long long)tag << 32) | __float_as_uint(x)) : "memory");
 }}
-template <class H> static __device__ __forceinline__ void exchange_half(unsigned int* w, unsigned int t, CT x) {{
-    // a half value as stored, in one 32-bit word above frame t's 16-bit tag
-    H h;
-    h = x;
-    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" :: "l"(w), "r"((t << 16) | h.u) : "memory");
-}}
-static __device__ __forceinline__ uint4 rg_tagged4(const unsigned int* w) {{
-    // four tagged half words, one 16-byte load
-    uint4 v;
-    asm volatile("ld.relaxed.gpu.global.v4.u32 {{%0,%1,%2,%3}}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(w) : "memory");
-    return v;
-}}
-static __device__ __forceinline__ bool rg_tagged(uint4 v, unsigned int t) {{
-    // whether all four words carry frame t's tag
-    const unsigned int k = t & 0xFFFFu;
-    return (v.x >> 16) == k && (v.y >> 16) == k && (v.z >> 16) == k && (v.w >> 16) == k;
-}}
 """
 KERNEL_HEAD = r"""extern "C" __global__ void __launch_bounds__(NT, 1) {name}(unsigned int* bar, {args}const long long* __restrict__ run, int tab, int T, int P) {{
     const int NF = run ? (int)run[tab + 3 * run[0] + 1] : T;     // frames to walk: a chunk's n (run/cursor.py)

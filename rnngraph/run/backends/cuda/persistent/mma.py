@@ -48,6 +48,24 @@ static __device__ __forceinline__ void rg_copy16(void* smem, const void* global,
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(global), "r"(full ? 16 : 0) : "memory");
 }}
 static __device__ __forceinline__ void rg_copies_wait() {{ asm volatile("cp.async.wait_all;" ::: "memory"); }}
+template <class H> static __device__ __forceinline__ void exchange_half(unsigned int* w, unsigned int t, CT x) {{
+    // a half value as stored, in one 32-bit word above frame t's 16-bit tag
+    H h;
+    h = x;
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" :: "l"(w), "r"((t << 16) | h.u) : "memory");
+}}
+static __device__ __forceinline__ uint4 rg_tagged4(const unsigned int* w) {{
+    // four tagged half words, one 16-byte load
+    uint4 v;
+    asm volatile("ld.relaxed.gpu.global.v4.u32 {{%0,%1,%2,%3}}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(w) : "memory");
+    return v;
+}}
+static __device__ __forceinline__ bool rg_tagged(uint4 v, unsigned int t) {{
+    // whether all four words carry frame t's tag
+    const unsigned int k = t & 0xFFFFu;
+    return (v.x >> 16) == k && (v.y >> 16) == k && (v.z >> 16) == k && (v.w >> 16) == k;
+}}
 """
 TF32 = r"""
 static __device__ __forceinline__ unsigned rg_tf32(unsigned x) {
