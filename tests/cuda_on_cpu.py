@@ -321,16 +321,16 @@ class Emulated(NumpyBackend):
     """numpy, with the persistent loops run by their generated kernels on the CPU: G blocks (None: the first
     of phases.block_counts for 132 SMs), in turn, a row group at a time or at once, each running `rows` rows
     (None: all; fewer: the rest in more blocks, G a row group), on tensor cores where `tensor_cores` says (None:
-    beyond MAX_ROWS rows);
+    beyond MAX_ROWS rows), float32 there in 3xTF32 where `split`;
     `ran` lists each kernel run (its Persistent), `walked` the frames each walked (a chunk's n, else T)."""
     name = "emulated"
     kernel_loops = walking_loops = frozenset({"persistent"})
     compiles_heads = True
 
-    def __init__(self, G=None, blocks_in_turn=False, rows=None, tensor_cores=None):
+    def __init__(self, G=None, blocks_in_turn=False, rows=None, tensor_cores=None, split=False):
         super().__init__("staged")
         self.G, self.in_turn, self.rows, self.ran, self.walked = G, blocks_in_turn, rows, [], []
-        self.tensor_cores = tensor_cores
+        self.tensor_cores, self.split = tensor_cores, split
 
     def loop_problem(self, cell, loop, B, dtype):
         return None
@@ -343,7 +343,7 @@ class Emulated(NumpyBackend):
         dtype = next(iter(cat.values()))[0].dtype
         G = self.G or block_counts(cell, item, 132)[0]
         rows = self.rows or B           # rows a block: the rest of B in more blocks (row groups)
-        k = persistent_kernel(cell, item, CTYPES[str(dtype)], rows, G, B // rows, self.tensor_cores)
+        k = persistent_kernel(cell, item, CTYPES[str(dtype)], rows, G, B // rows, self.tensor_cores, self.split)
         pick = {"val": vals.__getitem__, "grad": grads.__getitem__, "cat": lambda it: cat[it][0],
                 "dcat": lambda it: cat[it][1], "w": lambda it: wcat[it][0],
                 "xb": lambda n: np.zeros((2, B, cell.op(n).size), np.uint64),

@@ -60,11 +60,12 @@ def test_gradients_are_bit_identical_run_to_run_and_replays_see_updates():
     on_tensor_cores(gpu)
 
 
-def test_beyond_the_tensor_core_limits_it_says_why():
+def test_beyond_the_tensor_core_limits_it_says_why(monkeypatch):
     import cupy
     big = half_pair("lstm", "bfloat16", "graph", hidden=64, size=8, loop="persistent")[1]
     big(cupy.zeros((3, 300, 8), big.dtype))
     assert big.loop_strategy == "stages" and "takes at most 256" in big.loop_note
+    monkeypatch.setenv("RNNGRAPH_PERSISTENT_TENSOR_CORES", "0")     # float32 on CUDA cores, not in 3xTF32
     f32 = half_pair("lstm", "float32", "graph", hidden=512, size=8, loop="persistent")[1]
     f32(cupy.zeros((3, 64, 8), "float32"))      # 8 groups of 8 rows on CUDA cores: 256 KiB of weights a block
     assert f32.loop_strategy == "stages" and "KiB of shared memory" in f32.loop_note
@@ -129,6 +130,37 @@ def test_float32_in_tf32_on_tensor_cores(cell, B, H):
         assert 1e-5 < max(errors) <= TF32_BOUND, errors
     on_tensor_cores(gpu)
     assert any(k.tensor_cores and "m16n8k8" in k.source for _, k in runner._KERNELS.values())
+    first, second = (calls(gpu, [x], None, cupy, "float32") for _ in range(2))
+    for a, b in zip(first, second, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("cell, B, H, asked", [("lstm", 64, 512, None), ("gru", 32, 256, None),
+                                              ("mgu", 16, 1000, None), ("peephole_lstm", 9, 64, "1")])
+def test_float32_without_tf32_in_3xtf32_on_tensor_cores(cell, B, H, asked, monkeypatch):
+    """TF32 not allowed: float32 runs on tensor cores in 3xTF32 from runner.SPLIT_FROM's rows (B = 9 where asked,
+    RNNGRAPH_PERSISTENT_TENSOR_CORES=1), each array within 1e-5 of the float64 reference: a product within about
+    3·2⁻²² relative (float32 rounds it within 2⁻²⁴), the sums in float32, so a step's arrays err by a few 1e-7, as
+    on CUDA cores, where TF32's err by more than 1e-5 (the test above). Ragged and chunked, bit-identical run to
+    run."""
+    import cupy
+
+    from rnngraph.nn.recurrent import Recurrent
+    from rnngraph.run.backends.cuda.persistent import runner
+    if asked:
+        monkeypatch.setenv("RNNGRAPH_PERSISTENT_TENSOR_CORES", asked)
+    runner._KERNELS.clear()             # the kernels this test's layer builds, and no others
+    ref = Recurrent(cell, 32, H, dtype="float64", loop="stages", seed=1)
+    gpu = Recurrent(cell, 32, H, backend="cupy", mode="graph", dtype="float32", loop="persistent")
+    gpu.load_state_dict({k: cupy.asarray(v.astype("float32")) for k, v in ref.state_dict().items()})
+    x = np.random.default_rng(B).standard_normal((23, B, 32))
+    for xs, lengths in (([x], np.arange(B) % 24), ([x[:9], x[9:]], None)):
+        got, want = calls(gpu, xs, lengths, cupy, "float32"), calls(ref, xs, lengths, np, "float64")
+        errors = [np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300) for a, b in zip(got, want, strict=True)]
+        assert max(errors) <= 1e-5, errors
+    on_tensor_cores(gpu)
+    made = [k for _, k in runner._KERNELS.values()]
+    assert made and all(k.split and k.tensor_cores and "rg_mma3(acc" in k.source for k in made)
     first, second = (calls(gpu, [x], None, cupy, "float32") for _ in range(2))
     for a, b in zip(first, second, strict=True):
         np.testing.assert_array_equal(a, b)

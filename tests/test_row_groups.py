@@ -9,7 +9,7 @@ from rnngraph import load_cell
 from rnngraph.errors import RnnGraphError
 from rnngraph.run.backends import get_backend
 from rnngraph.run.backends.cuda.persistent.kernels import ZERO_SOURCE, persistent_kernel
-from rnngraph.run.backends.cuda.persistent.runner import GROUP_ROWS, GROUPS, chosen, full_groups
+from rnngraph.run.backends.cuda.persistent.runner import GROUP_FEWEST, GROUP_ROWS, GROUPS, chosen, full_groups
 from rnngraph.run.executor import Executor
 from test_loops import run_executor
 from test_persistent import loops
@@ -60,12 +60,14 @@ def test_each_group_meets_at_its_own_count():
 
 
 def test_which_row_groups_a_gpu_runs(monkeypatch):
-    """Tensor cores: groups of at most GROUP_ROWS rows dividing B, at least GROUPS where B allows, each on its share
-    of the SMs (at most 64 blocks), the blocks dividing the units where that costs at most a quarter of them; CUDA
-    cores: at most 8 rows a group."""
+    """Tensor cores: groups of GROUP_FEWEST to GROUP_ROWS rows dividing B, at least GROUPS where B allows, each on
+    its share of the SMs (at most 64 blocks), the blocks dividing the units where that costs at most a quarter of
+    them; CUDA cores: at most 8 rows a group."""
     monkeypatch.delenv("RNNGRAPH_PERSISTENT_ROWS", raising=False)
-    assert (GROUP_ROWS, GROUPS) == (16, 4)
-    assert full_groups(16, True, 132, 512) == []                            # one group
+    assert (GROUP_ROWS, GROUPS, GROUP_FEWEST) == (16, 4, 4)
+    assert full_groups(4, True, 132, 512) == full_groups(6, True, 132, 512) == full_groups(9, True, 132, 512) == []
+    assert full_groups(8, True, 132, 512) == [(4, 64)]                      # 2 groups of 4 on 64 blocks each
+    assert full_groups(16, True, 132, 512) == [(4, 32), (8, 64)]            # 4 groups of 4, then 2 of 8
     assert full_groups(32, True, 132, 512) == [(8, 32), (16, 64)]          # 4 groups of 8 first
     assert full_groups(64, True, 132, 512) == [(16, 32), (32, 64)]         # then fewer groups: finer weights
     assert full_groups(256, True, 132, 512) == [(16, 8), (32, 16), (64, 32), (128, 64)]

@@ -64,12 +64,17 @@ def test_the_weights_and_rows_fit_an_h200_block(H, B):
         assert fit(c, lp, B, "bfloat16", **H200) is None
 
 
-def test_what_the_gpu_runs_is_said_by_batch_and_dtype():
+def test_what_the_gpu_runs_is_said_by_batch_and_dtype(monkeypatch):
     import ml_dtypes
     c = load_cell("lstm", 32, 512)
     fwd, _ = loops(c)
     assert gpu_loop(c, fwd, 1, np.float32, **H200) == "persistent (CUDA cores)"
-    assert gpu_loop(c, fwd, 16, ml_dtypes.bfloat16, **H200) == "persistent (tensor cores, weights in registers)"
+    assert gpu_loop(c, fwd, 4, ml_dtypes.bfloat16, **H200) == "persistent (tensor cores, weights in registers)"
+    # from 8 rows in groups of at least 4 (runner.GROUP_FEWEST), at least 4 groups where B allows
+    assert gpu_loop(c, fwd, 8, ml_dtypes.bfloat16, **H200) == \
+        "persistent (tensor cores, weights in registers, 2 groups of 4 rows)"
+    assert gpu_loop(c, fwd, 16, ml_dtypes.bfloat16, **H200) == \
+        "persistent (tensor cores, weights in registers, 4 groups of 4 rows)"
     assert gpu_loop(c, fwd, 64, ml_dtypes.bfloat16, **H200, auto=False) == \
         "persistent (tensor cores, weights in registers, 4 groups of 16 rows)"
     assert gpu_loop(c, fwd, 64, ml_dtypes.bfloat16, **H200) == \
@@ -90,15 +95,28 @@ def test_what_the_gpu_runs_is_said_by_batch_and_dtype():
     mid = load_cell("lstm", 32, 600)
     assert gpu_loop(mid, loops(mid)[0], 32, ml_dtypes.bfloat16, **H200).startswith("persistent (tensor cores")
     assert gpu_loop(mid, loops(mid)[0], 64, ml_dtypes.bfloat16, **H200).startswith("stages: at B=64 > 32 rows")
-    # float32 beyond 8 rows: row groups of 8 on CUDA cores, where their blocks' weights fit
+    # float32 beyond 8 rows: row groups of 8 on CUDA cores, where their blocks' weights fit; from runner.SPLIT_FROM's
+    # rows on tensor cores in 3xTF32, up to AUTO_SPLIT_ROWS'
     assert gpu_loop(c, fwd, 16, np.float32, **H200) == "persistent (CUDA cores, 2 groups of 8 rows)"
+    assert gpu_loop(c, fwd, 32, np.float32, **H200) == \
+        "persistent (tensor cores in 3xTF32, weights in registers, 2 groups of 16 rows)"
+    assert gpu_loop(c, fwd, 64, np.float32, **H200) == "persistent (tensor cores in 3xTF32, 4 groups of 16 rows)"
+    assert gpu_loop(c, fwd, 128, np.float32, **H200).startswith(
+        "stages: at B=128 > 64 rows the tensor-core persistent kernel in 3xTF32 of width 512 measured no faster")
+    assert gpu_loop(w768, loops(w768)[0], 16, np.float32, **H200) == \
+        "persistent (tensor cores in 3xTF32, weights in registers)"
+    assert gpu_loop(w768, loops(w768)[0], 8, np.float32, **H200) == "persistent (CUDA cores)"
     small = load_cell("lstm", 32, 128)
+    assert gpu_loop(small, loops(small)[0], 128, np.float32, **H200).startswith("stages: at B=128 > 64 rows")
+
+    monkeypatch.setenv("RNNGRAPH_PERSISTENT_TENSOR_CORES", "0")        # float32 on CUDA cores at any B
     assert gpu_loop(small, loops(small)[0], 64, np.float32, **H200).startswith("stages: at B=64 > 32 rows the persistent")
     assert gpu_loop(c, fwd, 64, np.float32, **H200) == ("stages: its weights and rows need 280 KiB of shared memory per "
                                                         "block at B=64, more than the 227 KiB the GPU has")
     assert gpu_loop(c, fwd, 137, np.float32, **H200) == ("stages: B=137 rows: on CUDA cores a persistent kernel's blocks "
                                                          "take at most 8 rows, and B splits into no such row groups on "
                                                          "132 SMs")
+    monkeypatch.delenv("RNNGRAPH_PERSISTENT_TENSOR_CORES")
     assert gpu_loop(c, fwd, MMA_ROWS + 1, np.float16, **H200).startswith(f"stages: B={MMA_ROWS + 1} rows")
     huge = load_cell("lstm", 32, 4096)
     assert "KiB of shared memory" in gpu_loop(huge, loops(huge)[0], 64, np.float16, **H200)
@@ -134,7 +152,10 @@ def test_schedule_says_which_loop_the_gpu_runs(capsys):
             "rows)") in capsys.readouterr().out
     assert main(["schedule", "lstm", "--batch", "16", "--dtype", "bfloat16", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["gpu_loop"].startswith(
-        "persistent (tensor cores, weights in registers), on ")
+        "persistent (tensor cores, weights in registers, 4 groups of 4 rows), on ")
+    assert main(["schedule", "lstm", "--batch", "64", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpu_loop"].startswith(
+        "persistent (tensor cores in 3xTF32, weights in registers, 4 groups of 16 rows), on ")
     assert main(["schedule", "lstm", "--batch", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["gpu_loop"].startswith("persistent (CUDA cores)")
     assert main(["schedule", "min_gru", "--batch", "16", "--json"]) == 0
@@ -219,12 +240,17 @@ def test_full_matrices_take_tensor_cores_from_a_measured_batch_or_where_asked(mo
     fwd, _ = loops(c)
     bf16 = ml_dtypes.bfloat16
     assert [full_tensor_cores(B, bf16) for B in (TENSOR_CORES_FROM - 1, TENSOR_CORES_FROM, 9)] == [False, True, True]
-    assert not full_tensor_cores(9, np.float32)
+    assert not full_tensor_cores(9, np.float32)         # float32 in 3xTF32 from SPLIT_FROM's rows, by width
+    assert [full_tensor_cores(B, np.float32, units=u) for B, u in ((31, 512), (32, 512), (15, 768), (16, 768))] == \
+        [False, True, False, True]
+    assert not full_tensor_cores(9, np.float64)
     monkeypatch.setenv("RNNGRAPH_PERSISTENT_TENSOR_CORES", "1")
-    assert full_tensor_cores(1, bf16) and not full_tensor_cores(1, np.float32)
-    assert chosen(c, fwd, 4, bf16, **H200).tensor_cores
+    assert full_tensor_cores(1, bf16) and full_tensor_cores(1, np.float32) and not full_tensor_cores(1, np.float64)
+    assert chosen(c, fwd, 4, bf16, **H200).tensor_cores and chosen(c, fwd, 4, np.float32, **H200).split
+    assert not chosen(c, fwd, 4, np.float32, **H200, tf32=True).split      # TF32 where allowed
     monkeypatch.setenv("RNNGRAPH_PERSISTENT_TENSOR_CORES", "0")
     assert not full_tensor_cores(8, bf16) and full_tensor_cores(9, bf16)
+    assert not full_tensor_cores(64, np.float32) and full_tensor_cores(64, np.float32, tf32=True)
     monkeypatch.setenv("RNNGRAPH_PERSISTENT_TENSOR_CORES", "yes")
     with pytest.raises(RnnGraphError, match="must be 1 or 0, got 'yes'"):
         full_tensor_cores(4, bf16)

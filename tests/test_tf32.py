@@ -93,22 +93,55 @@ def test_tf32_only_where_asked_and_for_full_matrices():
 
 def test_which_kernel_a_gpu_runs_in_float32_with_tf32(monkeypatch):
     """TF32 lifts float32's groups of 8 rows on CUDA cores to the tensor cores' 16, so B = 64 at H = 512 fits (on
-    CUDA cores its weights do not)."""
+    CUDA cores its weights do not); without TF32 it runs there in 3xTF32 (test_3xtf32_kernels_...)."""
     for name in ("RNNGRAPH_PERSISTENT_ROWS", "RNNGRAPH_PERSISTENT_BLOCKS", "RNNGRAPH_PERSISTENT_TENSOR_CORES"):
         monkeypatch.delenv(name, raising=False)
     cell = load_cell("lstm", 512, 512)
     loop = loops(cell)[0]
-    assert gpu_loop(cell, loop, 64, np.float32, **H200).startswith("stages")
+    assert gpu_loop(cell, loop, 64, np.float32, **H200) == "persistent (tensor cores in 3xTF32, 4 groups of 16 rows)"
     assert gpu_loop(cell, loop, 64, np.float32, **H200, tf32=True) == \
         "persistent (tensor cores in TF32, 4 groups of 16 rows)"
     assert gpu_loop(cell, loop, 16, np.float32, **H200) == "persistent (CUDA cores, 2 groups of 8 rows)"
     assert gpu_loop(cell, loop, 16, np.float32, **H200, tf32=True) == \
+        "persistent (tensor cores in TF32, weights in registers, 2 groups of 8 rows)"
+    assert gpu_loop(cell, loop, 4, np.float32, **H200, tf32=True) == \
         "persistent (tensor cores in TF32, weights in registers)"
     assert gpu_loop(cell, loop, 2, np.float32, **H200, tf32=True) == "persistent (CUDA cores)"
     assert gpu_loop(cell, loop, 16, np.float32, **H200, mma=False, tf32=True) == \
         "persistent (CUDA cores, 2 groups of 8 rows)"     # no tensor cores on the GPU: as without TF32
     k = chosen(cell, loop, 64, np.float32, **H200, tf32=True)
     assert k.smem <= H200["smem"] and k.tensor_cores and k.row_groups == 4
+
+
+@needs_cxx
+@pytest.mark.parametrize("words", [mma.RESIDENT_WORDS, 0], ids=["registers", "shared"])
+@pytest.mark.parametrize("name, B, rows", [("lstm", 16, 16), ("gru", 20, 10), ("mgu", 7, 7)])
+def test_3xtf32_kernels_compute_the_reference_within_float32s_rounding(name, B, rows, words, monkeypatch):
+    """TF32 not allowed: the weights kept as float32 (in registers, or in shared memory where no registers are
+    spared), each operand split into big + small TF32 parts as it enters the MMA, three MMAs (mma.SPLIT). A product
+    is then within about 3·2⁻²² relative and the sums float32, so every array of a step agrees with numpy's float32
+    loop within 1e-5 (float32 on CUDA cores: ~1e-7), where TF32's err by more than 1e-5 (above)."""
+    monkeypatch.setattr(mma, "RESIDENT_WORDS", words)
+    cell = load_cell(name, 24, 40)
+    be = Emulated(3, "groups", rows, tensor_cores=True, split=True)
+    args, lengths = problem_arrays(cell, 7, B, "float32"), np.arange(B) * 5 % 8
+    got = run_executor(Executor(cell, be, loop="persistent"), *args, lengths)
+    want = run_executor(Executor(cell, get_backend("numpy"), loop="stages"), *args, lengths)
+    assert max(relative_errors(got, want)) <= 1e-5, relative_errors(got, want)
+    assert all(k.split and k.tensor_cores and k.resident == bool(words) for k in be.ran) and len(be.ran) == 2
+    src = be.ran[0].source
+    assert "rg_mma3(acc" in src and "rg_mma(acc" not in src and "m16n8k8" in src
+    assert "rg_tf32(x0[h])" not in src and "= rg_tf32f(" not in src and "v = rg_tf32(" not in src  # float32 kept
+
+
+def test_3xtf32_only_on_float32_tensor_cores():
+    cell = load_cell("lstm", 64, 64)
+    with pytest.raises(RnnGraphError, match="internal"):
+        persistent_kernel(cell, loops(cell)[0], "rg_bf16", 16, 8, 1, True, split=True)
+    with pytest.raises(RnnGraphError, match="internal"):
+        persistent_kernel(cell, loops(cell)[0], "float", 8, 8, 1, False, split=True)
+    k = chosen(cell, loops(cell)[0], 64, np.float32, **H200)
+    assert k.split and not chosen(cell, loops(cell)[0], 64, np.float32, **H200, tf32=True).split
 
 
 @needs_cxx

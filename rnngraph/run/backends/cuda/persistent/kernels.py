@@ -132,29 +132,31 @@ class Persistent:
     tensor_cores: bool = False  # its GEMMs on tensor cores (mma.py)
     row_groups: int = 1         # the groups of rows its blocks split B into, each with its own barrier count
     resident: bool = False      # every GEMM's weights in registers (resident.py)
+    split: bool = False         # float32 on tensor cores in 3xTF32 (mma.SPLIT), not TF32
 
 
 def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 1,
-                      tensor_cores: bool | None = None) -> Persistent:
+                      tensor_cores: bool | None = None, split: bool = False) -> Persistent:
     """The kernel running `loop` (a PersistentLoop; problem() is None) for B ≤ MAX_ROWS rows on G blocks, or
     in half storage up to mma.MMA_ROWS on tensor cores (mma.py; head-wise GEMMs one head a block, heads.py):
     tensor_cores None takes them beyond MAX_ROWS rows (and in warp roles, roles.tensor_core_warps); True (half
-    storage; float32 in TF32, full matrices) at any B; False nowhere.
+    storage; float32 in TF32, or in 3xTF32 where split, full matrices) at any B; False nowhere.
     row_groups > 1: the frames hold B·row_groups rows, and G·row_groups blocks run them, block k the units (or
     heads) of k mod G and rows B·(k div G) on (sequences never read one another), each group's G blocks meeting
     at their own barriers."""
     groups = phases(cell, loop)
     itemsize = ITEMSIZE[math_type(ctype)]
     tc, on_tc = None, B > MAX_ROWS if tensor_cores is None else tensor_cores
-    tf32 = tensor_cores is True and ctype == "float" and loop_heads(groups) == 1     # asked for, full matrices
-    if on_tc and ITEMSIZE[ctype] != 2 and not tf32:
-        raise RnnGraphError("internal: tensor cores take half storage (float32 in TF32 where asked, full matrices)")
+    in_float = tensor_cores is True and ctype == "float" and loop_heads(groups) == 1     # asked for, full matrices
+    if on_tc and ITEMSIZE[ctype] != 2 and not in_float or split and not in_float:
+        raise RnnGraphError("internal: tensor cores take half storage (float32 in TF32 or 3xTF32 where asked, full "
+                            "matrices)")
     if on_tc and loop_heads(groups) > 1 and not one_head(groups, G):
         raise RnnGraphError(f"internal: a head-wise persistent kernel on tensor cores runs one head a block, not "
                             f"on {G} blocks")
     if on_tc:                   # tensor cores: their layout of the weights and the x slice
         tc = mma.layout([p for g in groups for p in g if p.kind in ("gemm", "pair", "dgemm")], B, G, THREADS,
-                        ITEMSIZE[ctype])
+                        ITEMSIZE[ctype], split)
         woff, n_w = tc.woff, tc.weights
         xs = -(-tc.x_buffers * tc.x_rows * tc.xld * ITEMSIZE[ctype] // itemsize)
         gs = max((-(-p.units // G) * p.m * B for g in groups for p in g if id(p) in woff), default=0)
@@ -247,14 +249,15 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
         defs["BT"] = B * row_groups
         source = ROWS_AT_DEFINE + source[len(AT_DEFINE):].replace(", blk = blockIdx.x;", ROWS_BLOCK, 1)
     on_mma = tc is not None or bool(roles and mw)
-    text = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + (mma.helpers(ctype) if on_mma else "") + \
+    text = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + (mma.helpers(ctype, split) if on_mma else "") + \
         source.format(
         name="{name}", args=sig, load="\n".join(dict.fromkeys(load)), prologue="\n".join(prologue), phases="\n".join(body),
         frame="NF - 1 - s" if loop.reverse else "s")
     name = kernel_name("persist", text)
     return Persistent(name, text.replace("{name}", name), tuple(names), G * row_groups, THREADS,
                       w_bytes + total * itemsize, cooperative=not apart, tensor_cores=on_mma,
-                      row_groups=row_groups, resident=bool(tc and tc.resident and len(tc.resident) == len(tc.woff)))
+                      row_groups=row_groups, resident=bool(tc and tc.resident and len(tc.resident) == len(tc.woff)),
+                      split=split)
 
 
 def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, st: str, xw: int,

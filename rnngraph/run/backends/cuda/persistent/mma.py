@@ -13,7 +13,9 @@ do not fit at once; each slice's 16-byte copies all in flight at once, cp.async 
 16-byte aligned), and every warp runs `mma.sync` with float32 accumulation on its tiles of 16 rows × 8 weight
 rows, fixed per warp: m16n8k16 on halves, m16n8k8 on TF32 (x's values rounded to TF32, to nearest, as they
 enter the MMA: a product's inputs each within 2⁻¹¹ relative, the product exact in float32, the sums float32);
-no atomics, so runs are bit for bit reproducible. The sums land where the CUDA-core GEMV puts them
+float32 where TF32 is not allowed in 3xTF32 (split: the weights kept as float32, each operand split as it enters the
+MMA into big, its TF32 rounding, and small, the rest's: three MMAs small·big + big·small + big·big, a product within
+about 3·2⁻²² relative against float32's 2⁻²⁴ rounding of it; SPLIT); no atomics, so runs are bit for bit reproducible. The sums land where the CUDA-core GEMV puts them
 (gs[q·NB + b]), so the phases' stores and fused bodies are the same code. Rows of x past B and weight
 rows past the block's are read but never stored (an MMA's output element reads only its own row and
 column); the pad columns are zero in both.
@@ -76,6 +78,23 @@ static __device__ __forceinline__ unsigned rg_tf32(unsigned x) {
 }
 static __device__ __forceinline__ float rg_tf32f(float x) { return __uint_as_float(rg_tf32(__float_as_uint(x))); }
 """
+SPLIT = r"""
+static __device__ __forceinline__ void rg_split(unsigned x, unsigned& big, unsigned& small) {
+    // float32 bits as big + small, both TF32: big x rounded, small the rest rounded (3xTF32)
+    big = rg_tf32(x);
+    small = rg_tf32(__float_as_uint(__uint_as_float(x) - __uint_as_float(big)));
+}
+static __device__ __forceinline__ void rg_mma3(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                               unsigned b0, unsigned b1) {
+    // D = A·B + D on float32 operands in 3xTF32: small·big, big·small, then big·big (small·small dropped)
+    unsigned A[4], a[4], Bb[2], b[2];
+    rg_split(a0, A[0], a[0]); rg_split(a1, A[1], a[1]); rg_split(a2, A[2], a[2]); rg_split(a3, A[3], a[3]);
+    rg_split(b0, Bb[0], b[0]); rg_split(b1, Bb[1], b[1]);
+    rg_mma(c, a[0], a[1], a[2], a[3], Bb[0], Bb[1]);
+    rg_mma(c, A[0], A[1], A[2], A[3], b[0], b[1]);
+    rg_mma(c, A[0], A[1], A[2], A[3], Bb[0], Bb[1]);
+}
+"""
 
 GEMM = r"""
         {{  // tensor cores: the block's nq weight rows against x's NB rows, in tiles of 16 rows x 8 weight rows;
@@ -97,7 +116,7 @@ GEMM = r"""
                         const unsigned* x0 = (const unsigned*)(xh + r * {XLD} + c);
                         const unsigned* x8 = (const unsigned*)(xh + (r + 8) * {XLD} + c);
                         for (int h = sl * 8; h < kw / {E}; h += 8 * S)
-                            rg_mma(acc[i], {a}, w[h], w[h + 4]);
+                            {mma}(acc[i], {a}, w[h], w[h + 4]);
                     }}
                 }}
                 __syncthreads();
@@ -208,6 +227,16 @@ class Layout:
     itemsize: int = 2
     x_buffers: int = 1  # slices of x staged at once: a head-wise dgemm's J linear ops' output gradients (heads.py)
     resident: dict = field(default_factory=dict)    # id(phase) -> Resident: weights in registers (resident.py)
+    split: bool = False     # float32 in 3xTF32 (SPLIT): weights as float32, operands split as they enter the MMA
+
+    @property
+    def mma(self) -> str:
+        """The MMA helper the GEMMs call: rg_mma3 in 3xTF32, else rg_mma."""
+        return "rg_mma3" if self.split else "rg_mma"
+
+    def rounded(self, x: str) -> str:
+        """Expression x (float32 bits) as it enters the MMA: rounded to TF32 (itemsize 4, not split), else as is."""
+        return f"rg_tf32({x})" if self.itemsize == 4 and not self.split else x
 
     @property
     def pad(self) -> int:
@@ -272,9 +301,9 @@ def resident(p, B: int, G: int, warps: int, words: int, itemsize: int, name: str
     return best and best[1]
 
 
-def layout(gemm_phases, B: int, G: int, threads: int, itemsize: int = 2) -> Layout:
+def layout(gemm_phases, B: int, G: int, threads: int, itemsize: int = 2, split: bool = False) -> Layout:
     """The layout for `gemm_phases` (each with units, m and width K) at B rows on G blocks, elements of
-    `itemsize` bytes (2: half storage; 4: float32 in TF32): full-matrix phases keep their weights in registers
+    `itemsize` bytes (2: half storage; 4: float32 in TF32, or split in 3xTF32): full-matrix phases keep their weights in registers
     (resident) where the registers allow and x's rows stage in at most UNROLLED_SLICES slices, else in shared
     memory (then x within the smaller budget, XS_BYTES, for all)."""
     rows, pad = -(-B // 16) * 16, 16 // itemsize
@@ -293,7 +322,7 @@ def layout(gemm_phases, B: int, G: int, threads: int, itemsize: int = 2) -> Layo
     bufs = max((p.m for p in gemm_phases if p.kind == "dgemm" and p.heads > 1 and ks[id(p)] == padded(p.width)),
                default=1)                       # one slice each: their J slices in flight at once
     bufs = bufs if bufs * rows * xld * itemsize <= XS_BYTES else 1
-    return Layout(woff, n, ks, xld, rows, -(-tiles // (threads // 32)), itemsize, bufs, res)
+    return Layout(woff, n, ks, xld, rows, -(-tiles // (threads // 32)), itemsize, bufs, res, split)
 
 
 def _residents(gemm_phases, B: int, G: int, threads: int, itemsize: int, budget: int) -> dict:
@@ -309,9 +338,9 @@ def _residents(gemm_phases, B: int, G: int, threads: int, itemsize: int, budget:
 
 def weights(p, off: int, src: str, lay: Layout) -> str:
     """Copies the block's weight rows of phase p into shared memory, padded to KP with zeros (float32 rounded to
-    TF32); src: the element of row q (j, u: its merged block and unit), column k."""
+    TF32, unless split); src: the element of row q (j, u: its merged block and unit), column k."""
     KP, WLD = padded(p.width), lay.wld(p.width)
-    src = f"rg_tf32f({src})" if lay.itemsize == 4 else src
+    src = f"rg_tf32f({src})" if lay.itemsize == 4 and not lay.split else src
     return (f"    {{   {block_units(p.units)}\n"
             f"        for (int e = tid; e < nu * {p.m * KP}; e += NT) {{\n"
             f"            const int q = e / {KP}, k = e - q * {KP}, j = q / nu, u = q - j * nu;\n"
@@ -330,7 +359,6 @@ def gemm(p, off, lay: Layout, x: str, ld: str, lag: int, col: str = "k", m: int 
     half words (stage_slice)."""
     KP, KS = padded(p.width), lay.ks[id(p)]
     slices = -(-KP // KS)
-    cvt = "rg_tf32({})" if lay.itemsize == 4 else "{}"      # TF32: x's words rounded as they enter the MMA
     stage = ""                              # already staged (buffer), else staged here and waited for
     if buffer is None:
         stage = "\n" + stage_slice(p, lay, x, ld, lag, col, True, xh)
@@ -339,7 +367,7 @@ def gemm(p, off, lay: Layout, x: str, ld: str, lag: int, col: str = "k", m: int 
         stage += "\n                __syncthreads();"
     return GEMM.format(m=p.m if m is None else m, MT=lay.x_rows // 16, TPW=lay.tiles_per_warp, KP=KP, KS=KS,
                        UNROLL=slices if slices <= UNROLLED_SLICES else 1, XLD=lay.xld, WLD=lay.wld(p.width), woff=off,
-                       stage=stage, gs=sums, E=4 // lay.itemsize, a=", ".join(cvt.format(v) for v in A_WORDS),
+                       stage=stage, gs=sums, E=4 // lay.itemsize, a=", ".join(map(lay.rounded, A_WORDS)), mma=lay.mma,
                        xoff=f" + {buffer * lay.x_rows * lay.xld}" if buffer else "")
 
 
@@ -368,7 +396,7 @@ def stage_at_once(p, lay: Layout, x: str, ld: str, cols: list) -> str:
     return "\n        {\n" + "\n".join(parts) + "\n            rg_copies_wait();\n        }\n        __syncthreads();"
 
 
-def helpers(ctype: str) -> str:
-    """The MMA's helpers for storage type ctype (PTX_TYPE's keys)."""
+def helpers(ctype: str, split: bool = False) -> str:
+    """The MMA's helpers for storage type ctype (PTX_TYPE's keys), with 3xTF32's where split."""
     ptx = PTX_TYPE[ctype]
-    return HELPERS.format(ptx=ptx, k=K_STEP[ptx]) + (TF32 if ptx == "tf32" else "")
+    return HELPERS.format(ptx=ptx, k=K_STEP[ptx]) + (TF32 if ptx == "tf32" else "") + (SPLIT if split else "")

@@ -34,7 +34,7 @@ FRAGMENTS = r"""    unsigned {f}[{MTW}][{KPW}][4];     // phase {kind}'s weight 
     }}"""
 HALF_WORD = r"""                        {{ const int k = 2 * kw; if (k < {K}) v = (unsigned)({src}).u; }}
                         {{ const int k = 2 * kw + 1; if (k < {K}) v |= (unsigned)({src}).u << 16; }}"""
-TF32_WORD = r"""                        {{ const int k = kw; if (k < {K}) v = rg_tf32(__float_as_uint({src})); }}"""
+TF32_WORD = r"""                        {{ const int k = kw; if (k < {K}) v = {word}; }}"""
 
 RESIDENT_GEMM = r"""
         {{  // tensor cores, the weights in registers ({f}): warp (mg, kg) its m-tiles mg + i·{WM}, in each of the
@@ -58,7 +58,7 @@ RESIDENT_GEMM = r"""
                             const unsigned b0 = {cvt0}, b1 = {cvt1};
                             #pragma unroll
                             for (int i = 0; i < {MTW}; ++i)
-                                rg_mma(acc[i][n], {f}[i][ks][0], {f}[i][ks][1], {f}[i][ks][2], {f}[i][ks][3], b0,
+                                {mma}(acc[i][n], {f}[i][ks][0], {f}[i][ks][1], {f}[i][ks][2], {f}[i][ks][3], b0,
                                        b1);
                         }}
                     }}
@@ -104,7 +104,8 @@ def fragments(p, src: str, lay: Layout) -> str:
     """Declares resident phase p's weight fragments and loads them once (the pad rows and columns zero); src: the
     element of row q (j, u: its merged block and unit), column k in memory."""
     r = lay.resident[id(p)]
-    word = (HALF_WORD if lay.itemsize == 2 else TF32_WORD).format(K=p.width, src=src)
+    word = (HALF_WORD if lay.itemsize == 2 else TF32_WORD).format(K=p.width, src=src,
+                                                                  word=lay.rounded(f"__float_as_uint({src})"))
     return FRAGMENTS.format(f=r.name, MTW=r.mtw, KPW=r.kpw, WK=r.wk, WM=r.wm, m=p.m, kind=p.kind, word=word,
                             units=block_units(p.units), KPS=r.kpw // r.slices, SLICE_STEPS=r.kpw // r.slices * r.wk)
 
@@ -113,12 +114,11 @@ def resident_gemm(p, lay: Layout, x: str, ld: str, lag: int, xh: str | None = No
     """Resident phase p's GEMM (RESIDENT_GEMM) over x (a frame array's pointer and row stride, read at `lag`; xh: its
     tagged half words, mma.stage_slice), staged in its slices, the sums into `sums`."""
     r = lay.resident[id(p)]
-    cvt = "rg_tf32({})" if lay.itemsize == 4 else "{}"
     word = "(n * 8 + g < NB ? xw[(n * 8 + g) * {XLDW} + kw{plus}] : 0u)"
-    b = [cvt.format(word.format(XLDW=lay.xld * lay.itemsize // 4, plus=plus)) for plus in ("", " + 4")]
+    b = [lay.rounded(word.format(XLDW=lay.xld * lay.itemsize // 4, plus=plus)) for plus in ("", " + 4")]
     slots = r.wm * r.mtw * r.nti * SUMS
     tail = (WHOLE_SUMS if r.wk == 1 else ADDED_SUMS).format(WM=r.wm, MTW=r.mtw, NTI=r.nti, WK=r.wk, SLOTS=slots,
                                                            gs=sums)
-    return RESIDENT_GEMM.format(f=r.name, WM=r.wm, WK=r.wk, KPS=r.kpw // r.slices, MTW=r.mtw, NTI=r.nti, m=p.m,
+    return RESIDENT_GEMM.format(mma=lay.mma, f=r.name, WM=r.wm, WK=r.wk, KPS=r.kpw // r.slices, MTW=r.mtw, NTI=r.nti, m=p.m,
                                 S=r.slices, KSL=padded(p.width) // r.slices, cvt0=b[0], cvt1=b[1], sums=tail,
                                 stage=stage_slice(p, lay, x, ld, lag, "k", True, xh))

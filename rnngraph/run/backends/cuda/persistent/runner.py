@@ -16,7 +16,8 @@ from .kernels import ZERO_SOURCE, persistent_kernel
 from .mma import MMA_ROWS
 from .phases import MAX_ROWS, block_counts, loop_heads, phases, problem
 
-_KERNELS: dict = {}      # (id(cell), loop, ctype, rows a block, blocks, row groups, tensor cores) -> (cell, Persistent)
+_KERNELS: dict = {}      # (id(cell), loop, ctype, rows a block, blocks, row groups, tensor cores, 3xTF32) -> (cell,
+                         # Persistent)
 _REFUSED: set = set()
 # Measured on an H200 (bfloat16 LSTM, H = 512, T = 100, training step; docs/performance.md): 64 blocks ran the
 # one-group tensor-core kernel fastest of 16, 32, 64 and 132 at B = 16 to 256 (B = 64: 3.7 ms, against 4.1 on 132).
@@ -26,6 +27,11 @@ TENSOR_CORE_BLOCKS = 64
 # B = 32 1.65 / 1.81 / 2.19 (2.12, 1.32); B = 64 2.57 / 2.32 / 2.91 (2.66, 2.04); B = 128 3.70 / 3.66 / 3.86 (3.57,
 # 3.23).
 GROUP_ROWS, GROUPS = 16, 4
+# Down to groups of GROUP_FEWEST rows: at B = 8 and 16 groups put the batch on more SMs (each group its own blocks).
+# Measured (bfloat16 LSTM, T = 100, training ms, one group / groups of 8 rows / of 4): H = 512 B = 8 0.886 / - / 0.893,
+# B = 16 1.057 / 0.991 / 0.913; H = 768 B = 8 1.019 / - / 0.954, B = 16 1.285 / 1.061 / - (groups of 4 hold their
+# weights in shared memory; the resident groups of 8 run); at T = 1024 (FlashRNN's shape) B = 16 H = 768 10.36 / 8.31.
+GROUP_FEWEST = 4
 # Where a later choice of rows and blocks holds every GEMM's weights in registers (resident.py) and the first does not,
 # the later one runs, if its groups have at most GROUP_ROWS rows. Measured on an H200 (bfloat16 LSTM, T = 100, training
 # ms, the first choice / the resident one): H = 768 B = 32 1.70 (4 groups of 8 rows on 32 blocks) / 1.59 (2 groups of
@@ -45,6 +51,14 @@ AUTO_CUDA_CORE_ROWS = 32
 # H200 (bfloat16 LSTM, H = 512, T = 100, training step, CUDA cores against tensor cores): B = 1 0.985 / 1.007 ms,
 # B = 4 1.385 / 1.005, B = 8 1.832 / 1.173.
 TENSOR_CORES_FROM = 4
+# float32 where TF32 is not allowed: on tensor cores in 3xTF32 (three TF32 MMAs a product, mma.SPLIT) from SPLIT_FROM
+# rows by the cell's width, CUDA cores below; 'auto' runs it up to AUTO_SPLIT_ROWS rows, 'stages' beyond. Measured on an
+# H200 (float32 LSTM, T = 100, training ms, CUDA cores / 3xTF32 / stages / cuDNN float32): H = 512 B = 4 1.39 / 1.63 /
+# 2.18 / -, B = 8 1.85 / 1.92 / 2.46 / 4.53, B = 16 2.25 / 2.39 / 3.10 / 4.71, B = 32 3.20 / 3.01 / 3.80 / 5.87, B = 64
+# - / 4.17 / 4.79 / 5.90, B = 128 - / 7.19 / 6.73 / 7.21; H = 768 B = 16 3.98 / 3.65 / 4.57, B = 32 - / 5.99 / 5.43;
+# H = 1024 B = 16 - / 4.85 / 5.71, B = 32 - / 8.53 / 7.25; H = 256 B = 64 (T = 1000) 17.7 / 16.7 / 26.0.
+SPLIT_FROM = ((512, 32), (1024, 16))            # (units up to, from B rows)
+AUTO_SPLIT_ROWS = ((512, 64), (1024, 16))       # (units up to, B up to)
 MMA_CAPABILITY = 80     # the tensor-core kernels' mma.sync m16n8k16 in half and cp.async need compute capability 8.0
 # Per head (a block owns whole heads, so rows split over blocks too), measured on an H200 (sLSTM 12 heads of 64,
 # T = 1024, training step, docs/performance.md): bfloat16 B = 16 on CUDA cores at 1, 2, 4, 8 rows a block 12.1
@@ -124,7 +138,8 @@ def gpu_loop(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, a
     if why:
         return f"stages: {why}"
     groups = f", {k.row_groups} groups of {B // k.row_groups} rows" if k.row_groups > 1 and k.cooperative else ""
-    how = " in TF32" if k.tensor_cores and float_dtype(dtype, half=True).itemsize == 4 else ""
+    how = " in 3xTF32" if k.split else " in TF32" if k.tensor_cores and float_dtype(dtype, half=True).itemsize == 4 \
+        else ""
     held = ", weights in registers" if k.resident else ""
     return f"persistent ({'tensor' if k.tensor_cores else 'CUDA'} cores{how}{held}{groups})"
 
@@ -140,9 +155,10 @@ def _slower(cell, loop, B: int, k) -> str | None:
         return (f"at B={B} > {AUTO_HEAD_ROWS} rows the per-head persistent kernel is not measured against stages "
                 "(loop='persistent' runs it)") if B > AUTO_HEAD_ROWS else None
     units = max(p.units for g in phases(cell, loop) for p in g)
-    if k.tensor_cores and B > auto_tensor_core_rows(units):
-        return (f"at B={B} > {auto_tensor_core_rows(units)} rows the tensor-core persistent kernel of width {units} "
-                "measured no faster than stages (loop='persistent' runs it)")
+    most = by_width(AUTO_SPLIT_ROWS, units) if k.split else auto_tensor_core_rows(units)
+    if k.tensor_cores and B > most:
+        return (f"at B={B} > {most} rows the tensor-core persistent kernel{' in 3xTF32' if k.split else ''} of width "
+                f"{units} measured no faster than stages (loop='persistent' runs it)")
     if not k.tensor_cores and B > AUTO_CUDA_CORE_ROWS:
         return (f"at B={B} > {AUTO_CUDA_CORE_ROWS} rows the persistent kernel on CUDA cores is not measured against "
                 "stages (loop='persistent' runs it)")
@@ -152,7 +168,13 @@ def _slower(cell, loop, B: int, k) -> str | None:
 def auto_tensor_core_rows(units: int) -> int:
     """The most rows 'auto' runs on the tensor-core kernel of full matrices whose largest phase has `units` units
     (AUTO_TENSOR_CORE_ROWS)."""
-    return next((rows for width, rows in AUTO_TENSOR_CORE_ROWS if units <= width), AUTO_TENSOR_CORE_ROWS[-1][1])
+    return by_width(AUTO_TENSOR_CORE_ROWS, units)
+
+
+def by_width(table: tuple, units: int) -> int:
+    """A measured table's rows ((units up to, rows), ...) for a cell whose largest phase has `units` units: the
+    first row whose units reach them, else the last (wider cells follow it)."""
+    return next((rows for width, rows in table if units <= width), table[-1][1])
 
 
 def head_rows(B: int, tensor_cores: bool, blocks: int, sms: int) -> int:
@@ -206,12 +228,13 @@ def chosen(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, tf3
         if apart.smem <= smem or B > MAX_ROWS or len(counts) == 1:
             return apart
         counts = counts[1:]             # heads too large for a block: split over more blocks, with barriers
-    tc = mma and loop_heads(groups) == 1 and full_tensor_cores(B, dtype, tf32)
     units = max(p.units for g in groups for p in g)
-    made = [_made(cell, loop, ctype, rows, G, B // rows, tensor_cores=tc) for rows, G in full_groups(B, tc, sms, units)]
+    tc = mma and loop_heads(groups) == 1 and full_tensor_cores(B, dtype, tf32, units)
+    split = tc and ctype == "float" and not tf32        # float32 on tensor cores where TF32 is not allowed: 3xTF32
+    made = [_made(cell, loop, ctype, rows, G, B // rows, tc, split) for rows, G in full_groups(B, tc, sms, units)]
     if tc:
         counts = [G for G in dict.fromkeys(tensor_core_blocks(B, sms) + counts) if G <= counts[-1]]
-    made += [_made(cell, loop, ctype, B, G, tensor_cores=tc) for G in counts] if tc or B <= MAX_ROWS else []
+    made += [_made(cell, loop, ctype, B, G, 1, tc, split) for G in counts] if tc or B <= MAX_ROWS else []
     fits = [k for k in made if k.smem <= smem]
     return next((k for k in fits if k.resident and B // k.row_groups <= GROUP_ROWS), fits[0] if fits else
                 made[-1] if made else None)
@@ -219,17 +242,17 @@ def chosen(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, tf3
 
 def full_groups(B: int, tc: bool, sms: int, units: int) -> list:
     """(rows, blocks) of each row group to try, best first, for a kernel of full matrices at B rows whose largest
-    phase has `units` units, where B exceeds one group's GROUP_ROWS on tensor cores (`tc`), MAX_ROWS on CUDA cores
-    (else []): groups of the most rows dividing B up to that (on tensor cores in at least GROUPS groups where B
-    allows), then of more rows (fewer groups, more blocks each: the weights split finer), each group on its share
-    of the SMs (on tensor cores at most TENSOR_CORE_BLOCKS), as many blocks as divide the units where that loses
-    at most a quarter of them. RNNGRAPH_PERSISTENT_ROWS, where set, is the rows wanted, RNNGRAPH_PERSISTENT_BLOCKS
-    the most blocks a group (for measuring)."""
-    most, given = MMA_ROWS if tc else MAX_ROWS, rows_setting()
-    if B <= min(given or (GROUP_ROWS if tc else MAX_ROWS), most):
+    phase has `units` units, where B splits into groups of GROUP_FEWEST rows or more on tensor cores (`tc`), or
+    exceeds MAX_ROWS on CUDA cores (else []): groups of the most rows dividing B up to GROUP_ROWS on tensor cores (in
+    at least GROUPS groups where B allows), MAX_ROWS on CUDA cores, then of more rows (fewer groups, more blocks
+    each: the weights split finer), each group on its share of the SMs (on tensor cores at most TENSOR_CORE_BLOCKS),
+    as many blocks as divide the units where that loses at most a quarter of them. RNNGRAPH_PERSISTENT_ROWS, where
+    set, is the rows wanted, RNNGRAPH_PERSISTENT_BLOCKS the most blocks a group (for measuring)."""
+    most, given, fewest = MMA_ROWS if tc else MAX_ROWS, rows_setting(), GROUP_FEWEST if tc else 1
+    if B <= min(given or (fewest if tc else MAX_ROWS), most):
         return []
-    cap = min(given or (min(GROUP_ROWS, max(B // GROUPS, 1)) if tc else MAX_ROWS), most)
-    rows = [d for d in range(1, min(B - 1, most) + 1) if B % d == 0 and B // d <= sms]
+    cap = min(given or (min(GROUP_ROWS, max(B // GROUPS, fewest)) if tc else MAX_ROWS), most)
+    rows = [d for d in range(1 if given else fewest, min(B - 1, most) + 1) if B % d == 0 and B // d <= sms]
     rows = [d for d in rows if d <= cap][-1:] + [d for d in rows if d > cap]
     out, blocks = [], blocks_setting()
     for r in rows:
@@ -248,15 +271,18 @@ def blocks_setting() -> int | None:
     return count("RNNGRAPH_PERSISTENT_BLOCKS", "blocks")
 
 
-def full_tensor_cores(B: int, dtype, tf32: bool = False) -> bool:
+def full_tensor_cores(B: int, dtype, tf32: bool = False, units: int = 512) -> bool:
     """Whether a persistent kernel of full matrices runs its GEMMs on tensor cores at B rows of dtype: in half
     storage, and float32 in TF32 where `tf32` allows, from TENSOR_CORES_FROM rows (beyond MAX_ROWS always: CUDA
-    cores take no more in groups of rows). Where set, RNNGRAPH_PERSISTENT_TENSOR_CORES (1 or 0) says so for
-    B ≤ MAX_ROWS (for measuring)."""
-    size = float_dtype(dtype, half=True).itemsize
-    if size != 2 and not (size == 4 and tf32):
+    cores take no more in groups of rows); float32 where TF32 is not allowed in 3xTF32 from SPLIT_FROM's rows for
+    a cell whose largest phase has `units` units. Where set, RNNGRAPH_PERSISTENT_TENSOR_CORES (1 or 0) says so for
+    B ≤ MAX_ROWS, and for float32 in 3xTF32 at any B (0: CUDA cores, in groups of rows beyond MAX_ROWS, each product
+    rounded as float32 rounds it)."""
+    size, given = float_dtype(dtype, half=True).itemsize, tensor_core_setting()
+    if size == 4 and not tf32:
+        return given == "1" if given is not None else B >= by_width(SPLIT_FROM, units)
+    if size != 2 and size != 4:
         return False
-    given = tensor_core_setting()
     return B > MAX_ROWS or (given == "1" if given is not None else B >= TENSOR_CORES_FROM)
 
 
@@ -284,10 +310,11 @@ def auto_problem(be, cell, loop, B: int, dtype) -> str | None:
     return _slower(cell, loop, B, kernel(be, cell, loop, B, dtype)) if why_not(be, cell, loop, B, dtype) is None else None
 
 
-def _made(cell, loop, ctype: str, B: int, G: int, row_groups: int = 1, tensor_cores: bool | None = None):
-    key = (id(cell), loop, ctype, B, G, row_groups, tensor_cores)
+def _made(cell, loop, ctype: str, B: int, G: int, row_groups: int = 1, tensor_cores: bool | None = None,
+          split: bool = False):
+    key = (id(cell), loop, ctype, B, G, row_groups, tensor_cores, split)
     if key not in _KERNELS:
-        _KERNELS[key] = (cell, persistent_kernel(cell, loop, ctype, B, G, row_groups, tensor_cores))
+        _KERNELS[key] = (cell, persistent_kernel(cell, loop, ctype, B, G, row_groups, tensor_cores, split))
     return _KERNELS[key][1]
 
 
