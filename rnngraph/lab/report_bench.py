@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from ..ir.loading import load_cell
 from ..plan.schedule import build_schedule
 from ..run.backends.cuda.persistent.phases import MAX_ROWS
-from ..run.backends.cuda.persistent.runner import AUTO_CUDA_CORE_ROWS, AUTO_TENSOR_CORE_ROWS, GROUP_ROWS, TENSOR_CORES_FROM
+from ..run.backends.cuda.persistent.runner import (AUTO_SPLIT_ROWS, AUTO_TENSOR_CORE_ROWS, GROUP_FEWEST, GROUP_ROWS,
+                                                   SPLIT_FROM, TENSOR_CORES_FROM)
 from ..run.settings import default_store_limit
 from ..run.workspace import stored_bytes
 from .figures import NAMES
@@ -240,14 +241,15 @@ cuDNN's float16 (its fastest LSTM) and show bfloat16 with `loop="persistent"` at
 
 In half precision `auto` runs the persistent loop up to {auto_rows()}: up to B = {TENSOR_CORES_FROM - 1} on CUDA
 cores, from B = {TENSOR_CORES_FROM} on tensor cores (`mma.sync` with float32 sums, the rows past B masked, the
-weights held in registers where they fit, else in shared memory), beyond B = {GROUP_ROWS} in groups of at most
-{GROUP_ROWS} rows, each group on its own blocks ([On a GPU](gpu.md#the-persistent-kernel)). Beyond those it runs
-`stages`, a `GemmEx` and a fused kernel a frame, where the persistent kernel measured no faster (the wider LSTMs
-are in [the next section](#wider-lstms-gru-and-mgu)).
-In float32 with TF32 off it runs the persistent loop on CUDA cores up to B = {AUTO_CUDA_CORE_ROWS}, beyond B = {MAX_ROWS} in groups
-of {MAX_ROWS} rows; at H = 512 a block's share of the weights no longer fits from B = 64. With TF32 allowed, float32 runs
-on tensor cores as half precision does ([float32 in TF32](#float32-in-tf32)). The persistent backward stages all 4H
-gate gradients of its group's rows each frame, four times the values its forward stages.
+weights held in registers where they fit, else in shared memory), from B = {2 * GROUP_FEWEST} in groups of {GROUP_FEWEST} to
+{GROUP_ROWS} rows, each group on its own blocks, so that a small batch runs on more SMs
+([On a GPU](gpu.md#the-persistent-kernel)). Beyond those it runs `stages`, a `GemmEx` and a fused kernel a frame,
+where the persistent kernel measured no faster (the wider LSTMs are in [the next section](#wider-lstms-gru-and-mgu)).
+In float32 with TF32 off it runs the persistent loop on CUDA cores below {split_rows(SPLIT_FROM)}, beyond
+B = {MAX_ROWS} in groups of {MAX_ROWS} rows, and from there on tensor cores in 3xTF32 ([float32 in TF32](#float32-in-tf32)),
+up to {split_rows(AUTO_SPLIT_ROWS)}. With TF32 allowed, float32 runs on tensor cores as half precision does.
+The persistent backward stages all 4H gate gradients of its group's rows each frame, four times the values its
+forward stages.
 
 At B = 64 a frame costs, as the slope from T = 100 to 1000 (the same LSTM, one process):
 
@@ -265,6 +267,11 @@ faster, within run-to-run noise of the same bpc. Its first step takes {_first_st
 kernels and recording the graphs).
 
 ![Training curves in bfloat16 and float32](../figures/training_h200_bf16.png)"""
+
+
+def split_rows(table: tuple) -> str:
+    """'B = 32 at H ≤ 512, B = 16 wider': a measured table of rows by width (runner.SPLIT_FROM, AUTO_SPLIT_ROWS)."""
+    return ", ".join(f"B = {rows} at H ≤ {width}" for width, rows in table[:-1]) + f", B = {table[-1][1]} wider"
 
 
 def auto_rows() -> str:

@@ -3,7 +3,7 @@ wider LSTMs, GRU and MGU (bfloat16 against cuDNN float16), and float32 in TF32 (
 on both sides, and both with TF32 off)."""
 from __future__ import annotations
 
-from ..run.backends.cuda.persistent.runner import TENSOR_CORES_FROM
+from ..run.backends.cuda.persistent.runner import SPLIT_FROM, TENSOR_CORES_FROM
 from .report_bench import auto_rows
 from .report_data import Findings, Results, num, pair, ran, ratio, record, source, table, times
 
@@ -76,7 +76,14 @@ from B = {TENSOR_CORES_FROM}: `mma.sync` m16n8k8 with the weights rounded to TF3
 MMA (to nearest), float32 sums. An output then differs from float32's by up to about 2⁻¹⁰ of the sum of its
 products' sizes; the GPU tests bound each array of a training step within 4 · 2⁻¹⁰ of the float64 reference. The
 LSTM, T = 100, H = 512, against cuDNN with TF32 allowed in the same process, and with TF32 off (from the table
-above):
+above).
+
+With TF32 off, from B = {SPLIT_FROM[0][1]} at H ≤ {SPLIT_FROM[0][0]} (B = {SPLIT_FROM[-1][1]} wider) float32 runs on tensor cores in
+3xTF32: the weights stay float32, and each operand is split as it enters the MMA into its TF32 rounding (big) and
+the TF32 rounding of the rest (small); three MMAs add small·big, big·small and big·big. A product is then within
+about 3 · 2⁻²² of its exact value, where float32's own rounding of it is 2⁻²⁴, and the sums are float32's: the GPU
+tests bound every array of a training step within 1e-5 of the float64 reference, as on CUDA cores, where TF32's err
+by more. `RNNGRAPH_PERSISTENT_TENSOR_CORES=0` keeps float32 on CUDA cores.
 
 {table(["B", "rnngraph TF32 `auto` (loop)", "rnngraph TF32 `persistent`", "cuDNN TF32", "÷ cuDNN",
         "rnngraph float32, TF32 off", "cuDNN float32, TF32 off", "÷ cuDNN"], rows)}
