@@ -241,15 +241,15 @@ cuDNN's float16 (its fastest LSTM) and show bfloat16 with `loop="persistent"` at
 
 In half precision `auto` runs the persistent loop up to {auto_rows()}: up to B = {TENSOR_CORES_FROM - 1} on CUDA
 cores, from B = {TENSOR_CORES_FROM} on tensor cores (`mma.sync` with float32 sums, the rows past B masked, the
-weights held in registers where they fit, else in shared memory), from B = {2 * GROUP_FEWEST} in groups of {GROUP_FEWEST} to
-{GROUP_ROWS} rows, each group on its own blocks, so that a small batch runs on more SMs
+weights held in registers where they fit, else in shared memory), from B = {2 * GROUP_FEWEST} in groups of
+{GROUP_FEWEST} to {GROUP_ROWS} rows, each group on its own blocks, so that a small batch runs on more SMs
 ([On a GPU](gpu.md#the-persistent-kernel)). Beyond those it runs `stages`, a `GemmEx` and a fused kernel a frame,
 where the persistent kernel measured no faster (the wider LSTMs are in [the next section](#wider-lstms-gru-and-mgu)).
-In float32 with TF32 off it runs the persistent loop on CUDA cores below {split_rows(SPLIT_FROM)}, beyond
-B = {MAX_ROWS} in groups of {MAX_ROWS} rows, and from there on tensor cores in 3xTF32 ([float32 in TF32](#float32-in-tf32)),
-up to {split_rows(AUTO_SPLIT_ROWS)}. With TF32 allowed, float32 runs on tensor cores as half precision does.
-The persistent backward stages all 4H gate gradients of its group's rows each frame, four times the values its
-forward stages.
+In float32 with TF32 off it runs the persistent loop on CUDA cores below {split_rows(SPLIT_FROM)}, beyond B =
+{MAX_ROWS} in groups of {MAX_ROWS} rows, and from there on tensor cores in 3xTF32 ([float32 in
+TF32](#float32-in-tf32)), up to {split_rows(AUTO_SPLIT_ROWS)}. With TF32 allowed, float32 runs on tensor cores as
+half precision does. The persistent backward stages all 4H gate gradients of its group's rows each frame, four times
+the values its forward stages.
 
 At B = 64 a frame costs, as the slope from T = 100 to 1000 (the same LSTM, one process):
 

@@ -78,12 +78,12 @@ products' sizes; the GPU tests bound each array of a training step within 4 · 2
 LSTM, T = 100, H = 512, against cuDNN with TF32 allowed in the same process, and with TF32 off (from the table
 above).
 
-With TF32 off, from B = {SPLIT_FROM[0][1]} at H ≤ {SPLIT_FROM[0][0]} (B = {SPLIT_FROM[-1][1]} wider) float32 runs on tensor cores in
-3xTF32: the weights stay float32, and each operand is split as it enters the MMA into its TF32 rounding (big) and
-the TF32 rounding of the rest (small); three MMAs add small·big, big·small and big·big. A product is then within
-about 3 · 2⁻²² of its exact value, where float32's own rounding of it is 2⁻²⁴, and the sums are float32's: the GPU
-tests bound every array of a training step within 1e-5 of the float64 reference, as on CUDA cores, where TF32's err
-by more. `RNNGRAPH_PERSISTENT_TENSOR_CORES=0` keeps float32 on CUDA cores.
+With TF32 off, from B = {SPLIT_FROM[0][1]} at H ≤ {SPLIT_FROM[0][0]} (B = {SPLIT_FROM[-1][1]} wider) float32 runs on
+tensor cores in 3xTF32: the weights stay float32, and each operand is split as it enters the MMA into its TF32
+rounding (big) and the TF32 rounding of the rest (small); three MMAs add small·big, big·small and big·big. A product
+is then within about 3 · 2⁻²² of its exact value, where float32's own rounding of it is 2⁻²⁴, and the sums are
+float32's: the GPU tests bound every array of a training step within 1e-5 of the float64 reference, as on CUDA
+cores, where TF32's err by more. `RNNGRAPH_PERSISTENT_TENSOR_CORES=0` keeps float32 on CUDA cores.
 
 {table(["B", "rnngraph TF32 `auto` (loop)", "rnngraph TF32 `persistent`", "cuDNN TF32", "÷ cuDNN",
         "rnngraph float32, TF32 off", "cuDNN float32, TF32 off", "÷ cuDNN"], rows)}

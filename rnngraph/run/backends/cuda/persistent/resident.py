@@ -119,6 +119,6 @@ def resident_gemm(p, lay: Layout, x: str, ld: str, lag: int, xh: str | None = No
     slots = r.wm * r.mtw * r.nti * SUMS
     tail = (WHOLE_SUMS if r.wk == 1 else ADDED_SUMS).format(WM=r.wm, MTW=r.mtw, NTI=r.nti, WK=r.wk, SLOTS=slots,
                                                            gs=sums)
-    return RESIDENT_GEMM.format(mma=lay.mma, f=r.name, WM=r.wm, WK=r.wk, KPS=r.kpw // r.slices, MTW=r.mtw, NTI=r.nti, m=p.m,
-                                S=r.slices, KSL=padded(p.width) // r.slices, cvt0=b[0], cvt1=b[1], sums=tail,
+    return RESIDENT_GEMM.format(mma=lay.mma, f=r.name, WM=r.wm, WK=r.wk, KPS=r.kpw // r.slices, MTW=r.mtw, NTI=r.nti,
+                                m=p.m, S=r.slices, KSL=padded(p.width) // r.slices, cvt0=b[0], cvt1=b[1], sums=tail,
                                 stage=stage_slice(p, lay, x, ld, lag, "k", True, xh))
