@@ -145,6 +145,26 @@ def test_3xtf32_only_on_float32_tensor_cores():
 
 
 @needs_cxx
+def test_3xtf32_splits_round_as_cvt_rna_and_add_up_to_the_float32():
+    """rg_split's integer rounding (mma.SPLIT) gives cvt.rna's TF32 for finite values (the emulator's rg_tf32, checked
+    above), and big + small holds the float32 within 2⁻²² of it."""
+    import ctypes
+    from cuda_on_cpu import PRELUDE, compiled
+    lib = compiled(PRELUDE + emulated_mma("tf32") + mma.SPLIT + 'extern "C" void s(unsigned x, unsigned* o) '
+                   '{ rg_split(x, o[0], o[1]); o[2] = rg_tf32(x); }\n')
+    lib.s.argtypes = [ctypes.c_uint, ctypes.POINTER(ctypes.c_uint)]
+    rng = np.random.default_rng(0)
+    xs = np.concatenate([rng.standard_normal(2000) * 10.0 ** rng.integers(-30, 30, 2000),
+                         np.float32(1) + np.arange(16) * np.float32(2 ** -23)]).astype(np.float32)
+    out = (ctypes.c_uint * 3)()
+    for x in xs:
+        lib.s(int(x.view(np.uint32)), out)
+        big, small = np.uint32(out[0]).view(np.float32), np.uint32(out[1]).view(np.float32)
+        assert out[0] == out[2] and out[0] & 0x1fff == 0 and out[1] & 0x1fff == 0
+        assert abs(np.float64(big) + np.float64(small) - np.float64(x)) <= 2.0 ** -22 * abs(np.float64(x))
+
+
+@needs_cxx
 def test_emulated_tf32_rounding_is_to_nearest_ties_away():
     """The emulator's cvt.rna.tf32.f32 (the GPU test checks the GPU's own against the same bound)."""
     import ctypes
