@@ -3,21 +3,21 @@ runner.TENSOR_CORES_FROM rows, head-wise ones beyond MAX_ROWS; up to MMA_ROWS), 
 user allows it (full matrices, as torch's allow_tf32), else in 3xTF32. A full-matrix GEMM phase's block holds its
 weight rows in registers where they fit (RESIDENT_WORDS a thread, all such phases together, RESIDENT_SUMS sums; x
 staged in at most UNROLLED_SLICES equal slices): planned here (resident(): which warps hold which tiles and
-k-steps), generated in resident.py. Otherwise a GEMM phase's block holds its weight rows in shared memory as stored
-(bfloat16 or float16; float32 rounded to TF32 once, or as float32 in 3xTF32), each row padded to KP = K rounded up
-to 16 and strided WLD = KP + PAD elements (PAD: 16 bytes; the pad zero; the stride keeps the fragments' loads free
-of bank conflicts). Per frame it stages x's B rows, as stored, K in slices of KS columns of even width
+k-steps), generated in resident.py. Otherwise a GEMM phase's block holds its weight rows in shared memory as
+stored (bfloat16 or float16; float32 rounded to TF32 once, or as float32 in 3xTF32), each row padded to KP = K
+rounded up to 16 and strided WLD = KP + PAD elements (PAD: 16 bytes; the pad zero; the stride keeps the fragments'
+loads free of bank conflicts). Per frame it stages x's B rows, as stored, K in slices of KS columns of even width
 ([ceil(B/16)·16, KS + PAD] elements: B = 256 and K = 2048 do not fit at once; each slice's 16-byte copies all in
 flight at once, cp.async through L2, where rows are 16-byte aligned), and every warp runs `mma.sync` with float32
 accumulation on its tiles of 16 rows × 8 weight rows, fixed per warp: m16n8k16 on halves, m16n8k8 on TF32 (x's
-values rounded to TF32, to nearest, as they enter the MMA: a product's inputs each within 2⁻¹¹ relative, the product
-exact in float32, the sums float32); float32 where TF32 is not allowed in 3xTF32 (split: the weights kept as
-float32, each operand split as it enters the MMA into big, its TF32 rounding, and small, the rest's: three MMAs
+values rounded to TF32, to nearest, as they enter the MMA: a product's inputs each within 2⁻¹¹ relative, the
+product exact in float32, the sums float32); float32 where TF32 is not allowed in 3xTF32 (split: the weights kept
+as float32, each operand split as it enters the MMA into big, its TF32 rounding, and small, the rest's: three MMAs
 small·big + big·small + big·big, a product within about 3·2⁻²² relative against float32's 2⁻²⁴ rounding of it;
-SPLIT); no atomics, so runs are bit for bit reproducible. The sums land where the CUDA-core GEMV puts them (gs[q·NB
-+ b]), so the phases' stores and fused bodies are the same code. Rows of x past B and weight rows past the block's
-are read but never stored (an MMA's output element reads only its own row and column); the pad columns are zero in
-both.
+SPLIT); no atomics, so runs are bit for bit reproducible. The sums land where the CUDA-core GEMV puts them
+(gs[q·NB + b]), so the phases' stores and fused bodies are the same code. Rows of x past B and weight rows past the
+block's are read but never stored (an MMA's output element reads only its own row and column); the pad columns are
+zero in both.
 """
 from __future__ import annotations
 
