@@ -16,8 +16,7 @@ from .kernels import ZERO_SOURCE, persistent_kernel
 from .mma import MMA_ROWS
 from .phases import MAX_ROWS, block_counts, loop_heads, phases, problem
 
-_KERNELS: dict = {}      # (id(cell), loop, ctype, rows a block, blocks, row groups, tensor cores, 3xTF32) -> (cell,
-                         # Persistent)
+_KERNELS: dict = {}      # (id(cell), loop, ctype, rows a block, blocks, groups, tensor cores, 3xTF32) -> (cell, kernel)
 _REFUSED: set = set()
 # Measured on an H200 (bfloat16 LSTM, H = 512, T = 100, training step; docs/performance.md): 64 blocks ran the
 # one-group tensor-core kernel fastest of 16, 32, 64 and 132 at B = 16 to 256 (B = 64: 3.7 ms, against 4.1 on 132).
