@@ -245,9 +245,9 @@ weights held in registers where they fit, else in shared memory), from B = {2 * 
 {GROUP_FEWEST} to {GROUP_ROWS} rows, each group on its own blocks, so that a small batch runs on more SMs
 ([On a GPU](gpu.md#the-persistent-kernel)). Beyond those it runs `stages`, a `GemmEx` and a fused kernel a frame,
 where the persistent kernel measured no faster (the wider LSTMs are in [the next section](#wider-lstms-gru-and-mgu)).
-In float32 with TF32 off it runs the persistent loop on CUDA cores below {split_rows(SPLIT_FROM)}, beyond B =
+In float32 with TF32 off it runs the persistent loop on CUDA cores below {auto_rows(SPLIT_FROM)}, beyond B =
 {MAX_ROWS} in groups of {MAX_ROWS} rows, and from there on tensor cores in 3xTF32 ([float32 in
-TF32](#float32-in-tf32)), up to {split_rows(AUTO_SPLIT_ROWS)}. With TF32 allowed, float32 runs on tensor cores as
+TF32](#float32-in-tf32)), up to {auto_rows(AUTO_SPLIT_ROWS)}. With TF32 allowed, float32 runs on tensor cores as
 half precision does. The persistent backward stages all 4H gate gradients of its group's rows each frame, four times
 the values its forward stages.
 
@@ -269,15 +269,10 @@ kernels and recording the graphs).
 ![Training curves in bfloat16 and float32](../figures/training_h200_bf16.png)"""
 
 
-def split_rows(table: tuple) -> str:
-    """'B = 32 at H ≤ 512, B = 16 wider': a measured table of rows by width (runner.SPLIT_FROM, AUTO_SPLIT_ROWS)."""
-    return ", ".join(f"B = {rows} at H ≤ {width}" for width, rows in table[:-1]) + f", B = {table[-1][1]} wider"
-
-
-def auto_rows() -> str:
-    """'B = 128 at H ≤ 512, ...': where 'auto' runs the tensor-core kernel (runner.AUTO_TENSOR_CORE_ROWS)."""
-    return ", ".join(f"B = {rows} at H ≤ {width}" for width, rows in AUTO_TENSOR_CORE_ROWS) + \
-        f" (wider cells as H = {AUTO_TENSOR_CORE_ROWS[-1][0]})"
+def auto_rows(table: tuple = AUTO_TENSOR_CORE_ROWS) -> str:
+    """'B = 128 at H ≤ 512, ...': a measured table of rows by width (runner.by_width), by default where 'auto' runs
+    the tensor-core kernel (runner.AUTO_TENSOR_CORE_ROWS)."""
+    return ", ".join(f"B = {rows} at H ≤ {width}" for width, rows in table) + f" (wider cells as H = {table[-1][0]})"
 
 
 def _first_step(run: dict) -> float:

@@ -11,13 +11,11 @@ loads free of bank conflicts). Per frame it stages x's B rows, as stored, K in s
 flight at once, cp.async through L2, where rows are 16-byte aligned), and every warp runs `mma.sync` with float32
 accumulation on its tiles of 16 rows × 8 weight rows, fixed per warp: m16n8k16 on halves, m16n8k8 on TF32 (x's
 values rounded to TF32, to nearest, as they enter the MMA: a product's inputs each within 2⁻¹¹ relative, the
-product exact in float32, the sums float32); float32 where TF32 is not allowed in 3xTF32 (split: the weights kept
-as float32, each operand split as it enters the MMA into big, its TF32 rounding, and small, the rest's: three MMAs
-small·big + big·small + big·big, a product within about 3·2⁻²² relative against float32's 2⁻²⁴ rounding of it;
-SPLIT); no atomics, so runs are bit for bit reproducible. The sums land where the CUDA-core GEMV puts them
-(gs[q·NB + b]), so the phases' stores and fused bodies are the same code. Rows of x past B and weight rows past the
-block's are read but never stored (an MMA's output element reads only its own row and column); the pad columns are
-zero in both.
+product exact in float32, the sums float32); float32 where TF32 is not allowed in 3xTF32 (SPLIT: the weights kept
+as float32, three MMAs a product, within about 3·2⁻²² of it); no atomics, so runs are bit for bit reproducible.
+The sums land where the CUDA-core GEMV puts them (gs[q·NB + b]), so the phases' stores and fused bodies are the same
+code. Rows of x past B and weight rows past the block's are read but never stored (an MMA's output element reads
+only its own row and column); the pad columns are zero in both.
 """
 from __future__ import annotations
 

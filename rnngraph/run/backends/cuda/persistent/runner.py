@@ -154,7 +154,7 @@ def _slower(cell, loop, B: int, k) -> str | None:
         return (f"at B={B} > {AUTO_HEAD_ROWS} rows the per-head persistent kernel is not measured against stages "
                 "(loop='persistent' runs it)") if B > AUTO_HEAD_ROWS else None
     units = max(p.units for g in phases(cell, loop) for p in g)
-    most = by_width(AUTO_SPLIT_ROWS, units) if k.split else auto_tensor_core_rows(units)
+    most = by_width(AUTO_SPLIT_ROWS if k.split else AUTO_TENSOR_CORE_ROWS, units)
     if k.tensor_cores and B > most:
         return (f"at B={B} > {most} rows the tensor-core persistent kernel{' in 3xTF32' if k.split else ''} of width "
                 f"{units} measured no faster than stages (loop='persistent' runs it)")
@@ -162,12 +162,6 @@ def _slower(cell, loop, B: int, k) -> str | None:
         return (f"at B={B} > {AUTO_CUDA_CORE_ROWS} rows the persistent kernel on CUDA cores is not measured against "
                 "stages (loop='persistent' runs it)")
     return None
-
-
-def auto_tensor_core_rows(units: int) -> int:
-    """The most rows 'auto' runs on the tensor-core kernel of full matrices whose largest phase has `units` units
-    (AUTO_TENSOR_CORE_ROWS)."""
-    return by_width(AUTO_TENSOR_CORE_ROWS, units)
 
 
 def by_width(table: tuple, units: int) -> int:
@@ -303,7 +297,7 @@ def tensor_core_blocks(B: int, sms: int) -> list:
 
 def auto_problem(be, cell, loop, B: int, dtype) -> str | None:
     """Why 'auto' runs this loop frame by frame although the persistent kernel would run: beyond
-    auto_tensor_core_rows the tensor-core kernel of full matrices measured no faster than 'stages', beyond
+    AUTO_TENSOR_CORE_ROWS (AUTO_SPLIT_ROWS in 3xTF32) the tensor-core kernel of full matrices measured no faster than 'stages', beyond
     AUTO_CUDA_CORE_ROWS the CUDA-core one and beyond AUTO_HEAD_ROWS a per-head one are not measured; None where
     it runs."""
     return _slower(cell, loop, B, kernel(be, cell, loop, B, dtype)) if why_not(be, cell, loop, B, dtype) is None else None
