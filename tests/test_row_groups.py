@@ -97,3 +97,23 @@ def test_a_group_whose_weights_do_not_fit_gives_way_to_fewer_groups():
     cell = load_cell("lstm", 32, 1024)
     k = chosen(cell, loops(cell)[0], 256, ml_dtypes.bfloat16, **H200)
     assert k.smem <= H200["smem"] and k.row_groups < 16 and k.tensor_cores
+
+
+def test_groups_holding_their_weights_in_registers_run_on_fewer_blocks(monkeypatch):
+    """bfloat16 LSTM, H = 768, B = 16: 2 groups of 8 rows hold their weights in registers on 64 blocks each and
+    still on 48 (16 units a block: 4·16 weight rows of 768 halves), the fewest from 48 (3/4 of 64, runner.FEWER_BLOCKS)
+    that divide the units, so they run on 48. RNNGRAPH_PERSISTENT_BLOCKS keeps the count asked for; H = 512 keeps its
+    32 blocks a group (no count from 24 to 31 divides 512)."""
+    import ml_dtypes
+    monkeypatch.delenv("RNNGRAPH_PERSISTENT_BLOCKS", raising=False)
+    monkeypatch.delenv("RNNGRAPH_PERSISTENT_ROWS", raising=False)
+    cell = load_cell("lstm", 768, 768)
+    for loop in loops(cell):
+        k = chosen(cell, loop, 16, ml_dtypes.bfloat16, **H200)
+        assert (k.row_groups, k.blocks, k.resident, k.tensor_cores) == (2, 96, True, True)
+    monkeypatch.setenv("RNNGRAPH_PERSISTENT_BLOCKS", "64")
+    assert chosen(cell, loops(cell)[1], 16, ml_dtypes.bfloat16, **H200).blocks == 128
+    monkeypatch.delenv("RNNGRAPH_PERSISTENT_BLOCKS")
+    narrow = load_cell("lstm", 512, 512)
+    k = chosen(narrow, loops(narrow)[1], 16, ml_dtypes.bfloat16, **H200)
+    assert (k.row_groups, k.blocks, k.resident) == (4, 128, True)

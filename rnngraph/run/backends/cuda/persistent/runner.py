@@ -31,6 +31,12 @@ GROUP_ROWS, GROUPS = 16, 4
 # B = 16 1.057 / 0.991 / 0.913; H = 768 B = 8 1.019 / - / 0.954, B = 16 1.285 / 1.061 / - (groups of 4 hold their
 # weights in shared memory; the resident groups of 8 run); at T = 1024 (FlashRNN's shape) B = 16 H = 768 10.36 / 8.31.
 GROUP_FEWEST = 4
+# A group's weights in registers on fewer blocks (_held): down to 3/4 of the blocks full_groups gives, where they still
+# fit there. Fewer blocks stage each frame's operand fewer times from L2 and meet at a cheaper barrier. Measured
+# (bfloat16 LSTM, H = 768, B = 16, 2 groups of 8 rows, 64 blocks a group / 48): µs a frame forward 2.34 / 2.36,
+# backward 5.45 / 4.94 (slope T = 100 -> 1000); training ms at T = 1024 8.27 / 7.72 (a second run 8.22 / 7.79), T = 100
+# B = 8 0.90 / 0.90, B = 16 1.14 / 1.05, B = 32 1.50 / 1.47, GRU B = 16 0.95 / 0.98 (each the mean of two runs).
+FEWER_BLOCKS = (3, 4)
 # Where a later choice of rows and blocks holds every GEMM's weights in registers (resident.py) and the first does not,
 # the later one runs, if its groups have at most GROUP_ROWS rows. Measured on an H200 (bfloat16 LSTM, T = 100, training
 # ms, the first choice / the resident one): H = 768 B = 32 1.70 (4 groups of 8 rows on 32 blocks) / 1.59 (2 groups of
@@ -224,13 +230,26 @@ def chosen(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, tf3
     units = max(p.units for g in groups for p in g)
     tc = mma and loop_heads(groups) == 1 and full_tensor_cores(B, dtype, tf32, units)
     split = tc and ctype == "float" and not tf32        # float32 on tensor cores where TF32 is not allowed: 3xTF32
-    made = [_made(cell, loop, ctype, rows, G, B // rows, tc, split) for rows, G in full_groups(B, tc, sms, units)]
+    made = [_held(cell, loop, ctype, rows, G, B // rows, split, units) if tc else
+            _made(cell, loop, ctype, rows, G, B // rows, tc, split) for rows, G in full_groups(B, tc, sms, units)]
     if tc:
         counts = [G for G in dict.fromkeys(tensor_core_blocks(B, sms) + counts) if G <= counts[-1]]
     made += [_made(cell, loop, ctype, B, G, 1, tc, split) for G in counts] if tc or B <= MAX_ROWS else []
     fits = [k for k in made if k.smem <= smem]
     return next((k for k in fits if k.resident and B // k.row_groups <= GROUP_ROWS), fits[0] if fits else
                 made[-1] if made else None)
+
+
+def _held(cell, loop, ctype: str, rows: int, G: int, row_groups: int, split: bool, units: int):
+    """The tensor-core kernel of `row_groups` groups of `rows` rows on G blocks each, or, where its weights all sit in
+    registers and RNNGRAPH_PERSISTENT_BLOCKS is unset, on the fewest blocks down to FEWER_BLOCKS of G that divide the
+    units and still hold them there."""
+    k = _made(cell, loop, ctype, rows, G, row_groups, True, split)
+    if not k.resident or blocks_setting():
+        return k
+    fewer = (_made(cell, loop, ctype, rows, g, row_groups, True, split)
+             for g in range(-(-G * FEWER_BLOCKS[0] // FEWER_BLOCKS[1]), G) if units % g == 0)
+    return next((f for f in fewer if f.resident), k)
 
 
 def full_groups(B: int, tc: bool, sms: int, units: int) -> list:
