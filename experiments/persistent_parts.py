@@ -5,7 +5,7 @@ table (no results file):
     PYTHONPATH=. python3 experiments/persistent_parts.py [--cell lstm] [-B 16,64] [-H 512] [--dtype bfloat16]
 
 The parts: the grid barriers (each becomes a __syncthreads), the staging of each frame's GEMM operand from L2
-(the tensor cores' 16-byte copies), and the tensor cores' MMAs; 'all three' leaves the rest (the elementwise
+(the tensor cores' 16-byte and bulk copies), and the tensor cores' MMAs; 'all three' leaves the rest (the elementwise
 bodies, their loads and stores, the sums' reduction). A frame's cost is the slope between T = 100 and T = 1000,
 forward and backward (training step minus forward), so the once-per-sequence work drops out.
 """
@@ -21,10 +21,14 @@ from rnngraph.run.backends.cuda.persistent import runner        # noqa: E402
 
 NOOPS = r"""
 static __device__ __forceinline__ void rg_no_copy(void*, const void*, bool) {}
+static __device__ __forceinline__ void rg_no_bulk(void*, const void*, unsigned, unsigned long long*) {}
+static __device__ __forceinline__ void rg_no_expect(unsigned long long*, unsigned) {}
+static __device__ __forceinline__ void rg_no_wait(unsigned long long*, unsigned&) {}
 static __device__ __forceinline__ void rg_no_mma(float*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned) {}
 """
 CUTS = {"barrier": [("grid_barrier(count, ++barriers * G);", "__syncthreads();")],
-        "staging": [("rg_copy16(&xh[", "rg_no_copy(&xh[")],
+        "staging": [("rg_copy16(&xh[", "rg_no_copy(&xh["), ("rg_bulk_copy(&xh[", "rg_no_bulk(&xh["),
+                    ("rg_bulk_expect(", "rg_no_expect("), ("rg_bulk_wait(", "rg_no_wait(")],
         "mma": [("rg_mma(acc[", "rg_no_mma(acc[")]}
 VARIANTS = {"as generated": [], **{f"no {k}": v for k, v in CUTS.items()},
             "all three": [c for v in CUTS.values() for c in v]}

@@ -30,6 +30,7 @@ from rnngraph.plan.loops import PersistentLoop
 from rnngraph.run.backends.cuda.persistent import mma
 from rnngraph.run.backends.cuda.persistent.kernels import SYNC, persistent_kernel
 from rnngraph.run.backends.cuda.persistent.roles import ROLES_SYNC
+from rnngraph.run.backends.cuda.persistent.staging import BULK_INIT
 from rnngraph.run.backends.cuda.source import CTYPES, HALF_PRELUDE, HALF_TYPES
 from rnngraph.run.backends.numpy_backend import NumpyBackend
 
@@ -42,6 +43,7 @@ HEADERS = ("atomic", "barrier", "cmath", "cstring", "csetjmp", "functional", "me
            "ucontext.h")      # what every emulated kernel includes, compiled once (rg_std.h.gch)
 FLAGS = ("-std=c++20", "-O1", "-U_FORTIFY_SOURCE", "-fPIC", "-pthread", "-w")
 FIBERS = "// each CUDA thread a std::thread"       # the line of PRELUDE that LAUNCH's kernels replace: fibers
+BULK_BARRIER = BULK_INIT.split(";")[0].strip() + ";"       # staging.BULK_INIT's __shared__ declaration
 
 PRELUDE = r"""#include "rg_std.h"
 // each CUDA thread a std::thread
@@ -176,6 +178,12 @@ static inline void rg_copy16(void* smem, const void* global, bool full) {      /
     if (full) std::memcpy(smem, global, 16); else std::memset(smem, 0, 16);
 }
 static inline void rg_copies_wait() {}
+static inline void rg_bulk_init(unsigned long long*) {}       // bulk copies (TMA): each at once, in the issuing thread
+static inline void rg_bulk_expect(unsigned long long*, unsigned) {}
+static inline void rg_bulk_copy(void* smem, const void* global, unsigned bytes, unsigned long long*) {
+    std::memcpy(smem, global, bytes);
+}
+static inline void rg_bulk_wait(unsigned long long*, unsigned& phase) { phase ^= 1u; }
 """
 # per MMA input type: an element's value (VALUE), half the k-step (KH) and the elements a register (PER)
 MMA_TYPES = {
@@ -274,6 +282,7 @@ def cpp_source(k) -> str:
     for sync in (SYNC, ROLES_SYNC):     # the grid barrier and the named barriers: PRELUDE's
         src = src.replace(sync.replace("{{", "{").replace("}}", "}"), "")
     src = src.replace("extern __shared__ __align__(16) unsigned char smem_raw[];", "unsigned char* smem_raw = rg_smem;")
+    src = src.replace(BULK_BARRIER, "unsigned long long rg_bulk;")     # the bulk copies' mbarrier: unused here
     src = src.replace('extern "C" __global__ void', "static void")
     call = []
     for j, (kind, _) in enumerate(k.args):

@@ -22,7 +22,7 @@ op j's nu rows against its F/k columns of the output gradient, each into its own
 from __future__ import annotations
 
 from ..source import HALF_TYPES, math_type
-from . import mma
+from . import mma, staging
 from .gemv import row_sums
 from .phases import THREADS, block_units
 
@@ -211,7 +211,7 @@ def head_mma(p, woff: int, lay, x: str, ld: str, kept: bool = False) -> str:
     F, WLD = p.item.sizes[0], lay.wld(p.width)
     cols = [f"{F * j} + {h} * {p.width} + k" for j in range(p.m)]
     at_once = lay.x_buffers >= p.m          # every linear op's slice staged before the first GEMM
-    head = mma.stage_at_once(p, lay, x, ld, cols) if at_once else ""
+    head = staging.stage_at_once(p, lay, x, ld, cols) if at_once else ""
     return head + "".join(mma.gemm(p, f"{woff} + {j} * nu * {WLD}", lay, x, ld, 0, col=cols[j], m=1,
                                    sums=f"(gs + {j} * nu * NB)", buffer=j if at_once else None) for j in range(p.m))
 

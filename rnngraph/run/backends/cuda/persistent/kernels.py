@@ -12,7 +12,7 @@ reads what it wrote itself since the last one, and in a forward of GEMM phases o
 float32 (float32 or half storage), where each x value travels with its frame's tag in one 64-bit word
 (a half value as stored, rounded) and the staging spins on the words it needs: LSTM's forward then
 needs no barrier, its backward one a frame (before the dgemm). On tensor cores in half storage a value travels as
-stored in a 32-bit word above a 16-bit tag, the staging loading four at once (mma.STAGE_TAGGED), from the launch's
+stored in a 32-bit word above a 16-bit tag, the staging loading four at once (staging.STAGE_TAGGED), from the launch's
 third frame on (barriers before it). Weights sit in shared memory in their
 storage type (half: twice float32's rows); x rows and sums in the math type. Where every block owns whole
 heads (phases.per_head: head-wise GEMMs, G dividing their heads) it reads only what it wrote itself, so the
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from .....errors import RnnGraphError
 from ..source import CTYPES, kernel_name, math_type, rounded
-from . import mma
+from . import mma, staging
 from .gemv import row_sums
 from .elements import epilogue, ld_arg, prefetch
 from .heads import (handed_on, head_gemv, head_mma, head_thread_gemv, head_thread_parts, head_weight, one_head,
@@ -292,6 +292,8 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
     elif woff is not None:
         load.append(_weights(p, woff, arg))
         out.append(_gemv(cell, p, woff, arg, xb and xb[0]) if p.heads == 1 else _head_gemv(p, woff, arg, xw, apart))
+    if any("rg_bulk_wait(" in ln for ln in out):      # staged in bulk copies: the block's mbarrier, made once
+        load.append(staging.BULK_INIT)
     xs = _handing_on(p, xw, st, tc and tc.xld) if kept else None
     return out + epilogue(cell, p, arg, early, tagged, st, per, xs) + ["        __syncthreads();\n        }"]
 

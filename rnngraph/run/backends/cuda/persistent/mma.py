@@ -21,7 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .phases import THREADS, block_units
+from . import staging
+from .phases import block_units
+from .staging import padded, stage_slice
 
 MMA_ROWS = 256              # the batch rows a tensor-core persistent kernel takes
 XS_BYTES = 96 << 10         # the staged slice of x takes at most this much shared memory
@@ -39,31 +41,6 @@ static __device__ __forceinline__ void rg_mma(float* c, unsigned a0, unsigned a1
     asm volatile("mma.sync.aligned.m16n8k{k}.row.col.f32.{ptx}.{ptx}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}}
-static __device__ __forceinline__ void rg_copy16(void* smem, const void* global, bool full) {{
-    // 16 bytes from global memory (through L2, not L1) into shared memory, in flight until rg_copies_wait;
-    // zeros where not full (then nothing is read)
-    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(global), "r"(full ? 16 : 0) : "memory");
-}}
-static __device__ __forceinline__ void rg_copies_wait() {{ asm volatile("cp.async.wait_all;" ::: "memory"); }}
-template <class H> static __device__ __forceinline__ void exchange_half(unsigned int* w, unsigned int t, CT x) {{
-    // a half value as stored, in one 32-bit word above frame t's 16-bit tag
-    H h;
-    h = x;
-    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" :: "l"(w), "r"((t << 16) | h.u) : "memory");
-}}
-static __device__ __forceinline__ uint4 rg_tagged4(const unsigned int* w) {{
-    // four tagged half words, one 16-byte load
-    uint4 v;
-    asm volatile("ld.relaxed.gpu.global.v4.u32 {{%0,%1,%2,%3}}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(w) : "memory");
-    return v;
-}}
-static __device__ __forceinline__ bool rg_tagged(uint4 v, unsigned int t) {{
-    // whether all four words carry frame t's tag
-    const unsigned int k = t & 0xFFFFu;
-    return (v.x >> 16) == k && (v.y >> 16) == k && (v.z >> 16) == k && (v.w >> 16) == k;
 }}
 """
 TF32 = r"""
@@ -144,71 +121,9 @@ GEMM = r"""
         }}
         __syncthreads();"""
 
-STAGE = r"""                for (int e = tid; e < NB * kw; e += NT) {{
-                    const int b = e / kw, kk = e - b * kw, k = k0 + kk;
-                    if (k < {K}) xh[b * {XLD} + kk] = {load}; else xh[b * {XLD} + kk] = 0.f;
-                }}"""
-
-STAGE_WIDE = r"""                if ((((unsigned long long)&{x}[0]) & 15) == 0 && {ld} % {V} == 0) {{
-                    // 16 bytes a copy, every copy in flight at once (cp.async): the frame's rows come from L2
-                    const int per = kw / {V};
-                    for (int e = tid; e < NB * per; e += NT) {{
-                        const int b = e / per, k = k0 + (e - b * per) * {V};
-                        rg_copy16(&xh[b * {XLD} + (e - b * per) * {V}], k < {K} ? (const void*)&{load} : (const void*){x}, k < {K});
-                    }}
-{wait}                }} else
-""" + STAGE
-
-STAGE_TAGGED = r"""                if (t - {lag} >= 2) {{
-                    // frame t - {lag}'s rows as tagged half words (kernels.py): four a load, {N} loads in flight at
-                    // once, those whose words do not all carry the frame's tag read again, together; the halves kept
-                    const int per = kw / 4;
-                    for (int e0 = tid; e0 < NB * per; e0 += {N} * NT) {{
-                        uint4 w[{N}];
-                        bool ok[{N}];
-                        #pragma unroll
-                        for (int i = 0; i < {N}; ++i) {{
-                            const int e = e0 + i * NT, b = e / per, k = k0 + (e - b * per) * 4;
-                            ok[i] = e >= NB * per || k >= {K};
-                            if (!ok[i]) w[i] = rg_tagged4(&XAT({xh}, (t - {lag}) & 1, k, {K}));
-                        }}
-                        for (bool all = false; !all;) {{
-                            all = true;
-                            #pragma unroll
-                            for (int i = 0; i < {N}; ++i) {{
-                                ok[i] = ok[i] || rg_tagged(w[i], t - {lag});
-                                all = all && ok[i];
-                            }}
-                            #pragma unroll
-                            for (int i = 0; i < {N}; ++i) {{
-                                const int e = e0 + i * NT, b = e / per, k = k0 + (e - b * per) * 4;
-                                if (!ok[i]) w[i] = rg_tagged4(&XAT({xh}, (t - {lag}) & 1, k, {K}));
-                            }}
-                        }}
-                        #pragma unroll
-                        for (int i = 0; i < {N}; ++i) {{
-                            const int e = e0 + i * NT, b = e / per, kk = (e - b * per) * 4;
-                            if (e >= NB * per) break;
-                            *(uint2*)&xh[b * {XLD} + kk] = k0 + kk >= {K} ? make_uint2(0u, 0u) :
-                                make_uint2((w[i].x & 0xFFFFu) | (w[i].y << 16), (w[i].z & 0xFFFFu) | (w[i].w << 16));
-                        }}
-                    }}
-                }} else
-"""
-TAGGED_LOADS = 4            # tagged staging: 16-byte loads a thread has in flight at once, at most, and with the
-TAGGED_WORDS = 60           # ... weights' fragments held in registers at most this many registers (4 a load). On an
-                            # H200 (bfloat16 LSTM, forward µs a frame, loads a thread: 6, 4, 3, barriers): H = 768
-                            # B = 16 (48 fragment registers: spills) 4.23, 5.01, 3.39, 3.73; H = 512 B = 16 (32) 4 loads
-                            # 2.17, barriers 2.93
-
 A_WORDS = ("x0[h]", "x8[h]", "x0[h + 4]", "x8[h + 4]")    # a lane's A fragment: rows r and r + 8, k-words h and h + 4
 SUMS = 4 * 32               # a warp's partial sums of one tile: 4 floats a lane
 UNROLLED_SLICES = 4         # x staged in at most this many slices: the slice loop unrolled (its bounds constants)
-
-
-def padded(K: int) -> int:
-    """K rounded up to the MMA's 16."""
-    return -(-K // 16) * 16
 
 
 @dataclass(frozen=True)
@@ -369,32 +284,7 @@ def gemm(p, off, lay: Layout, x: str, ld: str, lag: int, col: str = "k", m: int 
                        xoff=f" + {buffer * lay.x_rows * lay.xld}" if buffer else "")
 
 
-def stage_slice(p, lay: Layout, x: str, ld: str, lag: int, col: str, wait: bool, xh: str | None = None) -> str:
-    """The lines staging slice k0 (kw columns) of x into xh: 16-byte copies in flight at once where rows are aligned
-    (waited for here, or by the caller where `wait` is False), else loads; where xh names x's tagged half words
-    (kernels.py), from them at frames two or more after the launch's first (STAGE_TAGGED)."""
-    load, V = f"AT({x}, {ld}, {lag}, {col})", 16 // lay.itemsize        # V: elements a 16-byte copy
-    waits = "                    rg_copies_wait();\n" if wait else ""
-    held = sum(r.words for r in lay.resident.values())
-    loads = max(1, min(TAGGED_LOADS, (TAGGED_WORDS - held) // 4, -(-lay.x_rows * lay.ks[id(p)] // 4 // THREADS)))
-    tagged = STAGE_TAGGED.format(lag=lag, N=loads, K=p.width, xh=xh, XLD=lay.xld) if xh else ""
-    return tagged + (STAGE_WIDE if p.width % V == 0 else STAGE).format(K=p.width, XLD=lay.xld, load=load, x=x, ld=ld,
-                                                                        V=V, wait=waits)
-
-
-def stage_at_once(p, lay: Layout, x: str, ld: str, cols: list) -> str:
-    """x's columns cols[j] (expressions of k) of a one-slice phase p staged into buffers j of xs, every copy in
-    flight at once, one wait and one barrier for all (a head-wise dgemm's J output gradients: J L2 round trips
-    a frame become one)."""
-    KP = padded(p.width)
-    parts = [f"            {{   ST* xh = (ST*)xs + {j * lay.x_rows * lay.xld};\n"
-             f"                const int k0 = 0, kw = {KP};\n{stage_slice(p, lay, x, ld, 0, col, False)}\n"
-             "            }"
-             for j, col in enumerate(cols)]
-    return "\n        {\n" + "\n".join(parts) + "\n            rg_copies_wait();\n        }\n        __syncthreads();"
-
-
 def helpers(ctype: str, split: bool = False) -> str:
     """The MMA's helpers for storage type ctype (PTX_TYPE's keys), with 3xTF32's where split."""
     ptx = PTX_TYPE[ctype]
-    return HELPERS.format(ptx=ptx, k=K_STEP[ptx]) + (TF32 if ptx == "tf32" else "") + (SPLIT if split else "")
+    return HELPERS.format(ptx=ptx, k=K_STEP[ptx]) + staging.HELPERS + (TF32 if ptx == "tf32" else "") + (SPLIT if split else "")

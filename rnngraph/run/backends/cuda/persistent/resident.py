@@ -9,7 +9,8 @@ reproducible). The sums land where every GEMM puts them (gs[q·NB + b]).
 """
 from __future__ import annotations
 
-from .mma import SUMS, Layout, padded, stage_slice
+from .mma import SUMS, Layout
+from .staging import padded, stage_slice
 from .phases import block_units
 
 FRAGMENTS = r"""    unsigned {f}[{MTW}][{KPW}][4];     // phase {kind}'s weight fragments, held for every frame
