@@ -310,3 +310,21 @@ def test_tagged_words_compute_what_barriers_do_across_launches(cell, B, rows, dt
         ref = Executor(c, get_backend("numpy"), loop="stages", chunk=4)
         assert_agree(made["tagged"][1], run_executor(ref, *problem_arrays(c, 9, B, dtype, seed=1),
                                                      np.arange(B) * 5 % 10), dtype)
+
+
+def test_aligned_rows_stage_in_bulk_copies_where_columns_lie_as_read():
+    """staging.py: a full-matrix phase whose K needs no pad columns stages each row of its slice in one bulk copy (TMA),
+    the block's mbarrier made once before the first __syncthreads; a phase with pad columns (the forward at H = 24,
+    K = 24 padded to 32) keeps 16-byte copies (its backward, K = 96, copies in bulk), as do head-wise phases (a head's
+    columns) and kernels on CUDA cores."""
+    def body(name, H, B, ctype, G, way, **kw):     # the forward (way 0) or backward's kernel
+        c = load_cell(name, H, H, **kw)
+        return persistent_kernel(c, loops(c)[way], ctype, B, G, 1, ctype != "double").source.split("__global__")[1]
+    bulk = body("lstm", 64, 16, "rg_bf16", 8, 1)
+    assert bulk.count("rg_bulk_init(&rg_bulk);") == 1 and bulk.index("rg_bulk_init") < bulk.index("__syncthreads")
+    assert "rg_bulk_copy(&xh[b * 264], &AT(" in bulk and "kw * 2, &rg_bulk);" in bulk      # K = 256: XLD 256 + 8
+    assert "rg_bulk_wait(&rg_bulk, rg_phase);" in bulk
+    assert "rg_bulk" not in body("lstm", 24, 16, "rg_bf16", 8, 0) and "rg_copy16(" in body("lstm", 24, 16, "rg_bf16", 8, 0)
+    assert "rg_bulk_copy(&xh[b * 104], &AT(" in body("lstm", 24, 16, "rg_bf16", 8, 1)
+    assert "rg_bulk" not in body("slstm", 64, 32, "rg_bf16", 4, 1, heads=4)
+    assert "rg_bulk" not in body("lstm", 64, 8, "double", 8, 1)

@@ -58,8 +58,8 @@ def test_tf32_kernels_compute_the_reference_within_tf32s_rounding(name, B, rows,
 
 def test_tf32_kernel_source(monkeypatch):
     """m16n8k8 on TF32, weights rounded once as they are loaded (into registers, or shared memory where no
-    registers are spared), x as it enters the MMA, 16-byte copies of 4 floats, rows padded by 4 floats (a warp's
-    fragment loads in distinct banks)."""
+    registers are spared), x as it enters the MMA, a bulk copy of each staged row's floats, rows padded by 4 floats (a
+    warp's fragment loads in distinct banks)."""
     cell = load_cell("lstm", 64, 64)
     k = persistent_kernel(cell, loops(cell)[0], "float", 16, 8, 1, True)
     src = k.source
@@ -72,7 +72,7 @@ def test_tf32_kernel_source(monkeypatch):
     assert "rg_mma(acc[i], rg_tf32(x0[h]), rg_tf32(x8[h]), rg_tf32(x0[h + 4]), rg_tf32(x8[h + 4]), w[h], w[h + 4]);" in src
     assert "c = (lane & 3) * 1;" in src and "h < kw / 1;" in src
     assert "q * 68 + k] = rg_tf32f(" in src                 # WLD = 64 + 4
-    assert "const int per = kw / 4;" in src
+    assert "rg_bulk_copy(&xh[b * 68], &AT(pp14, ld14, 1, k0), kw * 4, &rg_bulk);" in src
     half = persistent_kernel(cell, loops(cell)[0], "rg_bf16", 16, 8, 1, True).source
     assert "m16n8k16" in half and "rg_tf32" not in half and "q * 72 + k]" in half
 
