@@ -88,7 +88,7 @@ def test_replay_after_an_in_place_update():
 
 def test_too_large_falls_back_to_stages_and_says_why(monkeypatch):
     """float32 beyond 8 rows: row groups on CUDA cores, from 32 rows on tensor cores in 3xTF32 (up to 256 rows); on CUDA
-    cores alone (RNNGRAPH_PERSISTENT_TENSOR_CORES=0) B = 137 splits into no groups of 8 rows on 132 SMs."""
+    cores alone (RNNGRAPH_PERSISTENT_TENSOR_CORES=0) B = 139 splits into no groups of 8 rows on 132 SMs."""
     ref, gpu = pair("lstm", "persistent", 8, 64, "float32", "graph")
     x = np.random.default_rng(1).standard_normal((5, 9, 8))       # B = 9 > 8 rows: 3 row groups of 3
     agree(ref, gpu, [x], np.arange(9) % 6, "float32", "B=9")
@@ -97,8 +97,8 @@ def test_too_large_falls_back_to_stages_and_says_why(monkeypatch):
     agree(ref, gpu, [x], None, "float32", "B=137")                # 3xTF32: 9 groups of 16 rows (the last padded)
     ran_persistent(gpu)
     monkeypatch.setenv("RNNGRAPH_PERSISTENT_TENSOR_CORES", "0")
-    x = np.random.default_rng(2).standard_normal((3, 138, 8))     # a new shape: the loop chosen again
-    agree(ref, gpu, [x], None, "float32", "B=138 on CUDA cores")
+    x = np.random.default_rng(2).standard_normal((3, 139, 8))     # a new shape (the loop chosen again), B prime
+    agree(ref, gpu, [x], None, "float32", "B=139 on CUDA cores")
     assert gpu.loop_strategy == "stages" and "no such row groups" in gpu.loop_note
     monkeypatch.delenv("RNNGRAPH_PERSISTENT_TENSOR_CORES")
     x = np.random.default_rng(3).standard_normal((2, 257, 8))
