@@ -81,65 +81,14 @@ def element_at(arg, source) -> str:
     return f"AT({a}, {ld_arg(a)}, {lag}, f)"
 
 
-def deferred(cell, moved: list, groups: list, G: int, B: int, prefix: str = "w") -> dict:
-    """{id(p): {store name: register}}: the stores of the backward's dfused phases in `moved` (the groups a frame's
-    iteration runs last, before the next frame's barrier) that nothing in the loop reads, each kept in a register
-    until after that barrier (deferred_stores), so that a block's arrival there waits only for the stores other
-    blocks read: gradients that no phase loads, stages (a dgemm's output gradients, its operand's) or adds into but
-    the store's own. Only where a thread holds one element of the phase (prefetch's per = 1); {} where a phase is
-    other than dgemm and dfused."""
-    if any(p.kind not in ("dgemm", "dfused") for g in groups for p in g):
-        return {}
-    read, added = set(), {}         # gradients read; gradients added into ('+=') -> the phases adding
-    for g in groups:
-        for p in g:
-            if p.kind == "dgemm":
-                read |= {*p.item.nodes, p.item.operand}       # its output gradients staged, its operand's added to
-                continue
-            spec, where = sources(cell, p.item.nodes, "bwd")
-            read |= {where[nm][1] for nm in (*spec.read_inputs(), *spec.arrivals()) if where[nm][0] == "grad"}
-            for nm, _, op in spec.stores:
-                added.setdefault(where[nm][1], set()).add(id(p))
-    out = {}
-    for gi, g in enumerate(moved):
-        for pi, p in enumerate(g):
-            if p.kind != "dfused" or -(-p.units // G) * max(B, MAX_ROWS) > THREADS:
-                continue
-            spec, where = sources(cell, p.item.nodes, "bwd")
-            regs = {nm: f"{prefix}{gi}_{pi}_{nm}" for nm, _, op in spec.stores
-                    if op != "atomic" and where[nm][0] == "grad" and where[nm][1] not in read
-                    and added[where[nm][1]] == {id(p)}}
-            if regs:
-                out[id(p)] = regs
-    return out
-
-
-def deferred_stores(cell, moved: list, regs: dict, arg) -> tuple:
-    """(the declarations of the registers `regs` (deferred) holds, the lines storing them at frame t, each thread its
-    element of each phase)."""
-    decl, lines = [], []
-    for g in moved:
-        for p in g:
-            if id(p) not in regs:
-                continue
-            where = sources(cell, p.item.nodes, "bwd")[1]
-            decl.append(f"    CT {', '.join(f'{r} = 0' for r in regs[id(p)].values())};   // deferred stores")
-            lines += [f"        {{  {block_units(p.units)}", "            if (tid < nu * NB) {",
-                      "                const int b = tid / nu, f = u0 + tid - b * nu;"]
-            lines += [f"                {element_at(arg, where[nm])} = {r};" for nm, r in regs[id(p)].items()]
-            lines += ["            }", "        }"]
-    return decl, lines
-
-
 def epilogue(cell, p, arg, early: dict, tagged: dict, st: str, per: int = 1, xs=None, arrive=None,
-             last=(), defer=None) -> list:
+             last=()) -> list:
     """The per-(b, f) part of a phase: a GEMM's stores, a pair's stores (of stored_sums) and fused body (reading
     the GEMM's sums as stored in element type st), a group's body; per > 1: a thread's elements e = tid + i·NT,
     i < per, unrolled, so that the registers prefetch loaded them into are indexed by constants; xs: the line by
     which a pair's body also writes its GEMM's operand into the staged rows of x (heads.handed_on); arrive: lines
     run right after it (roles.py: each thread exactly one element, no loop over them, so that the registers handed
-    on from frame to frame are renamed, not copied), the pair's stores after them, then the lines `last`; defer: a
-    dfused body's stores that go to registers instead ({name: register}, deferred)."""
+    on from frame to frame are renamed, not copied), the pair's stores after them, then the lines `last`."""
     walk = ["        {   const int e = tid;      // warp roles: a thread exactly one element"] if arrive else \
         ["        for (int e = tid; e < nu * NB; e += NT) {"] if per == 1 else \
         ["        #pragma unroll", f"        for (int i = 0; i < {per}; ++i) {{",
@@ -177,17 +126,16 @@ def epilogue(cell, p, arg, early: dict, tagged: dict, st: str, per: int = 1, xs=
             return (head + lines[:len(gemm.nodes)] + body + kept + pad(arrive) + lines[len(gemm.nodes):] + writes +
                     pad(last) + ["        }"])
         return head + lines + _body(cell, fused.nodes, "fwd", arg, given, early, tagged, st) + kept + ["        }"]
-    return head + _body(cell, p.item.nodes, "fwd" if p.kind == "fused" else "bwd", arg, {}, early, tagged, st,
-                        defer=defer) + ["        }"]
+    return head + _body(cell, p.item.nodes, "fwd" if p.kind == "fused" else "bwd", arg, {}, early, tagged, st) + \
+        ["        }"]
 
 
-def _body(cell, nodes, direction: str, arg, given: dict, early: dict, tagged: dict, st: str, apart: bool = False,
-          defer=None):
+def _body(cell, nodes, direction: str, arg, given: dict, early: dict, tagged: dict, st: str, apart: bool = False):
     """A fused group's body at element (b, f) of frame t: loads, the generated statements, stores.
     given: external nodes (read at delay 0) whose values are already in locals (a pair's GEMM sums);
     early: inputs already loaded into registers (prefetch); tagged: members also written as tagged words
     ({node: (buffer argument, whether half words)}, _exchange);
-    apart: (the loads and statements, the stores) as two lists; defer: stores into registers ({name: register})."""
+    apart: (the loads and statements, the stores) as two lists."""
     spec, where = sources(cell, nodes, direction)
     lines, read = [], set(spec.read_inputs())
     for nm, (kind, key) in zip(spec.in_names, spec.inputs):
@@ -200,9 +148,7 @@ def _body(cell, nodes, direction: str, arg, given: dict, early: dict, tagged: di
     lines += spec.olds(at, "CT", early)
     lines += [ln.replace("T ", "CT ", 1) if ln.startswith("T ") else ln for ln in spec.body]
     writes = [_exchange(*tagged[n], cell.op(n).size, f"v{k}", st)       # first: what other blocks wait for
-              for k, n in enumerate(nodes) if n in tagged and direction == "fwd"]
-    writes += [f"{defer[nm]} = {ln.split(' = ', 1)[1]}" if nm in (defer or {}) else ln
-               for (nm, _, _), ln in zip(spec.stores, spec.writes(at))]
+              for k, n in enumerate(nodes) if n in tagged and direction == "fwd"] + spec.writes(at)
     pad = lambda lns: ["            " + ln for ln in lns]
     return (pad(lines), pad(writes)) if apart else pad(lines + writes)
 

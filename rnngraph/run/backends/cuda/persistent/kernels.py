@@ -32,7 +32,7 @@ from .....errors import RnnGraphError
 from ..source import CTYPES, kernel_name, math_type, rounded
 from . import mma, staging
 from .gemv import row_sums
-from .elements import deferred, deferred_stores, epilogue, ld_arg, prefetch
+from .elements import epilogue, ld_arg, prefetch
 from .heads import (handed_on, head_gemv, head_mma, head_thread_gemv, head_thread_parts, head_weight, one_head,
                     resident, resident_rows, row_stride, rows_a_thread)
 from .resident import fragments, resident_gemm
@@ -196,16 +196,13 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
     # on run, so not the gradients those add into frames back (rows the moved groups read)
     late = {n for g in groups[k:] for p in g if p.kind == "dfused"
             for kind, n, lag in sources(cell, p.item.nodes, "bwd")[1].values() if kind == "grad" and lag}
-    # backward: the moved groups' stores nothing in the loop reads wait in registers until after the next barrier
-    defer = deferred(cell, groups[:k], groups, G, B) if loop.reverse and not apart and tc is not None else {}
-    decl, stores = deferred_stores(cell, groups[:k], defer, arg)
     gemms = sum(p.kind in ("gemm", "pair", "dgemm") for g in groups for p in g)
     rows = {id(p): rows_a_thread(p, G, B) for g in groups for p in g}     # x rows a thread sums (whole heads)
     held = {id(p): apart and tc is None and resident(p, G, B, rows[id(p)], gemms, ctype) for g in groups for p in g}
     mw = tensor_core_warps(kept, G, B, ctype) if kept and tensor_cores is not False else None
     roles = warp_roles(kept, G, B, rows[id(kept)], mw) \
         if kept and held[id(kept)] and len(groups) == len(groups[0]) == 1 else None
-    load, prologue, body, tail_loads, tail = list(decl), [], [], [], []
+    load, prologue, body, tail_loads, tail = [], [], [], [], []
     for gi, g in enumerate(groups if roles is None else ()):
         pre, early, per = [], {}, {}
         for pi, p in enumerate(g):      # loads that need no barrier are issued before it
@@ -216,14 +213,13 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
             lines, early[pi], per[pi] = prefetch(cell, p, f"r{gi}_{pi}_", arg, ok, G, B)
             pre += lines
         lag = _operand(g[0], arg)[2] if gi in swaps else 0
-        run = (["        grid_barrier(count, ++barriers * G);"] + (stores if gi == k else []) if need[gi] else
+        run = (["        grid_barrier(count, ++barriers * G);"] if need[gi] else
                [f"        if (t - {lag} < 2) grid_barrier(count, ++barriers * G);   // tagged words from frame 2 on"]
                if gi in swaps and half_words else []) + \
             [ln for pi, p in enumerate(g) for ln in _phase_lines(cell, p, arg, early[pi], woff.get(id(p)), load,
                                                                     tagged.get(swaps.get(gi)), tagged, ctype,
                                                                     staged(p, G, apart), apart, tc, per[pi],
-                                                                    p is kept, rows[id(p)], held[id(p)],
-                                                                    defer.get(id(p)))]
+                                                                    p is kept, rows[id(p)], held[id(p)])]
         if gi < k:
             prologue += pre + run
             tail_loads += pre
@@ -265,8 +261,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
 
 
 def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, st: str, xw: int,
-                 apart: bool, tc=None, per: int = 1, kept: bool = False, rows: int = 1, res: bool = False,
-                 defer=None) -> list:
+                 apart: bool, tc=None, per: int = 1, kept: bool = False, rows: int = 1, res: bool = False) -> list:
     """The lines running phase p at frame t (its GEMV first, with its weights' load added to `load`; its x
     from tagged words where xb names their buffer (its argument, whether half words: on tensor cores); its members
     in `tagged` also written so; a head-wise
@@ -274,8 +269,7 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
     cores' layout (mma.Layout), where they run the GEMMs; per: the elements a thread holds in registers loaded
     early (elements.prefetch), where more than one; kept: its operand stays in shared memory (heads.handed_on);
     rows: the x rows a thread sums against one weight row where each block owns whole heads (heads.rows_a_thread);
-    res: each thread holds its weight row in registers (heads.resident); defer: its stores kept in registers
-    (elements.deferred)."""
+    res: each thread holds its weight row in registers (heads.resident)."""
     out = [f"        {{   // {p.kind} {', '.join(nodes_of(p))}",
            f"        {block_units(p.units)}"]
     if woff is not None and tc is not None and p.heads > 1:
@@ -301,7 +295,7 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
     if any("rg_bulk_wait(" in ln for ln in out):      # staged in bulk copies: the block's mbarrier, made once
         load.append(staging.BULK_INIT)
     xs = _handing_on(p, xw, st, tc and tc.xld) if kept else None
-    return out + epilogue(cell, p, arg, early, tagged, st, per, xs, defer=defer) + ["        __syncthreads();\n        }"]
+    return out + epilogue(cell, p, arg, early, tagged, st, per, xs) + ["        __syncthreads();\n        }"]
 
 
 def _handing_on(p, xw: int, st: str, xld=None) -> str:
