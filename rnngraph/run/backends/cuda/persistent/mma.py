@@ -7,11 +7,11 @@ k-steps), generated in resident.py. Otherwise a GEMM phase's block holds its wei
 stored (bfloat16 or float16; float32 rounded to TF32 once, or as float32 in 3xTF32), each row padded to KP = K
 rounded up to 16 and strided WLD = KP + PAD elements (PAD: 16 bytes; the pad zero; the stride keeps the fragments'
 loads free of bank conflicts). Per frame it stages x's B rows, as stored, K in slices of KS columns of even width
-([ceil(B/16)·16, KS + PAD] elements: B = 256 and K = 2048 do not fit at once; each slice's 16-byte copies all in
-flight at once, cp.async through L2, where rows are 16-byte aligned), and every warp runs `mma.sync` with float32
-accumulation on its tiles of 16 rows × 8 weight rows, fixed per warp: m16n8k16 on halves, m16n8k8 on TF32 (x's
-values rounded to TF32, to nearest, as they enter the MMA: a product's inputs each within 2⁻¹¹ relative, the
-product exact in float32, the sums float32); float32 where TF32 is not allowed in 3xTF32 (SPLIT: the weights kept
+([ceil(B/16)·16, KS + PAD] elements: B = 256 and K = 2048 do not fit at once; staging.py: each row a bulk copy, or
+every 16-byte copy in flight at once, through L2, where rows are 16-byte aligned), and every warp runs `mma.sync`
+with float32 accumulation on its tiles of 16 rows × 8 weight rows, fixed per warp: m16n8k16 on halves, m16n8k8 on
+TF32 (x's values rounded to TF32, to nearest, as they enter the MMA: a product's inputs each within 2⁻¹¹ relative,
+the product exact in float32, the sums float32); float32 where TF32 is not allowed in 3xTF32 (SPLIT: the weights kept
 as float32, three MMAs a product, within about 3·2⁻²² of it); no atomics, so runs are bit for bit reproducible.
 The sums land where the CUDA-core GEMV puts them (gs[q·NB + b]), so the phases' stores and fused bodies are the same
 code. Rows of x past B and weight rows past the block's are read but never stored (an MMA's output element reads
@@ -287,4 +287,5 @@ def gemm(p, off, lay: Layout, x: str, ld: str, lag: int, col: str = "k", m: int 
 def helpers(ctype: str, split: bool = False) -> str:
     """The MMA's helpers for storage type ctype (PTX_TYPE's keys), with 3xTF32's where split."""
     ptx = PTX_TYPE[ctype]
-    return HELPERS.format(ptx=ptx, k=K_STEP[ptx]) + staging.HELPERS + (TF32 if ptx == "tf32" else "") + (SPLIT if split else "")
+    return (HELPERS.format(ptx=ptx, k=K_STEP[ptx]) + staging.HELPERS + (TF32 if ptx == "tf32" else "") +
+            (SPLIT if split else ""))
