@@ -148,3 +148,24 @@ def test_the_memory_file_is_what_its_script_measures():
     (r,) = doc["results"]
     assert (r["T"], r["B"], r["H"], r["device"]) == (100_000, 8, 512, "gpu") and r["recomputed"] and r["finite"]
     assert r["peak_gb"] > r["inputs_outputs_gradients_gb"]      # what it measured is at least what it must hold
+
+
+def test_the_summary_takes_a_configuration_from_its_later_run():
+    """heads.json and heads_b16.json both measure B = 16 at FlashRNN's shape: where heads_b16 is the later run, the
+    summary of where rnngraph is slower takes B = 16 from it alone, and the heads section says so; where it is the
+    earlier, from heads.json too."""
+    from rnngraph.lab.report_data import Findings
+    from rnngraph.lab.report_models import heads
+    results, findings = Results(RESULTS), Findings()
+    text = heads(results, findings)
+    assert results.bench("heads_b16")["machine"]["date"] > results.bench("heads")["machine"]["date"]
+    assert "B = 16 is measured again below" in text
+    said = [what for _, what in findings.slower]
+    assert not [w for w in said if "(B = 16, T = 1024" in w or "same size, B = 16" in w]
+    assert [w for w in said if "at B = 16 against cuDNN's single-head LSTM" in w]       # from heads_b16
+    earlier = Results(RESULTS)
+    doc = earlier.bench("heads_b16")
+    doc["machine"] = dict(doc["machine"], date="2000-01-01T00:00:00+00:00")
+    findings = Findings()
+    assert "B = 16 is measured again below" not in heads(earlier, findings)
+    assert [what for _, what in findings.slower if "(B = 16, T = 1024" in what]
