@@ -320,6 +320,9 @@ def test_aligned_rows_stage_in_bulk_copies_where_columns_lie_as_read():
     def body(name, H, B, ctype, G, way, **kw):     # the forward (way 0) or backward's kernel
         c = load_cell(name, H, H, **kw)
         return persistent_kernel(c, loops(c)[way], ctype, B, G, 1, ctype != "double").source.split("__global__")[1]
+    c = load_cell("lstm", 64, 64)
+    k = persistent_kernel(c, loops(c)[1], "rg_bf16", 16, 8, 1, True)
+    assert k.static_smem == 16 and k.shared == k.smem + 16      # the mbarrier: static shared memory, fitted in too
     bulk = body("lstm", 64, 16, "rg_bf16", 8, 1)
     assert bulk.count("rg_bulk_init(&rg_bulk);") == 1 and bulk.index("rg_bulk_init") < bulk.index("__syncthreads")
     assert "rg_bulk_copy(&xh[b * 264], &AT(" in bulk and "kw * 2, &rg_bulk);" in bulk      # K = 256: XLD 256 + 8
@@ -329,3 +332,4 @@ def test_aligned_rows_stage_in_bulk_copies_where_columns_lie_as_read():
     assert "rg_bulk_copy(&xh[b * 104], &AT(" in body("lstm", 24, 16, "rg_bf16", 8, 1)
     assert "rg_bulk" not in body("slstm", 64, 32, "rg_bf16", 4, 1, heads=4)
     assert "rg_bulk" not in body("lstm", 64, 8, "double", 8, 1)
+    assert persistent_kernel(c, loops(c)[1], "double", 8, 8).static_smem == 0

@@ -133,6 +133,12 @@ class Persistent:
     row_groups: int = 1         # the groups of rows its blocks split B into, each with its own barrier count
     resident: bool = False      # every GEMM's weights in registers (resident.py)
     split: bool = False         # float32 on tensor cores in 3xTF32 (mma.SPLIT), not TF32
+    static_smem: int = 0        # static shared memory bytes (the bulk copies' mbarrier, staging.BULK_INIT)
+
+    @property
+    def shared(self) -> int:
+        """The shared memory a block needs, dynamic and static."""
+        return self.smem + self.static_smem
 
 
 def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 1,
@@ -257,7 +263,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
     return Persistent(name, text.replace("{name}", name), tuple(names), G * row_groups, THREADS,
                       w_bytes + total * itemsize, cooperative=not apart, tensor_cores=on_mma,
                       row_groups=row_groups, resident=bool(tc and tc.resident and len(tc.resident) == len(tc.woff)),
-                      split=split)
+                      split=split, static_smem=staging.BULK_SHARED if staging.BULK_INIT in load else 0)
 
 
 def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, st: str, xw: int,

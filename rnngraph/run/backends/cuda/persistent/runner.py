@@ -124,8 +124,8 @@ def fit(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, tf32: 
     if k is None:
         return (f"B={B} rows: on CUDA cores a persistent kernel's blocks take at most {MAX_ROWS} rows, and B splits "
                 f"into no such row groups on {sms} SMs{short}")
-    if k.smem > smem:
-        return (f"its weights and rows need {k.smem / 1024:.0f} KiB of shared memory per block at B={B}, "
+    if k.shared > smem:
+        return (f"its weights and rows need {k.shared / 1024:.0f} KiB of shared memory per block at B={B}, "
                 f"more than the {smem / 1024:.0f} KiB the GPU has{short}")
     return None
 
@@ -224,7 +224,7 @@ def chosen(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, tf3
         cores = (not tc or setting == "0") and rows <= MAX_ROWS      # ... and none, not even in warp roles
         apart = _made(cell, loop, ctype, rows, counts[0], B // rows,
                       tensor_cores=True if few else False if cores else None)
-        if apart.smem <= smem or B > MAX_ROWS or len(counts) == 1:
+        if apart.shared <= smem or B > MAX_ROWS or len(counts) == 1:
             return apart
         counts = counts[1:]             # heads too large for a block: split over more blocks, with barriers
     units = max(p.units for g in groups for p in g)
@@ -235,7 +235,7 @@ def chosen(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, tf3
     if tc:
         counts = [G for G in dict.fromkeys(tensor_core_blocks(B, sms) + counts) if G <= counts[-1]]
     made += [_made(cell, loop, ctype, B, G, 1, tc, split) for G in counts] if tc or B <= MAX_ROWS else []
-    fits = [k for k in made if k.smem <= smem]
+    fits = [k for k in made if k.shared <= smem]
     return next((k for k in fits if k.resident and B // k.row_groups <= GROUP_ROWS), fits[0] if fits else
                 made[-1] if made else None)
 

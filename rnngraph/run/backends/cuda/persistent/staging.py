@@ -83,7 +83,9 @@ def padded(K: int) -> int:
     return -(-K // 16) * 16
 
 
-# a kernel's lines before its first __syncthreads where a phase stages in bulk copies (kernels.py adds them once)
+# a kernel's lines before its first __syncthreads where a phase stages in bulk copies (kernels.py adds them once), and
+# the static shared memory they take (the mbarrier's 8 bytes, allowed 16)
+BULK_SHARED = 16
 BULK_INIT = """    __shared__ __align__(8) unsigned long long rg_bulk;       // the block's bulk-copy mbarrier
     unsigned rg_phase = 0u;                                     // ... and its phase bit, the same in every thread
     rg_bulk_init(&rg_bulk);"""
