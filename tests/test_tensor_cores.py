@@ -244,7 +244,7 @@ def test_full_matrices_take_tensor_cores_from_a_measured_batch_or_where_asked(mo
     assert not full_tensor_cores(9, np.float32)         # float32 in 3xTF32 from SPLIT_FROM's rows, by width
     assert [full_tensor_cores(B, np.float32, units=u) for B, u in ((31, 512), (32, 512), (15, 768), (16, 768))] == \
         [False, True, False, True]
-    assert [full_tensor_cores(B, np.float32, units=256) for B in (7, 8)] == [False, True]
+    assert [full_tensor_cores(B, np.float32, units=256) for B in (3, 4)] == [False, True]
     assert not full_tensor_cores(9, np.float64)
     monkeypatch.setenv("RNNGRAPH_PERSISTENT_TENSOR_CORES", "1")
     assert full_tensor_cores(1, bf16) and full_tensor_cores(1, np.float32) and not full_tensor_cores(1, np.float64)

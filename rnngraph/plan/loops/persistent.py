@@ -52,7 +52,7 @@ def note(sched) -> str:
                 "blocks, with barriers); else frame by frame, as stages")
     return ("runs all stages as one cooperative kernel a direction on the GPU, the weights held on chip "
             "(up to B = 32, the batch split in groups of at most 8 rows beyond 8; on tensor cores (half precision; "
-            "float32 in TF32 where allowed, else in 3xTF32 from B = 8-32 by width) from B = 4, up to B = 16-128 by "
+            "float32 in TF32 where allowed, else in 3xTF32 from B = 4-32 by width) from B = 4, up to B = 16-128 by "
             "width, 256 with loop='persistent', in groups of 4 to 16 rows from B = 8; where they fit); else frame by "
             "frame, as stages (rnngraph schedule --batch B --dtype D says which)")
 

@@ -64,9 +64,9 @@ TENSOR_CORES_FROM = 4
 # 2.18 / -, B = 8 1.85 / 1.92 / 2.46 / 4.53, B = 16 2.25 / 2.39 / 3.10 / 4.71, B = 32 3.20 / 3.01 / 3.80 / 5.87, B = 64
 # - / 4.17 / 4.79 / 5.90, B = 128 - / 7.19 / 6.73 / 7.21; H = 768 B = 16 3.98 / 3.65 / 4.57, B = 32 - / 5.99 / 5.43;
 # H = 1024 B = 16 - / 4.85 / 5.71, B = 32 - / 8.53 / 7.25; H = 256 B = 64 (T = 1000) 17.7 / 16.7 / 26.0. Later, at H = 256
-# (T = 1000, CUDA cores / 3xTF32): B = 8 9.96 / 7.66, B = 16 10.07 / 8.03, B = 24 11.89 / 8.62, B = 32 12.50 / 9.37,
-# B = 48 16.39 / 11.89, B = 64 17.40 / 13.09.
-SPLIT_FROM = ((256, 8), (512, 32), (1024, 16))     # (units up to, from B rows)
+# (T = 1000, CUDA cores / 3xTF32): B = 2 5.96 / 6.97, B = 4 7.92 / 7.48, B = 8 9.96 / 7.66, B = 16 10.07 / 8.03, B = 24
+# 11.89 / 8.62, B = 32 12.50 / 9.37, B = 48 16.39 / 11.89, B = 64 17.40 / 13.09.
+SPLIT_FROM = ((256, 4), (512, 32), (1024, 16))     # (units up to, from B rows)
 AUTO_SPLIT_ROWS = ((512, 64), (1024, 16))       # (units up to, B up to)
 MMA_CAPABILITY = 80     # the tensor-core kernels' mma.sync m16n8k16 in half and cp.async need compute capability 8.0
 # Per head (a block owns whole heads, so rows split over blocks too), measured on an H200 (sLSTM 12 heads of 64,
