@@ -169,3 +169,12 @@ def test_the_summary_takes_a_configuration_from_its_later_run():
     findings = Findings()
     assert "B = 16 is measured again below" not in heads(earlier, findings)
     assert [what for _, what in findings.slower if "(B = 16, T = 1024" in what]
+
+
+def test_the_wider_section_says_where_auto_beats_cudnn_and_by_how_much_elsewhere():
+    from rnngraph.lab.report_tensor import _against
+    assert _against([("H = 768, B = 32", 1.02), ("H = 768, B = 64", 0.95), ("H = 1024, B = 32", 1.76)]) == (
+        "`auto`'s training step takes 0.95× cuDNN float16's time at H = 768, B = 64, and 1.02–1.76× elsewhere here.")
+    assert _against([("H = 1024, B = 64", 1.1)]) == \
+        "At these widths neither loop reaches cuDNN float16: its training step takes 1.10× cuDNN's here."
+    assert _against([("H = 768, B = 64", 0.95)]).endswith("at H = 768, B = 64.")
