@@ -44,12 +44,11 @@ def cut(edits: list):
         k = made(*args, **kw)
         if not edits:
             return k
-        src, name = k.source, k.name + "_cut" + str(abs(hash(tuple(edits))) % 10 ** 6)
+        name, at = k.name + "_cut" + str(abs(hash(tuple(edits))) % 10 ** 6), k.source.index('extern "C"')
+        body = k.source[at:]            # the kernel's calls, not the helpers' definitions before it
         for a, b in edits:
-            src = src.replace(a, b)
-        at = src.index('extern "C"')
-        src = src[:at] + NOOPS + src[at:]
-        return dataclasses.replace(k, name=name, source=src.replace(k.name, name))
+            body = body.replace(a, b)
+        return dataclasses.replace(k, name=name, source=(k.source[:at] + NOOPS + body).replace(k.name, name))
     kernel.__wrapped__ = made
     return kernel
 
