@@ -1,7 +1,6 @@
 """experiments/persistent_parts.py's cuts: each variant of a persistent kernel compiles for sm_90 (NVRTC) and takes
 out what it names, at its call sites, not in the helpers' definitions (the timing itself is a GPU probe)."""
 import importlib.util
-import sys
 from pathlib import Path
 
 import ml_dtypes
@@ -14,13 +13,12 @@ from rnngraph.run.backends.cuda.persistent import runner
 from nvrtc import nvrtc_compile
 
 SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "persistent_parts.py"
-H200 = dict(sms=132, smem=232448)
+H200 = dict(sms=132, smem=227 * 1024)
 
 
 def _script():
     spec = importlib.util.spec_from_file_location("persistent_parts", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["persistent_parts"] = mod
     spec.loader.exec_module(mod)
     return mod
 
@@ -33,16 +31,18 @@ def test_every_cut_compiles_and_takes_out_its_calls(B, dtype, monkeypatch):
     loops = [it for sec in (*sched.forward, *sched.backward) for it in sec.items if hasattr(it, "reverse")]
     assert len(loops) == 2
     made = {}
-    for name, edits in mod.VARIANTS.items():
-        monkeypatch.setattr(runner, "persistent_kernel", mod.cut(edits))
-        runner._KERNELS.clear()
-        for lp in loops:
-            k = runner.chosen(cell, lp, B, dtype, **H200)
-            nvrtc_compile(k.source, k.name)
-            body = k.source[k.source.index('extern "C"'):]
-            assert not any(a in body for a, _ in edits), name       # every call the cut names is gone
-            made[name, lp.reverse] = body
-    runner._KERNELS.clear()
+    try:
+        for name, edits in mod.VARIANTS.items():
+            monkeypatch.setattr(runner, "persistent_kernel", mod.cut(edits))
+            runner._KERNELS.clear()
+            for lp in loops:
+                k = runner.chosen(cell, lp, B, dtype, **H200)
+                nvrtc_compile(k.source, k.name)
+                body = k.source[k.source.index('extern "C"'):]
+                assert not any(a in body for a, _ in edits), name       # every call the cut names is gone
+                made[name, lp.reverse] = body
+    finally:
+        runner._KERNELS.clear()         # no cut kernel stays where later tests would find it
     for reverse in (False, True):      # each cut changes the kernel as generated (where it has such calls)
         changed = {n for n in mod.VARIANTS if made[n, reverse] != made["as generated", reverse]}
         assert {"no staging" if B > 1 else "no barrier", "all three"} <= changed, (reverse, changed)
