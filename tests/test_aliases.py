@@ -140,13 +140,14 @@ def run(layer, x, lengths, seed=5):
                                                  *(grads[n] for n in sorted(grads)))]
 
 
-def agree(cell, monkeypatch, dtype="float64", tol=1e-12, loop="auto", H=5, **layers):
-    """The numpy backend sharing gradients against the numpy backend keeping them apart, same parameters."""
+def agree(cell, monkeypatch, dtype="float64", tol=1e-12, loop="auto", H=5, share=sharing_numpy, **layers):
+    """The numpy backend sharing gradients (or as `share` sets it) against the numpy backend keeping them apart,
+    same parameters."""
     kw = {"num_layers": 2, "bidirectional": True, "dtype": dtype, "seed": 2, "loop": loop, **layers}
     x = np.random.default_rng(3).standard_normal((9, 4, 3)).astype(dtype)
     lengths = np.array([9, 5, 1, 7])
     ref = run(Recurrent(cell, 3, H, backend="numpy", **kw), x, lengths)
-    sharing_numpy(monkeypatch)
+    share(monkeypatch)
     layer = Recurrent(cell, 3, H, backend="numpy", **kw)
     out = run(layer, x, lengths)
     ws = layer._stack.runs[0][0].ex.ws
@@ -160,6 +161,26 @@ def agree(cell, monkeypatch, dtype="float64", tol=1e-12, loop="auto", H=5, **lay
 def test_the_rule_table_path_sharing_gradients_equals_it_apart(cell, monkeypatch):
     ws = agree(cell, monkeypatch)
     assert ws.aliases.home
+
+
+@pytest.mark.parametrize("cell", sorted(CELLS))
+def test_a_backend_keeping_gradients_apart_copies_a_sum_equal_to_an_earlier_one(cell, monkeypatch):
+    """twin_sums without alias_grads (the cupy backend's way): the gradient buffers stay apart, only a vector
+    parameter's sum that equals an earlier one's is a copy of it; an LSTM sums 4 of its 8 biases."""
+    import rnngraph.run.executor as executor
+    sums, summed = [], executor.run_param_grad
+
+    def copying(mp):
+        mp.setattr(NumpyBackend, "twin_sums", True)
+        mp.setattr(executor, "run_param_grad", lambda *a: (sums.append(a[2]), summed(*a)))
+    ws = agree(cell, monkeypatch, share=copying)
+    assert not ws.aliases.home and not ws.aliases.windows
+    if cell == "lstm":
+        assert {frozenset((s.param, t.param)) for s, t in ws.aliases.twins.items()} == \
+            {frozenset((f"b_i{g}", f"b_h{g}")) for g in GATES}
+        for k in range(4):      # one of a gate's two bias sums runs, in each of 2 layers x 2 directions
+            assert sums.count(f"add{2 + 4 * k}") + sums.count(f"add{4 + 4 * k}") == 4
+        assert len(sums) == 16
 
 
 @pytest.mark.parametrize("cell", ["lstm", "mgu", "gru", "slstm"])

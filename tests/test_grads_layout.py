@@ -39,14 +39,41 @@ def test_grads_gathered_into_torch_layout(cell):
         np.testing.assert_array_equal(g, kept[k])
 
 
+def gathers():
+    """A few long runs and a short one; a permutation (many runs: the host backends take once)."""
+    rng = np.random.default_rng(0)
+    return np.r_[np.arange(10, 400), np.arange(500, 520), [7]], rng.permutation(1000)[:300]
+
+
 def test_the_gradient_gather_by_runs_equals_a_take():
     """The host backends copy a layer's gradients run by run (a few long runs a layer); many runs take once."""
     from rnngraph.nn.grads import runs
     from rnngraph.run.backends import get_backend
-    src, rng = np.arange(1000.0), np.random.default_rng(0)
+    src = np.arange(1000.0)
     assert runs(np.r_[np.arange(10, 400), np.arange(500, 520), [7]]) == [(10, 0, 390), (500, 390, 20), (7, 410, 1)]
-    for idx in (np.r_[np.arange(10, 400), np.arange(500, 520), [7]], rng.permutation(1000)[:300]):
+    for idx in gathers():
         for name in ("numpy", "cpu"):
-            out = np.full(len(idx), np.nan)
-            get_backend(name).gather(src, idx, runs(idx), out)
+            be, out = get_backend(name), np.full(len(idx), np.nan)
+            plan = be.gather_plan(idx, runs(idx))
+            assert plan.size == len(idx) and (plan.table is None) == (len(runs(idx)) <= 64)
+            be.gather(src, plan, out)
             np.testing.assert_array_equal(out, src[idx])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16", "int8"])
+def test_the_gpu_gathers_every_run_in_one_launch(dtype):
+    """The cupy backend's runs table: one kernel copies each run (grid rows over runs, a run longer than the
+    grid's row strided), for elements of 8, 4, 2 and 1 bytes; the layer's own gradients are checked by every
+    GPU test against staged mode and numpy."""
+    import cupy
+    from rnngraph.nn.grads import runs
+    from rnngraph.run.backends import get_backend
+    be = get_backend("cupy")
+    src = cupy.arange(400_000).astype(dtype)
+    for idx in (*gathers(), np.r_[np.arange(300_000, 400_000), np.arange(0, 290_000)]):
+        plan = be.gather_plan(idx, runs(idx))
+        out = cupy.zeros(len(idx), dtype)
+        be.gather(src, plan, out)
+        assert plan.table.shape == (len(runs(idx)), 3)
+        np.testing.assert_array_equal(cupy.asnumpy(out), cupy.asnumpy(src)[idx])

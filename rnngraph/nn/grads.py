@@ -23,11 +23,11 @@ class GradGather:
         key = tuple(k for k, _ in sources)
         plan = self.plans.get(key) or self._plan(grads, [buf for _, buf in sources])
         self.plans = {**{k: v for k, v in list(self.plans.items())[-3:] if k != key}, key: plan}
-        flat = self.backend.xp.empty(sum(len(idx) for idx, _ in plan), self.dtype)
+        flat = self.backend.xp.empty(sum(g.size for g in plan), self.dtype)
         off = 0
-        for (_, buf), (idx, spans) in zip(sources, plan):
-            self.backend.gather(buf, idx, spans, flat[off:off + len(idx)])
-            off += len(idx)
+        for (_, buf), g in zip(sources, plan):
+            self.backend.gather(buf, g, flat[off:off + g.size])
+            off += g.size
         out, off = {}, 0
         for name, p in params.items():
             out[name] = flat[off:off + p.size].reshape(p.shape)
@@ -35,16 +35,15 @@ class GradGather:
         return flat, out
 
     def _plan(self, grads, arenas: list) -> list:
-        """Per (layer, direction), in parameters() order: (the offset in its arena [N] of every element of its
-        PyTorch-layout parameters, row blocks stacked (int32 where N allows), on the backend; the same as runs
-        of consecutive elements, [(arena offset, output offset, length)])."""
+        """Per (layer, direction), in parameters() order: the backend's plan (gather_plan) to gather its
+        PyTorch-layout parameters from its arena [N], row blocks stacked: every element's offset there, and the
+        same as runs of consecutive elements, [(arena offset, output offset, length)]."""
         plan, arenas = [], iter(arenas)
         for per_l, g_l in zip(self.layout, grads):
             for per_d, g in zip(per_l, g_l):
                 arena = next(arenas)
                 idx = np.concatenate([element_offsets(g[p], arena) for _, _, parts in per_d for p, _, _ in parts])
-                plan.append((self.backend.asarray(idx.astype(np.int32 if arena.size < 2 ** 31 else np.int64)),
-                             runs(idx)))
+                plan.append(self.backend.gather_plan(idx, runs(idx)))
         return plan
 
 

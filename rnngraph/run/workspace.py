@@ -192,8 +192,10 @@ def _read_back(key, kept: set) -> bool:
 
 def shared_grads(sched: Schedule, backend) -> GradAliases:
     """The classes of equal gradients a backend's workspaces keep in one buffer (plan/aliases.py): none unless
-    it shares them (alias_grads)."""
-    return sched.grad_aliases if backend.alias_grads else GradAliases()
+    it shares them (alias_grads); where it does not, only the equal parameter sums (twins) if it copies them."""
+    if backend.alias_grads:
+        return sched.grad_aliases
+    return GradAliases(twins=sched.grad_aliases.twins) if backend.twin_sums else GradAliases()
 
 
 def owned_blocks(blocks, aliases) -> list:

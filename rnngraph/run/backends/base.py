@@ -10,11 +10,28 @@ import functools
 import importlib
 import importlib.util
 import os
+from dataclasses import dataclass
+
+import numpy
 
 from ...arrays import address, float32_copies, is_half
 from ...errors import RnnGraphError
 from ...ir.ops import ALL, FORWARD, VJP, OpKind, accumulate, split_heads
 from ...plan.loops import STRATEGIES, strategy_of
+
+
+@dataclass(frozen=True)
+class GatherPlan:
+    """A backend's way to gather `size` elements (ArrayBackend.gather_plan): their runs [(src offset, out offset,
+    length)] and what the backend made of them on its device (its table), if anything."""
+    size: int
+    runs: list
+    table: object = None
+
+
+def small_ints(idx):
+    """int32 where every value of idx fits, else int64."""
+    return numpy.int32 if len(idx) == 0 or int(idx.max()) < 2 ** 31 else numpy.int64
 
 
 class ArrayBackend:
@@ -37,6 +54,7 @@ class ArrayBackend:
     keeps_transposes = False    # pack keeps the transpose of per-frame weights (transposed() returns it)
     alias_grads = False     # one buffer for each class of equal gradients (plan/aliases.py): every kernel it
                             # compiles then skips the hand-ons inside a class and stores a class once
+    twin_sums = False   # where it does not: a vector parameter's sum equal to an earlier one's (twins) is a copy
 
     def __init__(self, mode: str = "staged"):
         if mode not in self.modes:
@@ -60,14 +78,19 @@ class ArrayBackend:
     def to_numpy(self, a):
         return a
 
-    def gather(self, src, idx, runs, out):
-        """out [n] = src [N] at idx [n], given also as runs [(src offset, out offset, length)] of consecutive
-        elements: on the host a copy a run (a layer's gradients are a few long runs; numpy's take of every
-        element took half of a B = 1 LSTM step's backward), one take where the runs are many."""
-        if len(runs) > 64:
-            self.xp.take(src, idx, out=out)
+    def gather_plan(self, idx, runs) -> GatherPlan:
+        """How gather() fills out [n] with src's elements at idx [n] (host ints), given also as runs [(src offset,
+        out offset, length)]: on the host a copy a run (a layer's gradients are a few long runs; numpy's take of
+        every element took half of a B = 1 LSTM step's backward), one take where the runs are many."""
+        many = len(runs) > 64
+        return GatherPlan(len(idx), runs, self.asarray(idx.astype(small_ints(idx))) if many else None)
+
+    def gather(self, src, plan: GatherPlan, out):
+        """out [plan.size] = src [N] at the plan's elements."""
+        if plan.table is not None:
+            self.xp.take(src, plan.table, out=out)
             return
-        for s, d, n in runs:
+        for s, d, n in plan.runs:
             out[d:d + n] = src[s:s + n]
 
     def copy(self, dst, src):

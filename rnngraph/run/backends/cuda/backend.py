@@ -9,12 +9,14 @@ from __future__ import annotations
 import functools
 import warnings
 
+import numpy
+
 from ....errors import RnnGraphError, RnnGraphWarning
 from ....plan.backward import kept_values
 from ....plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum
 from ....plan.loops import STRATEGIES
 from ...settings import switch
-from ..base import ArrayBackend, head_parts, strategy_runners
+from ..base import ArrayBackend, GatherPlan, head_parts, strategy_runners
 from .chunks import chunk_launch
 from .fused import fusable
 from .matmul import GEMV_ROWS, matmul_source
@@ -53,6 +55,19 @@ def gpu_problem() -> str | None:
     return None
 
 
+COPY_RUNS = r"""
+extern "C" __global__ void rg_copy_runs_{bytes}(const {T}* src, {T}* out, const long long* runs, long long R) {{
+    // out[d + i] = src[s + i] for each run (s, d, n) of the table [R, 3], i < n
+    for (long long r = blockIdx.y; r < R; r += gridDim.y) {{
+        const long long s = runs[3 * r], d = runs[3 * r + 1], n = runs[3 * r + 2], step = (long long)gridDim.x * 256;
+        for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < n; i += step)
+            out[d + i] = src[s + i];
+    }}
+}}
+"""
+WORDS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}   # an element's bits
+
+
 def cuda_version(v: int) -> str:
     return f"{v // 1000}.{v % 1000 // 10}"
 
@@ -75,6 +90,7 @@ class CupyBackend(ArrayBackend):
     modes = ("naive", "staged", "graph")
     compiles_heads = True
     keeps_transposes = True
+    twin_sums = True        # an LSTM's b_ih and b_hh: 4 bias sums over all rows, not 8
     kernel_loops = frozenset(s.name for s in STRATEGIES.values() if s.item in ROOM)
     walking_loops = frozenset({"persistent", "elementwise", "scan"})      # their kernels read n from the cursor
 
@@ -124,9 +140,18 @@ class CupyBackend(ArrayBackend):
         return frozenset(own) | {n for it in groups if isinstance(it, Fused) and not row_group(cell, it.nodes)
                                  for n in set(it.nodes) - kept_values(cell, it.nodes)}
 
-    def gather(self, src, idx, runs, out):
-        """One take kernel, whatever the runs (a copy a run would be a launch each)."""
-        self.xp.take(src, idx, out=out)
+    def gather_plan(self, idx, runs) -> GatherPlan:
+        """The runs as a device table [R, 3] (int64): gather() copies them all in one launch, reading no index
+        array (a take of every element read 4 bytes of index a 2-byte gradient)."""
+        return GatherPlan(len(idx), runs, self.xp.asarray(numpy.array(runs, numpy.int64).reshape(-1, 3)))
+
+    def gather(self, src, plan: GatherPlan, out):
+        """One launch: block row r of the grid (and every gridDim.y-th after) copies run r."""
+        kernel = self.raw(f"rg_copy_runs_{src.itemsize}", COPY_RUNS.format(bytes=src.itemsize,
+                                                                           T=WORDS[src.itemsize]))
+        longest = max(n for _, _, n in plan.runs)
+        grid = (min(-(-longest // 1024), 1024), min(len(plan.runs), 1024))
+        kernel(grid, (256,), (src, out, plan.table, numpy.int64(len(plan.runs))))
 
     def copy(self, dst, src):
         """One asynchronous memcpy where both are contiguous (a few µs of host time, against ~15 for a
