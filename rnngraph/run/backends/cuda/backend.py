@@ -21,10 +21,11 @@ from .chunks import chunk_launch
 from .fused import fusable
 from .matmul import GEMV_ROWS, matmul_source
 from .pair import GEMV_FUSED_ROWS, PAIR_MAX_BYTES, pair_kernel
-from .param_grad import chunks, param_grad_kernel, sum_source
+from .param_grad import LANES, chunks, param_grad_kernel, sum_source
 from .recordings import Recordings, chunk_frames_setting
 from .rows import group_kernel, row_group
 from .source import CTYPES, complete, options
+from .uploads import Uploads
 
 _KERNELS: dict = {}      # process-wide cache: (kernel name, generated source, options) -> compiled kernel object
 
@@ -124,6 +125,7 @@ class CupyBackend(ArrayBackend):
         self.records = ("all" if self.blas else "loops") if capture else None
         self.own_loop_gemms = capture and self.matmul == "own"    # per-frame GEMMs as our own kernels
         self.lanes = [cupy.cuda.Stream(non_blocking=True) for _ in range(lanes if lanes > 1 else 0)]
+        self._uploads = Uploads(cupy)
 
     def to_numpy(self, a):
         return self.xp.asnumpy(a)
@@ -162,7 +164,8 @@ class CupyBackend(ArrayBackend):
             dst[...] = src
 
     def upload(self, dst, host):
-        dst.set(host)
+        """Queued like a kernel, through pinned memory (uploads.py): the host does not wait for the GPU."""
+        self._uploads(dst, host)
 
     def compile_chunk(self, op, cursor, args):
         return chunk_launch(self, op, cursor, args)
@@ -237,7 +240,7 @@ class CupyBackend(ArrayBackend):
         R, L = chunks(N, F)
         part = cp.empty((R, F), cp.float64 if ctype == "double" else cp.float32) if R > 1 else None
         head = (*self.row_args([g, *ins, y]), out, cp.int32(N), cp.int32(F), cp.int32(L))
-        first = (kernel, ((F + 31) // 32, R), (32, 32), (*head, cp.uint64(0) if part is None else part))
+        first = (kernel, ((F + 31) // 32, R), (32, LANES), (*head, cp.uint64(0) if part is None else part))
         if part is None:
             return (first,)
         total = self.raw(f"rg_pgrad_sum_{ctype}", sum_source(ctype))

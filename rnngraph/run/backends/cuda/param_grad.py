@@ -9,18 +9,18 @@ from .source import kernel_name, math_type, op_expr
 PARAM_GRAD_SOURCE = r"""
 extern "C" __global__ void {name}({args}int N, int F, int L, {T}* part) {{
     // gradient of a vector parameter: the sum over rows n of the op's backward expression, with no atomics (bit
-    // for bit the same every run): a block of 32 features x 32 row lanes over rows [c·L, c·L + L) (c = blockIdx.y),
-    // lane y summing rows y, y + 32, ... of them in order, then the 32 lanes' sums added in order; into out[f] +=
+    // for bit the same every run): a block of 32 features x {Y} row lanes over rows [c·L, c·L + L) (c = blockIdx.y),
+    // lane y summing rows y, y + {Y}, ... of them in order, then the {Y} lanes' sums added in order; into out[f] +=
     // where the rows are one chunk (part null), else into part[c, f] (SUM_SOURCE adds the chunks in order)
-    __shared__ {T} lanes[32][33];
+    __shared__ {T} lanes[{Y}][33];
     int f = blockIdx.x * 32 + threadIdx.x, n1 = min(N, (blockIdx.y + 1) * L);
     {T} acc = 0;
-    for (int n0 = blockIdx.y * L + threadIdx.y; f < F && n0 < n1; n0 += 32 * {U}) {{
+    for (int n0 = blockIdx.y * L + threadIdx.y; f < F && n0 < n1; n0 += {Y} * {U}) {{
         // {U} rows' terms loaded at once (their loads in flight together), then added in row order
         {T} term[{U}];
         #pragma unroll
         for (int u = 0; u < {U}; ++u) {{
-            const int n = n0 + 32 * u;
+            const int n = n0 + {Y} * u;
             if (n < n1) {{
 {loads}
                 term[u] = {expr};
@@ -28,13 +28,13 @@ extern "C" __global__ void {name}({args}int N, int F, int L, {T}* part) {{
         }}
         #pragma unroll
         for (int u = 0; u < {U}; ++u)
-            if (n0 + 32 * u < n1) acc += term[u];
+            if (n0 + {Y} * u < n1) acc += term[u];
     }}
     lanes[threadIdx.y][threadIdx.x] = acc;
     __syncthreads();
     if (threadIdx.y == 0 && f < F) {{
         {T} total = 0;
-        for (int y = 0; y < 32; ++y) total += lanes[y][threadIdx.x];
+        for (int y = 0; y < {Y}; ++y) total += lanes[y][threadIdx.x];
         if (part) part[(long long)blockIdx.y * F + f] = total;
         else out[f] = out[f] + total;
     }}
@@ -52,9 +52,11 @@ extern "C" __global__ void rg_pgrad_sum_{S}(const {T}* part, int R, int F, {S}* 
 }}
 """
 
-IN_FLIGHT = 8           # rows a lane loads at once: one load in flight a thread read 13 MB of bfloat16 at 0.8 TB/s
-                        # (ncu, LSTM H = 1024, B = 64, T = 100: 15.6 µs a bias)
-CHUNK_ROWS = 256        # rows a block sums at least (8 a lane) ...
+LANES = 16              # row lanes a block (of 32 features each), and the rows each loads at once: measured on an
+IN_FLIGHT = 8           # H200 (a bias of an LSTM's gate gradients, 20 sums replayed in a CUDA graph, µs a sum with
+                        # its chunks' sum, 32 lanes x 1 row / 16 x 8): bfloat16 N = 6400 F = 1024 8.9 / 9.0, N = 16384
+                        # F = 768 14.6 / 13.7; float32 N = 4096 F = 512 4.7 / 4.3, N = 65536 F = 512 59.1 / 36.2
+CHUNK_ROWS = 256        # rows a block sums at least (16 a lane) ...
 BLOCKS = 528            # ... over about this many blocks (4 per SM of an H200): a single chunk of 6400 rows and
                         # 512 features took 82 µs in 16 blocks (bfloat16 LSTM, B = 64, T = 100)
 
@@ -78,6 +80,7 @@ def param_grad_kernel(cell, n: str, slot: int, ctype: str) -> tuple[str, str]:
     args = "".join(f"const {ctype}* p{v}, long long ld{v}, " for v in names) + f"{ctype}* out, "
     loads = "\n".join(f"                {math_type(ctype)} {v} = p{v}[n * ld{v} + f];" for v in names)
     expr = op_expr(KERNEL[op.kind][1][slot], cell, n, names[1:-1], g="G", y="Y")
-    text = PARAM_GRAD_SOURCE.format(name="{name}", args=args, T=math_type(ctype), loads=loads, expr=expr, U=IN_FLIGHT)
+    text = PARAM_GRAD_SOURCE.format(name="{name}", args=args, T=math_type(ctype), loads=loads, expr=expr,
+                                    U=IN_FLIGHT, Y=LANES)
     name = kernel_name("pgrad", text)
     return name, text.replace("{name}", name)
