@@ -9,7 +9,7 @@ import pytest
 
 from cuda_on_cpu import PRELUDE_2D, compiled, needs_cxx
 from rnngraph import load_cell
-from rnngraph.run.backends.cuda.param_grad import chunks, param_grad_kernel, sum_source
+from rnngraph.run.backends.cuda.param_grad import LANES, chunks, param_grad_kernel, sum_source
 
 LAUNCH = r"""
 extern "C" void rg_launch(void** p, long long* ld, int N, int F, int L, void* part, void* out, int R, int gx, int gy,
@@ -56,7 +56,7 @@ def run(cell, n, slot, arrays, out):
     p = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
     ld = (ctypes.c_longlong * len(arrays))(*[0 if a.ndim == 1 else a.strides[0] // 8 for a in arrays])
     args = (p, ld, N, F, L, None if part is None else part.ctypes.data, out.ctypes.data, R)
-    lib.rg_launch(*args, (F + 31) // 32, R, 32, 32, 0)
+    lib.rg_launch(*args, (F + 31) // 32, R, 32, LANES, 0)
     if part is not None:
         lib.rg_launch(*args, (F + 255) // 256, 1, 256, 1, 1)
     return R

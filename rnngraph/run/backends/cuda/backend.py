@@ -25,7 +25,6 @@ from .param_grad import LANES, chunks, param_grad_kernel, sum_source
 from .recordings import Recordings, chunk_frames_setting
 from .rows import group_kernel, row_group
 from .source import CTYPES, complete, options
-from .uploads import Uploads
 
 _KERNELS: dict = {}      # process-wide cache: (kernel name, generated source, options) -> compiled kernel object
 
@@ -125,7 +124,6 @@ class CupyBackend(ArrayBackend):
         self.records = ("all" if self.blas else "loops") if capture else None
         self.own_loop_gemms = capture and self.matmul == "own"    # per-frame GEMMs as our own kernels
         self.lanes = [cupy.cuda.Stream(non_blocking=True) for _ in range(lanes if lanes > 1 else 0)]
-        self._uploads = Uploads(cupy)
 
     def to_numpy(self, a):
         return self.xp.asnumpy(a)
@@ -164,8 +162,7 @@ class CupyBackend(ArrayBackend):
             dst[...] = src
 
     def upload(self, dst, host):
-        """Queued like a kernel, through pinned memory (uploads.py): the host does not wait for the GPU."""
-        self._uploads(dst, host)
+        dst.set(host)
 
     def compile_chunk(self, op, cursor, args):
         return chunk_launch(self, op, cursor, args)
