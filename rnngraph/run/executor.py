@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import replace
 
+import numpy
+
 from ..arrays import array_module
 from ..errors import RnnGraphError
 from ..ir.ops import OpKind, accumulate
@@ -67,7 +69,7 @@ class Executor:
         cursor), carved from this executor's arenas (made on first use, or again after the arenas grew). Sharing
         is safe: every call writes every frame it reads, and the history rows before frame 0, read only for
         states, are written from the initial state by each forward."""
-        key = (T, B, str(dtype), chunk)
+        key = (T, B, numpy.dtype(dtype), chunk)
         ws = self._ws.get(key)
         if ws is None or ws.generation != self.arenas.generation:
             ws = Workspace(self.sched, self.backend, T, B, dtype, self.arenas)
@@ -91,7 +93,7 @@ class Executor:
     def _store_cost(self, B: int, dtype) -> tuple:
         """(bytes, bytes a frame) a workspace of B rows of dtype stores for the backward (stored_bytes is
         linear in T), computed once per (B, dtype)."""
-        key = (B, str(dtype))
+        key = (B, numpy.dtype(dtype))
         if key not in self._costs:
             shared = shared_grads(self.sched, self.backend)
             fixed = stored_bytes(self.sched, 0, B, dtype, shared)
@@ -102,7 +104,7 @@ class Executor:
         """Whether the loop's kernel walks only a chunk's n frames at B rows of dtype, so that a ladder pads a
         chunk at little cost (chunks.spans): the backend's kernel for the strategy does (walking_loops) and runs
         here, not the reference. Only the cost depends on it: padded frames are masked either way."""
-        key = ("walks", B, str(dtype))
+        key = ("walks", B, numpy.dtype(dtype))
         if key not in self._costs:
             loop = self.sched.forward[1].items[0]
             s, be = strategy_of(loop), self.backend
