@@ -9,8 +9,6 @@ from __future__ import annotations
 import functools
 import warnings
 
-import numpy
-
 from ....errors import RnnGraphError, RnnGraphWarning
 from ....plan.backward import kept_values
 from ....plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum
@@ -19,6 +17,7 @@ from ...settings import switch
 from ..base import ArrayBackend, GatherPlan, head_parts, strategy_runners
 from .chunks import chunk_launch
 from .fused import fusable
+from .gather import copy_runs_launch, runs_table
 from .matmul import GEMV_ROWS, matmul_source
 from .pair import GEMV_FUSED_ROWS, PAIR_MAX_BYTES, pair_kernel
 from .param_grad import LANES, chunks, param_grad_kernel, sum_source
@@ -53,19 +52,6 @@ def gpu_problem() -> str | None:
     except Exception as e:
         return f"the GPU is not usable ({type(e).__name__}: {e}); check the driver with nvidia-smi"
     return None
-
-
-COPY_RUNS = r"""
-extern "C" __global__ void rg_copy_runs_{bytes}(const {T}* src, {T}* out, const long long* runs, long long R) {{
-    // out[d + i] = src[s + i] for each run (s, d, n) of the table [R, 3], i < n
-    for (long long r = blockIdx.y; r < R; r += gridDim.y) {{
-        const long long s = runs[3 * r], d = runs[3 * r + 1], n = runs[3 * r + 2], step = (long long)gridDim.x * 256;
-        for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < n; i += step)
-            out[d + i] = src[s + i];
-    }}
-}}
-"""
-WORDS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}   # an element's bits
 
 
 def cuda_version(v: int) -> str:
@@ -141,17 +127,12 @@ class CupyBackend(ArrayBackend):
                                  for n in set(it.nodes) - kept_values(cell, it.nodes)}
 
     def gather_plan(self, idx, runs) -> GatherPlan:
-        """The runs as a device table [R, 3] (int64): gather() copies them all in one launch, reading no index
-        array (a take of every element read 4 bytes of index a 2-byte gradient)."""
-        return GatherPlan(len(idx), runs, self.xp.asarray(numpy.array(runs, numpy.int64).reshape(-1, 3)))
+        """The runs as a device table: gather() copies them all in one launch (gather.py)."""
+        return GatherPlan(len(idx), runs, runs_table(self.xp, runs))
 
     def gather(self, src, plan: GatherPlan, out):
-        """One launch: block row r of the grid (and every gridDim.y-th after) copies run r."""
-        kernel = self.raw(f"rg_copy_runs_{src.itemsize}", COPY_RUNS.format(bytes=src.itemsize,
-                                                                           T=WORDS[src.itemsize]))
-        longest = max(n for _, _, n in plan.runs)
-        grid = (min(-(-longest // 1024), 1024), min(len(plan.runs), 1024))
-        kernel(grid, (256,), (src, out, plan.table, numpy.int64(len(plan.runs))))
+        kernel, grid, block, args = copy_runs_launch(self, src, plan.table, plan.runs, out)
+        kernel(grid, block, args)
 
     def copy(self, dst, src):
         """One asynchronous memcpy where both are contiguous (a few µs of host time, against ~15 for a
