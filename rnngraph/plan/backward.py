@@ -124,6 +124,21 @@ def backward_sections(sched, loop) -> tuple:
             Section("shared", tuple(accumulate)))
 
 
+def next_frame_readers(sched) -> dict:
+    """GemmGrad step -> the FusedGrad step that reads the gradient it adds, at the next frame the backward runs:
+    per-frame products whose operand is read one frame back (an LSTM's dh@t-1), whose operand is a member of one
+    group of the same loop, run as one kernel. The product may leave its sum to that reader (run/executor.py)."""
+    out = {}
+    for sec in sched.backward:
+        for loop in (sec.items if sec.per_frame else ()):
+            steps = [it for st in getattr(loop, "stages", ()) for it in st.items]
+            for s in (s for s in steps if isinstance(s, GemmGrad) and s.item.delay == 1 and s.item.heads == 1):
+                readers = [f for f in steps if isinstance(f, FusedGrad) and s.item.operand in f.item.nodes]
+                if len(readers) == 1 and readers[0].one_kernel and not readers[0].params:
+                    out[s] = readers[0]
+    return out
+
+
 def capture_problem(sched) -> str | None:
     """Why a whole backward body cannot be recorded (an item over all frames runs op by op, with
     temporaries), or None."""

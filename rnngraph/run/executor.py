@@ -17,6 +17,7 @@ from ..arrays import array_module
 from ..errors import RnnGraphError
 from ..ir.ops import OpKind, accumulate
 from ..plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, SharedWeight, WeightGrad, head_wise
+from ..plan.backward import next_frame_readers
 from ..plan.loops import STRATEGIES, strategy_of
 from ..plan.schedule import Schedule, build_schedule
 from .backends.base import head_parts, run_fused_backward, run_fused_forward, run_param_grad
@@ -55,6 +56,7 @@ class Executor:
         self._ws: OrderedDict = OrderedDict()
         self.arenas = Arenas(backend)
         self._loop_gemms = {it for st in schedule.loop for it in st if isinstance(it, Gemm)}
+        self._readers = next_frame_readers(schedule)    # per-frame products that may leave their sums to a reader
         self.ws: Workspace | None = None
         self.serial = next(SERIAL)
         self.loop_runs, self.loop_note = schedule.loop_strategy, None
@@ -332,8 +334,9 @@ class Executor:
         (g, w, x, gx, gw), launch = self._prepared(step, ws, t, lambda: (
             ws.at(ws.cat[it][1], t), ws.wcat[it][0], ws.read(it.operand, it.delay, t),
             ws.read(it.operand, it.delay, t, grads=True), ws.wcat[it][1]))
-        if launch:
-            be.launch(launch)
+        parts = add and self._parts(step, ws, t, g, w)
+        if parts or launch:
+            be.launch(parts or launch)
         elif it.heads > 1:              # per linear op j, per head h: dx[h] += g_j[h] · W_j[h]
             for gj, wj, gxh in self._head_parts(it, (step, t), ws, g, w, gx):
                 be.head_gemm(gj, wj, gxh, accumulate=add)
@@ -345,16 +348,30 @@ class Executor:
         elif step.params:
             be.gemm(g, x, gw, ta=True, accumulate=True)
 
+    def _parts(self, step, ws, t, g, w):
+        """The launchable of frame t's product in parts (backend.product_parts), whose sum its reader at frame t - 1
+        adds (plan.backward.next_frame_readers; _fused_grad), or None: the product adds itself. Decided once."""
+        if (step, t, "parts") not in ws.memo:
+            reader = self._readers.get(step) if t is not ALL and t >= 1 else None
+            made = reader and self.backend.product_parts(g, w, self.cell, reader, step.item.operand)
+            ws.memo[step, t, "parts"] = made and made[0]
+            if made:
+                ws.memo[reader, t - 1, "parts"] = {step.item.operand: made[1]}
+        return ws.memo[step, t, "parts"]
+
     def _fused_grad(self, step, ws, t):
         it = step.item
         kernel = step.one_kernel and not step.params
-        (env, genv, targets, aliases), launch = self._prepared(step, ws, t, lambda: (
+        parts = ws.memo.get((step, t, "parts"), {})     # node -> [S, B, F]: products' parts left to this reader
+        (env, genv, targets, aliases, _), launch = self._prepared(step, ws, t, lambda: (
             self._env(it, ws, t), {n: ws.read(n, 0, t, grads=True) for n in it.nodes},
             {(u, d): ws.read(u, d, t, grads=True) for n in it.nodes for u, d in self.cell.reads(n)
-             if self.cell.op(u).kind is not OpKind.PARAM}, ws.aliases), kernel)
+             if self.cell.op(u).kind is not OpKind.PARAM}, ws.aliases, parts), kernel)
         if launch:
             self.backend.launch(launch)
         else:
+            for n, p in parts.items():      # a reader compiled without them: added first
+                self.backend.add_parts(genv[n], p)
             run_fused_backward(self.backend.xp, self.cell, it, env, genv,
                                lambda u, d, v, cols=slice(None): ws.add(u, d, t, v, cols), step.params, aliases.skips)
 

@@ -182,6 +182,20 @@ class ArrayBackend:
         cursor on the device, or None: the executor runs its reference."""
         return None
 
+    def product_parts(self, g, w, cell, reader, node):
+        """(launchable, parts [S, B, K]) running a per-frame d-operand product g [B, M] · w [M, K] as S float32
+        parts over slices of M, which the executor hands to the product's reader at the next frame (FusedGrad step
+        `reader`, the group holding the operand `node`) to add in order (cuda/split.py), or None: the product adds
+        itself into its output."""
+        return None
+
+    def add_parts(self, out, parts):
+        """out [B, K] += parts [S, B, K], in order, rounded once: for a reader compiled without them."""
+        total = out.astype(parts.dtype)
+        for p in parts:
+            total += p
+        out[...] = total
+
     def launch(self, launchable):
         """Runs what compile returned: (kernel, grid, block, arguments) launches, in order."""
         for kernel, grid, block, args in launchable:

@@ -144,8 +144,8 @@ class CpuBackend(ArrayBackend):
         return self._fused_launch(cell, item.nodes, "fwd", per_frame, lambda keys: spec_arrays(keys, env))
 
     def _compile_fused_grad(self, cell, item, views, per_frame):
-        env, genv, targets, aliases = views
-        if item.params or item.atomic or not item.one_kernel:
+        env, genv, targets, aliases, parts = views
+        if item.params or item.atomic or not item.one_kernel or parts:     # parts: the executor adds them first
             return None
         return self._fused_launch(cell, item.item.nodes, "bwd", per_frame,
                                   lambda keys: spec_arrays(keys, env, genv, targets), aliases)

@@ -24,6 +24,7 @@ from .param_grad import LANES, chunks, param_grad_kernel, sum_source
 from .recordings import Recordings, chunk_frames_setting
 from .rows import group_kernel, row_group
 from .source import CTYPES, complete, options
+from .split import Parts, add_parts_launch, parts_for, with_parts
 
 _KERNELS: dict = {}      # process-wide cache: (kernel name, generated source, options) -> compiled kernel object
 
@@ -249,9 +250,26 @@ class CupyBackend(ArrayBackend):
         return spec and (self._fused_launch(spec, _fused_arrays(spec, env)),)
 
     def _compile_fused_grad(self, cell, item, views, per_frame):
-        env, genv, targets, _ = views
+        """The group's backward kernel, adding the parts of products that left their sum to it (split.py)."""
+        env, genv, targets, _, parts = views
         spec = _spec(cell, item.item, "bwd_atomic" if item.atomic else "bwd")
-        return spec and (self._fused_launch(spec, _fused_arrays(spec, env, genv, targets)),)
+        if spec and parts:
+            spec = with_parts(spec, {n: p.shape[0] for n, p in parts.items()})
+        return spec and (self._fused_launch(spec, _fused_arrays(spec, env, genv, targets), list(parts.values())),)
+
+    def product_parts(self, g, w, cell, reader, node):
+        """A per-frame d-operand product g [B, M] · w [M, K] as float32 parts, where they measured faster and the
+        reader's kernel adds them (split.py)."""
+        S = parts_for(*g.shape, g.dtype) if self.blas and g.ndim == 2 and self.blas.usable(g, w) else 0
+        spec = S and _spec(cell, reader.item, "bwd_atomic" if reader.atomic else "bwd")
+        if not spec or with_parts(spec, {node: S}) is None:
+            return None
+        parts = self.xp.empty((S, g.shape[0], w.shape[1]), self.xp.float32)
+        return ((Parts(self.blas, g, w, parts), None, None, None),), parts
+
+    def add_parts(self, out, parts):
+        kernel, grid, block, args = add_parts_launch(self, out, parts)
+        kernel(grid, block, args)
 
     def _compile_pair(self, cell, item, views, per_frame):
         """GEMV (rows ≤ 8) plus the fused group as one kernel, one block per feature, while rows × the
@@ -275,15 +293,18 @@ class CupyBackend(ArrayBackend):
                 cp.int64(c.strides[0] // c.itemsize))
         return head + self._fused_args(spec, arrays)
 
-    def _fused_launch(self, spec, arrays):
+    def _fused_launch(self, spec, arrays, parts=()):
         out = arrays[len(spec.in_names)]
         kernel = self.raw(*spec.source(CTYPES[str(out.dtype)]))
-        return (kernel, *spec.launch_shape(*out.shape), self._fused_args(spec, arrays))
+        return (kernel, *spec.launch_shape(*out.shape), self._fused_args(spec, arrays, parts))
 
-    def _fused_args(self, spec, arrays):
-        """Pointer and row-stride pairs of a fused kernel's arrays, then its rows and features."""
+    def _fused_args(self, spec, arrays, parts=()):
+        """Pointer and row-stride pairs of a fused kernel's arrays, its parts [S, rows, F] (spec.parts), then its
+        rows and features."""
         rows, F = arrays[len(spec.in_names)].shape
-        return tuple(self.row_args(arrays) + [self.xp.int64(rows), self.xp.int32(F)])
+        if any(p.shape[1:] != (rows, F) for p in parts):
+            raise RnnGraphError("internal: a product's parts are not shaped like the rows of the kernel adding them")
+        return tuple(self.row_args(arrays) + list(parts) + [self.xp.int64(rows), self.xp.int32(F)])
 
     def row_args(self, arrays) -> list:
         """Pointer and row-stride pairs: rows [N, F] with unit column stride, or vectors [F] (stride 0)."""

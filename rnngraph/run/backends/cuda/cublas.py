@@ -94,6 +94,20 @@ class Cublas:
                        ctypes.byref(self.scalars[(dt, beta)]), ptr(c), max(ldc, 1), stride(c), heads),
                     "cublas strided-batched gemm")
 
+    def parts(self, g, w, parts):
+        """parts [S, N, K] (float32) = g [N, M]'s S column slices · the matching row slices of w [M, K] (half
+        storage), one strided-batched GEMM: a split-K product whose parts the reader adds (split.py)."""
+        S, (N, M), K = parts.shape[0], g.shape, w.shape[1]
+        L, h = M // S, _HALF[str(g.dtype)]
+        self._check(self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(self.cp.cuda.get_current_stream().ptr)),
+                    "cublasSetStream")
+        one, zero = ctypes.byref(self.scalars[("float32", 1.0)]), ctypes.byref(self.scalars[("float32", 0.0)])
+        ptr = lambda x: ctypes.c_void_p(x.data.ptr)
+        self._check(self.lib.cublasGemmStridedBatchedEx(
+            self.handle, _OP_N, _OP_N, K, N, L, one, ptr(w), h, _ld(w), ctypes.c_longlong(L * _ld(w)), ptr(g), h,
+            _ld(g), ctypes.c_longlong(L), zero, ptr(parts), _R_32F, K, ctypes.c_longlong(N * K), S, _COMPUTE_32F,
+            _GEMM_DEFAULT), "cublasGemmStridedBatchedEx (parts)")
+
     def nt(self, x, w, out, beta=0.0):
         """out [N, M] = x [N, K] · w [M, K]ᵀ (+ out when beta=1); per head for [k, ...] views."""
         (N, K), M = x.shape[-2:], w.shape[-2]

@@ -36,6 +36,7 @@ class KernelSpec:
     out_names: tuple
     body: tuple        # C statements over locals
     stores: tuple      # (output name, local, "=" or "+=")
+    parts: tuple = ()  # (name, S): a gradient read here also arrives as float32 parts [S, rows, F] (split.py)
 
     def arrivals(self) -> list:
         """The member gradients (gm<k>) the body reads: each sum arriving from outside, loaded before the body."""
@@ -67,13 +68,18 @@ class KernelSpec:
     def args(self, ctype: str) -> str:
         """The kernel's parameters: a pointer to element type ctype and a row stride per name, inputs read-only."""
         return ("".join(f"const {ctype}* __restrict__ p_{nm}, long long s_{nm}, " for nm in self.in_names)
-                + "".join(f"{ctype}* p_{nm}, long long s_{nm}, " for nm in self.out_names))
+                + "".join(f"{ctype}* p_{nm}, long long s_{nm}, " for nm in self.out_names)
+                + "".join(f"const float* __restrict__ pp_{nm}, " for nm, _ in self.parts))
+
+    def part_sums(self) -> list:
+        """Lines adding each gradient's parts to it, in order (the kernel's rows and features address them)."""
+        return [f"{nm} += pp_{nm}[({s} * rows + r) * F + f];" for nm, S in self.parts for s in range(S)]
 
     def source(self, ctype: str) -> tuple[str, str]:
         """(kernel name, CUDA source) for element type ctype (CTYPES' values)."""
         at, mt, args = (lambda nm: f"p_{nm}[r * s_{nm} + f]"), math_type(ctype), self.args(ctype)
         lines = [f"{mt} {nm} = {at(nm)};" for nm in self.in_names]
-        lines += [f"{mt} {nm} = {at(nm)};" for nm in self.arrivals()]
+        lines += [f"{mt} {nm} = {at(nm)};" for nm in self.arrivals()] + self.part_sums()
         lines += self.olds(at, mt) + [ln.replace("T ", f"{mt} ") for ln in self.body] + self.writes(at)
         text = FUSED_SOURCE.format(name="{name}", args=args, body="\n".join("    " + ln for ln in lines))
         name = kernel_name("fused", text)

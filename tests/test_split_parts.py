@@ -1,0 +1,118 @@
+"""Per-frame d-operand products in parts (run/backends/cuda/split.py): a product dh@t-1 += g · W at frame t may
+run as S float32 parts over slices of W's rows, which its reader at frame t - 1 (plan.backward.next_frame_readers)
+adds in order. On the CPU: which products have a reader, the executor's hand-over (a numpy backend that makes parts
+and whose fused kernels cannot add them, so the executor adds them first) against the plain backend in float64, the
+rule choosing S, and the generated sources: a fused backward kernel adding its parts, and the kernel adding parts
+for any other reader, compiled with NVRTC for sm_90."""
+import numpy as np
+import pytest
+
+from nvrtc import nvrtc_compile
+from rnngraph import CELLS, build_schedule, load_cell
+from rnngraph.plan.backward import next_frame_readers
+from rnngraph.plan.items import FusedGrad, GemmGrad
+from rnngraph.run.backends.cuda.fused import KernelSpec
+from rnngraph.run.backends.cuda.rows import group_kernel
+from rnngraph.run.backends.cuda.split import ADD_PARTS, parts_for, with_parts
+from rnngraph.run.backends.numpy_backend import NumpyBackend
+from rnngraph.run.executor import Executor
+
+
+class PartsBackend(NumpyBackend):
+    """The numpy reference, but every per-frame product with a reader runs in S parts (its reader adds them)."""
+
+    S = 4
+
+    def __init__(self):
+        super().__init__("staged")
+        self.made = 0
+
+    def product_parts(self, g, w, cell, reader, node):      # g [B, M], w [M, K]
+        S, L = self.S, g.shape[1] // self.S
+        parts = np.full((S, g.shape[0], w.shape[1]), np.nan)
+        self.made += 1
+
+        def run(grid, block, args):
+            for s in range(S):
+                parts[s] = g[:, s * L:(s + 1) * L] @ w[s * L:(s + 1) * L]
+        return ((run, None, None, None),), parts
+
+
+def loop_cells():
+    """The built-in cells whose backward loop has a per-frame product of a delay-1 operand (a GEMM core)."""
+    return [c for c in sorted(CELLS) if next_frame_readers(build_schedule(load_cell(c, 8, 16), loop="stages"))]
+
+
+def test_each_product_of_a_state_read_one_frame_back_has_its_group_as_reader():
+    sched = build_schedule(load_cell("lstm", 8, 16), loop="stages")
+    (step, reader), = next_frame_readers(sched).items()
+    assert isinstance(step, GemmGrad) and isinstance(reader, FusedGrad)
+    assert step.item.operand == "h" and step.item.delay == 1 and "h" in reader.item.nodes
+    assert set(loop_cells()) >= {"lstm", "gru", "mgu", "peephole_lstm", "rnn_tanh"}
+    # the elementwise loops have no per-frame product
+    assert not next_frame_readers(build_schedule(load_cell("min_gru", 8, 16), loop="elementwise"))
+
+
+@pytest.mark.parametrize("cell", loop_cells())
+def test_products_left_to_their_reader_equal_the_products_added_in_place(cell):
+    """float64: the parts, added by the executor before the reader's reference, change only the summation order."""
+    c = load_cell(cell, 8, 16)
+    rng = np.random.default_rng(0)
+    params = {n: rng.standard_normal(s) * 0.3 for n, s in c.params.items()}
+    x = rng.standard_normal((6, 3, 8))
+    gy = {o: rng.standard_normal((6, 3, c.op(o).size)) for o in c.outputs}
+    results = []
+    for be in (NumpyBackend("staged"), PartsBackend()):
+        ex = Executor(c, be, loop="stages")
+        ys, _ = ex.forward(params, {"x": x}, {}, lengths=np.array([6, 4, 1]))
+        gin, ginit, gp = ex.backward(gy)
+        results.append([*ys.values(), *gin.values(), *ginit.values(), *(gp[n] for n in sorted(gp))])
+    assert be.made == 5 * len(next_frame_readers(ex.sched))     # frames 5 .. 1; frame 0 adds into the history row
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
+
+
+def test_the_parts_rule():
+    assert parts_for(64, 4096, "bfloat16") == 8 and parts_for(256, 4096, "float16") == 4
+    assert parts_for(128, 2048, "bfloat16") == 4 and parts_for(256, 3072, "bfloat16") == 3
+    assert parts_for(64, 4096, "float32") == 0 and parts_for(64, 1024, "bfloat16") == 0
+    for B in (1, 16, 64, 100, 128, 256):
+        for M in range(2048, 8193, 8):
+            S = parts_for(B, M, "bfloat16")
+            assert S == 0 or (2 <= S <= 8 and M % S == 0 and (M // S) % 8 == 0)
+
+
+def _lstm_backward():
+    c = load_cell("lstm", 8, 16)
+    sched = build_schedule(c, loop="stages")
+    (_, reader), = next_frame_readers(sched).items()
+    return c, reader, group_kernel(c, reader.item.nodes, "bwd")
+
+
+def test_a_fused_backward_kernel_adds_its_parts_in_order_and_compiles():
+    c, reader, spec = _lstm_backward()
+    made = with_parts(spec, {"h": 3})
+    (nm, S), = made.parts
+    assert S == 3 and made.args("rg_bf16").endswith(f"const float* __restrict__ pp_{nm}, ")
+    name, src = made.source("rg_bf16")
+    body = src[src.index(f"{nm} = "):]
+    assert [body.index(f"{nm} += pp_{nm}[({s} * rows + r) * F + f];") for s in range(3)] == \
+        sorted(body.index(f"{nm} += pp_{nm}[({s} * rows + r) * F + f];") for s in range(3))
+    assert made.source("rg_bf16") != spec.source("rg_bf16") and spec.parts == ()
+    nvrtc_compile(src, name)
+    assert with_parts(spec, {"not_a_member": 3}) is None
+
+
+def test_a_row_kernel_leaves_its_parts_to_the_executor():
+    c = load_cell("layernorm_lstm", 8, 16)
+    readers = next_frame_readers(build_schedule(c, loop="stages"))
+    specs = [group_kernel(c, r.item.nodes, "bwd") for r in readers.values()]
+    assert specs and all(type(s) is not KernelSpec for s in specs)
+    assert all(with_parts(s, {n: 2}) is None for s, r in zip(specs, readers.values()) for n in r.item.nodes[:1])
+
+
+@pytest.mark.parametrize("ctype", ["rg_bf16", "rg_f16", "float"])
+def test_the_kernel_adding_parts_for_other_readers_compiles(ctype):
+    from rnngraph.run.backends.cuda.source import math_type
+    src = ADD_PARTS.format(TY=ctype, MT=math_type(ctype))
+    nvrtc_compile(src, f"rg_add_parts_{ctype}")
