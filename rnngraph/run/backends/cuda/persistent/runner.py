@@ -48,8 +48,10 @@ FEWER_BLOCKS = (3, 4)
 # H = 768 B = 32 2.03 / 2.08 (a second run 2.23 / 2.17); H = 1024 B = 32 2.61 / 2.53, B = 64 4.16 / 3.12 (B = 16 not
 # measured). With the weights' fewer blocks and bulk staging (cuDNN float16 beside them): H = 768 B = 48 2.01 / 2.25 /
 # 1.92, B = 64 2.14 / 2.40 / 2.25, B = 96 3.24 / 2.83 / 3.32, B = 128 3.69 / 2.99 / 4.13; H = 1024 B = 64 3.26 / 2.75 /
-# 2.52. Wider cells follow the last row.
-AUTO_TENSOR_CORE_ROWS = ((512, 128), (768, 64), (1024, 16))     # (units up to, B up to)
+# 2.52. With stages' d-operand products in parts (split.py; persistent / stages): H = 512 B = 48 1.03 / 1.42, B = 64
+# 1.17 / 1.53, B = 96 1.64 / 1.66, B = 128 1.80 / 1.87; H = 768 B = 32 1.41 / 1.59, B = 48 1.79 / 1.76, B = 64 2.05 /
+# 1.78, B = 96 2.93 / 2.12, B = 128 3.57 / 2.39. Wider cells follow the last row.
+AUTO_TENSOR_CORE_ROWS = ((512, 128), (768, 32), (1024, 16))     # (units up to, B up to)
 # On CUDA cores (float32) groups of at most MAX_ROWS rows, measured (LSTM, H = 512, training ms, persistent /
 # stages / cuDNN float32): B = 16 2.31 / 3.37 / 4.97, B = 32 3.40 / 4.04 / 5.88; 'auto' runs them up to
 # AUTO_CUDA_CORE_ROWS (B = 64 at H = 512 needs 280 KiB of shared memory a block).
