@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from rnngraph.arrays import float_dtype
+from rnngraph.plan.items import GemmGrad
 from test_gpu_half import agree, half_pair
 from test_gpu_loops import calls
 
@@ -17,8 +18,8 @@ pytestmark = pytest.mark.gpu
 def parts_made(layer) -> int:
     """The frames whose product ran in parts, over the layer's executors' workspaces."""
     return sum(bool(v) for run in layer._stack.runs for r in run for w in r.ex._ws.values()
-               for k, v in w.memo.items() if isinstance(k, tuple) and len(k) == 3 and k[2] == "parts"
-               and not isinstance(v, dict))
+               for k, v in w.memo.items() if isinstance(k, tuple) and len(k) == 2 and isinstance(k[0], tuple)
+               and k[0][0] == "parts" and isinstance(k[0][1], GemmGrad))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -351,18 +351,18 @@ class Executor:
     def _parts(self, step, ws, t, g, w):
         """The launchable of frame t's product in parts (backend.product_parts), whose sum its reader at frame t - 1
         adds (plan.backward.next_frame_readers; _fused_grad), or None: the product adds itself. Decided once."""
-        if (step, t, "parts") not in ws.memo:
+        if (("parts", step), t) not in ws.memo:
             reader = self._readers.get(step) if t is not ALL and t >= 1 else None
             made = reader and self.backend.product_parts(g, w, self.cell, reader, step.item.operand)
-            ws.memo[step, t, "parts"] = made and made[0]
+            ws.memo[("parts", step), t] = made and made[0]
             if made:
-                ws.memo[reader, t - 1, "parts"] = {step.item.operand: made[1]}
-        return ws.memo[step, t, "parts"]
+                ws.memo[("parts", reader), t - 1] = {step.item.operand: made[1]}
+        return ws.memo[("parts", step), t]
 
     def _fused_grad(self, step, ws, t):
         it = step.item
         kernel = step.one_kernel and not step.params
-        parts = ws.memo.get((step, t, "parts"), {})     # node -> [S, B, F]: products' parts left to this reader
+        parts = ws.memo.get((("parts", step), t), {})     # node -> [S, B, F]: products' parts left to this reader
         (env, genv, targets, aliases, _), launch = self._prepared(step, ws, t, lambda: (
             self._env(it, ws, t), {n: ws.read(n, 0, t, grads=True) for n in it.nodes},
             {(u, d): ws.read(u, d, t, grads=True) for n in it.nodes for u, d in self.cell.reads(n)
