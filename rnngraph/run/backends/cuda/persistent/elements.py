@@ -48,33 +48,6 @@ def prefetch(cell, p, prefix: str, arg, ok, G: int, B: int) -> tuple:
     return lines + ["            }", "        }"], {nm: f"{r}[i]" for nm, (r, _) in early.items()}, per
 
 
-def handed_sums(cell, groups, k: int, fetch, st: str) -> dict:
-    """id(dfused phase) -> {gradient read: C value}. In a backward whose groups before k run at the end of the
-    previous iteration, after the groups from k on (kernels.py), where those are dgemm phases alone, a dfused
-    phase's gradient of the operand one dgemm has just written (one frame back from the dgemm's frame: the
-    dfused's own) is that dgemm's old value in its register plus its sum still in shared memory, rounded as
-    stored: no load back from memory on the frame's path. Each thread one element in both. fetch(gi, pi, p):
-    prefetch's (lines, registers, elements a thread holds) of phase pi of group gi."""
-    later = [(gi, pi, q) for gi in range(k, len(groups)) for pi, q in enumerate(groups[gi])]
-    if not k or any(q.kind != "dgemm" for _, _, q in later):
-        return {}
-    out = {}
-    for gi, g in enumerate(groups[:k]):
-        for pi, p in enumerate(g):
-            if p.kind != "dfused" or fetch(gi, pi, p)[2] != 1:
-                continue
-            spec, where = sources(cell, p.item.nodes, "bwd")
-            for nm in spec.read_inputs() + spec.arrivals():
-                kind, n, lag = where[nm]
-                by = [(gj, pj, q) for gj, pj, q in later if q.item.operand == n]
-                if kind != "grad" or lag or len(by) != 1 or by[0][2].item.delay != 1 or by[0][2].m > 1:
-                    continue
-                _, regs, per = fetch(*by[0])
-                if per == 1 and "old" in regs:
-                    out.setdefault(id(p), {})[nm] = rounded(f"{regs['old']} + gs[u * NB + b]", st)
-    return out
-
-
 def read_ahead(cell, p) -> list:
     """[(name, (kind, node, lag))]: what the per-element part of phase p (not a lone gemm) reads from memory, each
     where it lies: a fused body's inputs (not its pair's own GEMM sums), a backward body's gradients and the old

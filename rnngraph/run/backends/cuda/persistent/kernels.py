@@ -32,7 +32,7 @@ from .....errors import RnnGraphError
 from ..source import CTYPES, kernel_name, math_type, rounded
 from . import mma, staging
 from .gemv import row_sums
-from .elements import epilogue, handed_sums, ld_arg, prefetch
+from .elements import epilogue, ld_arg, prefetch
 from .heads import (handed_on, head_gemv, head_mma, head_thread_gemv, head_thread_parts, head_weight, one_head,
                     resident, resident_rows, row_stride, rows_a_thread)
 from .resident import fragments, resident_gemm
@@ -209,32 +209,29 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
     roles = warp_roles(kept, G, B, rows[id(kept)], mw) \
         if kept and held[id(kept)] and len(groups) == len(groups[0]) == 1 else None
     load, prologue, body, tail_loads, tail = [], [], [], [], []
-
-    def fetch(gi, pi, p):       # phase p's loads that need no barrier, issued before it (elements.prefetch)
-        ok = (lambda kind, n, lag: kind == "val" or mine and kind == "grad" and (
-            p.kind == "dgemm" or n not in operands and (gi >= k or n not in late))) if loop.reverse else \
-            (lambda kind, n, lag: kind == "val" and own(written.get(n), p, lag, gi))
-        return prefetch(cell, p, f"r{gi}_{pi}_", arg, (lambda *source: True) if apart and gi >= k else ok, G, B)
-    sums = handed_sums(cell, groups, k, fetch, ctype) if loop.reverse and mine and not apart else {}
     for gi, g in enumerate(groups if roles is None else ()):
         pre, early, per = [], {}, {}
-        for pi, p in enumerate(g):
-            lines, early[pi], per[pi] = fetch(gi, pi, p)
+        for pi, p in enumerate(g):      # loads that need no barrier are issued before it
+            ok = (lambda kind, n, lag, p=p, gi=gi: kind == "val" or mine and kind == "grad" and (
+                p.kind == "dgemm" or n not in operands and (gi >= k or n not in late))) if loop.reverse else \
+                (lambda kind, n, lag, p=p, gi=gi: kind == "val" and own(written.get(n), p, lag, gi))
+            ok = (lambda *source: True) if apart and gi >= k else ok
+            lines, early[pi], per[pi] = prefetch(cell, p, f"r{gi}_{pi}_", arg, ok, G, B)
             pre += lines
         lag = _operand(g[0], arg)[2] if gi in swaps else 0
-        wait = (["        grid_barrier(count, ++barriers * G);"] if need[gi] else
-                [f"        if (t - {lag} < 2) grid_barrier(count, ++barriers * G);   // tagged words from frame 2 on"]
-                if gi in swaps and half_words else [])
-        run = lambda handed: wait + [  # noqa: E731   handed: sums a dgemm just left in place (none before the loop)
-            ln for pi, p in enumerate(g) for ln in _phase_lines(
-                cell, p, arg, {**early[pi], **handed.get(id(p), {})}, woff.get(id(p)), load, tagged.get(swaps.get(gi)),
-                tagged, ctype, staged(p, G, apart), apart, tc, per[pi], p is kept, rows[id(p)], held[id(p)])]
+        run = (["        grid_barrier(count, ++barriers * G);"] if need[gi] else
+               [f"        if (t - {lag} < 2) grid_barrier(count, ++barriers * G);   // tagged words from frame 2 on"]
+               if gi in swaps and half_words else []) + \
+            [ln for pi, p in enumerate(g) for ln in _phase_lines(cell, p, arg, early[pi], woff.get(id(p)), load,
+                                                                    tagged.get(swaps.get(gi)), tagged, ctype,
+                                                                    staged(p, G, apart), apart, tc, per[pi],
+                                                                    p is kept, rows[id(p)], held[id(p)])]
         if gi < k:
-            prologue += pre + run({})
+            prologue += pre + run
             tail_loads += pre
-            tail += run(sums)
+            tail += run
         else:
-            body += pre + run({})
+            body += pre + run
     if k:
         nxt = "        if (s + 1 < NF) {{\n        const int t = NF - 2 - s;\n{}\n        }}"
         decl = [ln for ln in tail_loads if ln.lstrip().startswith("ST ")]
