@@ -20,11 +20,11 @@ from .fused import fusable
 from .gather import copy_runs_launch, runs_table
 from .matmul import GEMV_ROWS, matmul_source
 from .pair import GEMV_FUSED_ROWS, PAIR_MAX_BYTES, pair_kernel
-from .param_grad import LANES, chunks, param_grad_kernel, sum_source
+from .param_grad import param_grad_launches
 from .recordings import Recordings, chunk_frames_setting
 from .rows import group_kernel, row_group
 from .source import CTYPES, complete, options
-from .split import Parts, add_parts_launch, parts_for, with_parts
+from .split import add_parts_launch, product_parts, with_parts
 
 _KERNELS: dict = {}      # process-wide cache: (kernel name, generated source, options) -> compiled kernel object
 
@@ -208,22 +208,8 @@ class CupyBackend(ArrayBackend):
     def _compile_param_sum(self, cell, item, views, per_frame):
         """out [F] += Σ_rows of each reading node's backward expression for the vector parameter."""
         terms, out = views
-        return tuple(ln for n, slot, g, ins, y in terms for ln in self._param_grad_launches(cell, n, slot, g, ins, y, out))
-
-    def _param_grad_launches(self, cell, n, slot, g, ins, y, out):
-        """The launches summing one term over g's N rows into out [F]: one kernel, or over many rows the chunks'
-        kernel into a buffer of partial sums [R, F] made here, then the kernel adding them in order."""
-        ctype = CTYPES[str(out.dtype)]
-        kernel = self.raw(*param_grad_kernel(cell, n, slot, ctype))
-        cp, N, F = self.xp, g.shape[0], out.shape[0]
-        R, L = chunks(N, F)
-        part = cp.empty((R, F), cp.float64 if ctype == "double" else cp.float32) if R > 1 else None
-        head = (*self.row_args([g, *ins, y]), out, cp.int32(N), cp.int32(F), cp.int32(L))
-        first = (kernel, ((F + 31) // 32, R), (32, LANES), (*head, cp.uint64(0) if part is None else part))
-        if part is None:
-            return (first,)
-        total = self.raw(f"rg_pgrad_sum_{ctype}", sum_source(ctype))
-        return first, (total, ((F + 255) // 256,), (256,), (part, cp.int32(R), cp.int32(F), out))
+        return tuple(ln for n, slot, g, ins, y in terms
+                     for ln in param_grad_launches(self, cell, n, slot, g, ins, y, out))
 
     def matmul_launch(self, a, w, c, accumulate: bool):
         """c [N, M] (+)= a [N, K] · w [M, K]ᵀ with our own kernels (capturable without cuBLAS): one launch."""
@@ -258,18 +244,11 @@ class CupyBackend(ArrayBackend):
         return spec and (self._fused_launch(spec, _fused_arrays(spec, env, genv, targets), list(parts.values())),)
 
     def product_parts(self, g, w, cell, reader, node):
-        """A per-frame d-operand product g [B, M] · w [M, K] as float32 parts, where they measured faster and the
-        reader's kernel adds them (split.py)."""
-        S = parts_for(*g.shape, g.dtype) if self.blas and g.ndim == 2 and self.blas.usable(g, w) else 0
-        spec = S and _spec(cell, reader.item, "bwd_atomic" if reader.atomic else "bwd")
-        if not spec or with_parts(spec, {node: S}) is None:
-            return None
-        parts = self.xp.empty((S, g.shape[0], w.shape[1]), self.xp.float32)
-        return ((Parts(self.blas, g, w, parts), None, None, None),), parts
+        """In parts where they measured faster and the reader's kernel adds them (split.py)."""
+        return product_parts(self, g, w, _spec(cell, reader.item, "bwd_atomic" if reader.atomic else "bwd"), node)
 
     def add_parts(self, out, parts):
-        kernel, grid, block, args = add_parts_launch(self, out, parts)
-        kernel(grid, block, args)
+        self.launch((add_parts_launch(self, out, parts),))
 
     def _compile_pair(self, cell, item, views, per_frame):
         """GEMV (rows ≤ 8) plus the fused group as one kernel, one block per feature, while rows × the

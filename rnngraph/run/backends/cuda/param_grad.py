@@ -4,7 +4,7 @@ the same every run."""
 from __future__ import annotations
 
 from ....ir.ops import KERNEL
-from .source import kernel_name, math_type, op_expr
+from .source import CTYPES, kernel_name, math_type, op_expr
 
 PARAM_GRAD_SOURCE = r"""
 extern "C" __global__ void {name}({args}int N, int F, int L, {T}* part) {{
@@ -84,3 +84,19 @@ def param_grad_kernel(cell, n: str, slot: int, ctype: str) -> tuple[str, str]:
                                     U=IN_FLIGHT, Y=LANES)
     name = kernel_name("pgrad", text)
     return name, text.replace("{name}", name)
+
+
+def param_grad_launches(be, cell, n, slot, g, ins, y, out) -> tuple:
+    """The launches summing one term over g's N rows into out [F]: one kernel, or over many rows the chunks'
+    kernel into a buffer of partial sums [R, F] made here, then the kernel adding them in order."""
+    ctype = CTYPES[str(out.dtype)]
+    kernel = be.raw(*param_grad_kernel(cell, n, slot, ctype))
+    cp, N, F = be.xp, g.shape[0], out.shape[0]
+    R, L = chunks(N, F)
+    part = cp.empty((R, F), cp.float64 if ctype == "double" else cp.float32) if R > 1 else None
+    head = (*be.row_args([g, *ins, y]), out, cp.int32(N), cp.int32(F), cp.int32(L))
+    first = (kernel, ((F + 31) // 32, R), (32, LANES), (*head, cp.uint64(0) if part is None else part))
+    if part is None:
+        return (first,)
+    total = be.raw(f"rg_pgrad_sum_{ctype}", sum_source(ctype))
+    return first, (total, ((F + 255) // 256,), (256,), (part, cp.int32(R), cp.int32(F), out))

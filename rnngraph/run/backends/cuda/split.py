@@ -60,6 +60,17 @@ class Parts:
         self.blas.parts(self.g, self.w, self.parts)
 
 
+def product_parts(be, g, w, spec, node):
+    """(launchable, parts [S, B, K] float32) of a per-frame d-operand product g [B, M] · w [M, K] in parts, where
+    parts_for gives some for its shape and `spec`, its reader's fused backward kernel, can add them to node's
+    gradient; else None (the product runs as cuBLAS chooses)."""
+    S = parts_for(*g.shape, g.dtype) if be.blas and g.ndim == 2 and be.blas.usable(g, w) else 0
+    if not S or not spec or with_parts(spec, {node: S}) is None:
+        return None
+    parts = be.xp.empty((S, g.shape[0], w.shape[1]), be.xp.float32)
+    return ((Parts(be.blas, g, w, parts), None, None, None),), parts
+
+
 def add_parts_launch(be, out, parts) -> tuple:
     """(kernel, grid, block, args): out [B, K] += parts [S, B, K] in order."""
     ctype = CTYPES[str(out.dtype)]
