@@ -116,3 +116,18 @@ def test_the_kernel_adding_parts_for_other_readers_compiles(ctype):
     from rnngraph.run.backends.cuda.source import math_type
     src = ADD_PARTS.format(TY=ctype, MT=math_type(ctype))
     nvrtc_compile(src, f"rg_add_parts_{ctype}")
+
+
+def test_schedule_says_where_the_backward_runs_its_products_in_parts():
+    """`rnngraph schedule --batch --dtype` (lab/gpu_loop.py): stages' backward products in parts, by the same rule."""
+    from rnngraph.lab.gpu_loop import gpu_loop
+    stages = build_schedule(load_cell("lstm", 32, 1024), loop="stages")
+    assert gpu_loop(stages, 64, "bfloat16", auto=False) == "stages; backward products dh@t-1 in 8 float32 parts"
+    assert gpu_loop(stages, 256, "float16", auto=False) == "stages; backward products dh@t-1 in 4 float32 parts"
+    assert gpu_loop(stages, 64, "float32", auto=False) == "stages"
+    auto = build_schedule(load_cell("lstm", 32, 1024))             # persistent, run as stages beyond 16 rows
+    assert "stages: at B=64 > 16 rows" in gpu_loop(auto, 64, "bfloat16", auto=True)
+    assert "; backward products dh@t-1 in 8 float32 parts, on " in gpu_loop(auto, 64, "bfloat16", auto=True)
+    assert "parts" not in gpu_loop(auto, 16, "bfloat16", auto=True)     # the persistent kernel runs
+    norm = build_schedule(load_cell("layernorm_lstm", 32, 1024), loop="stages")
+    assert gpu_loop(norm, 64, "bfloat16", auto=False) == "stages"      # its reader is a row kernel
