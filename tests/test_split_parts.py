@@ -25,12 +25,13 @@ class PartsBackend(NumpyBackend):
 
     def __init__(self):
         super().__init__("staged")
-        self.made = 0
+        self.made, self.buffers = 0, set()
 
-    def product_parts(self, g, w, cell, reader, node):      # g [B, M], w [M, K]
+    def product_parts(self, g, w, cell, reader, node, parts=None):      # g [B, M], w [M, K]
         S, L = self.S, g.shape[1] // self.S
-        parts = np.full((S, g.shape[0], w.shape[1]), np.nan)
+        parts = np.full((S, g.shape[0], w.shape[1]), np.nan) if parts is None else parts
         self.made += 1
+        self.buffers.add(id(parts))
 
         def run(grid, block, args):
             for s in range(S):
@@ -53,6 +54,24 @@ def test_each_product_of_a_state_read_one_frame_back_has_its_group_as_reader():
     assert not next_frame_readers(build_schedule(load_cell("min_gru", 8, 16), loop="elementwise"))
 
 
+def test_products_in_parts_across_chunks_equal_a_whole_call():
+    """In chunks of 4 frames each chunk's first frame adds its product into the history row the next chunk carries."""
+    c = load_cell("lstm", 8, 16)
+    rng = np.random.default_rng(1)
+    params = {n: rng.standard_normal(s) * 0.3 for n, s in c.params.items()}
+    x, gy = rng.standard_normal((10, 2, 8)), rng.standard_normal((10, 2, 16))
+    results = []
+    for be, chunk in ((NumpyBackend("staged"), 0), (PartsBackend(), 4)):
+        ex = Executor(c, be, loop="stages", chunk=chunk)
+        ys, _ = ex.forward(params, {"x": x}, {})
+        gin, ginit, gp = ex.backward({"h": gy})
+        results.append([*(np.array(a) for a in ys.values()), *(np.array(a) for a in gin.values()),
+                        *(np.array(a) for a in ginit.values()), *(np.array(gp[n]) for n in sorted(gp))])
+    assert ex.chunked and be.made == 3 + 1      # decided once a workspace: 4 frames (two chunks), 2 frames (one)
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("cell", loop_cells())
 def test_products_left_to_their_reader_equal_the_products_added_in_place(cell):
     """float64: the parts, added by the executor before the reader's reference, change only the summation order."""
@@ -68,6 +87,7 @@ def test_products_left_to_their_reader_equal_the_products_added_in_place(cell):
         gin, ginit, gp = ex.backward(gy)
         results.append([*ys.values(), *gin.values(), *ginit.values(), *(gp[n] for n in sorted(gp))])
     assert be.made == 5 * len(next_frame_readers(ex.sched))     # frames 5 .. 1; frame 0 adds into the history row
+    assert len(be.buffers) == len(next_frame_readers(ex.sched))     # one buffer of parts serves every frame
     for a, b in zip(*results, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
 

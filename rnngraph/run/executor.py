@@ -350,12 +350,15 @@ class Executor:
 
     def _parts(self, step, ws, t, g, w):
         """The launchable of frame t's product in parts (backend.product_parts), whose sum its reader at frame t - 1
-        adds (plan.backward.next_frame_readers; _fused_grad), or None: the product adds itself. Decided once."""
+        adds (plan.backward.next_frame_readers; _fused_grad), or None: the product adds itself. Decided once; one
+        buffer of parts serves every frame (its reader has read frame t + 1's before frame t's are written)."""
         if (("parts", step), t) not in ws.memo:
             reader = self._readers.get(step) if t is not ALL and t >= 1 else None
-            made = reader and self.backend.product_parts(g, w, self.cell, reader, step.item.operand)
+            made = reader and self.backend.product_parts(g, w, self.cell, reader, step.item.operand,
+                                                         ws.memo.get((("parts", step), ALL)))
             ws.memo[("parts", step), t] = made and made[0]
             if made:
+                ws.memo[("parts", step), ALL] = made[1]
                 ws.memo[("parts", reader), t - 1] = {step.item.operand: made[1]}
         return ws.memo[("parts", step), t]
 

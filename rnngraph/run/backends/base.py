@@ -182,11 +182,11 @@ class ArrayBackend:
         cursor on the device, or None: the executor runs its reference."""
         return None
 
-    def product_parts(self, g, w, cell, reader, node):
+    def product_parts(self, g, w, cell, reader, node, parts=None):
         """(launchable, parts [S, B, K]) running a per-frame d-operand product g [B, M] · w [M, K] as S float32
         parts over slices of M, which the executor hands to the product's reader at the next frame (FusedGrad step
         `reader`, the group holding the operand `node`) to add in order (cuda/split.py), or None: the product adds
-        itself into its output."""
+        itself into its output. parts: the buffer an earlier frame's product made, to write into again."""
         return None
 
     def add_parts(self, out, parts):

@@ -243,9 +243,10 @@ class CupyBackend(ArrayBackend):
             spec = with_parts(spec, {n: p.shape[0] for n, p in parts.items()})
         return spec and (self._fused_launch(spec, _fused_arrays(spec, env, genv, targets), list(parts.values())),)
 
-    def product_parts(self, g, w, cell, reader, node):
+    def product_parts(self, g, w, cell, reader, node, parts=None):
         """In parts where they measured faster and the reader's kernel adds them (split.py)."""
-        return product_parts(self, g, w, _spec(cell, reader.item, "bwd_atomic" if reader.atomic else "bwd"), node)
+        spec = _spec(cell, reader.item, "bwd_atomic" if reader.atomic else "bwd")
+        return product_parts(self, g, w, spec, node, parts)
 
     def add_parts(self, out, parts):
         self.launch((add_parts_launch(self, out, parts),))

@@ -60,14 +60,15 @@ class Parts:
         self.blas.parts(self.g, self.w, self.parts)
 
 
-def product_parts(be, g, w, spec, node):
+def product_parts(be, g, w, spec, node, parts=None):
     """(launchable, parts [S, B, K] float32) of a per-frame d-operand product g [B, M] · w [M, K] in parts, where
     parts_for gives some for its shape and `spec`, its reader's fused backward kernel, can add them to node's
-    gradient; else None (the product runs as cuBLAS chooses)."""
+    gradient; else None (the product runs as cuBLAS chooses). parts: an earlier frame's buffer, written again."""
     S = parts_for(*g.shape, g.dtype) if be.blas and g.ndim == 2 and be.blas.usable(g, w) else 0
     if not S or not spec or with_parts(spec, {node: S}) is None:
         return None
-    parts = be.xp.empty((S, g.shape[0], w.shape[1]), be.xp.float32)
+    shape = (S, g.shape[0], w.shape[1])
+    parts = parts if parts is not None and parts.shape == shape else be.xp.empty(shape, be.xp.float32)
     return ((Parts(be.blas, g, w, parts), None, None, None),), parts
 
 
