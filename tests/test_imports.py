@@ -19,7 +19,7 @@ FLOORS = ("version", "errors", "arrays", "ir", "plan", "run", "run.backends.cuda
           *(f"run.backends.cpu.{m}" for m in CPU_ROOM),
           "run.backends.base", "run.backends.numpy_backend", "run.backends.cuda.cublas", "run.backends.cuda.recordings",
           "run.backends.cuda.backend", "run.backends.cpu.backend", "run.backends", "run.workspace", "run.chunks",
-          "run.executor",
+          "run.handlers", "run.executor",
           "nn", "torch", "train", "distributed", "lab")
 FACADE = ("rnngraph", "rnngraph.__main__", "rnngraph.optim", "rnngraph.layers", "rnngraph.losses")
 

@@ -1,7 +1,7 @@
 """Interprets a Schedule's forward and backward plans on a backend, over a preallocated Workspace.
 
-Every plan item runs through one table, HANDLERS, keyed by its kind; every loop item through one handler
-and its strategy's record (plan/loops). Each asks the backend to compile the item on its views once
+Every plan item runs through one table, HANDLERS, keyed by its kind (each kind's handler in handlers.py); every
+loop item through one handler and its strategy's record (plan/loops). Each asks the backend to compile the item on its views once
 (memoised in the workspace) and launches that, or runs the reference (run/backends/base.py, or the loop
 strategy's own) where the backend compiled nothing. The backend's mode decides the schedule: 'naive'
 runs the naive one, 'staged' and 'graph' the staged one ('graph' on a backend that records).
@@ -15,12 +15,11 @@ import numpy
 
 from ..arrays import array_module
 from ..errors import RnnGraphError
-from ..ir.ops import OpKind, accumulate
 from ..plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum, SharedWeight, WeightGrad, head_wise
 from ..plan.backward import next_frame_readers
 from ..plan.loops import STRATEGIES, strategy_of
 from ..plan.schedule import Schedule, build_schedule
-from .backends.base import head_parts, run_fused_backward, run_fused_forward, run_param_grad
+from . import handlers
 from .chunks import LADDER_TOP, Chunked, within
 from .settings import store_limit
 from .workspace import ALL, SERIAL, Arenas, Workspace, rows, shared_grads, stored_bytes, write_history
@@ -244,7 +243,7 @@ class Executor:
         rows_ = last if D == 1 else last[None, :] + xp.arange(1 - D, 1)[:, None]   # [D, B]
         return rows_, xp.arange(ws.B)
 
-    # -- one handler per plan item kind ----------------------------------------------------------
+    # -- plan items: each kind's handler (handlers.py), the loop's here ---------------------------
     def _prepared(self, it, ws, t, views, compile: bool = True):
         """(views, launchable or None) of an item at frame t (or ALL), built once: the buffers are static. A
         head-wise item is offered to compile only where the backend says it compiles those (compiles_heads)."""
@@ -254,12 +253,6 @@ class Executor:
             compile = compile and (self.backend.compiles_heads or not head_wise(it))
             ws.memo[key] = (v, self.backend.compile(self.cell, it, v, t is not ALL) if compile else None)
         return ws.memo[key]
-
-    def _head_parts(self, it, key, ws, merged, packed, operand) -> list:
-        """base.head_parts of head-wise Gemm `it` on these views, built once per key (a step and frame)."""
-        if (key, "heads") not in ws.memo:
-            ws.memo[key, "heads"] = head_parts(it, merged, packed, operand)
-        return ws.memo[key, "heads"]
 
     def _loop(self, loop, ws, _):
         """A loop item, by its strategy's record: the backend's kernels for it where it compiles them on the
@@ -289,133 +282,9 @@ class Executor:
                 else:
                     self._run(st.items, ws, t)
 
-    def _gemm(self, it, ws, t):
-        (x, w, out), launch = self._prepared(it, ws, t, lambda: self._gemm_views(it, ws, t))
-        if launch:
-            self.backend.launch(launch)
-        elif it.heads > 1:              # per linear op, per head h: out_j[h] = x[h] · W_j[h]ᵀ
-            for o, wj, xh in self._head_parts(it, (it, t), ws, out, w, x):
-                self.backend.head_gemm(xh, wj, o, tb=True)
-        else:
-            self.backend.gemm(x, w, out, tb=True)
-
-    def _fused(self, it, ws, t):
-        env, launch = self._prepared(it, ws, t, lambda: self._env(it, ws, t))
-        if launch:
-            self.backend.launch(launch)
-        else:
-            run_fused_forward(self.backend.xp, self.cell, it, env)
-
-    def _pair(self, it, ws, t):
-        """A per-frame GEMM and the fused group after it as one kernel, or the two apart."""
-        _, launch = self._prepared(it, ws, t, lambda: (self._gemm_views(it.gemm, ws, t), self._env(it.fused, ws, t)))
-        if launch:
-            self.backend.launch(launch)
-        else:
-            self._gemm(it.gemm, ws, t)
-            self._fused(it.fused, ws, t)
-
-    def _gemm_views(self, it, ws, t):
-        """x [B, K] (or [T·B, K]), the packed weights w [ΣF, K] and the merged output's rows [B, ΣF]."""
-        return ws.read(it.operand, it.delay, t), ws.wcat[it][0], ws.at(ws.cat[it][0], t)
-
-    def _env(self, it, ws, t):
-        env = {}
-        for n in it.nodes:
-            env[n] = ws.read(n, 0, t)
-            for u, d in self.cell.reads(n):
-                env.setdefault((u, d), ws.read(u, d, t))
-        return env
-
-    def _gemm_grad(self, step, ws, t):
-        """d operand += g · W (=, its one write: plan/aliases.py); with params also dW += gᵀ · operand."""
-        it, be = step.item, self.backend
-        add = it.operand not in ws.aliases.assigned
-        (g, w, x, gx, gw), launch = self._prepared(step, ws, t, lambda: (
-            ws.at(ws.cat[it][1], t), ws.wcat[it][0], ws.read(it.operand, it.delay, t),
-            ws.read(it.operand, it.delay, t, grads=True), ws.wcat[it][1]))
-        parts = add and self._parts(step, ws, t, g, w)
-        if parts or launch:
-            be.launch(parts or launch)
-        elif it.heads > 1:              # per linear op j, per head h: dx[h] += g_j[h] · W_j[h]
-            for gj, wj, gxh in self._head_parts(it, (step, t), ws, g, w, gx):
-                be.head_gemm(gj, wj, gxh, accumulate=add)
-        else:
-            be.gemm(g, w, gx, accumulate=add)
-        if step.params and it.heads > 1:
-            for gj, gwj, xh in self._head_parts(it, (step, t, "w"), ws, g, gw, x):
-                be.head_gemm(gj, xh, gwj, ta=True, accumulate=True)
-        elif step.params:
-            be.gemm(g, x, gw, ta=True, accumulate=True)
-
-    def _parts(self, step, ws, t, g, w):
-        """The launchable of frame t's product in parts (backend.product_parts), whose sum its reader at frame t - 1
-        adds (plan.backward.next_frame_readers; _fused_grad), or None: the product adds itself. Decided once; one
-        buffer of parts serves every frame (its reader has read frame t + 1's before frame t's are written)."""
-        if (("parts", step), t) not in ws.memo:
-            reader = self._readers.get(step) if t is not ALL and t >= 1 else None
-            made = reader and self.backend.product_parts(g, w, self.cell, reader, step.item.operand,
-                                                         ws.memo.get((("parts", step), ALL)))
-            ws.memo[("parts", step), t] = made and made[0]
-            if made:
-                ws.memo[("parts", step), ALL] = made[1]
-                ws.memo[("parts", reader), t - 1] = {step.item.operand: made[1]}
-        return ws.memo[("parts", step), t]
-
-    def _fused_grad(self, step, ws, t):
-        it = step.item
-        kernel = step.one_kernel and not step.params
-        parts = ws.memo.get((("parts", step), t), {})     # node -> [S, B, F]: products' parts left to this reader
-        (env, genv, targets, aliases, _), launch = self._prepared(step, ws, t, lambda: (
-            self._env(it, ws, t), {n: ws.read(n, 0, t, grads=True) for n in it.nodes},
-            {(u, d): ws.read(u, d, t, grads=True) for n in it.nodes for u, d in self.cell.reads(n)
-             if self.cell.op(u).kind is not OpKind.PARAM}, ws.aliases, parts), kernel)
-        if launch:
-            self.backend.launch(launch)
-        else:
-            for n, p in parts.items():      # a reader compiled without them: added first
-                self.backend.add_parts(genv[n], p)
-            run_fused_backward(self.backend.xp, self.cell, it, env, genv,
-                               lambda u, d, v, cols=slice(None): ws.add(u, d, t, v, cols), step.params, aliases.skips)
-
-    def _weight_grad(self, step, ws, t):
-        """dW_cat += Σ_frames gᵀ · operand: one GEMM over all T·B rows (head-wise: a batched GEMM a linear op)."""
-        it = step.item
-        g, x, gw = ws.at(ws.cat[it][1], ALL), ws.read(it.operand, it.delay, ALL), ws.wcat[it][1]
-        if it.heads == 1:
-            self.backend.gemm(g, x, gw, ta=True, accumulate=True)
-            return
-        for gj, gwj, xh in self._head_parts(it, (step, ALL), ws, g, gw, x):
-            self.backend.head_gemm(gj, xh, gwj, ta=True, accumulate=True)
-
-    def _param_sum(self, step, ws, t):
-        cell, twin = self.cell, ws.aliases.twins.get(step)
-        if twin is not None:        # the same sum, already made (plan/aliases.py)
-            accumulate(ws.grads[step.param], ws.grads[twin.param])
-            return
-
-        def views():
-            terms = []
-            for n, slot in step.terms:
-                reads = cell.reads(n)
-                terms.append((n, slot, ws.read(n, 0, ALL, grads=True), [ws.read(v, e, ALL) for v, e in reads],
-                              ws.read(n, 0, ALL)))
-            return terms, ws.grads[step.param]
-        (terms, out), launch = self._prepared(step, ws, ALL, views)
-        if launch:
-            self.backend.launch(launch)
-            return
-        for n, slot, g, ins, y in terms:
-            run_param_grad(self.backend.xp, cell, n, slot, g, ins, y, out)
-
-    def _shared(self, step, ws, t):
-        g = ws.grads[step.weight]
-        g += ws.wcat[step.item][1][step.start:step.stop].reshape(g.shape)     # head-wise: [k, F/k, K/k]
-
-
-HANDLERS = {Gemm: Executor._gemm, Fused: Executor._fused, Pair: Executor._pair, GemmGrad: Executor._gemm_grad,
-            FusedGrad: Executor._fused_grad, WeightGrad: Executor._weight_grad, ParamSum: Executor._param_sum,
-            SharedWeight: Executor._shared, **{s.item: Executor._loop for s in STRATEGIES.values()}}
+HANDLERS = {Gemm: handlers.gemm, Fused: handlers.fused, Pair: handlers.pair, GemmGrad: handlers.gemm_grad,
+            FusedGrad: handlers.fused_grad, WeightGrad: handlers.weight_grad, ParamSum: handlers.param_sum,
+            SharedWeight: handlers.shared, **{s.item: Executor._loop for s in STRATEGIES.values()}}
 
 
 def _call(name, fn):
