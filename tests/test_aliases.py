@@ -167,12 +167,12 @@ def test_the_rule_table_path_sharing_gradients_equals_it_apart(cell, monkeypatch
 def test_a_backend_keeping_gradients_apart_copies_a_sum_equal_to_an_earlier_one(cell, monkeypatch):
     """twin_sums without alias_grads (the cupy backend's way): the gradient buffers stay apart, only a vector
     parameter's sum that equals an earlier one's is a copy of it; an LSTM sums 4 of its 8 biases."""
-    import rnngraph.run.executor as executor
-    sums, summed = [], executor.run_param_grad
+    import rnngraph.run.handlers as handlers
+    sums, summed = [], handlers.run_param_grad
 
     def copying(mp):
         mp.setattr(NumpyBackend, "twin_sums", True)
-        mp.setattr(executor, "run_param_grad", lambda *a: (sums.append(a[2]), summed(*a)))
+        mp.setattr(handlers, "run_param_grad", lambda *a: (sums.append(a[2]), summed(*a)))
     ws = agree(cell, monkeypatch, share=copying)
     assert not ws.aliases.home and not ws.aliases.windows
     if cell == "lstm":
