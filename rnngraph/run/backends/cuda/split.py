@@ -16,7 +16,7 @@ from dataclasses import replace
 from .fused import KernelSpec
 from .source import CTYPES, math_type
 
-HALF = ("bfloat16", "float16")     # measured there: float32 products keep cuBLAS's own choice
+HALF = ("bfloat16", "float16")     # measured in half storage only: float32 keeps cuBLAS's own product
 MIN_M = 2048                       # the reduction's rows from which parts were measured to pay (LSTM H = 512)
 SLICE = ((64, 256), (128, 512))    # (B at most, rows a part at least), else LONG_SLICE: bigger B, longer parts
 LONG_SLICE = 1024
