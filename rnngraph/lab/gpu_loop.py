@@ -25,10 +25,11 @@ def _in_parts(schedule, B: int, dtype: str) -> str:
     """'; ...' where stages' backward runs its per-frame products in float32 parts (run/backends/cuda/split.py)."""
     from ..plan.backward import next_frame_readers
     from ..run.backends.cuda.rows import group_kernel
-    from ..run.backends.cuda.split import parts_for, with_parts
+    from ..run.backends.cuda.split import parts_with
     cell, counts = schedule.cell, []
     for step, reader in next_frame_readers(schedule).items():
-        S = parts_for(B, sum(step.item.sizes), dtype)
-        if S and with_parts(group_kernel(cell, reader.item.nodes, "bwd"), {step.item.operand: S}) is not None:
+        spec = group_kernel(cell, reader.item.nodes, "bwd_atomic" if reader.atomic else "bwd")
+        S = parts_with(spec, step.item.operand, B, sum(step.item.sizes), dtype)
+        if S:
             counts.append(f"d{step.item.operand}@t-1 in {S} float32 parts")
     return f"; backward products {', '.join(counts)}" if counts else ""

@@ -1,9 +1,9 @@
 """Interprets a Schedule's forward and backward plans on a backend, over a preallocated Workspace.
 
 Every plan item runs through one table, HANDLERS, keyed by its kind (each kind's handler in handlers.py); every
-loop item through one handler and its strategy's record (plan/loops). Each asks the backend to compile the item on its views once
-(memoised in the workspace) and launches that, or runs the reference (run/backends/base.py, or the loop
-strategy's own) where the backend compiled nothing. The backend's mode decides the schedule: 'naive'
+loop item through one handler and its strategy's record (plan/loops). Each asks the backend to compile the item
+on its views once (memoised in the workspace) and launches that, or runs the reference (run/backends/base.py, or
+the loop strategy's own) where the backend compiled nothing. The backend's mode decides the schedule: 'naive'
 runs the naive one, 'staged' and 'graph' the staged one ('graph' on a backend that records).
 """
 from __future__ import annotations

@@ -50,6 +50,13 @@ def parts_for(B: int, M: int, dtype) -> int:
     return 0
 
 
+def parts_with(spec, node: str, B: int, M: int, dtype) -> int:
+    """The parts (parts_for) a product of B rows over M runs in where `spec`, its reader's fused backward kernel,
+    can add them to node's gradient (with_parts), else 0."""
+    S = parts_for(B, M, dtype)
+    return S if S and spec and with_parts(spec, {node: S}) is not None else 0
+
+
 class Parts:
     """The launchable 'kernel' of a product in parts: parts [S, B, K] = the S products (cublas.Cublas.parts)."""
 
@@ -64,8 +71,8 @@ def product_parts(be, g, w, spec, node, parts=None):
     """(launchable, parts [S, B, K] float32) of a per-frame d-operand product g [B, M] · w [M, K] in parts, where
     parts_for gives some for its shape and `spec`, its reader's fused backward kernel, can add them to node's
     gradient; else None (the product runs as cuBLAS chooses). parts: an earlier frame's buffer, written again."""
-    S = parts_for(*g.shape, g.dtype) if be.blas and g.ndim == 2 and be.blas.usable(g, w) else 0
-    if not S or not spec or with_parts(spec, {node: S}) is None:
+    S = parts_with(spec, node, *g.shape, g.dtype) if be.blas and g.ndim == 2 and be.blas.usable(g, w) else 0
+    if not S:
         return None
     shape = (S, g.shape[0], w.shape[1])
     parts = parts if parts is not None and parts.shape == shape else be.xp.empty(shape, be.xp.float32)
