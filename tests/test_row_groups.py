@@ -64,15 +64,16 @@ def test_which_row_groups_a_gpu_runs(monkeypatch):
     its share of the SMs (at most 64 blocks), the blocks dividing the units where that costs at most a quarter of
     them; CUDA cores: at most 8 rows a group."""
     monkeypatch.delenv("RNNGRAPH_PERSISTENT_ROWS", raising=False)
-    assert (GROUP_ROWS, GROUPS, GROUP_FEWEST) == (16, 4, 4)
+    assert (GROUP_ROWS, GROUPS, GROUP_FEWEST) == (8, 4, 4)
     assert full_groups(4, True, 132, 512) == full_groups(6, True, 132, 512) == full_groups(9, True, 132, 512) == []
     assert full_groups(8, True, 132, 512) == [(4, 64)]                      # 2 groups of 4 on 64 blocks each
     assert full_groups(16, True, 132, 512) == [(4, 32), (8, 64)]            # 4 groups of 4, then 2 of 8
     assert full_groups(32, True, 132, 512) == [(8, 32), (16, 64)]          # 4 groups of 8 first
-    assert full_groups(64, True, 132, 512) == [(16, 32), (32, 64)]         # then fewer groups: finer weights
-    assert full_groups(256, True, 132, 512) == [(16, 8), (32, 16), (64, 32), (128, 64)]
-    assert full_groups(100, True, 132, 512) == [(10, 13), (20, 26), (25, 32), (50, 64)]
-    assert full_groups(64, True, 132, 400) == [(16, 25), (32, 50)]         # 25 of 33 blocks, 50 of 64 divide 400
+    assert full_groups(64, True, 132, 512) == [(8, 16), (16, 32), (32, 64)]   # then fewer groups: finer weights
+    assert full_groups(48, True, 132, 512) == [(8, 16), (12, 32), (16, 44), (24, 64)]
+    assert full_groups(256, True, 132, 512) == [(8, 4), (16, 8), (32, 16), (64, 32), (128, 64)]
+    assert full_groups(100, True, 132, 512) == [(5, 4), (10, 13), (20, 26), (25, 32), (50, 64)]
+    assert full_groups(64, True, 132, 400) == [(8, 16), (16, 25), (32, 50)]   # 25 of 33 blocks, 50 of 64 divide 400
     assert full_groups(8, False, 132, 512) == []
     assert full_groups(24, False, 132, 512) == [(8, 44)]
     assert full_groups(137, False, 132, 512) == []                          # no group of 8 rows or fewer on 132 SMs
@@ -80,7 +81,7 @@ def test_which_row_groups_a_gpu_runs(monkeypatch):
     assert full_groups(16, True, 132, 512) == [(8, 64)]
     monkeypatch.delenv("RNNGRAPH_PERSISTENT_ROWS")
     monkeypatch.setenv("RNNGRAPH_PERSISTENT_BLOCKS", "16")        # a group's most blocks
-    assert full_groups(64, True, 132, 512) == [(16, 16), (32, 16)]
+    assert full_groups(64, True, 132, 512) == [(8, 16), (16, 16), (32, 16)]
     monkeypatch.setenv("RNNGRAPH_PERSISTENT_ROWS", "eight")
     with pytest.raises(RnnGraphError, match="RNNGRAPH_PERSISTENT_ROWS must be a whole number of rows"):
         full_groups(16, True, 132, 512)

@@ -24,7 +24,7 @@ H200 = dict(sms=132, smem=227 * 1024)
 @pytest.mark.parametrize("cell", GEMM_CORES)
 def test_tensor_core_kernels_compile(cell, B):
     """On the blocks a GPU would run them (head-wise GEMMs: one head a block, 16 rows a block from 32 rows on; B = 9
-    on CUDA cores, 1 row a block; full matrices beyond 16 rows in row groups of 16 on 128 blocks)."""
+    on CUDA cores, 1 row a block; full matrices beyond 16 rows in row groups of 8 on 128 blocks)."""
     import ml_dtypes
     c = load_cell(cell, 24, 64)
     heads = cell in ("slstm", "mh_lstm")
@@ -34,7 +34,7 @@ def test_tensor_core_kernels_compile(cell, B):
     for lp in loops(c):
         k = chosen(c, lp, B, ml_dtypes.bfloat16, **H200)
         assert k.blocks == (4 * B // 16 if heads else 64 if B <= 16 else 128) and k.tensor_cores
-        assert k.row_groups == (B // 16 if heads or B > 16 else 1)
+        assert k.row_groups == (B // 16 if heads else B // 8 if B > 16 else 1)
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in k.source and "acc[NB]" not in k.source
         nvrtc_compile(k.source, k.name)
 
@@ -149,14 +149,14 @@ def test_schedule_says_which_loop_the_gpu_runs(capsys):
     assert main(["schedule", "lstm", "--batch", "256", "--dtype", "bfloat16"]) == 0
     assert "on the GPU at B=256 in bfloat16: stages: at B=256 > 128 rows" in capsys.readouterr().out
     assert main(["schedule", "lstm", "--batch", "64", "--tf32"]) == 0
-    assert ("in float32 with TF32 allowed: persistent (tensor cores in TF32, weights in registers, 4 groups of 16 "
+    assert ("in float32 with TF32 allowed: persistent (tensor cores in TF32, weights in registers, 8 groups of 8 "
             "rows)") in capsys.readouterr().out
     assert main(["schedule", "lstm", "--batch", "16", "--dtype", "bfloat16", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["gpu_loop"].startswith(
         "persistent (tensor cores, weights in registers, 4 groups of 4 rows), on ")
     assert main(["schedule", "lstm", "--batch", "64", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["gpu_loop"].startswith(
-        "persistent (tensor cores in 3xTF32, weights in registers, 4 groups of 16 rows), on ")
+        "persistent (tensor cores in 3xTF32, weights in registers, 8 groups of 8 rows), on ")
     assert main(["schedule", "lstm", "--batch", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["gpu_loop"].startswith("persistent (CUDA cores)")
     assert main(["schedule", "min_gru", "--batch", "16", "--json"]) == 0

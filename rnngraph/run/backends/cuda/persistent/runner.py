@@ -22,10 +22,15 @@ _REFUSED: set = set()
 # one-group tensor-core kernel fastest of 16, 32, 64 and 132 at B = 16 to 256 (B = 64: 3.7 ms, against 4.1 on 132).
 TENSOR_CORE_BLOCKS = 64
 # Beyond 16 rows full matrices split the batch into row groups (full_groups): of at most GROUP_ROWS rows, at least
-# GROUPS groups where B allows. Measured (same LSTM, training ms, rows a group 8 / 16 / 32; 'stages', cuDNN float16):
-# B = 32 1.65 / 1.81 / 2.19 (2.12, 1.32); B = 64 2.57 / 2.32 / 2.91 (2.66, 2.04); B = 128 3.70 / 3.66 / 3.86 (3.57,
-# 3.23).
-GROUP_ROWS, GROUPS = 16, 4
+# GROUPS groups where B allows. Measured first (same LSTM, training ms, rows a group 8 / 16 / 32; 'stages', cuDNN
+# float16): B = 32 1.65 / 1.81 / 2.19 (2.12, 1.32); B = 64 2.57 / 2.32 / 2.91 (2.66, 2.04); B = 128 3.70 / 3.66 / 3.86
+# (3.57, 3.23). With the weights in registers and tagged words, groups of 8 rows measured faster where they run
+# (bfloat16, H = 512, T = 100, training ms, groups of at most 16 rows / of 8, alternating in one process:
+# experiments/persistent_rows.py): GRU B = 48 0.872 / 0.792, B = 64 0.972 / 0.848, B = 96 1.212 / 1.085;
+# MGU B = 48 1.209 / 1.090, B = 64 1.429 / 1.140, B = 96 1.571 / 1.407; LSTM B = 96 1.567 / 1.451; H = 768 (loop
+# 'persistent') MGU B = 48 1.645 / 1.506, B = 64 1.766 / 1.560. Everywhere else the same kernel ran (the LSTM's
+# weights in registers at 16 rows a group, RESIDENT_ROWS, come first).
+GROUP_ROWS, GROUPS = 8, 4
 # Down to groups of GROUP_FEWEST rows: at B = 8 and 16 groups put the batch on more SMs (each group its own blocks).
 # Measured (bfloat16 LSTM, T = 100, training ms, one group / groups of 8 rows / of 4): H = 512 B = 8 0.886 / - / 0.893,
 # B = 16 1.057 / 0.991 / 0.913; H = 768 B = 8 1.019 / - / 0.954, B = 16 1.285 / 1.061 / - (groups of 4 hold their
@@ -38,10 +43,11 @@ GROUP_FEWEST = 4
 # B = 8 0.90 / 0.90, B = 16 1.14 / 1.05, B = 32 1.50 / 1.47, GRU B = 16 0.95 / 0.98 (each the mean of two runs).
 FEWER_BLOCKS = (3, 4)
 # Where a later choice of rows and blocks holds every GEMM's weights in registers (resident.py) and the first does not,
-# the later one runs, if its groups have at most GROUP_ROWS rows. Measured on an H200 (bfloat16 LSTM, T = 100, training
+# the later one runs, if its groups have at most RESIDENT_ROWS rows. Measured on an H200 (bfloat16 LSTM, T = 100, training
 # ms, the first choice / the resident one): H = 768 B = 32 1.70 (4 groups of 8 rows on 32 blocks) / 1.59 (2 groups of
 # 16 on 64); H = 1024 B = 16 2.09 (64 blocks) / 1.86 (128). Larger groups in registers measured slower: H = 768 B = 64
 # 2.24 (4 of 16) / 2.70 (2 of 32, resident), H = 512 B = 128 2.02 (8 of 16) / 1.98 (4 of 32) / 3.37 (2 of 64).
+RESIDENT_ROWS = 16
 # 'auto' runs the tensor-core kernel of full matrices up to B rows by the width of the cell (its largest phase's
 # units: H for an LSTM), 'stages' beyond. Measured on an H200 (bfloat16 LSTM, T = 100, training ms, persistent /
 # stages; experiments/gpu_checks.sh bench tensor_cores wide): H = 512 B = 128 2.45 / 2.55, B = 256 4.47 / 3.40;
@@ -218,8 +224,8 @@ def chosen(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, tf3
     where the GEMMs are head-wise (its rows split over blocks, head_rows; beyond MAX_ROWS the only one); for full
     matrices row groups first where B splits into them (full_groups), then one group, on tensor cores fewer blocks
     first (tensor_core_blocks), on CUDA cores only up to MAX_ROWS rows; on tensor cores the first of those whose
-    weights all sit in registers (Persistent.resident) at most GROUP_ROWS rows a group, where one does (measured
-    beside GROUP_ROWS)."""
+    weights all sit in registers (Persistent.resident) at most RESIDENT_ROWS rows a group, where one does (measured
+    beside RESIDENT_ROWS)."""
     ctype = CTYPES[float_dtype(dtype, half=True).name]
     counts, groups = block_counts(cell, loop, sms), phases(cell, loop)
     if loop_heads(groups) > 1:          # per head first: its rows split over blocks (head_rows)
@@ -242,7 +248,7 @@ def chosen(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, tf3
         counts = [G for G in dict.fromkeys(tensor_core_blocks(B, sms) + counts) if G <= counts[-1]]
     made += [_made(cell, loop, ctype, B, G, 1, tc, split) for G in counts] if tc or B <= MAX_ROWS else []
     fits = [k for k in made if k.shared <= smem]
-    return next((k for k in fits if k.resident and B // k.row_groups <= GROUP_ROWS), fits[0] if fits else
+    return next((k for k in fits if k.resident and B // k.row_groups <= RESIDENT_ROWS), fits[0] if fits else
                 made[-1] if made else None)
 
 
