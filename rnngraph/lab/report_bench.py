@@ -8,7 +8,7 @@ from ..ir.loading import load_cell
 from ..plan.schedule import build_schedule
 from ..run.backends.cuda.persistent.phases import MAX_ROWS
 from ..run.backends.cuda.persistent.runner import (AUTO_SPLIT_ROWS, AUTO_TENSOR_CORE_ROWS, GROUP_FEWEST, GROUP_ROWS,
-                                                   SPLIT_FROM, TENSOR_CORES_FROM)
+                                                   RESIDENT_ROWS, SPLIT_FROM, TENSOR_CORES_FROM)
 from ..run.settings import default_store_limit
 from ..run.workspace import stored_bytes
 from .figures import NAMES
@@ -242,7 +242,8 @@ cuDNN's float16 (its fastest LSTM) and show bfloat16 with `loop="persistent"` at
 In half precision `auto` runs the persistent loop up to {auto_rows()}: up to B = {TENSOR_CORES_FROM - 1} on CUDA
 cores, from B = {TENSOR_CORES_FROM} on tensor cores (`mma.sync` with float32 sums, the rows past B masked, the
 weights held in registers where they fit, else in shared memory), from B = {2 * GROUP_FEWEST} in groups of
-{GROUP_FEWEST} to {GROUP_ROWS} rows, each group on its own blocks, so that a small batch runs on more SMs
+{GROUP_FEWEST} to {GROUP_ROWS} rows (up to {RESIDENT_ROWS} where that holds the weights in registers), each group on its
+own blocks, so that a small batch runs on more SMs
 ([On a GPU](gpu.md#the-persistent-kernel)). Beyond those it runs `stages`, a `GemmEx` and a fused kernel a frame,
 where the persistent kernel measured no faster (the wider LSTMs are in [the next section](#wider-lstms-gru-and-mgu)).
 In float32 with TF32 off it runs the persistent loop on CUDA cores below {auto_rows(SPLIT_FROM)}, beyond B =
