@@ -144,8 +144,8 @@ def test_the_scan_kernels_compute_the_reference(name, dtype):
 def test_a_chunk_of_the_ladder_walks_only_its_frames(T):
     """A ladder of 64 and 16 frames: T = 60 is one chunk of 64 walking 60, T = 130 two of 64 and one of 16
     walking 2, T = 7 one of 16 walking 7; each part and out kernel reads its chunk's n, forward then backward;
-    a call of one chunk leaves the frames past n unwritten (zeros in a new workspace); results equal numpy's
-    whole calls, ragged."""
+    a call of one chunk leaves the frames past n unwritten (zeros in a new workspace), and the product a ⊙ s@t-d,
+    which nothing else reads, unstored; results equal numpy's whole calls, ragged."""
     cell = load_cell("min_gru", 3, 4)
     be = ScanKernels()
     ex = Executor(cell, be, loop="scan", chunk=64)
@@ -160,5 +160,6 @@ def test_a_chunk_of_the_ladder_walks_only_its_frames(T):
         return
     _, L, n = chunks[0]
     ws = ex.workspace(L, 3, np.dtype("float64"), chunk=True)
-    (_, m, _, _, _), = scan_chains(cell)                   # the scan's product a ⊙ s@t-d, written per frame
-    assert np.all(ws.frames(ws.vals[m])[n:] == 0) and np.any(ws.frames(ws.vals[m])[:n] != 0)
+    (p, m, _, _, _), = scan_chains(cell)                   # the state, written per frame; its product a ⊙ s@t-d
+    assert np.all(ws.frames(ws.vals[p])[n:] == 0) and np.all(ws.frames(ws.vals[p])[:n, 0] != 0)
+    assert cuda_scan.unstored(cell, ScanLoop(scan_chains(cell), False)) == {m} and not np.any(ws.vals[m])

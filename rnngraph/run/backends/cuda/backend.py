@@ -118,8 +118,8 @@ class CupyBackend(ArrayBackend):
     def unstored(self, sched) -> frozenset:
         """The fused members whose values no kernel stores (rows.group_kernel): those of every elementwise group,
         the loop's too where it runs its groups (stages, persistent; the elementwise and scan loops' own kernels
-        store all); and what a loop strategy's own kernels do not store, where its room says (the persistent
-        loop's pairs' GEMM sums)."""
+        store their groups' members); and what a loop strategy's own kernels do not store, where its room says (the
+        persistent loop's pairs' GEMM sums, the scan's products nothing else reads)."""
         cell, loop = sched.cell, [it for st in sched.loop for it in st]
         groups = [*sched.pre, *(() if sched.loop_strategy in ("elementwise", "scan") else loop), *sched.post]
         own = {n for sec in sched.forward for it in sec.items

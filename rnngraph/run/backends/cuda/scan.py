@@ -6,6 +6,7 @@ row P + t (the P rows before it: the frames before the call), so a read with del
 """
 from __future__ import annotations
 
+from ....plan.backward import kept_values
 from ....plan.loops.scan import sole_gradient
 from .source import CTYPES, math_type
 
@@ -98,14 +99,15 @@ extern "C" __global__ void rg_scan_{DIR}_out_{TY}({ARGS}const long long* __restr
 }
 """
 
-# a, b: the coefficient and offset; s [d+T] rows: frame t at row d + t, so s_{t-d} is row t; m = a ⊙ s_{t-d}
+# a, b: the coefficient and offset; s [d+T] rows: frame t at row d + t, so s_{t-d} is row t; m = a ⊙ s_{t-d}, stored
+# where something reads it (keep_m: unstored)
 SCAN_FORWARD = dict(
     DIR="fwd", REV="0",
     ARGS="const {S}* __restrict__ a, long long la, const {S}* __restrict__ c, long long lc, {S}* s, long long ls, "
-         "{S}* m, long long lm, ",
+         "{S}* m, long long lm, int keep_m, ",
     COEF="x = a[IDX(la, t)]; y = c[IDX(lc, t)];",
     INIT="s[IDX(ls, j)]",
-    STEP="{TY} p = a[IDX(la, t)] * y; y = p + c[IDX(lc, t)]; m[IDX(lm, t)] = p; s[IDX(ls, d + t)] = y;")
+    STEP="{TY} p = a[IDX(la, t)] * y; y = p + c[IDX(lc, t)]; if (keep_m) m[IDX(lm, t)] = p; s[IDX(ls, d + t)] = y;")
 
 # gs [d+T] rows: ∂L/∂s from other readers, overwritten with the totals G_t (its first d rows, the history's,
 # get theirs added) and gm += G where the reduce section reads them (totals: a or b a parameter); ga += H ⊙ s_{t-d}
@@ -162,13 +164,19 @@ def compile(be, cell, loop, views):
             head += [cp.int32(_sends(cell, ga, an, mn)), cp.int32(_sends(cell, gb, bn, pn)),
                      cp.int32(ga is None or gb is None)]
         else:
-            head = be.frame_args([a, b, s, m], B)
+            head = be.frame_args([a, b, s, m], B) + [cp.int32(mn not in unstored(cell, loop))]
         dims, grid = [cp.int32(T), cp.int32(B), cp.int32(F), cp.int32(d)], (B * F + 127) // 128
         k = {ph: be.raw(nm, src) for ph, nm in names.items()}
         out += [(k["part"], (grid, NC * d), (128,), (*head, *walk, *dims, cp.int32(L), PA, PC))] * (NC > 1)
         out += [(k["carry"], ((B * F + 31) // 32, d), (32, 32), (*head, *dims, cp.int32(NC), PA, PC)),
                 (k["out"], (grid, NC * d), (128,), (*head, *walk, *dims, cp.int32(L), PC))]
     return tuple(out)
+
+
+def unstored(cell, loop) -> set:
+    """The products m = a ⊙ s@t-d the forward scan never stores: those nothing reads but their chain's sum
+    (plan.backward.kept_values of the pair), as minGRU's (1 - z) ⊙ h@t-1."""
+    return {m for p, m, *_ in loop.chains if m not in kept_values(cell, (p, m))}
 
 
 def _sends(cell, g, n, reader) -> int:
