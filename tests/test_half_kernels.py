@@ -70,9 +70,9 @@ def test_matmul_row_param_and_scan_kernels_compile(ctype):
     n = next(n for n in cell.graph if any(u == "b_hi" for u, _ in cell.reads(n)))
     nvrtc_compile(*reversed(param_grad_kernel(cell, n, [u for u, _ in cell.reads(n)].index("b_hi"), ctype)))
     for direction in ("fwd", "bwd"):
-        src, name = scan_source(direction, ctype)
+        src, names = scan_source(direction, ctype)
         assert "float* PC" in src and f"{ctype}* __restrict__ a" in src     # composites in float
-        nvrtc_compile(src, name)
+        nvrtc_compile(src, names["part"])
 
 
 def test_no_half_store_adds_in_place():

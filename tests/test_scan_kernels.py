@@ -43,29 +43,9 @@ extern "C" void rg_launch_NAME(const unsigned long long* a, int gx, int gy, int 
 """
 
 
-SCAN_SYNC = r"""
-static int rg_scan_far = 0;     // set: chunks past the first never post their value, so each looks back to chunk 0
-extern "C" void rg_scan_look_far(int on) { rg_scan_far = on; }
-static inline unsigned int rg_scan_ticket(unsigned int* state) {
-    return __atomic_fetch_add(state, 1u, __ATOMIC_SEQ_CST);
-}
-static inline unsigned int rg_scan_wait(const unsigned int* flag, unsigned int epoch) {
-    unsigned int v;
-    while ((v = __atomic_load_n(flag, __ATOMIC_ACQUIRE)) != 4u * epoch + 1u && v != 4u * epoch + 2u) rg_yield();
-    return v - 4u * epoch;
-}
-static inline void rg_scan_post(unsigned int* flag, unsigned int v) {
-    if (rg_scan_far && v % 4u == 2u && __atomic_load_n(flag, __ATOMIC_ACQUIRE) == v - 1u) return;
-    __atomic_store_n(flag, v, __ATOMIC_RELEASE);
-}
-template <class T> static inline T __ldcg(const T* p) { return *p; }
-"""
-
-
 def _library(src: str):
     """The kernels of `src` compiled for the CPU, each with a launcher rg_launch_<name>(arguments as 8-byte
-    words, grid x, y, block x, y); the scan's flags and tickets as C++ atomics (SCAN_SYNC)."""
-    src = src.replace(cuda_scan.SCAN_SYNC, SCAN_SYNC)
+    words, grid x, y, block x, y)."""
     text = PRELUDE_2D + src.replace('extern "C" __global__ void', "static void").replace("__shared__", "static")
     for name, params in re.findall(r'extern "C" __global__ void (\w+)\((.*?)\)\s*\{', src, re.S):
         types = [" ".join(p.split()[:-1]).replace("__restrict__", "") for p in params.split(",")]
@@ -75,43 +55,40 @@ def _library(src: str):
 
 
 class _Kernel:
-    """A compiled kernel called as cupy calls a RawKernel: kernel(grid, block, args); a scan kernel given a
-    chunk's cursor records the frames it walks there (the running chunk's n) in be.walked."""
+    """A compiled kernel called as cupy calls a RawKernel: kernel(grid, block, args); a part or out kernel given
+    a chunk's cursor records the frames it walks there (the running chunk's n) in be.walked."""
 
-    def __init__(self, be, name, lib):
-        self.be, self.name, self.lib, self.fn = be, name, lib, getattr(lib, f"rg_launch_{name}")
+    def __init__(self, be, name, fn):
+        self.be, self.name, self.fn = be, name, fn
 
     def __call__(self, grid, block, args):
         grid, block = (tuple(v) + (1,) * (2 - len(v)) for v in (np.atleast_1d(grid), np.atleast_1d(block)))
         words = [a.ctypes.data if isinstance(a, np.ndarray) else int(a) % 2 ** 64 for a in args]
         cur = next((k for k, a in enumerate(args) if a is self.be.cursor), None)
-        if cur is not None:
+        if cur is not None and "_carry_" not in self.name:
             c, tab = args[cur], int(args[cur + 1])
             self.be.walked.append(int(c[tab + 3 * c[0] + 1]))
-        if hasattr(self.lib, "rg_scan_look_far"):      # the library is shared: the backend's own choice each launch
-            self.lib.rg_scan_look_far(int(self.be.far))
         self.fn((ctypes.c_ulonglong * len(words))(*words), *map(int, grid), *map(int, block))
 
 
 class ScanKernels(NumpyBackend):
     """numpy, with the scan loops run by the GPU's scan kernels compiled for the CPU; `walked` lists the frames
-    each scan kernel of a chunk walked. far: no chunk but the first of a chain posts its value, so every other
-    looks back to it over all the chunks between (as blocks running at once may find them)."""
+    each part or out kernel of a chunk walked."""
     name = "scan-kernels"
     kernel_loops = walking_loops = frozenset({"scan"})
     RUNNERS = {ScanLoop: cuda_scan}
     frame_args = CupyBackend.frame_args
 
-    def __init__(self, far: bool = False):
+    def __init__(self):
         super().__init__("staged")
-        self.walked, self.cursor, self.far = [], None, far
+        self.walked, self.cursor = [], None
 
     def running_args(self, running):
         self.cursor = running[0] if running else None
         return CupyBackend.running_args(self, running)
 
     def raw(self, name, src):
-        return _Kernel(self, name, _library(src))
+        return _Kernel(self, name, getattr(_library(src), f"rg_launch_{name}"))
 
 
 def delayed(delay):
@@ -119,9 +96,14 @@ def delayed(delay):
     return lambda D, H, bias=True: one_state(LINEAR_FORMS["a*h + b"], delay=delay, D=D, H=H)
 
 
-def launches(chunks) -> list:
-    """The frames the scan kernel walks over a call's chunks, forward then backward: each chunk's n."""
-    return [n for _, _, n in chunks] + [n for _, _, n in reversed(chunks)]
+def launches(chunks, B, cell) -> list:
+    """The frames each part and out kernel walks over a call's chunks, forward then backward: a chunk's n, once
+    for out and once more for part where a chain has more than one chunk of frames (scan_chunks)."""
+    (_, m, _, _, d), = scan_chains(cell)
+    per = [1 + (cuda_scan.scan_chunks(L, d, B * cell.op(m).size)[0] > 1) for _, L, _ in chunks]
+    fwd = [n for (_, _, n), k in zip(chunks, per) for _ in range(k)]
+    bwd = [n for (_, _, n), k in zip(reversed(chunks), reversed(per)) for _ in range(k)]
+    return fwd + bwd
 
 
 def scan_chains(cell) -> tuple:
@@ -155,40 +137,13 @@ def test_the_scan_kernels_compute_the_reference(name, dtype):
         assert_agree(results(ex, cell, x, params, init, lengths, gy, gf),
                      results(ref, cell, x, params, init, lengths, gy, gf), dtype)
         assert ex.sched.loop_strategy == "scan" and ex.chunked == (chunk is not None)
-        assert be.walked == launches(spans(T, chunk)) if chunk else not be.walked
-
-
-@pytest.mark.parametrize("ctype", ["float", "double"])
-def test_the_scan_kernels_compile_for_the_gpu(ctype):
-    """Both directions and the launch numbering, compiled by NVRTC for sm_90 (half storage: test_half_kernels)."""
-    from nvrtc import nvrtc_compile
-    for direction in ("fwd", "bwd"):
-        nvrtc_compile(*cuda_scan.scan_source(direction, ctype))
-    nvrtc_compile(cuda_scan.SCAN_NEXT, "rg_scan_next")
-
-
-@pytest.mark.parametrize("name", ["min_gru", "qrnn", "delay 2"])
-def test_a_chunk_looking_back_far_gets_the_same_bits(name):
-    """Blocks running at once may find a chunk before theirs that has posted only its (A, C): the look-back then
-    goes on to an earlier one and applies the (A, C) between. With no chunk but the first posting its value (far),
-    every chunk looks back to the first: every result is bit for bit the one of the look-back by one chunk, whole
-    calls of 4 chunks a chain (T = 29) and in chunks of 16 frames, ragged, forward and backward."""
-    make = delayed(int(name[-1])) if name.startswith("delay") else None
-    cell = make(3, 4) if make else load_cell(name, 3, 4)
-    params, x, init, gy, gf = problem_arrays(cell, 29, 3, "float64")
-    lengths = np.array([29, 14, 1])
-    assert cuda_scan.scan_chunks(29, 1, 12)[0] == 4
-    for chunk in (None, 16):
-        near, far = (results(Executor(cell, ScanKernels(far), loop="scan", chunk=chunk), cell, x, params, init, lengths,
-                             gy, gf) for far in (False, True))
-        for a, b in zip(near, far):
-            np.testing.assert_array_equal(a, b)
+        assert be.walked == launches(spans(T, chunk), 3, cell) if chunk else not be.walked
 
 
 @pytest.mark.parametrize("T", [60, 130, 7])
 def test_a_chunk_of_the_ladder_walks_only_its_frames(T):
     """A ladder of 64 and 16 frames: T = 60 is one chunk of 64 walking 60, T = 130 two of 64 and one of 16
-    walking 2, T = 7 one of 16 walking 7; each scan kernel reads its chunk's n, forward then backward;
+    walking 2, T = 7 one of 16 walking 7; each part and out kernel reads its chunk's n, forward then backward;
     a call of one chunk leaves the frames past n unwritten (zeros in a new workspace), and the product a ⊙ s@t-d,
     which nothing else reads, unstored; results equal numpy's whole calls, ragged."""
     cell = load_cell("min_gru", 3, 4)
@@ -200,7 +155,7 @@ def test_a_chunk_of_the_ladder_walks_only_its_frames(T):
     got = results(ex, cell, x, params, init, lengths, gy, gf, ladder=True)
     assert_agree(got, results(ref, cell, x, params, init, lengths, gy, gf), "float64")
     chunks = spans(T, 64, True, walks=True)
-    assert ex._walks(3, np.float64) and be.walked == launches(chunks)
+    assert ex._walks(3, np.float64) and be.walked == launches(chunks, 3, cell)
     if len(chunks) > 1:             # chunks share their workspaces' memory: an earlier one's frames are there
         return
     _, L, n = chunks[0]

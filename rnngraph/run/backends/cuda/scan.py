@@ -12,105 +12,89 @@ from .source import CTYPES, math_type
 
 # -------------------------------------------------------------------------------------------------
 # The scan: s_t = A_t ⊙ s_{t-d} + C_t over d interleaved chains (chain j: frames j, j+d, j+2d, ...)
-# per column (b, f), in one pass over the frames (decoupled look-back): each chain's frames are cut in NC
-# chunks of L, and a block of 128 columns runs one chunk of one chain. Blocks take their chunks in the order
-# they start (a ticket), so a block waits only on blocks already running. A block composes its chunk's
-# (A, C) and posts it (AGG); it then looks back over the chunks before its own to the nearest that has posted
-# the chain's value after it (PREFIX), and applies the (A, C) of those between to that value, in order, as
-# each of them computes its own: its carry-in is therefore the same whichever it found, and runs are bit for
-# bit the same. It posts its own value after the chunk (A ⊙ carry-in + C: PREFIX) and walks its frames from
-# the carry-in, writing the results. Chunk 0 starts from the chain's history; a chain of one chunk only walks.
-# A chunk of a call (run/chunks.py) walks only its n frames, read from the call's cursor; frames past n compose
-# as (1, 0). The backward runs the same over reversed chains, from their last chunk:
-# H_t = (gm_t + gs_t) + a_{t+d} ⊙ H_{t+d}, H the total gradient of m_t. Before each launch rg_scan_next
-# zeroes the tickets and numbers the launch (epoch): a chunk's flag holds 4·epoch + 1 (AGG) or + 2 (PREFIX).
-
-SCAN_SYNC = r"""static __device__ __forceinline__ unsigned int rg_scan_ticket(unsigned int* state) {
-    return atomicAdd(state, 1u);
-}
-static __device__ __forceinline__ unsigned int rg_scan_wait(const unsigned int* flag, unsigned int epoch) {
-    // 1 once the chunk's (A, C) is posted, 2 once its chain's value after it is
-    unsigned int v;
-    do { asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory"); }
-    while (v != 4u * epoch + 1u && v != 4u * epoch + 2u);
-    return v - 4u * epoch;
-}
-static __device__ __forceinline__ void rg_scan_post(unsigned int* flag, unsigned int v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" :: "l"(flag), "r"(v) : "memory");
-}
-"""
-
-SCAN_NEXT = r"""
-extern "C" __global__ void rg_scan_next(unsigned int* state) {
-    state[0] = 0u;      // the tickets
-    state[1] += 1u;     // the launch
-}
-"""
+# per column (b, f). Three kernels: each chunk of a chain composes its (A, C) (part), one thread per
+# chain combines the chunks' composites in order into each chunk's carry-in (carry), each chunk
+# re-walks its frames from its carry-in, writing the results (out); with one chunk per chain (many
+# columns) part is skipped and carry only writes each chain's start. A chunk of a call (run/chunks.py)
+# walks only its n frames, read from the call's cursor: part and out skip the frames past n, whose
+# composites are (1, 0). The backward runs the same three over reversed chains:
+# H_t = (gm_t + gs_t) + a_{t+d} ⊙ H_{t+d}, H the total gradient of m_t.
+# Grid: x over the B·F columns (coalesced), y over (chunk k, chain j) as k·d + j.
 
 SCAN_SOURCE = r"""
 #define IDX(ld, t) (((long long)(t) * B + b) * (ld) + f)
+#define COLUMN long long col = (long long)blockIdx.x * blockDim.x + threadIdx.x; \
+    if (col >= (long long)B * F) return; \
+    int b = (int)(col / F), f = (int)(col - (long long)b * F);
 #define WALK if (run) T = (int)run[tab + 3 * run[0] + 1];     /* a chunk: the running one's n frames */
 #define FRAME(q) int i = {REV} ? k * L + L - 1 - (q) : k * L + (q); int t = j + d * i; if (t >= T) continue;
 
-extern "C" __global__ void rg_scan_{DIR}_{TY}({ARGS}const long long* __restrict__ run, int tab, int T, int B,
-        int F, int d, int L, int NC, int CB, {TY}* PA, {TY}* PC, {TY}* PP, unsigned int* flags,
-        unsigned int* state) {
-    __shared__ unsigned int got[2];
-    if (threadIdx.x == 0) got[0] = rg_scan_ticket(state);
-    __syncthreads();
+extern "C" __global__ void rg_scan_{DIR}_part_{TY}({ARGS}const long long* __restrict__ run, int tab, int T, int B,
+        int F, int d, int L, {TY}* PA, {TY}* PC) {
+    COLUMN
     WALK
-    const unsigned int ticket = got[0], epoch = state[1];
-    // the chain's kl-th chunk (the backward's from the end: chunk k), chain j, columns cb
-    const int cb = ticket % CB, kj = ticket / CB, j = kj % d, kl = kj / d, k = {REV} ? NC - 1 - kl : kl;
-    const long long col = (long long)cb * blockDim.x + threadIdx.x, at = (long long)kj * B * F + col;
-    const bool live = col < (long long)B * F;
-    const int b = live ? (int)(col / F) : 0, f = live ? (int)(col - (long long)b * F) : 0;
-    {TY} A = 1, C = 0, carry = 0;
-    if (NC > 1 && live) {
-        #pragma unroll 8
-        for (int q = 0; q < L; ++q) {
-            FRAME(q)
-            {TY} x, y;
-            {COEF}
-            C = x * C + y;
-            A = x * A;
+    int j = blockIdx.y % d, k = blockIdx.y / d;
+    {TY} A = 1, C = 0;
+    #pragma unroll 8
+    for (int q = 0; q < L; ++q) {
+        FRAME(q)
+        {TY} x, y;
+        {COEF}
+        C = x * C + y;
+        A = x * A;
+    }
+    PA[blockIdx.y * (long long)B * F + col] = A;
+    PC[blockIdx.y * (long long)B * F + col] = C;
+}
+
+extern "C" __global__ void rg_scan_{DIR}_carry_{TY}({ARGS}int T, int B, int F, int d, int NC,
+        const {TY}* __restrict__ PA, {TY}* PC) {
+    // PC[k, j] becomes chunk k's carry-in: the chain's value just before (backward: after) the chunk.
+    // A block of 32 columns (threadIdx.x) × 32 segments of the chunks (threadIdx.y): each segment
+    // composes its chunks, one thread per column combines the 32 segments in shared memory, then each
+    // segment re-walks its chunks from its own carry-in.
+    __shared__ {TY} SA[32][33], SC[32][33];
+    long long col = (long long)blockIdx.x * 32 + threadIdx.x;
+    bool live = col < (long long)B * F;
+    int b = live ? (int)(col / F) : 0, f = live ? (int)(col - (long long)b * F) : 0;
+    int j = blockIdx.y, y = threadIdx.y, per = (NC + 31) / 32;
+    {TY} A = 1, C = 0;
+    for (int q = y * per; live && q < min(NC, (y + 1) * per); ++q) {
+        long long o = (({REV} ? NC - 1 - q : q) * (long long)d + j) * B * F + col;
+        C = PA[o] * C + PC[o];
+        A = PA[o] * A;
+    }
+    SA[y][threadIdx.x] = A;
+    SC[y][threadIdx.x] = C;
+    __syncthreads();
+    if (y == 0 && live) {
+        {TY} v = {INIT};
+        for (int k = 0; k < 32; ++k) {
+            {TY} a = SA[k][threadIdx.x], c = SC[k][threadIdx.x];
+            SC[k][threadIdx.x] = v;
+            v = a * v + c;
         }
     }
-    if (kl == 0) {
-        if (live) carry = {INIT};
-    } else {
-        if (live) {
-            PA[at] = A;
-            PC[at] = C;
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) rg_scan_post(flags + ticket, 4u * epoch + 1u);
-        if (threadIdx.x == 0) {     // back to the nearest chunk whose chain value after it is posted
-            int p = kj - d;
-            while (rg_scan_wait(flags + (long long)p * CB + cb, epoch) != 2u) p -= d;
-            got[1] = (unsigned int)p;
-        }
-        __syncthreads();
-        if (live) {                 // forward from there over the chunks' (A, C), as each computes its own value
-            carry = __ldcg(PP + (long long)got[1] * B * F + col);
-            for (int p = (int)got[1] + d; p < kj; p += d) {
-                const long long o = (long long)p * B * F + col;
-                carry = __ldcg(PA + o) * carry + __ldcg(PC + o);
-            }
-        }
+    __syncthreads();
+    {TY} v = SC[y][threadIdx.x];
+    for (int q = y * per; live && q < min(NC, (y + 1) * per); ++q) {
+        long long o = (({REV} ? NC - 1 - q : q) * (long long)d + j) * B * F + col;
+        {TY} a = PA[o], c = PC[o];
+        PC[o] = v;
+        v = a * v + c;
     }
-    if (NC > 1) {
-        if (live) PP[at] = A * carry + C;
-        __syncthreads();
-        if (threadIdx.x == 0) rg_scan_post(flags + ticket, 4u * epoch + 2u);
-    }
-    if (live) {
-        {TY} y = carry;
-        #pragma unroll 8
-        for (int q = 0; q < L; ++q) {
-            FRAME(q)
-            {STEP}
-        }
+}
+
+extern "C" __global__ void rg_scan_{DIR}_out_{TY}({ARGS}const long long* __restrict__ run, int tab, int T, int B,
+        int F, int d, int L, const {TY}* __restrict__ PC) {
+    COLUMN
+    WALK
+    int j = blockIdx.y % d, k = blockIdx.y / d;
+    {TY} y = PC[blockIdx.y * (long long)B * F + col];
+    #pragma unroll 8
+    for (int q = 0; q < L; ++q) {
+        FRAME(q)
+        {STEP}
     }
 }
 """
@@ -141,20 +125,19 @@ SCAN_BACKWARD = dict(
          "if (has_gb == 1) gb[IDX(lgb, t)] = gb[IDX(lgb, t)] + G; else if (has_gb == 2) gb[IDX(lgb, t)] = G; "
          "if (t < d) gs[IDX(lgs, t)] = gs[IDX(lgs, t)] + a[IDX(la, t)] * H; y = H;")
 
-SCAN_BLOCK = 128            # columns a block
 SCAN_THREADS = 1 << 18      # chunks per chain are chosen so that about this many threads walk frames
 SCAN_MIN_FRAMES = 8         # ... each at least this many frames (its loads in flight together)
 
 
-def scan_source(direction: str, ctype: str) -> tuple[str, str]:
-    """(CUDA source, kernel name) of the forward ('fwd') or backward ('bwd') scan kernel for arrays of element
-    type ctype; the chunks' composites PA, PC, PP and every carry have its math type."""
+def scan_source(direction: str, ctype: str) -> tuple[str, dict]:
+    """(CUDA source, {phase: kernel name}) of the forward ('fwd') or backward ('bwd') scan kernels for
+    arrays of element type ctype; the chunks' composites PA, PC and every carry have its math type."""
     parts = SCAN_FORWARD if direction == "fwd" else SCAN_BACKWARD
     text = SCAN_SOURCE
     for key in ("ARGS", "COEF", "INIT", "STEP", "DIR", "REV"):
         text = text.replace("{" + key + "}", parts[key])
     text = text.replace("_{TY}(", f"_{ctype}(").replace("{S}", ctype).replace("{TY}", math_type(ctype))
-    return SCAN_SYNC + text, f"rg_scan_{parts['DIR']}_{ctype}"
+    return text, {ph: f"rg_scan_{parts['DIR']}_{ph}_{ctype}" for ph in ("part", "carry", "out")}
 
 
 def scan_chunks(T: int, d: int, columns: int) -> tuple[int, int]:
@@ -166,28 +149,27 @@ def scan_chunks(T: int, d: int, columns: int) -> tuple[int, int]:
 
 
 def compile(be, cell, loop, views):
-    """Per state, the launch numbering (rg_scan_next) and the one-pass scan kernel over all frames, forward or
-    reverse, in a chunk only over its n frames (read from the cursor); the chunks' composites, flags and tickets
-    live in buffers made here. views: plan/loops/scan.py chain_views."""
+    """Per state, the three chunked-scan kernels over all frames, forward or reverse, in a chunk only over its n
+    frames (part and out read n from the cursor; the carry passes the chunks past n through, (1, 0) each); the
+    chunks' composites live in two buffers made here. views: plan/loops/scan.py chain_views."""
     cp, out, walk = be.xp, [], be.running_args(views.running)
     for (pn, mn, an, bn, _), (a, b, s, m, gs, gm, ga, gb) in zip(loop.chains, views.chains):
         (T, B, F), d = m.shape, s.shape[0] - m.shape[0]          # a, b: [T, B, F] or a vector [F]; s, gs: [d+T, B, F]
         ctype = CTYPES[str(m.dtype)]
-        src, name = scan_source("bwd" if loop.reverse else "fwd", ctype)
+        src, names = scan_source("bwd" if loop.reverse else "fwd", ctype)
         NC, L = scan_chunks(T, d, B * F)
-        CB = -(-B * F // SCAN_BLOCK)
-        PA, PC, PP = (cp.empty((NC * d if NC > 1 else 1, B * F), cp.float64 if ctype == "double" else cp.float32)
-                      for _ in range(3))
-        flags, state = cp.zeros(NC * d * CB, cp.uint32), cp.zeros(2, cp.uint32)
+        PA, PC = (cp.empty((NC * d, B * F), cp.float64 if ctype == "double" else cp.float32) for _ in range(2))
         if loop.reverse:
             head = be.frame_args([a, s, gs, gm, gm if ga is None else ga, gm if gb is None else gb], B)
             head += [cp.int32(_sends(cell, ga, an, mn)), cp.int32(_sends(cell, gb, bn, pn)),
                      cp.int32(ga is None or gb is None)]
         else:
             head = be.frame_args([a, b, s, m], B) + [cp.int32(mn not in unstored(cell, loop))]
-        dims = [cp.int32(T), cp.int32(B), cp.int32(F), cp.int32(d), cp.int32(L), cp.int32(NC), cp.int32(CB)]
-        out += [(be.raw("rg_scan_next", SCAN_NEXT), (1,), (1,), (state,)),
-                (be.raw(name, src), (NC * d * CB,), (SCAN_BLOCK,), (*head, *walk, *dims, PA, PC, PP, flags, state))]
+        dims, grid = [cp.int32(T), cp.int32(B), cp.int32(F), cp.int32(d)], (B * F + 127) // 128
+        k = {ph: be.raw(nm, src) for ph, nm in names.items()}
+        out += [(k["part"], (grid, NC * d), (128,), (*head, *walk, *dims, cp.int32(L), PA, PC))] * (NC > 1)
+        out += [(k["carry"], ((B * F + 31) // 32, d), (32, 32), (*head, *dims, cp.int32(NC), PA, PC)),
+                (k["out"], (grid, NC * d), (128,), (*head, *walk, *dims, cp.int32(L), PC))]
     return tuple(out)
 
 
