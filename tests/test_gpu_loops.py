@@ -115,3 +115,17 @@ def test_a_scanned_state_beside_other_states(kind, mode, dtype):
             a = cupy.asnumpy(a).astype(np.float64)
             err = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300)
             assert err <= TOL[dtype], f"{kind}/{mode}/{dtype} call {seed}: array {k} relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("cell", ["min_gru", "qrnn"])
+def test_a_scan_of_many_chunks_gives_the_same_bits_every_run(cell):
+    """T = 4096, B = 2, H = 64: 512 chunks a chain (scan.scan_chunks), composed by the carry kernel: two runs give
+    the same bits, and agree with the float64 reference."""
+    import cupy
+    from rnngraph.run.backends.cuda.scan import scan_chunks
+    assert scan_chunks(4096, 1, 2 * 64)[0] == 512
+    ref, gpu = pair(cell, "scan", 8, 64, "float32", "graph")
+    x = np.random.default_rng(5).standard_normal((4096, 2, 8))
+    for a, b in zip(calls(gpu, [x], None, cupy, "float32"), calls(gpu, [x], None, cupy, "float32"), strict=True):
+        np.testing.assert_array_equal(a, b)
+    agree(ref, gpu, [x], None, "float32", f"{cell} T=4096")

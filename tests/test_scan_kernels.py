@@ -140,6 +140,16 @@ def test_the_scan_kernels_compute_the_reference(name, dtype):
         assert be.walked == launches(spans(T, chunk), 3, cell) if chunk else not be.walked
 
 
+@pytest.mark.parametrize("ctype", ["float", "double"])
+def test_the_scan_kernels_compile_for_the_gpu(ctype):
+    """Each direction's three kernels, compiled by NVRTC for sm_90 (half storage: test_half_kernels)."""
+    from nvrtc import nvrtc_compile
+    for direction in ("fwd", "bwd"):
+        src, names = cuda_scan.scan_source(direction, ctype)
+        for name in names.values():
+            nvrtc_compile(src, name)
+
+
 @pytest.mark.parametrize("T", [60, 130, 7])
 def test_a_chunk_of_the_ladder_walks_only_its_frames(T):
     """A ladder of 64 and 16 frames: T = 60 is one chunk of 64 walking 60, T = 130 two of 64 and one of 16
