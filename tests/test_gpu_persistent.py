@@ -94,7 +94,7 @@ def test_too_large_falls_back_to_stages_and_says_why(monkeypatch):
     agree(ref, gpu, [x], np.arange(9) % 6, "float32", "B=9")
     ran_persistent(gpu)
     x = np.random.default_rng(1).standard_normal((3, 137, 8))
-    agree(ref, gpu, [x], None, "float32", "B=137")                # 3xTF32: 9 groups of 16 rows (the last padded)
+    agree(ref, gpu, [x], None, "float32", "B=137")                # 3xTF32 in row groups, B padded to its bucket
     ran_persistent(gpu)
     monkeypatch.setenv("RNNGRAPH_PERSISTENT_TENSOR_CORES", "0")
     x = np.random.default_rng(2).standard_normal((3, 139, 8))     # a new shape (the loop chosen again), B prime

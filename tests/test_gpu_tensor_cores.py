@@ -100,9 +100,9 @@ def test_auto_runs_tensor_cores_where_they_measured_faster_and_stages_beyond():
     layer = half_pair("lstm", "bfloat16", "graph", hidden=64, size=8)[1]        # loop 'auto'
     layer(cupy.zeros((3, 16, 8), layer.dtype))
     on_tensor_cores(layer)
-    layer(cupy.zeros((3, 64, 8), layer.dtype))        # 4 groups of 16 rows
+    layer(cupy.zeros((3, 64, 8), layer.dtype))        # 8 groups of 8 rows
     on_tensor_cores(layer)
-    layer(cupy.zeros((3, 128, 8), layer.dtype))       # 8 groups of 16 rows
+    layer(cupy.zeros((3, 128, 8), layer.dtype))       # 16 groups of 8 rows
     on_tensor_cores(layer)
     layer(cupy.zeros((3, 256, 8), layer.dtype))
     assert layer.loop_strategy == "stages" and "measured no faster than stages" in layer.loop_note
