@@ -276,3 +276,14 @@ def test_the_cpu_training_numbers_come_from_the_stored_log():
     assert (f"validation bpc of {val:.3f}** after {steps:,.0f} steps and {seconds:.0f} s of training "
             f"({first:.3f} after the first epoch), about {round(chars / seconds, -2):,.0f} "
             "characters per second") in text
+
+
+def test_the_gpu_page_states_autos_limits_as_the_runner_keeps_them():
+    """gpu.md says, by hand, up to which B `auto` runs the tensor-core kernel at each width: the same pairs as
+    runner.AUTO_TENSOR_CORE_ROWS (the widest as 'wider cells as ...')."""
+    from rnngraph.run.backends.cuda.persistent.runner import AUTO_TENSOR_CORE_ROWS
+    text = " ".join((ROOT / "docs" / "gpu.md").read_text().split())
+    said = re.search(r"`auto` runs the kernel on tensor cores (up to .*?) \(wider cells", text)
+    assert said, "gpu.md no longer says where auto runs the tensor-core kernel"
+    pairs = tuple((int(h), int(b)) for b, h in re.findall(r"B = (\d+) at H ≤ (\d+)", said.group(1)))
+    assert pairs == AUTO_TENSOR_CORE_ROWS
