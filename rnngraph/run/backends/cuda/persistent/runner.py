@@ -26,15 +26,20 @@ TENSOR_CORE_BLOCKS = 64
 # float16): B = 32 1.65 / 1.81 / 2.19 (2.12, 1.32); B = 64 2.57 / 2.32 / 2.91 (2.66, 2.04); B = 128 3.70 / 3.66 / 3.86
 # (3.57, 3.23). With the weights in registers and tagged words, groups of 8 rows measured faster where they run
 # (bfloat16, H = 512, T = 100, training ms, groups of at most 16 rows / of 8, alternating in one process:
-# experiments/persistent_rows.py): GRU B = 48 0.872 / 0.792, B = 64 0.972 / 0.848, B = 96 1.212 / 1.085;
-# MGU B = 48 1.209 / 1.090, B = 64 1.429 / 1.140, B = 96 1.571 / 1.407; LSTM B = 96 1.567 / 1.451; H = 768 (loop
+# experiments/persistent_rows.py, `experiments/gpu_checks.sh bench rows`): GRU B = 48 0.872 / 0.792, B = 64
+# 0.972 / 0.848, B = 96 1.212 / 1.085; MGU B = 48 1.209 / 1.090, B = 64 1.429 / 1.140, B = 96 1.571 / 1.407; LSTM B = 96 1.567 / 1.451; H = 768 (loop
 # 'persistent') MGU B = 48 1.645 / 1.506, B = 64 1.766 / 1.560. Everywhere else the same kernel ran (the LSTM's
-# weights in registers at 16 rows a group, RESIDENT_ROWS, come first).
+# weights in registers at 16 rows a group, RESIDENT_ROWS, come first). At H = 256 (groups of 16 / of 8): bfloat16
+# LSTM B = 64 0.742 / 0.663, B = 96 0.804 / 0.769, B = 128 0.854 / 0.812; GRU 0.686 / 0.620, 0.758 / 0.703, 0.795 /
+# 0.742; MGU 1.042 / 0.954, 1.154 / 1.036, 1.179 / 1.062; float32 B = 64 in 3xTF32 LSTM 1.432 / 1.261, GRU 1.363 /
+# 1.232, MGU 1.830 / 1.503, in TF32 0.982-1.125 / 0.891-1.022 (all three 13-15% faster).
 GROUP_ROWS, GROUPS = 8, 4
 # Down to groups of GROUP_FEWEST rows: at B = 8 and 16 groups put the batch on more SMs (each group its own blocks).
 # Measured (bfloat16 LSTM, T = 100, training ms, one group / groups of 8 rows / of 4): H = 512 B = 8 0.886 / - / 0.893,
 # B = 16 1.057 / 0.991 / 0.913; H = 768 B = 8 1.019 / - / 0.954, B = 16 1.285 / 1.061 / - (groups of 4 hold their
 # weights in shared memory; the resident groups of 8 run); at T = 1024 (FlashRNN's shape) B = 16 H = 768 10.36 / 8.31.
+# Later, there, 2 groups of 8 rows (weights in registers, 48 blocks each) against 4 of 4 (shared memory): LSTM 7.07 /
+# 10.96, GRU 6.74 / 9.38; H = 1024 B = 16 (T = 100) one group in registers 1.515 against 2 of 8 in shared 1.476.
 GROUP_FEWEST = 4
 # A group's weights in registers on fewer blocks (_held): down to 3/4 of the blocks full_groups gives, where they still
 # fit there. Fewer blocks stage each frame's operand fewer times from L2 and meet at a cheaper barrier. Measured
