@@ -44,7 +44,7 @@ bench)
         # the wide LSTMs auto runs in groups of rows by the H = 512 rule, against stages and cuDNN float16
         wide) bench --cell lstm -T 100 -B 32,64 -H 768,1024 --dtype bfloat16 --impls graph,cudnn@float16 \
                             --loop auto,stages --repeats 15 --json "$OUT/wide.json" ;;
-        # rows a persistent row group: as chosen against groups of 16 rows, alternating in one process (runner.GROUP_ROWS)
+        # rows a persistent row group: as chosen against groups of 16, alternating in one process (runner.GROUP_ROWS)
         rows) for dt in bfloat16 float32; do timeout "${LIMIT:-300}" python3 experiments/persistent_rows.py \
                   --cell lstm,gru,mgu -B 48,64,96,128 -H 512 --dtype $dt --rows 16 | tee -a "$OUT/rows.txt"; done ;;
         # GRU and MGU in bfloat16 at B = 64 against the LSTM and cuDNN float16

@@ -26,13 +26,13 @@ TENSOR_CORE_BLOCKS = 64
 # float16): B = 32 1.65 / 1.81 / 2.19 (2.12, 1.32); B = 64 2.57 / 2.32 / 2.91 (2.66, 2.04); B = 128 3.70 / 3.66 / 3.86
 # (3.57, 3.23). With the weights in registers and tagged words, groups of 8 rows measured faster where they run
 # (bfloat16, H = 512, T = 100, training ms, groups of at most 16 rows / of 8, alternating in one process:
-# experiments/persistent_rows.py, `experiments/gpu_checks.sh bench rows`): GRU B = 48 0.872 / 0.792, B = 64
-# 0.972 / 0.848, B = 96 1.212 / 1.085; MGU B = 48 1.209 / 1.090, B = 64 1.429 / 1.140, B = 96 1.571 / 1.407; LSTM B = 96 1.567 / 1.451; H = 768 (loop
-# 'persistent') MGU B = 48 1.645 / 1.506, B = 64 1.766 / 1.560. Everywhere else the same kernel ran (the LSTM's
-# weights in registers at 16 rows a group, RESIDENT_ROWS, come first). At H = 256 (groups of 16 / of 8): bfloat16
-# LSTM B = 64 0.742 / 0.663, B = 96 0.804 / 0.769, B = 128 0.854 / 0.812; GRU 0.686 / 0.620, 0.758 / 0.703, 0.795 /
-# 0.742; MGU 1.042 / 0.954, 1.154 / 1.036, 1.179 / 1.062; float32 B = 64 in 3xTF32 LSTM 1.432 / 1.261, GRU 1.363 /
-# 1.232, MGU 1.830 / 1.503, in TF32 0.982-1.125 / 0.891-1.022 (all three 13-15% faster).
+# experiments/persistent_rows.py, `experiments/gpu_checks.sh bench rows`): GRU B = 48 0.872 / 0.792, B = 64 0.972 /
+# 0.848, B = 96 1.212 / 1.085; MGU B = 48 1.209 / 1.090, B = 64 1.429 / 1.140, B = 96 1.571 / 1.407; LSTM B = 96 1.567
+# / 1.451; H = 768 (loop 'persistent') MGU B = 48 1.645 / 1.506, B = 64 1.766 / 1.560. Everywhere else the same kernel
+# ran (the LSTM's weights in registers at 16 rows a group, RESIDENT_ROWS, come first). At H = 256 (groups of 16 / of
+# 8): bfloat16 LSTM B = 64 0.742 / 0.663, B = 96 0.804 / 0.769, B = 128 0.854 / 0.812; GRU 0.686 / 0.620, 0.758 /
+# 0.703, 0.795 / 0.742; MGU 1.042 / 0.954, 1.154 / 1.036, 1.179 / 1.062; float32 B = 64 in 3xTF32 LSTM 1.432 / 1.261,
+# GRU 1.363 / 1.232, MGU 1.830 / 1.503, in TF32 0.982-1.125 / 0.891-1.022 (all three 13-15% faster).
 GROUP_ROWS, GROUPS = 8, 4
 # Down to groups of GROUP_FEWEST rows: at B = 8 and 16 groups put the batch on more SMs (each group its own blocks).
 # Measured (bfloat16 LSTM, T = 100, training ms, one group / groups of 8 rows / of 4): H = 512 B = 8 0.886 / - / 0.893,
@@ -48,9 +48,9 @@ GROUP_FEWEST = 4
 # B = 8 0.90 / 0.90, B = 16 1.14 / 1.05, B = 32 1.50 / 1.47, GRU B = 16 0.95 / 0.98 (each the mean of two runs).
 FEWER_BLOCKS = (3, 4)
 # Where a later choice of rows and blocks holds every GEMM's weights in registers (resident.py) and the first does not,
-# the later one runs, if its groups have at most RESIDENT_ROWS rows. Measured on an H200 (bfloat16 LSTM, T = 100, training
-# ms, the first choice / the resident one): H = 768 B = 32 1.70 (4 groups of 8 rows on 32 blocks) / 1.59 (2 groups of
-# 16 on 64); H = 1024 B = 16 2.09 (64 blocks) / 1.86 (128). Larger groups in registers measured slower: H = 768 B = 64
+# the later one runs, if its groups have at most RESIDENT_ROWS rows. Measured on an H200 (bfloat16 LSTM, T = 100,
+# training ms, the first choice / the resident one): H = 768 B = 32 1.70 (4 groups of 8 rows on 32 blocks) / 1.59 (2
+# groups of 16 on 64); H = 1024 B = 16 2.09 (64 blocks) / 1.86 (128). Larger groups in registers measured slower: H = 768 B = 64
 # 2.24 (4 of 16) / 2.70 (2 of 32, resident), H = 512 B = 128 2.02 (8 of 16) / 1.98 (4 of 32) / 3.37 (2 of 64).
 RESIDENT_ROWS = 16
 # 'auto' runs the tensor-core kernel of full matrices up to B rows by the width of the cell (its largest phase's
