@@ -50,8 +50,9 @@ FEWER_BLOCKS = (3, 4)
 # Where a later choice of rows and blocks holds every GEMM's weights in registers (resident.py) and the first does not,
 # the later one runs, if its groups have at most RESIDENT_ROWS rows. Measured on an H200 (bfloat16 LSTM, T = 100,
 # training ms, the first choice / the resident one): H = 768 B = 32 1.70 (4 groups of 8 rows on 32 blocks) / 1.59 (2
-# groups of 16 on 64); H = 1024 B = 16 2.09 (64 blocks) / 1.86 (128). Larger groups in registers measured slower: H = 768 B = 64
-# 2.24 (4 of 16) / 2.70 (2 of 32, resident), H = 512 B = 128 2.02 (8 of 16) / 1.98 (4 of 32) / 3.37 (2 of 64).
+# groups of 16 on 64); H = 1024 B = 16 2.09 (64 blocks) / 1.86 (128). Larger groups in registers measured slower:
+# H = 768 B = 64 2.24 (4 of 16) / 2.70 (2 of 32, resident), H = 512 B = 128 2.02 (8 of 16) / 1.98 (4 of 32) / 3.37 (2
+# of 64).
 RESIDENT_ROWS = 16
 # 'auto' runs the tensor-core kernel of full matrices up to B rows by the width of the cell (its largest phase's
 # units: H for an LSTM), 'stages' beyond. Measured on an H200 (bfloat16 LSTM, T = 100, training ms, persistent /
