@@ -152,7 +152,7 @@ def compile(be, cell, loop, views):
     """Per state, the three chunked-scan kernels over all frames, forward or reverse, in a chunk only over its n
     frames (part and out read n from the cursor; the carry passes the chunks past n through, (1, 0) each); the
     chunks' composites live in two buffers made here. views: plan/loops/scan.py chain_views."""
-    cp, out, walk = be.xp, [], be.running_args(views.running)
+    cp, out, walk, dropped = be.xp, [], be.running_args(views.running), unstored(cell, loop)
     for (pn, mn, an, bn, _), (a, b, s, m, gs, gm, ga, gb) in zip(loop.chains, views.chains):
         (T, B, F), d = m.shape, s.shape[0] - m.shape[0]          # a, b: [T, B, F] or a vector [F]; s, gs: [d+T, B, F]
         ctype = CTYPES[str(m.dtype)]
@@ -164,7 +164,7 @@ def compile(be, cell, loop, views):
             head += [cp.int32(_sends(cell, ga, an, mn)), cp.int32(_sends(cell, gb, bn, pn)),
                      cp.int32(ga is None or gb is None)]
         else:
-            head = be.frame_args([a, b, s, m], B) + [cp.int32(mn not in unstored(cell, loop))]
+            head = be.frame_args([a, b, s, m], B) + [cp.int32(mn not in dropped)]
         dims, grid = [cp.int32(T), cp.int32(B), cp.int32(F), cp.int32(d)], (B * F + 127) // 128
         k = {ph: be.raw(nm, src) for ph, nm in names.items()}
         out += [(k["part"], (grid, NC * d), (128,), (*head, *walk, *dims, cp.int32(L), PA, PC))] * (NC > 1)
