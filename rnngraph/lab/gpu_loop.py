@@ -8,7 +8,7 @@ def gpu_loop(schedule, B: int, dtype: str, auto: bool, tf32: bool = False) -> st
     the strategy, and for 'persistent' whether on tensor cores or CUDA cores (on this machine's GPU where one is
     usable, else on an H200's 132 SMs and 227 KiB of shared memory a block)."""
     if schedule.loop_strategy != "persistent":
-        return schedule.loop_strategy + _in_parts(schedule, B, dtype) * (schedule.loop_strategy == "stages")
+        return schedule.loop_strategy + (_in_parts(schedule, B, dtype) if schedule.loop_strategy == "stages" else "")
     from ..run.backends import gpu_problem
     from ..run.backends.cuda.persistent import runner
     if gpu_problem() is None:
