@@ -30,7 +30,7 @@ from rnngraph.plan.loops import PersistentLoop
 from rnngraph.run.backends.cuda.persistent import mma
 from rnngraph.run.backends.cuda.persistent.kernels import SYNC, persistent_kernel
 from rnngraph.run.backends.cuda.persistent.roles import ROLES_SYNC
-from rnngraph.run.backends.cuda.persistent.staging import BULK_INIT, WAVES_INIT
+from rnngraph.run.backends.cuda.persistent.staging import BULK_INIT
 from rnngraph.run.backends.cuda.source import CTYPES, HALF_PRELUDE, HALF_TYPES
 from rnngraph.run.backends.numpy_backend import NumpyBackend
 
@@ -44,8 +44,6 @@ HEADERS = ("atomic", "barrier", "cmath", "cstring", "csetjmp", "functional", "me
 FLAGS = ("-std=c++20", "-O1", "-U_FORTIFY_SOURCE", "-fPIC", "-pthread", "-w")
 FIBERS = "// each CUDA thread a std::thread"       # the line of PRELUDE that LAUNCH's kernels replace: fibers
 BULK_BARRIER = BULK_INIT.split(";")[0].strip() + ";"       # staging.BULK_INIT's __shared__ declaration
-WAVES_BARRIERS = WAVES_INIT.split(";")[0].strip() + ";"     # ... and WAVES_INIT's
-MBARRIERS = 64      # bytes after a block's shared memory where its mbarriers live (rg_bulk, then rg_waves)
 
 PRELUDE = r"""#include "rg_std.h"
 // each CUDA thread a std::thread
@@ -180,24 +178,12 @@ static inline void rg_copy16(void* smem, const void* global, bool full) {      /
     if (full) std::memcpy(smem, global, 16); else std::memset(smem, 0, 16);
 }
 static inline void rg_copies_wait() {}
-// bulk copies (TMA): each at once, in the issuing thread; an mbarrier (in the block's memory, zeroed at launch) the
-// bytes still to land in its low word, the phases completed in its high word
-static inline void rg_bulk_init(unsigned long long*, int) {}
-static inline void rg_bulk_expect(unsigned long long* mb, unsigned bytes) { *mb += bytes; }
-static inline void rg_bulk_copy(void* smem, const void* global, unsigned bytes, unsigned long long* mb) {
+static inline void rg_bulk_init(unsigned long long*) {}       // bulk copies (TMA): each at once, in the issuing thread
+static inline void rg_bulk_expect(unsigned long long*, unsigned) {}
+static inline void rg_bulk_copy(void* smem, const void* global, unsigned bytes, unsigned long long*) {
     std::memcpy(smem, global, bytes);
-    *mb -= bytes;
-    if ((unsigned)*mb == 0u) *mb += 1ull << 32;
 }
-static inline void rg_bulk_wait(unsigned long long* mb, unsigned& phase) {     // until the phase of parity `phase` ends
-    while (((*mb >> 32) & 1u) == phase) rg_yield();
-    phase ^= 1u;
-}
-static inline void rg_wave_wait(unsigned long long* mb, unsigned& phases, int s) {
-    unsigned phase = (phases >> s) & 1u;
-    rg_bulk_wait(mb, phase);
-    phases ^= 1u << s;
-}
+static inline void rg_bulk_wait(unsigned long long*, unsigned& phase) { phase ^= 1u; }
 """
 # per MMA input type: an element's value (VALUE), half the k-step (KH) and the elements a register (PER)
 MMA_TYPES = {
@@ -259,7 +245,7 @@ extern "C" void rg_launch(void** ptrs, long long* lds, const long long* run, int
     std::vector<std::unique_ptr<rg_barrier_t>> bars;
     std::vector<std::vector<rg_barrier_t*>> wbs(rg_nblocks);
     std::vector<std::vector<double>> shuffles(rg_nblocks, std::vector<double>(NTH));
-    std::vector<std::vector<unsigned char>> smems(rg_nblocks, std::vector<unsigned char>(smem + 16 + MBARRIERS));
+    std::vector<std::vector<unsigned char>> smems(rg_nblocks, std::vector<unsigned char>(smem + 16));
     std::vector<std::vector<unsigned>> mma_regs(rg_nblocks, std::vector<unsigned>(6 * NTH));
     std::vector<std::unique_ptr<rg_named_bar[]>> named;
     std::vector<rg_barrier_t*> bbs;
@@ -296,9 +282,7 @@ def cpp_source(k) -> str:
     for sync in (SYNC, ROLES_SYNC):     # the grid barrier and the named barriers: PRELUDE's
         src = src.replace(sync.replace("{{", "{").replace("}}", "}"), "")
     src = src.replace("extern __shared__ __align__(16) unsigned char smem_raw[];", "unsigned char* smem_raw = rg_smem;")
-    at = -(-k.smem // 16) * 16          # the mbarriers: after the dynamic shared memory, in the block's (LAUNCH)
-    src = src.replace(BULK_BARRIER, f"unsigned long long& rg_bulk = *(unsigned long long*)(rg_smem + {at});")
-    src = src.replace(WAVES_BARRIERS, f"unsigned long long* rg_waves = (unsigned long long*)(rg_smem + {at + 8});")
+    src = src.replace(BULK_BARRIER, "unsigned long long rg_bulk;")     # the bulk copies' mbarrier: unused here
     src = src.replace('extern "C" __global__ void', "static void")
     call = []
     for j, (kind, _) in enumerate(k.args):
@@ -312,7 +296,7 @@ def cpp_source(k) -> str:
     for ctype, ptx in mma.PTX_TYPE.items():     # tensor cores: the MMA emulated (its input type's values)
         src = src.replace(mma.helpers(ctype), emulated_mma(ptx))
     return PRELUDE.replace(FIBERS, "#define RG_FIBERS") + (half if any(h in src for h in HALF_TYPES) else "") + src + \
-        LAUNCH.replace("KERNEL_CALL", call).replace("MBARRIERS", str(MBARRIERS))
+        LAUNCH.replace("KERNEL_CALL", call)
 
 
 def compiled(text: str):

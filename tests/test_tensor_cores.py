@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from rnngraph import load_cell
-from rnngraph.run.backends.cuda.persistent import mma, staging
+from rnngraph.run.backends.cuda.persistent import mma
 from rnngraph.run.backends.cuda.persistent.mma import MMA_ROWS
 from rnngraph.run.backends.cuda.persistent.phases import phases
 from rnngraph.run.backends.cuda.persistent.kernels import persistent_kernel
@@ -175,8 +175,7 @@ def test_tensor_core_kernels_compute_the_reference_on_the_cpu(cell, B, dtype, tc
     """mma.sync emulated (cuda_on_cpu.py), the grid barriers of G blocks at once, against numpy's loop; B ≤ 8 on
     tensor cores where asked (rows past B in the tile read, never stored); the weights' fragments in registers
     (resident.py: m-groups and k-groups of warps, the k-groups' sums added in shared memory), and, with no
-    registers to spare, in shared memory (several k-steps a warp, warps sharing a tile's k-steps); the backward's x
-    staged in waves with its weights in registers (staging.STAGE_WAVES: each slice's MMAs after its own copies)."""
+    registers to spare, in shared memory (several k-steps a warp, warps sharing a tile's k-steps)."""
     pytest.importorskip("ml_dtypes")
     monkeypatch.setattr(mma, "RESIDENT_WORDS", words)
     got, want, be = emulated_against_numpy(load_cell(cell, 8, H), G=G, in_turn=False, B=B, T=5, dtype=dtype,
@@ -184,8 +183,6 @@ def test_tensor_core_kernels_compute_the_reference_on_the_cpu(cell, B, dtype, tc
     assert_agree(got, want, dtype)
     assert ["mma.sync" in k.source for k in be.ran] == [True, True]
     assert ["weights in registers" in k.source for k in be.ran] == [bool(words)] * 2
-    K = (4 if cell == "lstm" else 3) * H            # the backward's x in waves where the weights are in registers
-    assert ("rg_wave_wait(&" in be.ran[1].source) == (bool(words) and K % 16 == 0)
 
 
 @needs_cxx
@@ -209,13 +206,11 @@ def test_resident_weights_split_over_warps_by_the_words_they_move():
     r = mma.resident(fwd, 16, 64, 16, 48, 2, "wf0")        # 48 rows (3 m-tiles) x 48 k-steps, x in 2 n-tiles
     assert (r.wm, r.wk, r.mtw, r.kpw, r.nti, r.words) == (3, 4, 1, 12, 2, 48)
     assert r.partials == 4 * 3 * 1 * 2 * mma.SUMS
-    assert not r.waves                                     # a forward's x: in tagged words, not in waves
     r = mma.resident(bwd, 16, 64, 16, 48, 2, "wf0")        # 12 units (one m-tile) x 192 k-steps
     assert (r.wm, r.wk, r.kpw) == (1, 16, 12)
-    assert (r.slices, r.waves) == (4, True)                # x fits at once: in 4 waves of 48 k-steps, as cheap as 1
     assert mma.resident(bwd, 16, 64, 16, 47, 2, "wf0") is None
     r = mma.resident(bwd, 32, 64, 16, 48, 2, "wf0")        # 32 rows of 3072 columns: x in 2 slices of 1536
-    assert (r.slices, r.wk, r.kpw, r.nti, r.waves) == (2, 16, 12, 4, False)
+    assert (r.slices, r.wk, r.kpw, r.nti) == (2, 16, 12, 4)
     assert mma.resident(bwd, 256, 64, 16, 48, 2, "wf0") is None     # 4 slices of 768 columns still too wide
     odd = load_cell("lstm", 24, 24)                        # K = 24 padded to 32: 2 k-steps
     p = next(p for g in phases(odd, loops(odd)[0]) for p in g if p.kind == "pair")
@@ -321,29 +316,22 @@ def test_tagged_words_compute_what_barriers_do_across_launches(cell, B, rows, dt
 
 def test_aligned_rows_stage_in_bulk_copies_where_columns_lie_as_read():
     """staging.py: a full-matrix phase whose K needs no pad columns stages each row of its slice in one bulk copy (TMA),
-    the block's mbarrier made once before the first __syncthreads; a backward whose weights sit in registers stages
-    all of x at once in waves, an mbarrier a slice, each waited for before its MMAs; a phase with pad columns (the
-    forward at H = 24, K = 24 padded to 32) keeps 16-byte copies (its backward, K = 96, copies in bulk), as do
-    head-wise phases (a head's columns) and kernels on CUDA cores."""
+    the block's mbarrier made once before the first __syncthreads; a phase with pad columns (the forward at H = 24,
+    K = 24 padded to 32) keeps 16-byte copies (its backward, K = 96, copies in bulk), as do head-wise phases (a head's
+    columns) and kernels on CUDA cores."""
     def body(name, H, B, ctype, G, way, **kw):     # the forward (way 0) or backward's kernel
         c = load_cell(name, H, H, **kw)
         return persistent_kernel(c, loops(c)[way], ctype, B, G, 1, ctype != "double").source.split("__global__")[1]
     c = load_cell("lstm", 64, 64)
-    k = persistent_kernel(c, loops(c)[0], "rg_bf16", 16, 8, 1, True)
-    assert k.static_smem == 16 and k.shared == k.smem + 16      # the mbarrier: static shared memory, fitted in too
-    bulk = body("lstm", 64, 16, "rg_bf16", 8, 0)                # the forward's first two frames (then tagged words)
-    assert bulk.count("rg_bulk_init(&rg_bulk, 1);") == 1 and bulk.index("rg_bulk_init") < bulk.index("__syncthreads")
-    assert "rg_bulk_copy(&xh[b * 72], &AT(" in bulk and "kw * 2, &rg_bulk);" in bulk      # K = 64: XLD 64 + 8
-    assert "rg_bulk_wait(&rg_bulk, rg_phase);" in bulk
     k = persistent_kernel(c, loops(c)[1], "rg_bf16", 16, 8, 1, True)
-    assert k.static_smem == staging.WAVES_SHARED and k.shared == k.smem + staging.WAVES_SHARED
-    waves = body("lstm", 64, 16, "rg_bf16", 8, 1)               # K = 256: 4 waves of 64 columns, XLD 256 + 8
-    assert waves.count("rg_bulk_init(rg_waves, 4);") == 1 and waves.index("rg_bulk_init") < waves.index("__syncthreads")
-    assert "rg_bulk_copy(&xh[b * 264 + s * 64], &AT(pp" in waves and "rg_bulk_wait(&rg_bulk" not in waves
-    assert "if (waves) rg_wave_wait(&rg_waves[sl], rg_wave_phase, sl);" in waves and "kw = sl * 32 + (kg" in waves
+    assert k.static_smem == 16 and k.shared == k.smem + 16      # the mbarrier: static shared memory, fitted in too
+    bulk = body("lstm", 64, 16, "rg_bf16", 8, 1)
+    assert bulk.count("rg_bulk_init(&rg_bulk);") == 1 and bulk.index("rg_bulk_init") < bulk.index("__syncthreads")
+    assert "rg_bulk_copy(&xh[b * 264], &AT(" in bulk and "kw * 2, &rg_bulk);" in bulk      # K = 256: XLD 256 + 8
+    assert "rg_bulk_wait(&rg_bulk, rg_phase);" in bulk
     padded = body("lstm", 24, 16, "rg_bf16", 8, 0)
     assert "rg_bulk" not in padded and "rg_copy16(" in padded
-    assert "rg_bulk_copy(&xh[b * 104 + s * 32], &AT(" in body("lstm", 24, 16, "rg_bf16", 8, 1)   # 3 waves
+    assert "rg_bulk_copy(&xh[b * 104], &AT(" in body("lstm", 24, 16, "rg_bf16", 8, 1)
     assert "rg_bulk" not in body("slstm", 64, 32, "rg_bf16", 4, 1, heads=4)
     assert "rg_bulk" not in body("lstm", 64, 8, "double", 8, 1)
     assert persistent_kernel(c, loops(c)[1], "double", 8, 8).static_smem == 0

@@ -139,7 +139,7 @@ class Persistent:
     row_groups: int = 1         # the groups of rows its blocks split B into, each with its own barrier count
     resident: bool = False      # every GEMM's weights in registers (resident.py)
     split: bool = False         # float32 on tensor cores in 3xTF32 (mma.SPLIT), not TF32
-    static_smem: int = 0        # static shared memory bytes (the bulk copies' mbarriers, staging.BULK_INIT, WAVES_INIT)
+    static_smem: int = 0        # static shared memory bytes (the bulk copies' mbarrier, staging.BULK_INIT)
 
     @property
     def shared(self) -> int:
@@ -269,8 +269,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
     return Persistent(name, text.replace("{name}", name), tuple(names), G * row_groups, THREADS,
                       w_bytes + total * itemsize, cooperative=not apart, tensor_cores=on_mma,
                       row_groups=row_groups, resident=bool(tc and tc.resident and len(tc.resident) == len(tc.woff)),
-                      split=split, static_smem=staging.BULK_SHARED * (staging.BULK_INIT in load) +
-                      staging.WAVES_SHARED * (staging.WAVES_INIT in load))
+                      split=split, static_smem=staging.BULK_SHARED if staging.BULK_INIT in load else 0)
 
 
 def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, st: str, xw: int,
@@ -307,8 +306,6 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
         out.append(_gemv(cell, p, woff, arg, xb and xb[0]) if p.heads == 1 else _head_gemv(p, woff, arg, xw, apart))
     if any("rg_bulk_wait(" in ln for ln in out):      # staged in bulk copies: the block's mbarrier, made once
         load.append(staging.BULK_INIT)
-    if any("rg_wave_wait(" in ln for ln in out):      # ... in waves: an mbarrier a slice
-        load.append(staging.WAVES_INIT)
     xs = _handing_on(p, xw, st, tc and tc.xld) if kept else None
     return out + epilogue(cell, p, arg, early, tagged, st, per, xs) + ["        __syncthreads();\n        }"]
 

@@ -19,7 +19,7 @@ only its own row and column); the pad columns are zero in both.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from . import staging
 from .phases import block_units
@@ -172,8 +172,7 @@ class Resident:
     """A GEMM phase whose weights stay in registers (resident.py), `name` their array. Its WM·WK warps are (mg, kg) =
     (w div WK, w mod WK): warp (mg, kg) holds the A fragments of m-tiles mg, mg + WM, ... (MTW tiles of 16 weight
     rows) for KPW k-steps (the MMA's k each), KPW / slices in each of the `slices` equal parts of x's padded row
-    that are staged in turn (there, the k-steps from kg·KPW / slices), or all at once in waves, against NTI tiles
-    of 8 of x's rows."""
+    that are staged in turn (there, the k-steps from kg·KPW / slices), against NTI tiles of 8 of x's rows."""
     name: str
     wm: int
     wk: int
@@ -181,7 +180,6 @@ class Resident:
     kpw: int
     nti: int
     slices: int = 1
-    waves: bool = False     # the slices staged at once, in bulk copies, each waited for in turn (staging.STAGE_WAVES)
 
     @property
     def words(self) -> int:
@@ -201,32 +199,19 @@ def resident(p, B: int, G: int, warps: int, words: int, itemsize: int, name: str
     UNROLLED_SLICES) of at most `budget` bytes, or None: the split of its m-tiles and k-steps over warps that moves
     the fewest 32-bit words through shared memory a frame (x's B fragments, loaded by every m-group; the k-groups'
     partial sums, written and read), fewest registers first among equals; its k-groups take whole k-steps of each
-    slice. A backward's dgemm whose x fits at once and has no pad columns stages it in waves (staging.STAGE_WAVES):
-    in as many slices (at most UNROLLED_SLICES) as split as cheaply, all in flight together, so that the MMAs of
-    one run while the next lands."""
+    slice."""
     mti, nti, rows = -(-(-(-p.units // G) * p.m) // 16), -(-B // 8), -(-B // 16) * 16
     kst = padded(p.width) * itemsize // 32      # k-steps of 32 bytes a row: 16 halves, 8 TF32 values
     S = next((S for S in range(1, UNROLLED_SLICES + 1)
               if kst % S == 0 and rows * (kst // S * 32 + 16) <= budget), None)
-    best = S and _split(name, S, kst, mti, nti, warps, words)
-    if best and S == 1 and p.kind == "dgemm" and padded(p.width) == p.width:
-        for W in range(min(UNROLLED_SLICES, staging.WAVE_SLOTS), 1, -1):    # in waves, as many as cost nothing
-            waves = _split(name, W, kst, mti, nti, warps, words) if kst % W == 0 else None
-            if waves and waves[0] == best[0]:
-                return replace(waves[1], waves=True)
-    return best and best[1]
-
-
-def _split(name: str, S: int, kst: int, mti: int, nti: int, warps: int, words: int):
-    """(cost, Resident): resident()'s best split of mti m-tiles and kst k-steps, x in S slices, or None."""
     best = None
-    for wk in (d for d in range(1, warps + 1) if kst // S % d == 0):
+    for wk in (d for d in range(1, warps + 1) if S and kst // S % d == 0):
         for wm in range(1, min(mti, warps // wk) + 1):
             r = Resident(name, wm, wk, -(-mti // wm), kst // wk, nti, S)
             cost = (2 * kst * nti * wm + (2 * r.partials // 32 if wk > 1 else 0), r.words)
             if r.words <= words and r.mtw * nti * 4 <= RESIDENT_SUMS and (best is None or cost < best[0]):
                 best = (cost, r)
-    return best
+    return best and best[1]
 
 
 def layout(gemm_phases, B: int, G: int, threads: int, itemsize: int = 2, split: bool = False) -> Layout:
@@ -244,8 +229,7 @@ def layout(gemm_phases, B: int, G: int, threads: int, itemsize: int = 2, split: 
         per, KP = -(-p.units // G) * p.m, padded(p.width)
         woff[id(p)] = n
         n += 0 if id(p) in res else -(-per // 8) * 8 * (KP + pad)
-        r = res.get(id(p))
-        ks[id(p)] = (KP if r.waves else KP // r.slices) if r else padded(-(-KP // -(-KP // cap)))   # each within the cap
+        ks[id(p)] = KP // res[id(p)].slices if id(p) in res else padded(-(-KP // -(-KP // cap)))   # each within the cap
         tiles = max(tiles, rows // 16 * -(-per // 8))
     xld = max(ks.values()) + pad
     bufs = max((p.m for p in gemm_phases if p.kind == "dgemm" and p.heads > 1 and ks[id(p)] == padded(p.width)),

@@ -9,9 +9,8 @@ reproducible). The sums land where every GEMM puts them (gs[q·NB + b]).
 """
 from __future__ import annotations
 
-from .....errors import RnnGraphError
 from .mma import SUMS, Layout
-from .staging import padded, stage_slice, stage_waves
+from .staging import padded, stage_slice
 from .phases import block_units
 
 FRAGMENTS = r"""    unsigned {f}[{MTW}][{KPW}][4];     // phase {kind}'s weight fragments, held for every frame
@@ -44,14 +43,17 @@ RESIDENT_GEMM = r"""
             ST* xh = (ST*)xs;
             const int nq = nu * {m}, g = lane >> 2, c = lane & 3, kg = warp % {WK}, mg = warp / {WK};
             const unsigned* xw = (const unsigned*)xh;
-            float acc[{MTW}][{NTI}][4] = {{}};{issue}
+            float acc[{MTW}][{NTI}][4] = {{}};
             #pragma unroll
             for (int sl = 0; sl < {S}; ++sl) {{
-{arrive}
+                {{  const int k0 = sl * {KSL}, kw = {KSL};
+{stage}
+                }}
+                __syncthreads();
                 if (mg < {WM}) {{
                     #pragma unroll
                     for (int j = 0; j < {KPS}; ++j) {{
-                        const int ks = sl * {KPS} + j, kw = {SLW}(kg * {KPS} + j) * 8 + c;
+                        const int ks = sl * {KPS} + j, kw = (kg * {KPS} + j) * 8 + c;
                         #pragma unroll
                         for (int n = 0; n < {NTI}; ++n) {{    // B[k][n] = x[row 8n + g][k]: words kw and kw + 4
                             const unsigned b0 = {cvt0}, b1 = {cvt1};
@@ -62,7 +64,8 @@ RESIDENT_GEMM = r"""
                         }}
                     }}
                 }}
-{next}            }}
+                if (sl + 1 < {S}) __syncthreads();       // the slice read before the next is staged
+            }}
 {sums}
         }}
         __syncthreads();"""
@@ -108,32 +111,15 @@ def fragments(p, src: str, lay: Layout) -> str:
                             units=block_units(p.units), KPS=r.kpw // r.slices, SLICE_STEPS=r.kpw // r.slices * r.wk)
 
 
-IN_TURN = r"""                {{  const int k0 = sl * {KSL}, kw = {KSL};
-{stage}
-                }}
-                __syncthreads();""", "                if (sl + 1 < {S}) __syncthreads();       // the slice read before the next is staged"
-WAVE = "                if (waves) rg_wave_wait(&rg_waves[sl], rg_wave_phase, sl);     // this slice landed (or all did)"
-
-
 def resident_gemm(p, lay: Layout, x: str, ld: str, lag: int, xh: str | None = None, sums: str = "gs") -> str:
     """Resident phase p's GEMM (RESIDENT_GEMM) over x (a frame array's pointer and row stride, read at `lag`; xh: its
-    tagged half words, mma.stage_slice), staged in its slices, in turn or in waves (staging.stage_waves), the sums
-    into `sums`."""
+    tagged half words, mma.stage_slice), staged in its slices, the sums into `sums`."""
     r = lay.resident[id(p)]
-    KSL = padded(p.width) // r.slices
-    if r.waves and xh:
-        raise RnnGraphError("internal: x in tagged words is not staged in waves")
-    if r.waves:
-        issue, arrive, nxt = "\n" + stage_waves(p, lay, x, ld, lag, r.slices), WAVE, ""
-    else:
-        issue, (arrive, nxt) = "", (t.format(KSL=KSL, S=r.slices, stage=stage_slice(p, lay, x, ld, lag, "k", True, xh))
-                                    for t in IN_TURN)
-        nxt += "\n"
     word = "(n * 8 + g < NB ? xw[(n * 8 + g) * {XLDW} + kw{plus}] : 0u)"
     b = [lay.rounded(word.format(XLDW=lay.xld * lay.itemsize // 4, plus=plus)) for plus in ("", " + 4")]
     slots = r.wm * r.mtw * r.nti * SUMS
     tail = (WHOLE_SUMS if r.wk == 1 else ADDED_SUMS).format(WM=r.wm, MTW=r.mtw, NTI=r.nti, WK=r.wk, SLOTS=slots,
                                                            gs=sums)
     return RESIDENT_GEMM.format(mma=lay.mma, f=r.name, WM=r.wm, WK=r.wk, KPS=r.kpw // r.slices, MTW=r.mtw, NTI=r.nti,
-                                m=p.m, S=r.slices, cvt0=b[0], cvt1=b[1], sums=tail, issue=issue, arrive=arrive,
-                                next=nxt, SLW=f"sl * {KSL * lay.itemsize // 4} + " if r.waves else "")
+                                m=p.m, S=r.slices, KSL=padded(p.width) // r.slices, cvt0=b[0], cvt1=b[1], sums=tail,
+                                stage=stage_slice(p, lay, x, ld, lag, "k", True, xh))

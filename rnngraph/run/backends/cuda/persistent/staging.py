@@ -8,9 +8,7 @@ B = 64 (4 groups of 16) 6.93 / 6.31, the results bit for bit the same. Where a p
 several slices are in flight at once (stage_at_once), every 16-byte copy is in flight at once (cp.async); where rows
 are not aligned, loads; where x travels in tagged half words (kernels.py), from them at frames two or more after the
 launch's first (STAGE_TAGGED). The pad columns (K to the MMA's 16) are staged as zeros by the copies and loads, and
-bulk copies run only where K has none. A backward's GEMM whose weights sit in registers stages all of x at once, in
-waves (STAGE_WAVES): its slices' bulk copies all in flight, each slice counted in at an mbarrier of its own and waited
-for just before its MMAs, which then run while the later slices land (mma.resident says where).
+bulk copies run only where K has none.
 
 A bulk copy reads in the async proxy what other blocks wrote in the generic one, after the frame's barrier: the
 issuing thread fences the proxies (fence.proxy.async) first, for global memory and for the shared memory the block's
@@ -18,7 +16,6 @@ threads read in the frame before.
 """
 from __future__ import annotations
 
-from .....errors import RnnGraphError
 from .phases import THREADS
 
 HELPERS = r"""
@@ -47,12 +44,11 @@ static __device__ __forceinline__ bool rg_tagged(uint4 v, unsigned int t) {
     const unsigned int k = t & 0xFFFFu;
     return (v.x >> 16) == k && (v.y >> 16) == k && (v.z >> 16) == k && (v.w >> 16) == k;
 }
-static __device__ __forceinline__ void rg_bulk_init(unsigned long long* mb, int n) {
-    // the block's n bulk-copy mbarriers: each one arrival (the issuing thread's) and the bytes a phase; before the
-    // kernel's first __syncthreads
+static __device__ __forceinline__ void rg_bulk_init(unsigned long long* mb) {
+    // the block's bulk-copy mbarrier: one arrival (the issuing thread's) and the bytes a phase; before the kernel's
+    // first __syncthreads
     if (threadIdx.x == 0) {
-        for (int s = 0; s < n; ++s)
-            asm volatile("mbarrier.init.shared.b64 [%0], 1;" :: "r"((unsigned)__cvta_generic_to_shared(mb + s)) : "memory");
+        asm volatile("mbarrier.init.shared.b64 [%0], 1;" :: "r"((unsigned)__cvta_generic_to_shared(mb)) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
 }
@@ -79,12 +75,6 @@ static __device__ __forceinline__ void rg_bulk_wait(unsigned long long* mb, unsi
     } while (!done);
     phase ^= 1u;
 }
-static __device__ __forceinline__ void rg_wave_wait(unsigned long long* mb, unsigned& phases, int s) {
-    // every thread: until slice s's copies, counted in at mb, have all landed; its phase is bit s of `phases`
-    unsigned phase = (phases >> s) & 1u;
-    rg_bulk_wait(mb, phase);
-    phases ^= 1u << s;
-}
 """
 
 
@@ -98,13 +88,7 @@ def padded(K: int) -> int:
 BULK_SHARED = 16
 BULK_INIT = """    __shared__ __align__(8) unsigned long long rg_bulk;       // the block's bulk-copy mbarrier
     unsigned rg_phase = 0u;                                     // ... and its phase bit, the same in every thread
-    rg_bulk_init(&rg_bulk, 1);"""
-# ... and where a phase stages its slices at once (STAGE_WAVES), their mbarriers, one a slice, at most WAVE_SLOTS
-WAVE_SLOTS = 4
-WAVES_SHARED = 8 * WAVE_SLOTS
-WAVES_INIT = f"""    __shared__ __align__(8) unsigned long long rg_waves[{WAVE_SLOTS}];    // a slice's mbarrier each (STAGE_WAVES)
-    unsigned rg_wave_phase = 0u;                                // ... their phase bits, bit s slice s's
-    rg_bulk_init(rg_waves, {WAVE_SLOTS});"""
+    rg_bulk_init(&rg_bulk);"""
 
 STAGE = r"""                for (int e = tid; e < NB * kw; e += NT) {{
                     const int b = e / kw, kk = e - b * kw, k = k0 + kk;
@@ -131,24 +115,6 @@ STAGE_BULK = r"""                if ((((unsigned long long)&{x}[0]) & 15) == 0 &
                     rg_bulk_wait(&rg_bulk, rg_phase);
                 }} else
 """ + STAGE
-
-STAGE_WAVES = r"""            bool waves = false;
-            if ((((unsigned long long)&{x}[0]) & 15) == 0 && {ld} % {V} == 0) {{
-                // every row's S slices in bulk copies (TMA), all in flight at once, slice s counted in at its own
-                // mbarrier: the MMAs of one slice run while the next lands (waited for in turn: rg_wave_wait)
-                if (tid == 0)
-                    for (int s = 0; s < {S}; ++s) {{
-                        rg_bulk_expect(&rg_waves[s], NB * {KSL} * {size});
-                        for (int b = 0; b < NB; ++b)
-                            rg_bulk_copy(&xh[b * {XLD} + s * {KSL}], &AT({x}, {ld}, {lag}, s * {KSL}), {KSL} * {size},
-                                         &rg_waves[s]);
-                    }}
-                waves = true;
-            }} else {{
-                const int k0 = 0, kw = {KP};
-{stage}
-                __syncthreads();
-            }}"""
 
 STAGE_TAGGED = r"""                if (t - {lag} >= 2) {{
                     // frame t - {lag}'s rows as tagged half words (kernels.py): four a load, {N} loads in flight at
@@ -207,18 +173,6 @@ def stage_slice(p, lay, x: str, ld: str, lag: int, col: str, wait: bool, xh: str
     wide = STAGE_BULK if wait and col == "k" and padded(p.width) == p.width else STAGE_WIDE
     return tagged + (wide if p.width % V == 0 else STAGE).format(K=p.width, XLD=lay.xld, load=load, x=x, ld=ld, V=V,
                                                                   wait=waits, lag=lag, size=lay.itemsize)
-
-
-def stage_waves(p, lay, x: str, ld: str, lag: int, S: int) -> str:
-    """The lines staging all of x (read at `lag`) into xh at once, its S slices each counted in at its own mbarrier
-    (rg_waves[s], waited for by rg_wave_wait where `waves` is true), where rows are aligned; else loaded, then a
-    barrier. Only where bulk copies apply: x's columns read as they lie, K without pad columns."""
-    if padded(p.width) != p.width or S > WAVE_SLOTS:
-        raise RnnGraphError(f"internal: {S} slices of K = {p.width} cannot be staged in waves")
-    KP, V = padded(p.width), 16 // lay.itemsize
-    stage = STAGE.format(K=p.width, XLD=lay.xld, load=f"AT({x}, {ld}, {lag}, k)")
-    return STAGE_WAVES.format(x=x, ld=ld, lag=lag, V=V, S=S, KSL=KP // S, size=lay.itemsize, XLD=lay.xld, KP=KP,
-                              stage=stage)
 
 
 def stage_at_once(p, lay, x: str, ld: str, cols: list) -> str:
