@@ -286,8 +286,9 @@ def cpp_source(k) -> str:
     src = src.replace('extern "C" __global__ void', "static void")
     call = []
     for j, (kind, _) in enumerate(k.args):
-        call.append(f"({ {'xb': 'unsigned long long', 'xh': 'unsigned int'}.get(kind, 'ST')}*)ptrs[{j + 1}]")
-        if kind not in ("w", "xb", "xh"):
+        kinds = {'xb': 'unsigned long long', 'xh': 'unsigned int', 'sums': 'CT'}
+        call.append(f"({kinds.get(kind, 'ST')}*)ptrs[{j + 1}]")
+        if kind not in ("w", "xb", "xh", "sums"):
             call.append(f"lds[{j}]")
     call = f"{k.name}((unsigned int*)ptrs[0], {', '.join(call)}, run, tab, T, P)"
     half = HALF_PRELUDE
@@ -340,9 +341,13 @@ class Emulated(NumpyBackend):
         super().__init__("staged")
         self.G, self.in_turn, self.rows, self.ran, self.walked = G, blocks_in_turn, rows, [], []
         self.tensor_cores, self.split = tensor_cores, split
+        self.sums: dict = {}        # loop -> the (group, parameter) sums its last compiled kernel takes
 
     def loop_problem(self, cell, loop, B, dtype):
         return None
+
+    def loop_sums(self, cell, loop, B, dtype):
+        return self.sums.get(loop, frozenset())
 
     def compile(self, cell, item, views, per_frame):
         if not isinstance(item, PersistentLoop):
@@ -353,13 +358,21 @@ class Emulated(NumpyBackend):
         G = self.G or block_counts(cell, item, 132)[0]
         rows = self.rows or B           # rows a block: the rest of B in more blocks (row groups)
         k = persistent_kernel(cell, item, CTYPES[str(dtype)], rows, G, B // rows, self.tensor_cores, self.split)
+        part = np.full((B, k.sum_columns), np.nan, np.float64 if dtype == np.float64 else np.float32)
         pick = {"val": vals.__getitem__, "grad": grads.__getitem__, "cat": lambda it: cat[it][0],
                 "dcat": lambda it: cat[it][1], "w": lambda it: wcat[it][0],
                 "xb": lambda n: np.zeros((2, B, cell.op(n).size), np.uint64),
-                "xh": lambda n: np.zeros((2, B, cell.op(n).size), np.uint32)}
+                "xh": lambda n: np.zeros((2, B, cell.op(n).size), np.uint32), "sums": lambda _: part}
         arrays = [np.zeros(1 + k.row_groups, np.uint32)] + [pick[kind](key) for kind, key in k.args]
         lds = [0 if a.ndim == 1 else a.strides[0] // (B * a.itemsize) for a in arrays[1:]]
-        return [(self._launcher(k, arrays, lds, running, T, P), None, None, None)]
+        self.sums[item] = frozenset(key for key, _ in k.sums)
+
+        def sums(grid, block, args):        # as sums.SUMS_SOURCE: each column's rows added in order
+            for (_, u), c in k.sums:
+                g = grads[u]
+                g[...] = (g.astype(part.dtype) + part[:, c:c + g.shape[0]].sum(axis=0)).astype(g.dtype)
+        return [(self._launcher(k, arrays, lds, running, T, P), None, None, None)] + \
+            ([(sums, None, None, None)] if k.sums else [])
 
     def _launcher(self, k, arrays, lds, running, T, P):
         lib = built(k)

@@ -22,7 +22,7 @@ from ..plan.schedule import Schedule, build_schedule
 from . import handlers
 from .chunks import LADDER_TOP, Chunked, within
 from .settings import store_limit
-from .workspace import ALL, SERIAL, Arenas, Workspace, rows, shared_grads, stored_bytes, write_history
+from .workspace import ALL, LOOP_SUMS, SERIAL, Arenas, Workspace, rows, shared_grads, stored_bytes, write_history
 
 
 class Executor:
@@ -257,7 +257,8 @@ class Executor:
     def _loop(self, loop, ws, _):
         """A loop item, by its strategy's record: the backend's kernels for it where it compiles them on the
         strategy's views, else the strategy's reference. The forward of the schedule's own strategy says
-        what ran (loop_runs) and, where the reference is another strategy, why (loop_note)."""
+        what ran (loop_runs) and, where the reference is another strategy, why (loop_note); a compiled backward
+        loop notes the parameters whose gradients its kernels sum (backend.loop_sums), whose ParamSums then skip."""
         strategy = strategy_of(loop)
         if (loop, "auto") not in ws.memo:       # 'auto' may run the reference where the kernel measured slower
             ws.memo[loop, "auto"] = self.loop_asked == "auto" and self.backend.auto_problem(self.cell, loop, ws.B, ws.dtype)
@@ -267,6 +268,9 @@ class Executor:
                 ws.memo[loop, "why"] = None if launch else \
                     ws.memo[loop, "auto"] or self.backend.loop_problem(self.cell, loop, ws.B, ws.dtype)
             self.loop_runs, self.loop_note = strategy.name if launch else strategy.runs_as, ws.memo[loop, "why"]
+        if loop.reverse and (loop, "sums") not in ws.memo:     # the parameter gradients its kernel sums itself
+            ws.memo[loop, "sums"] = self.backend.loop_sums(self.cell, loop, ws.B, ws.dtype) if launch else frozenset()
+            ws.memo[LOOP_SUMS] = ws.memo.get(LOOP_SUMS, frozenset()) | ws.memo[loop, "sums"]
         if launch:
             self.backend.launch(launch)
         else:

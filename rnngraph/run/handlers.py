@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..ir.ops import OpKind, accumulate
 from .backends.base import head_parts, run_fused_backward, run_fused_forward, run_param_grad
-from .workspace import ALL
+from .workspace import ALL, LOOP_SUMS
 
 
 def _heads(ex, it, key, ws, merged, packed, operand) -> list:
@@ -126,6 +126,8 @@ def weight_grad(ex, step, ws, t):
 
 def param_sum(ex, step, ws, t):
     cell, twin = ex.cell, ws.aliases.twins.get(step)
+    if (step.item, step.param) in ws.memo.get(LOOP_SUMS, ()):   # the backward loop's kernel sums it (Executor._loop)
+        return
     if twin is not None:        # the same sum, already made (plan/aliases.py)
         accumulate(ws.grads[step.param], ws.grads[twin.param])
         return

@@ -27,6 +27,7 @@ from ..plan.schedule import Schedule
 ALL = None  # the frame selector meaning "all T frames at once"
 SERIAL = itertools.count()
 UNTOUCHED = ("untouched", "gradients")      # memo key: their spans in the gradient arena (Workspace.zero_grads)
+LOOP_SUMS = ("loop", "sums")                # memo key: (group, parameter) sums a compiled loop takes (Executor._loop)
 
 
 class Workspace:

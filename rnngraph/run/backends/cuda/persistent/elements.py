@@ -88,7 +88,8 @@ def epilogue(cell, p, arg, early: dict, tagged: dict, st: str, per: int = 1, xs=
     i < per, unrolled, so that the registers prefetch loaded them into are indexed by constants; xs: the line by
     which a pair's body also writes its GEMM's operand into the staged rows of x (heads.handed_on); arrive: lines
     run right after it (roles.py: each thread exactly one element, no loop over them, so that the registers handed
-    on from frame to frame are renamed, not copied), the pair's stores after them, then the lines `last`."""
+    on from frame to frame are renamed, not copied), the pair's stores after them, then the lines `last`; a group's
+    body is followed by the lines `last` too (a dfused phase's parameter sums, sums.py)."""
     walk = ["        {   const int e = tid;      // warp roles: a thread exactly one element"] if arrive else \
         ["        for (int e = tid; e < nu * NB; e += NT) {"] if per == 1 else \
         ["        #pragma unroll", f"        for (int i = 0; i < {per}; ++i) {{",
@@ -127,7 +128,7 @@ def epilogue(cell, p, arg, early: dict, tagged: dict, st: str, per: int = 1, xs=
                     pad(last) + ["        }"])
         return head + lines + _body(cell, fused.nodes, "fwd", arg, given, early, tagged, st) + kept + ["        }"]
     return head + _body(cell, p.item.nodes, "fwd" if p.kind == "fused" else "bwd", arg, {}, early, tagged, st) + \
-        ["        }"]
+        list(last) + ["        }"]
 
 
 def _body(cell, nodes, direction: str, arg, given: dict, early: dict, tagged: dict, st: str, apart: bool = False):

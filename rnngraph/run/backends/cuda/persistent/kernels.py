@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from .....errors import RnnGraphError
 from ..source import CTYPES, kernel_name, math_type, rounded
-from . import mma, staging
+from . import mma, staging, sums
 from .gemv import row_sums
 from .elements import epilogue, ld_arg, prefetch
 from .heads import (handed_on, head_gemv, head_mma, head_thread_gemv, head_thread_parts, head_weight, one_head,
@@ -93,7 +93,7 @@ BODY = r"""{load}
         const int t = {frame};
 {phases}
     }}
-}}
+{after}}}
 """
 # rows split over blocks (row groups): a frame holds BT rows, the block's NB start at b0
 ROWS_AT_DEFINE = r"""
@@ -140,6 +140,8 @@ class Persistent:
     resident: bool = False      # every GEMM's weights in registers (resident.py)
     split: bool = False         # float32 on tensor cores in 3xTF32 (mma.SPLIT), not TF32
     static_smem: int = 0        # static shared memory bytes (the bulk copies' mbarrier, staging.BULK_INIT)
+    sums: tuple = ()            # ((fused group, parameter), its first column in part): the gradients it sums (sums.py)
+    sum_columns: int = 0        # part's columns ([B, sum_columns], the math type; argument ("sums", "part"))
 
     @property
     def shared(self) -> int:
@@ -215,8 +217,9 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
     roles = warp_roles(kept, G, B, rows[id(kept)], mw) \
         if kept and held[id(kept)] and len(groups) == len(groups[0]) == 1 else None
     load, prologue, body, tail_loads, tail = [], [], [], [], []
+    summed, after, cols = [], [], {}    # the parameter sums its dfused phases take (sums.py); register -> columns
     for gi, g in enumerate(groups if roles is None else ()):
-        pre, early, per = [], {}, {}
+        pre, early, per, adds = [], {}, {}, {}
         for pi, p in enumerate(g):      # loads that need no barrier are issued before it
             ok = (lambda kind, n, lag, p=p, gi=gi: kind == "val" or mine and kind == "grad" and (
                 p.kind == "dgemm" or n not in operands and (gi >= k or n not in late))) if loop.reverse else \
@@ -224,6 +227,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
             ok = (lambda *source: True) if apart and gi >= k else ok
             lines, early[pi], per[pi] = prefetch(cell, p, f"r{gi}_{pi}_", arg, ok, G, B)
             pre += lines
+            adds[pi] = _sums(cell, p, ctype, per[pi], G, B, summed, cols, load, after)
         lag = _operand(g[0], arg)[2] if gi in swaps else 0
         run = (["        grid_barrier(count, ++barriers * G);"] if need[gi] else
                [f"        if (t - {lag} < 2) grid_barrier(count, ++barriers * G);   // tagged words from frame 2 on"]
@@ -231,7 +235,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
             [ln for pi, p in enumerate(g) for ln in _phase_lines(cell, p, arg, early[pi], woff.get(id(p)), load,
                                                                     tagged.get(swaps.get(gi)), tagged, ctype,
                                                                     staged(p, G, apart), apart, tc, per[pi],
-                                                                    p is kept, rows[id(p)], held[id(p)])]
+                                                                    p is kept, rows[id(p)], held[id(p)], adds[pi])]
         if gi < k:
             prologue += pre + run
             tail_loads += pre
@@ -249,8 +253,12 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
                                      mw)
         source = ROLES_SOURCE.replace("{roles}", text.replace("{", "{{").replace("}", "}}"))
         total += more
+    if summed:      # each thread's sums stored once, after its last frame, into part [B·row_groups, columns]
+        part, row = arg("sums", "part"), "b0 + " if row_groups > 1 else ""
+        width = sum(w for _, w in cols.values())
+        after = [sums.stores(p, pairs, n, part, width, row) for p, pairs, n in after]
     names = list(args)
-    ptr = {"w": "ST* pp{}, ", "xb": "unsigned long long* pp{}, ", "xh": "unsigned int* pp{}, "}
+    ptr = {"w": "ST* pp{}, ", "xb": "unsigned long long* pp{}, ", "xh": "unsigned int* pp{}, ", "sums": "CT* pp{}, "}
     sig = "".join(ptr.get(kind, "ST* pp{0}, long long ld{0}, ").format(k) for k, (kind, _) in enumerate(names))
     defs = {"ST": ctype, "CT": math_type(ctype), "NB": B, "G": G, "NT": THREADS, "W_BYTES": w_bytes,
             "XS_OFF": xs_off, "GS_OFF": gs_off, "GP_OFF": gp_off, **defs}
@@ -264,16 +272,37 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
     text = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + (mma.helpers(ctype, split) if on_mma else "") + \
         source.format(
         name="{name}", args=sig, load="\n".join(dict.fromkeys(load)), prologue="\n".join(prologue), phases="\n".join(body),
-        frame="NF - 1 - s" if loop.reverse else "s")
+        frame="NF - 1 - s" if loop.reverse else "s", after="".join(ln + "\n" for ln in after))
     name = kernel_name("persist", text)
     return Persistent(name, text.replace("{name}", name), tuple(names), G * row_groups, THREADS,
                       w_bytes + total * itemsize, cooperative=not apart, tensor_cores=on_mma,
                       row_groups=row_groups, resident=bool(tc and tc.resident and len(tc.resident) == len(tc.woff)),
-                      split=split, static_smem=staging.BULK_SHARED if staging.BULK_INIT in load else 0)
+                      split=split, static_smem=staging.BULK_SHARED if staging.BULK_INIT in load else 0,
+                      sums=tuple((u, cols[r][0]) for u, r in summed), sum_columns=sum(w for _, w in cols.values()))
+
+
+def _sums(cell, p, st: str, per: int, G: int, B: int, summed: list, cols: dict, load: list, after: list) -> list:
+    """The lines adding dfused phase p's parameter terms each frame (sums.py), where its walk gives each thread fixed
+    elements (one, or `per` unrolled); its registers declared in `load`, its stores after the last frame in `after`,
+    [((its group, parameter), register)] added to `summed`, each register's columns (the phase's units) to `cols`."""
+    each = -(-(-(-p.units // G) * B) // THREADS)        # the elements a thread walks
+    found = sums.terms(cell, p, st) if p.kind == "dfused" and (each == 1 or per == each) else []
+    if not found:
+        return []
+    regs = {}
+    for u, e in found:              # one register an expression (an LSTM's b_ih and b_hh: one)
+        regs.setdefault(e, f"ps{len(cols) + len(regs)}")
+        summed.append(((p.item, u), regs[e]))
+    for r in regs.values():         # each register's columns in part: the phase's units, after those before
+        cols[r] = (sum(w for _, w in cols.values()), p.units)
+    load.append(sums.declare(list(regs.values()), per))
+    after.append((p, [(r, cols[r][0]) for r in regs.values()], per))
+    return sums.adds(list(regs.items()), per)
 
 
 def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, st: str, xw: int,
-                 apart: bool, tc=None, per: int = 1, kept: bool = False, rows: int = 1, res: bool = False) -> list:
+                 apart: bool, tc=None, per: int = 1, kept: bool = False, rows: int = 1, res: bool = False,
+                 adds=()) -> list:
     """The lines running phase p at frame t (its GEMV first, with its weights' load added to `load`; its x
     from tagged words where xb names their buffer (its argument, whether half words: on tensor cores); its members
     in `tagged` also written so; a head-wise
@@ -307,7 +336,7 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
     if any("rg_bulk_wait(" in ln for ln in out):      # staged in bulk copies: the block's mbarrier, made once
         load.append(staging.BULK_INIT)
     xs = _handing_on(p, xw, st, tc and tc.xld) if kept else None
-    return out + epilogue(cell, p, arg, early, tagged, st, per, xs) + ["        __syncthreads();\n        }"]
+    return out + epilogue(cell, p, arg, early, tagged, st, per, xs, last=adds) + ["        __syncthreads();\n        }"]
 
 
 def _handing_on(p, xw: int, st: str, xld=None) -> str:

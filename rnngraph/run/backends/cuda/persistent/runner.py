@@ -15,6 +15,7 @@ from .heads import one_head
 from .kernels import ZERO_SOURCE, persistent_kernel
 from .mma import MMA_ROWS
 from .phases import MAX_ROWS, block_counts, loop_heads, phases, problem
+from .sums import sums_launch
 
 _KERNELS: dict = {}      # (id(cell), loop, ctype, rows a block, blocks, groups, tensor cores, 3xTF32) -> (cell, kernel)
 _REFUSED: set = set()
@@ -96,27 +97,38 @@ AUTO_HEAD_ROWS = 64             # 'auto' runs a per-head kernel up to this B (me
 
 def compile(be, cell, loop, views):
     """The launches running `loop` on the executor's views: zeroing the barrier counter (and numbering the
-    launch), then the cooperative kernel (per head the kernel alone); None where why_not() says why not."""
+    launch), then the cooperative kernel (per head the kernel alone), then the sums of the parameters' gradients it
+    takes (sums.py); None where why_not() says why not."""
     vals, grads, cat, wcat, P, T, B, running, _ = views
     dtype = next(iter(cat.values()))[0].dtype
     if why_not(be, cell, loop, B, dtype):
         return None
     cp, k = be.xp, kernel(be, cell, loop, B, dtype)
+    part = cp.empty((B, k.sum_columns), cp.float64 if dtype == cp.float64 else cp.float32)    # each row's sums
     pick = {"val": vals.__getitem__, "grad": grads.__getitem__, "cat": lambda it: cat[it][0],
             "dcat": lambda it: cat[it][1], "w": lambda it: wcat[it][0],
             "xb": lambda n: cp.zeros((2, B, cell.op(n).size), cp.uint64),     # tagged words, two frames
-            "xh": lambda n: cp.zeros((2, B, cell.op(n).size), cp.uint32)}     # ... tagged half words
+            "xh": lambda n: cp.zeros((2, B, cell.op(n).size), cp.uint32),     # ... tagged half words
+            "sums": lambda _: part}
     args = []
     for kind, key in k.args:
         a = pick[kind](key)
-        args += [a] if kind in ("w", "xb", "xh") else be.frame_args([a], B)
+        args += [a] if kind in ("w", "xb", "xh", "sums") else be.frame_args([a], B)
     bar = cp.zeros(1 + k.row_groups, cp.uint32)     # launch number, each row group's barrier count; kept with the launch
     raw = be.raw(k.name, k.source, cooperative=k.cooperative)
     raw.max_dynamic_shared_size_bytes = k.smem
     tail = (*be.running_args(running), cp.int32(T), cp.int32(P))
     run = (functools.partial(raw, shared_mem=k.smem), (k.blocks,), (k.threads,), (bar, *args, *tail))
     zero = (be.raw("rg_persist_zero", ZERO_SOURCE), (1,), (1,), (bar, cp.int32(k.row_groups)))
-    return (zero, run) if k.cooperative else (run,)
+    added = (sums_launch(be, part, [(grads[u], c) for (_, u), c in k.sums]),) if k.sums else ()
+    return ((zero, run) if k.cooperative else (run,)) + added
+
+
+def sums(be, cell, loop, B: int, dtype) -> frozenset:
+    """The (fused group, parameter) pairs whose gradient sums the kernel running `loop` at B rows of dtype takes
+    itself (sums.py), where it runs: their ParamSums are not run (Executor._loop)."""
+    return frozenset() if why_not(be, cell, loop, B, dtype) else \
+        frozenset(key for key, _ in kernel(be, cell, loop, B, dtype).sums)
 
 
 def why_not(be, cell, loop, B: int, dtype) -> str | None:
