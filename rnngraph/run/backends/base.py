@@ -227,9 +227,9 @@ class ArrayBackend:
 
     def loop_sums(self, cell, loop, B: int, dtype) -> frozenset:
         """The (fused group, parameter) pairs whose gradient sums the compiled backward `loop` takes itself (its
-        runner's `sums`), at B rows of dtype: those ParamSums are not run. None where its runner takes none."""
+        runner's loop_sums), at B rows of dtype: those ParamSums are not run. None where its runner takes none."""
         runner = self.RUNNERS.get(type(loop))
-        return getattr(runner, "sums", lambda *args: frozenset())(self, cell, loop, B, dtype)
+        return getattr(runner, "loop_sums", lambda *args: frozenset())(self, cell, loop, B, dtype)
 
     def forget(self, serials: set):
         """Drops what was recorded for the workspaces with these serials (they are gone); nothing here."""
@@ -256,7 +256,7 @@ def strategy_runners(package: str) -> dict:
     """loop item kind -> the module of a backend's room (`package`) named as the strategy (plan/loops), where
     there is one: compile(backend, cell, loop, views) -> launches or None, and optionally why_not and
     auto_problem(backend, cell, loop, B, dtype) -> why its kernel does not (or should not) run, or None,
-    unstored(cell, loop) -> the nodes whose values its kernels never store, and sums(backend, cell, loop, B, dtype) ->
+    unstored(cell, loop) -> the nodes whose values its kernels never store, and loop_sums(backend, cell, loop, B, dtype) ->
     the (fused group, parameter) pairs whose gradient sums its backward kernel takes itself."""
     return {s.item: importlib.import_module(f"{package}.{s.name}") for s in STRATEGIES.values()
             if importlib.util.find_spec(f"{package}.{s.name}")}

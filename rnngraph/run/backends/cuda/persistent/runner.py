@@ -124,7 +124,7 @@ def compile(be, cell, loop, views):
     return ((zero, run) if k.cooperative else (run,)) + added
 
 
-def sums(be, cell, loop, B: int, dtype) -> frozenset:
+def loop_sums(be, cell, loop, B: int, dtype) -> frozenset:
     """The (fused group, parameter) pairs whose gradient sums the kernel running `loop` at B rows of dtype takes
     itself (sums.py), where it runs: their ParamSums are not run (Executor._loop)."""
     return frozenset() if why_not(be, cell, loop, B, dtype) else \

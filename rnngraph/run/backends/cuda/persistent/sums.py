@@ -8,6 +8,11 @@ so the two differ only in the order of the sum. Nothing is read back from memory
 rows of the gradients, and its second kernel, are gone, and the executor skips the ParamSums a compiled loop takes
 (Executor._loop). No atomics: every element has one thread, and the rows are added in order.
 
+Measured on an H200 (bfloat16, T = 100, H = 512, training ms, the ParamSums after the loop / the sums in it, two
+processes each, alternating): LSTM B = 8 0.695-0.699 / 0.667-0.671, B = 64 1.10-1.20 / 1.07, B = 128 1.74-1.77 /
+1.69; GRU B = 8 0.64-0.71 / 0.62-0.63, B = 64 0.90-0.98 / 0.85, B = 128 1.32-1.47 / 1.29; the LSTM at FlashRNN's shape
+(T = 1024, B = 16, H = 768; three each) 7.10-7.25 / 7.08-7.12, cuDNN float16 beside them 7.00-7.12.
+
 A term joins only where its rule reads what the body has in locals (the members' gradients d<k>, the inputs it
 loads) and the phase's walk gives each thread fixed elements (one, or `per` unrolled: elements.prefetch); the
 others stay ParamSums.
