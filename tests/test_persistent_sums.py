@@ -102,3 +102,9 @@ def test_terms_are_the_rules_on_the_gradients_as_stored_and_the_source_compiles(
     assert k.source.count("= ps0;") == 1 and k.source.count("ps0 += ") == 2     # the prologue's frame, the loop's
     nvrtc_compile(k.source, k.name)
     nvrtc_compile(sums.SUMS_SOURCE.format(S="rg_bf16", T="float"), "rg_persist_sums_rg_bf16")
+
+
+def test_kernels_of_blocks_owning_whole_heads_leave_the_sums_to_param_sums():
+    """Per head the threads hold their weight rows in registers, and the accumulators measured slower there."""
+    c = load_cell("slstm", 64, 64, heads=4)
+    assert persistent_kernel(c, loops(c)[1], "rg_bf16", 2, 4).sums == ()

@@ -227,7 +227,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
             ok = (lambda *source: True) if apart and gi >= k else ok
             lines, early[pi], per[pi] = prefetch(cell, p, f"r{gi}_{pi}_", arg, ok, G, B)
             pre += lines
-            adds[pi] = _sums(cell, p, ctype, per[pi], G, B, summed, cols, load, after)
+            adds[pi] = [] if apart else _sums(cell, p, ctype, per[pi], G, B, summed, cols, load, after)
         lag = _operand(g[0], arg)[2] if gi in swaps else 0
         run = (["        grid_barrier(count, ++barriers * G);"] if need[gi] else
                [f"        if (t - {lag} < 2) grid_barrier(count, ++barriers * G);   // tagged words from frame 2 on"]
