@@ -290,7 +290,7 @@ def _sums(cell, p, st: str, per: int, G: int, B: int, summed: list, cols: dict, 
     if not found:
         return []
     regs = {}
-    for u, e in found:              # one register an expression (an LSTM's b_ih and b_hh: one)
+    for u, e in found:              # one register an expression (terms alike share one)
         regs.setdefault(e, f"ps{len(cols) + len(regs)}")
         summed.append(((p.item, u), regs[e]))
     for r in regs.values():         # each register's columns in part: the phase's units, after those before
