@@ -227,7 +227,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
             ok = (lambda *source: True) if apart and gi >= k else ok
             lines, early[pi], per[pi] = prefetch(cell, p, f"r{gi}_{pi}_", arg, ok, G, B)
             pre += lines
-            adds[pi] = [] if apart else _sums(cell, p, ctype, per[pi], G, B, summed, cols, load, after)
+            adds[pi] = [] if apart else sums.phase_sums(cell, p, ctype, per[pi], G, B, summed, cols, load, after)
         lag = _operand(g[0], arg)[2] if gi in swaps else 0
         run = (["        grid_barrier(count, ++barriers * G);"] if need[gi] else
                [f"        if (t - {lag} < 2) grid_barrier(count, ++barriers * G);   // tagged words from frame 2 on"]
@@ -279,25 +279,6 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
                       row_groups=row_groups, resident=bool(tc and tc.resident and len(tc.resident) == len(tc.woff)),
                       split=split, static_smem=staging.BULK_SHARED if staging.BULK_INIT in load else 0,
                       sums=tuple((u, cols[r][0]) for u, r in summed), sum_columns=sum(w for _, w in cols.values()))
-
-
-def _sums(cell, p, st: str, per: int, G: int, B: int, summed: list, cols: dict, load: list, after: list) -> list:
-    """The lines adding dfused phase p's parameter terms each frame (sums.py), where its walk gives each thread fixed
-    elements (one, or `per` unrolled); its registers declared in `load`, its stores after the last frame in `after`,
-    [((its group, parameter), register)] added to `summed`, each register's columns (the phase's units) to `cols`."""
-    each = -(-(-(-p.units // G) * B) // THREADS)        # the elements a thread walks
-    found = sums.terms(cell, p, st) if p.kind == "dfused" and (each == 1 or per == each) else []
-    if not found:
-        return []
-    regs = {}
-    for u, e in found:              # one register an expression (terms alike share one)
-        regs.setdefault(e, f"ps{len(cols) + len(regs)}")
-        summed.append(((p.item, u), regs[e]))
-    for r in regs.values():         # each register's columns in part: the phase's units, after those before
-        cols[r] = (sum(w for _, w in cols.values()), p.units)
-    load.append(sums.declare(list(regs.values()), per))
-    after.append((p, [(r, cols[r][0]) for r in regs.values()], per))
-    return sums.adds(list(regs.items()), per)
 
 
 def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, st: str, xw: int,

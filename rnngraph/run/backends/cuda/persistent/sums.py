@@ -27,7 +27,7 @@ import re
 from .....ir.ops import KERNEL, OpKind
 from ..fused import externals, operands
 from ..source import CTYPES, math_type, op_expr, rounded
-from .phases import block_units, sources
+from .phases import THREADS, block_units, sources
 
 SUMS_SOURCE = r"""
 extern "C" __global__ void rg_persist_sums_{S}(const {T}* __restrict__ part, int rows, int cols,
@@ -65,6 +65,27 @@ def terms(cell, p, st: str) -> list:
                 ok = set(re.findall(r"\b[dvx]\d+\b", e)) <= have and cell.params[u] == (op.size,)
                 found.setdefault(u, []).append(e if ok else None)
     return [(u, " + ".join(f"({e})" for e in es)) for u, es in found.items() if None not in es]
+
+
+def phase_sums(cell, p, st: str, per: int, G: int, B: int, summed: list, cols: dict, load: list,
+               after: list) -> list:
+    """The lines adding dfused phase p's parameter terms each frame (storage type st; G blocks of B rows), where its
+    walk gives each thread fixed elements (one, or `per` unrolled); its registers declared in `load`, its stores after
+    the last frame in `after`, [((its group, parameter), register)] added to `summed`, each register's columns (the
+    phase's units) to `cols`; kernels.persistent_kernel gathers them."""
+    each = -(-(-(-p.units // G) * B) // THREADS)        # the elements a thread walks
+    found = terms(cell, p, st) if p.kind == "dfused" and (each == 1 or per == each) else []
+    if not found:
+        return []
+    regs = {}
+    for u, e in found:              # one register an expression (terms alike share one)
+        regs.setdefault(e, f"ps{len(cols) + len(regs)}")
+        summed.append(((p.item, u), regs[e]))
+    for r in regs.values():         # each register's columns in part: the phase's units, after those before
+        cols[r] = (sum(w for _, w in cols.values()), p.units)
+    load.append(declare(list(regs.values()), per))
+    after.append((p, [(r, cols[r][0]) for r in regs.values()], per))
+    return adds(list(regs.items()), per)
 
 
 def declare(regs: list, per: int) -> str:
