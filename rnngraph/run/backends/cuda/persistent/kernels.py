@@ -253,9 +253,9 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
                                      mw)
         source = ROLES_SOURCE.replace("{roles}", text.replace("{", "{{").replace("}", "}}"))
         total += more
-    if summed:      # each thread's sums stored once, after its last frame, into part [B·row_groups, columns]
+    width = sum(w for _, w in cols.values())
+    if summed:      # each thread's sums stored once, after its last frame, into part [B·row_groups, width]
         part, row = arg("sums", "part"), "b0 + " if row_groups > 1 else ""
-        width = sum(w for _, w in cols.values())
         after = [sums.stores(p, pairs, n, part, width, row) for p, pairs, n in after]
     names = list(args)
     ptr = {"w": "ST* pp{}, ", "xb": "unsigned long long* pp{}, ", "xh": "unsigned int* pp{}, ", "sums": "CT* pp{}, "}
@@ -278,7 +278,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
                       w_bytes + total * itemsize, cooperative=not apart, tensor_cores=on_mma,
                       row_groups=row_groups, resident=bool(tc and tc.resident and len(tc.resident) == len(tc.woff)),
                       split=split, static_smem=staging.BULK_SHARED if staging.BULK_INIT in load else 0,
-                      sums=tuple((u, cols[r][0]) for u, r in summed), sum_columns=sum(w for _, w in cols.values()))
+                      sums=tuple((u, cols[r][0]) for u, r in summed), sum_columns=width)
 
 
 def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, st: str, xw: int,
@@ -336,13 +336,14 @@ def _in_roles(cell, p, roles: tuple, arg, woff: int, st: str, G: int, B: int, ro
     sets, inputs = element_inputs(cell, p, arg)
     x, xw = _head_x(p, arg), staged(p, G, True)
     if mw:
-        more, load, stage, sums = mma_parts(p, G, mw, _head_w(p, arg), x, ld_arg(x))
+        more, load, stage, gemm_sums = mma_parts(p, G, mw, _head_w(p, arg), x, ld_arg(x))
     else:
         more, load = {}, resident_rows(p, woff, rows, _head_w(p, arg))
-        stage, sums = head_thread_parts(p, woff, x, ld_arg(x), xw, row_stride(p.width, ITEMSIZE[st]), st, rows, True)
+        stage, gemm_sums = head_thread_parts(p, woff, x, ld_arg(x), xw, row_stride(p.width, ITEMSIZE[st]), st, rows,
+                                             True)
     frames = [epilogue(cell, p, arg, early, {}, st, 1, _handing_on(p, xw, st, mw and "XLD"), arrive, inputs["carry"])
               for early, arrive in zip(sets, inputs["arrive"])]
-    defs, text, extra = roles_body(p, roles, load, stage, sums, inputs, frames, total, ITEMSIZE[st],
+    defs, text, extra = roles_body(p, roles, load, stage, gemm_sums, inputs, frames, total, ITEMSIZE[st],
                                    ITEMSIZE[math_type(st)])
     return {**defs, **more}, text, extra
 
