@@ -106,19 +106,26 @@ class Workspace:
     def note_untouched(self, sched: Schedule, backend):
         """After a backward: [start, end) in the gradient arena of each gradient whose buffer needs no zeroing,
         the members a compiled fused backward keeps to itself or stores whole (backend.untouched_grads;
-        compiled: the memo holds a launch for the step or its loop at ALL), contiguous ones that are none of
-        the cell's outputs, states and parameters, nor an input but one whose gradient one write makes whole,
-        and a merged GEMM's whole output gradient where every column is such; sorted, once."""
+        compiled: the memo holds a launch for the step or its loop at ALL, or for the step at every frame),
+        contiguous ones that are none of the cell's outputs, states and parameters, nor an input but one whose
+        gradient one write makes whole, and a merged GEMM's whole output gradient where every column is such;
+        sorted, once. Whole calls only: a chunk's backward zeroes its arena whole, as its loop's kernel may walk
+        only the chunk's n frames (run/chunks.py)."""
         if UNTOUCHED in self.memo:
             return
-        compiled = []       # the GEMMs' gradients too, which every backend runs as the plan says
+        compiled = []       # (step, its loop or None); the GEMMs' gradients too, which every backend runs as planned
         for it in (it for sec in sched.backward for it in sec.items):
             launch = self.memo.get((it, ALL), (None, None))[1]
             if launch and isinstance(it, FusedGrad) or isinstance(it, GemmGrad):
-                compiled.append(it)
+                compiled.append((it, None))
             elif hasattr(it, "stages"):      # a loop: its GEMMs' gradients, and every item where it is compiled
-                compiled += [s for st in it.stages for s in st.items if isinstance(s, GemmGrad) or
-                             launch and isinstance(s, FusedGrad)]
+                steps = [s for st in it.stages for s in st.items]
+                compiled += [(s, None) for s in steps if isinstance(s, GemmGrad)]
+                if launch:
+                    compiled += [(s, it) for s in steps if isinstance(s, FusedGrad)]
+                else:           # run frame by frame: where each frame's is compiled, as if hoisted
+                    compiled += [(s, None) for s in steps if isinstance(s, FusedGrad) and
+                                 all(self.memo.get((s, t), (None, None))[1] for t in range(self.T))]
         cell = sched.cell
         kept = {*cell.inputs, *cell.outputs, *cell.params, *(p for p, _ in cell.states.values())} - \
             self.aliases.assigned       # an input's gradient that one GEMM makes whole

@@ -17,6 +17,9 @@ import numpy
 from ...arrays import address, float32_copies, is_half
 from ...errors import RnnGraphError
 from ...ir.ops import ALL, FORWARD, VJP, OpKind, accumulate, split_heads
+from ...plan.aliases import GradAliases
+from ...plan.backward import arriving
+from ...plan.items import GemmGrad
 from ...plan.loops import STRATEGIES, strategy_of
 
 
@@ -102,9 +105,33 @@ class ArrayBackend:
         return frozenset()
 
     def untouched_grads(self, cell, steps, aliases=None) -> frozenset:
-        """The nodes whose gradients these compiled fused backward steps keep to themselves (no other item reads
-        or writes them, so their buffers need no zeroing): none unless the backend says."""
-        return frozenset()
+        """Nodes whose gradient buffers these compiled backward steps ((step, the loop it runs in or None)) never
+        need zeroed: the members of fused groups outside their kernel's arguments (its spec, backward_spec: the
+        plan has it store the gradients other items read, kept_grads, and read those they add to, arriving),
+        those it stores whole ('=') where none arrives from outside it, and the gradients one write makes whole
+        (aliases.assigned: a group's '=', any GEMM's beta 0 here). Where gradients share a buffer, a class's
+        members with it, if one of them is so stored or none is touched."""
+        aliases, untouched, assigned = aliases or GradAliases(), set(), set()
+        for step, loop in steps:
+            if isinstance(step, GemmGrad):
+                assigned |= {step.item.operand} & aliases.assigned
+                continue
+            spec = self.backward_spec(cell, step, loop, aliases)
+            if spec is None:
+                continue
+            untouched |= set(step.item.nodes) - {key if kind == "grad" else key[0]
+                                                 for kind, key in spec.inputs + spec.outputs if kind in ("grad", "gext")}
+            ops, come = {nm: op for nm, _, op in spec.stores}, arriving(cell, step.item.nodes)
+            assigned |= {key if kind == "grad" else key[0] for (kind, key), nm in zip(spec.outputs, spec.out_names)
+                         if ops[nm] == "=" and (kind == "gext" or key not in come)}
+        near = untouched | {m for n in assigned for m in aliases.members(n)}
+        return frozenset(n for n in near if any(m in assigned for m in aliases.members(n)) or
+                         all(m in untouched for m in aliases.members(n)))
+
+    def backward_spec(self, cell, step, loop, aliases):
+        """The KernelSpec (run/backends/cuda/fused.py) whose reads and stores a compiled FusedGrad step's kernel
+        keeps, hoisted (loop None) or inside a compiled loop; None where no kernel keeps one (the default)."""
+        return None
 
     def zero(self, a):
         """a [n] (a contiguous arena, every gradient of a workspace) = 0; a backend may do it faster."""

@@ -12,9 +12,8 @@ import functools
 import numpy
 
 from ....ir.ops import hands_on
-from ....plan.aliases import GradAliases
-from ....plan.backward import arriving, kept_values
-from ....plan.items import Fused, FusedGrad, GemmGrad, ParamSum
+from ....plan.backward import kept_values
+from ....plan.items import Fused, FusedGrad, ParamSum
 from ....plan.loops import STRATEGIES
 from ....errors import RnnGraphError
 from ..base import ArrayBackend, strategy_runners
@@ -97,29 +96,9 @@ class CpuBackend(ArrayBackend):
             return self.prelude.copy_parts(parts, dst.reshape(-1).view(numpy.uint8), src.reshape(-1).view(numpy.uint8))
         super().copy(dst, src)
 
-    def untouched_grads(self, cell, steps, aliases=None) -> frozenset:
-        """Nodes whose gradient buffers these backward steps never need zeroed: the members of compiled fused
-        groups (fused.group_spec) outside their function's arguments (the plan has it store the gradients other
-        items read, kept_grads, and read those they add to, arriving), those a group stores whole ('=') where none
-        arrives from outside it, and the gradients one write makes whole (aliases.assigned: a compiled group's
-        '=', any GEMM's beta 0 here). Where gradients share a buffer, a class's members with it, if one of them
-        is so stored or none is touched."""
-        aliases, untouched, assigned = aliases or GradAliases(), set(), set()
-        for step in steps:
-            if isinstance(step, GemmGrad):
-                assigned |= {step.item.operand} & aliases.assigned
-                continue
-            spec = group_spec(cell, step.item.nodes, "bwd", aliases)
-            if spec is None:
-                continue
-            untouched |= set(step.item.nodes) - {key if kind == "grad" else key[0]
-                                                 for kind, key in spec.inputs + spec.outputs if kind in ("grad", "gext")}
-            ops, come = {nm: op for nm, _, op in spec.stores}, arriving(cell, step.item.nodes)
-            assigned |= {key if kind == "grad" else key[0] for (kind, key), nm in zip(spec.outputs, spec.out_names)
-                         if ops[nm] == "=" and (kind == "gext" or key not in come)}
-        near = untouched | {m for n in assigned for m in aliases.members(n)}
-        return frozenset(n for n in near if any(m in assigned for m in aliases.members(n)) or
-                         all(m in untouched for m in aliases.members(n)))
+    def backward_spec(self, cell, step, loop, aliases):
+        """The spec of the group's compiled function (fused.group_spec), hoisted or inside any compiled loop."""
+        return group_spec(cell, step.item.nodes, "bwd", aliases)
 
     def zero(self, a):
         """memset, split over the backend's threads: a workspace's gradients (LSTM, T = 100, B = 32, H = 256:

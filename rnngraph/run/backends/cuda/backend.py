@@ -12,7 +12,7 @@ import warnings
 from ....errors import RnnGraphError, RnnGraphWarning
 from ....plan.backward import kept_values
 from ....plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum
-from ....plan.loops import STRATEGIES
+from ....plan.loops import STRATEGIES, strategy_of
 from ...settings import switch
 from ..base import ArrayBackend, GatherPlan, head_parts, strategy_runners
 from .chunks import chunk_launch
@@ -242,6 +242,15 @@ class CupyBackend(ArrayBackend):
         if spec and parts:
             spec = with_parts(spec, {n: p.shape[0] for n, p in parts.items()})
         return spec and (self._fused_launch(spec, _fused_arrays(spec, env, genv, targets), list(parts.values())),)
+
+    def backward_spec(self, cell, step, loop, aliases):
+        """The spec of the group's elementwise kernel (_spec), which runs it hoisted, frame by frame and inside the
+        persistent loop's kernel (persistent/phases.sources); None for the elementwise loop's kernel (it reads
+        every member's gradient) and the scan's, and for row, atomic and parameter-summing kernels."""
+        if loop is not None and strategy_of(loop).name != "persistent" or step.params or step.atomic or \
+                not step.one_kernel or row_group(cell, step.item.nodes):
+            return None
+        return _spec(cell, step.item, "bwd")
 
     def product_parts(self, g, w, cell, reader, node, parts=None):
         """In parts where they measured faster and the reader's kernel adds them (split.py)."""

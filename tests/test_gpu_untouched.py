@@ -1,0 +1,64 @@
+"""The gradients a GPU backward never needs zeroed (Workspace.note_untouched, through CupyBackend.backward_spec):
+NaN written into them after the first backward changes no result, bit for bit, for every loop strategy's kernels
+(the persistent loop's in float, half and on tensor cores, per head, stages' per-frame kernels, the scan and the
+elementwise loop beside hoisted groups), ragged lengths, stacked and bidirectional layers, staged and graph mode;
+and they are most of an LSTM's arena."""
+import numpy as np
+import pytest
+
+from rnngraph.nn.recurrent import Recurrent
+from rnngraph.run.workspace import UNTOUCHED
+
+pytestmark = pytest.mark.gpu
+
+# (cell, loop, dtype, B, H, options)
+CASES = [("lstm", "persistent", "float32", 8, 64, {}), ("lstm", "persistent", "bfloat16", 64, 128, {}),
+         ("lstm", "persistent", "float16", 16, 256, {}), ("lstm", "stages", "float32", 8, 64, {}),
+         ("lstm", "stages", "bfloat16", 256, 64, {}), ("gru", "persistent", "bfloat16", 64, 128, {}),
+         ("mgu", "persistent", "float32", 3, 64, {}), ("peephole_lstm", "persistent", "float64", 5, 32, {}),
+         ("layernorm_lstm", "auto", "float32", 4, 32, {}), ("slstm", "persistent", "bfloat16", 8, 128, {"heads": 4}),
+         ("mh_lstm", "persistent", "float32", 4, 64, {"heads": 4}), ("min_gru", "scan", "float32", 1, 64, {}),
+         ("min_gru", "elementwise", "float64", 2, 32, {}), ("qrnn", "scan", "float32", 3, 48, {}),
+         ("sru", "elementwise", "float32", 2, 32, {})]
+
+
+def step(layer, x, gy, lengths):
+    """Outputs, finals and every gradient of one forward and backward, as numpy arrays."""
+    y, fin = layer(x, None, lengths)
+    gx, g0, grads = layer.backward(gy)
+    flat = lambda a: [v for b in a for v in flat(b)] if isinstance(a, tuple) else [a]
+    return [a.get() for a in (y, *flat(fin), gx, *flat(g0), *(grads[n] for n in sorted(grads)))]
+
+
+def poison(layer) -> float:
+    """NaN into every span of every executor's gradient arena that its backward does not zero; the share of the
+    arenas' elements those spans hold."""
+    spans, total = 0, 0
+    for run in layer._stack.runs:
+        for r in run:
+            ws = r.ex.ws
+            for a, b in ws.memo[UNTOUCHED]:
+                ws.grad_arena[a:b] = np.nan
+                spans += b - a
+            total += ws.grad_arena.size
+    return spans / total
+
+
+@pytest.mark.parametrize("mode", ["graph", "staged"])
+@pytest.mark.parametrize("cell, loop, dtype, B, H, options", CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}-B{c[3]}" for c in CASES])
+def test_nan_in_the_unzeroed_gradients_changes_nothing(cell, loop, dtype, B, H, options, mode):
+    import cupy
+    T, D = 9, 16
+    layer = Recurrent(cell, D, H, backend="cupy", mode=mode, dtype=dtype, loop=loop, seed=1, num_layers=2,
+                      bidirectional=True, **options)
+    rng = np.random.default_rng(0)
+    x = cupy.asarray(rng.standard_normal((T, B, D))).astype(dtype)
+    gy = cupy.asarray(rng.standard_normal((T, B, 2 * H))).astype(dtype)
+    lengths = cupy.asarray(rng.integers(1, T + 1, B)).astype("int64") if B > 1 else None
+    first = step(layer, x, gy, lengths)
+    share = poison(layer)
+    second = step(layer, x, gy, lengths)
+    for k, (a, b) in enumerate(zip(first, second, strict=True)):
+        assert np.array_equal(a, b), f"array {k}: {np.isnan(b.astype(np.float64)).sum()} NaN"
+    if cell == "lstm" and loop == "persistent" and layer.loop_strategy == "persistent":
+        assert share > 0.4, f"only {share:.0%} of an LSTM's gradient arenas left unzeroed"
