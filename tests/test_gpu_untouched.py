@@ -61,4 +61,4 @@ def test_nan_in_the_unzeroed_gradients_changes_nothing(cell, loop, dtype, B, H, 
     for k, (a, b) in enumerate(zip(first, second, strict=True)):
         assert np.array_equal(a, b), f"array {k}: {np.isnan(b.astype(np.float64)).sum()} NaN"
     if cell == "lstm" and loop == "persistent" and layer.loop_strategy == "persistent":
-        assert share > 0.4, f"only {share:.0%} of an LSTM's gradient arenas left unzeroed"
+        assert share > 0.3, f"only {share:.0%} of an LSTM's gradient arenas left unzeroed"

@@ -1,15 +1,20 @@
 """Which gradients a backward never needs zeroed, by the kernel that runs each fused group: the analysis every
-backend shares (ArrayBackend.untouched_grads) over the GPU's specs (CupyBackend.backward_spec), without a GPU.
-tests/test_gpu_untouched.py proves on the GPU that NaN left in them changes nothing."""
+backend shares (ArrayBackend.untouched_grads) over the GPU's specs (CupyBackend.backward_spec), without a GPU; and
+the GPU's kernel that zeroes the runs between them. tests/test_gpu_untouched.py proves on the GPU that NaN left in
+them changes nothing."""
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
+from cuda_on_cpu import needs_cxx
+from nvrtc import nvrtc_compile
 from rnngraph.ir.loading import load_cell
 from rnngraph.plan.items import FusedGrad, GemmGrad
 from rnngraph.plan.schedule import build_schedule
 from rnngraph.run.backends.base import ArrayBackend
 from rnngraph.run.backends.cuda.backend import CupyBackend
+from rnngraph.run.backends.cuda.gather import ZERO_RUNS, zero_runs_table
 from rnngraph.run.backends.cuda.rows import row_group
 
 
@@ -61,3 +66,21 @@ def test_row_atomic_and_parameter_summing_kernels_keep_no_spec():
     for flags in ({"atomic": True}, {"params": True}, {"one_kernel": False}):
         assert Specs().backward_spec(lstm, replace(s, **flags), None, None) is None
     assert Specs().backward_spec(lstm, s, None, None) is not None
+
+
+@needs_cxx
+def test_the_zero_runs_kernel_zeroes_its_byte_runs_and_nothing_else():
+    """Runs of an arena at any alignment (a 2-byte gradient's), shorter than 16 bytes, within one 16-byte word
+    and long, run by the kernel compiled for the CPU (gather.ZERO_RUNS), with a table as zero_plan makes it."""
+    from test_chunk_kernels import _Kernel, _library
+    rng = np.random.default_rng(0)
+    a = rng.integers(1, 60000, 5000).astype(np.uint16)
+    runs = [(0, 3), (5, 6), (9, 17), (20, 1500), (1501, 1502), (1600, 4999)]
+    table, longest = zero_runs_table(np, a, runs)
+    assert longest == 2 * 3399 and table.tolist()[1] == [10, 12]
+    want = a.copy()
+    for s, e in runs:
+        want[s:e] = 0
+    _Kernel(_library(ZERO_RUNS).rg_zero_runs)(None, None, (a, table, np.int64(len(table))))
+    np.testing.assert_array_equal(a, want)
+    nvrtc_compile(ZERO_RUNS, "zero_runs")

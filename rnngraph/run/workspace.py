@@ -27,6 +27,7 @@ from ..plan.schedule import Schedule
 ALL = None  # the frame selector meaning "all T frames at once"
 SERIAL = itertools.count()
 UNTOUCHED = ("untouched", "gradients")      # memo key: their spans in the gradient arena (Workspace.zero_grads)
+ZERO_RUNS = ("zero", "gradients")           # memo key: the runs between them, as the backend zeroes them (zero_plan)
 LOOP_SUMS = ("loop", "sums")                # memo key: (group, parameter) sums a compiled loop takes (Executor._loop)
 
 
@@ -94,14 +95,18 @@ class Workspace:
 
     def zero_grads(self, backend):
         """Zeroes the gradient arena for a backward, but for the gradients no item of this workspace's backward
-        reads or adds to before one stores them whole, or at all (note_untouched: known once one has run)."""
-        start = 0
-        for a, b in self.memo.get(UNTOUCHED, ()):
-            if a > start:
-                backend.zero(self.grad_arena[start:a])
-            start = b
-        if start < self.grad_arena.size:
-            backend.zero(self.grad_arena[start:])
+        reads or adds to before one stores them whole, or at all (note_untouched: known once one has run): the
+        runs between those, as the backend zeroes them (zero_plan, made once)."""
+        if ZERO_RUNS not in self.memo:
+            runs, start = [], 0
+            for a, b in self.memo.get(UNTOUCHED, ()):
+                if a > start:
+                    runs.append((start, a))
+                start = b
+            if start < self.grad_arena.size:
+                runs.append((start, self.grad_arena.size))
+            self.memo[ZERO_RUNS] = backend.zero_plan(self.grad_arena, runs)
+        backend.zero_runs(self.grad_arena, self.memo[ZERO_RUNS])
 
     def note_untouched(self, sched: Schedule, backend):
         """After a backward: [start, end) in the gradient arena of each gradient whose buffer needs no zeroing,
@@ -136,6 +141,7 @@ class Workspace:
         spans = {((address(g) - base) // item, (address(g) - base) // item + g.size) for g in bufs
                  if g.flags.c_contiguous}
         self.memo[UNTOUCHED] = sorted(spans)
+        self.memo.pop(ZERO_RUNS, None)
 
     # -- frame selection: arrays handed to the rules are rows [N, F] -------------------------------
     def frames(self, buf, d: int = 0):

@@ -137,6 +137,15 @@ class ArrayBackend:
         """a [n] (a contiguous arena, every gradient of a workspace) = 0; a backend may do it faster."""
         a.fill(0)
 
+    def zero_plan(self, a, runs):
+        """What zero_runs takes for the runs [(start, end)] of a [n]: the runs; a backend may prepare them."""
+        return runs
+
+    def zero_runs(self, a, plan):
+        """a[start:end] = 0 for each run of a [n] in plan (zero_plan's), each run by zero()."""
+        for start, end in plan:
+            self.zero(a[start:end])
+
     def upload(self, dst, host):
         """dst [n] (a backend array) = host [n] (a numpy array)."""
         dst[...] = host

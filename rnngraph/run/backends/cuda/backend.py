@@ -17,7 +17,7 @@ from ...settings import switch
 from ..base import ArrayBackend, GatherPlan, head_parts, strategy_runners
 from .chunks import chunk_launch
 from .fused import fusable
-from .gather import copy_runs_launch, runs_table
+from .gather import copy_runs_launch, runs_table, zero_runs_launch, zero_runs_table
 from .matmul import GEMV_ROWS, matmul_source
 from .pair import GEMV_FUSED_ROWS, PAIR_MAX_BYTES, pair_kernel
 from .param_grad import param_grad_launches
@@ -133,6 +133,18 @@ class CupyBackend(ArrayBackend):
 
     def gather(self, src, plan: GatherPlan, out):
         kernel, grid, block, args = copy_runs_launch(self, src, plan.table, plan.runs, out)
+        kernel(grid, block, args)
+
+    def zero_plan(self, a, runs):
+        """(runs, their byte ranges a device table and the longest's bytes, or None for a run or none: a memset)."""
+        return runs, zero_runs_table(self.xp, a, runs) if len(runs) > 1 else None
+
+    def zero_runs(self, a, plan):
+        """Every run in one kernel (gather.py), a lone run by a memset."""
+        runs, table = plan
+        if table is None:
+            return super().zero_runs(a, runs)
+        kernel, grid, block, args = zero_runs_launch(self, a, *table)
         kernel(grid, block, args)
 
     def copy(self, dst, src):

@@ -1,7 +1,8 @@
-"""A layer's parameter gradients gathered into PyTorch's layout on the GPU (nn/grads.py): the few runs of
-consecutive elements a layer's parameters make, as a table on the device [R, 3] of (src offset, out offset,
-length), copied in one launch; no index array is read (a take of every element read 4 bytes of index a 2-byte
-gradient)."""
+"""Runs of consecutive elements, a table on the device, in one launch each: a layer's parameter gradients
+gathered into PyTorch's layout (nn/grads.py), the few runs its parameters make as [R, 3] of (src offset, out
+offset, length), so that no index array is read (a take of every element read 4 bytes of index a 2-byte
+gradient); and the runs of a gradient arena a backward zeroes (Workspace.zero_grads), one launch rather than a
+memset each (about 9 µs of host time a memset: an LSTM's 19 runs took 170 µs, against 57 for the whole arena)."""
 from __future__ import annotations
 
 import numpy
@@ -15,6 +16,22 @@ extern "C" __global__ void rg_copy_runs_{bytes}(const {T}* src, {T}* out, const 
             out[d + i] = src[s + i];
     }}
 }}
+"""
+ZERO_RUNS = r"""
+extern "C" __global__ void rg_zero_runs(unsigned char* base, const long long* runs, long long R) {
+    // bytes [s, e) of base = 0 for each run (s, e) of the table [R, 2]: 16-byte stores where aligned, bytes at
+    // the edges (fewer than 16 each)
+    const long long step = (long long)gridDim.x * blockDim.x, i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (long long r = blockIdx.y; r < R; r += gridDim.y) {
+        const long long s = runs[2 * r], e = runs[2 * r + 1];
+        const long long a = min(e, s + (long long)((16 - ((unsigned long long)(base + s) & 15)) & 15));
+        const long long z = max(a, e - (long long)((unsigned long long)(base + e) & 15));
+        for (long long k = i; k < (z - a) / 16; k += step)
+            reinterpret_cast<uint4*>(base + a)[k] = make_uint4(0, 0, 0, 0);
+        for (long long k = i; k < a - s; k += step) base[s + k] = 0;
+        for (long long k = i; k < e - z; k += step) base[z + k] = 0;
+    }
+}
 """
 WORDS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}   # an element's bits
 
@@ -30,3 +47,15 @@ def copy_runs_launch(be, src, table, runs, out):
     longest = max(n for _, _, n in runs)
     grid = (min(-(-longest // 1024), 1024), min(len(runs), 1024))
     return kernel, grid, (256,), (src, out, table, numpy.int64(len(runs)))
+
+
+def zero_runs_table(xp, a, runs):
+    """The runs [(start, end)] of a [n] as byte ranges on the device [R, 2] int64, and the longest's bytes."""
+    table = numpy.array(runs, numpy.int64).reshape(-1, 2) * a.itemsize
+    return xp.asarray(table), int((table[:, 1] - table[:, 0]).max())
+
+
+def zero_runs_launch(be, a, table, longest: int):
+    """(kernel, grid, block, args): block row r of the grid (and every gridDim.y-th after) zeroes run r."""
+    grid = (min(-(-longest // 4096), 1024), min(len(table), 1024))
+    return be.raw("rg_zero_runs", ZERO_RUNS), grid, (256,), (a, table, numpy.int64(len(table)))
