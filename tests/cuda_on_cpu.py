@@ -145,9 +145,6 @@ static inline void grid_barrier(unsigned int* count, unsigned int target) {
     }
     __syncthreads();
 }
-static inline void walked(unsigned int* w, unsigned int s, bool herald) {
-    if (herald && threadIdx.x == 0) __atomic_store_n(w, s, __ATOMIC_RELEASE);
-}
 """
 PRELUDE_2D = PRELUDE.replace("struct rg_dim { int x; };", "struct rg_dim { int x, y; };").replace(
     "rg_dim threadIdx, blockIdx;", "rg_dim threadIdx, blockIdx, blockDim;")     # kernels of 2D blocks and grids
@@ -366,7 +363,7 @@ class Emulated(NumpyBackend):
                 "dcat": lambda it: cat[it][1], "w": lambda it: wcat[it][0],
                 "xb": lambda n: np.zeros((2, B, cell.op(n).size), np.uint64),
                 "xh": lambda n: np.zeros((2, B, cell.op(n).size), np.uint32), "sums": lambda _: part}
-        arrays = [np.zeros(k.bar_words, np.uint32)] + [pick[kind](key) for kind, key in k.args]
+        arrays = [np.zeros(1 + k.row_groups, np.uint32)] + [pick[kind](key) for kind, key in k.args]
         lds = [0 if a.ndim == 1 else a.strides[0] // (B * a.itemsize) for a in arrays[1:]]
         self.sums[item] = frozenset(key for key, _ in k.sums)
 
@@ -386,7 +383,7 @@ class Emulated(NumpyBackend):
 
         def run(grid, block, args):
             arrays[0][0] += 1                   # as rg_persist_zero: a new launch number (the words' tags move on),
-            arrays[0][1:] = 0                   # each row group's barrier count and frames walked from 0
+            arrays[0][1:] = 0                   # each row group's barrier count from 0
             self.ran.append(k)
             self.walked.append(T if cur is None else int(cur[tab + 3 * cur[0] + 1]))
             together = {True: 1, "groups": k.blocks // k.row_groups}.get(self.in_turn, k.blocks)

@@ -22,10 +22,7 @@ from ..plan.schedule import Schedule, build_schedule
 from . import handlers
 from .chunks import LADDER_TOP, Chunked, within
 from .settings import store_limit
-from .workspace import (ALL, BESIDE, LOOP_SUMS, SERIAL, Arenas, Frames, Workspace, rows, shared_grads, stored_bytes,
-                        write_history)
-
-BESIDE_SPANS = 8    # the spans of a backward loop's frames whose GEMM gradients run beside it (Executor._beside)
+from .workspace import ALL, LOOP_SUMS, SERIAL, Arenas, Workspace, rows, shared_grads, stored_bytes, write_history
 
 
 class Executor:
@@ -225,22 +222,11 @@ class Executor:
         self._run_sections(self.sched.forward, ws, run_loop)
 
     def _run_sections(self, sections, ws, run_loop):
-        """Each section in order; a loop section's items told what follows them (a backward loop may run some of
-        it beside itself: _beside), which the sections after it then skip."""
-        for k, sec in enumerate(sections):
+        for sec in sections:
             if sec.per_frame:
-                later = [it for s in sections[k + 1:] for it in s.items]
-                run_loop(sec.name, lambda sec=sec, later=later: self._loop_section(sec.items, ws, later))
+                run_loop(sec.name, lambda sec=sec: self._run(sec.items, ws, ALL))
             else:
-                done = ws.memo.get(BESIDE, ())
-                self._run([it for it in sec.items if it not in done], ws, ALL)
-
-    def _loop_section(self, items, ws, later):
-        for it in items:
-            if type(it) in LOOPS:
-                self._loop(it, ws, ALL, later)
-            else:
-                HANDLERS[type(it)](self, it, ws, ALL)
+                self._run(sec.items, ws, ALL)
 
     def _run(self, items, ws, t):
         for it in items:
@@ -265,15 +251,14 @@ class Executor:
         if key not in ws.memo:
             v = views()
             compile = compile and (self.backend.compiles_heads or not head_wise(it))
-            ws.memo[key] = (v, self.backend.compile(self.cell, it, v, isinstance(t, int)) if compile else None)
+            ws.memo[key] = (v, self.backend.compile(self.cell, it, v, t is not ALL) if compile else None)
         return ws.memo[key]
 
-    def _loop(self, loop, ws, _, later=()):
+    def _loop(self, loop, ws, _):
         """A loop item, by its strategy's record: the backend's kernels for it where it compiles them on the
         strategy's views, else the strategy's reference. The forward of the schedule's own strategy says
         what ran (loop_runs) and, where the reference is another strategy, why (loop_note); a compiled backward
-        loop notes the parameters whose gradients its kernels sum (backend.loop_sums), whose ParamSums then skip,
-        and runs the GEMM gradients of `later` (the items after it) beside itself where it may (_beside)."""
+        loop notes the parameters whose gradients its kernels sum (backend.loop_sums), whose ParamSums then skip."""
         strategy = strategy_of(loop)
         if (loop, "auto") not in ws.memo:       # 'auto' may run the reference where the kernel measured slower
             ws.memo[loop, "auto"] = self.loop_asked == "auto" and self.backend.auto_problem(self.cell, loop, ws.B, ws.dtype)
@@ -286,28 +271,10 @@ class Executor:
         if loop.reverse and (loop, "sums") not in ws.memo:     # the parameter gradients its kernel sums itself
             ws.memo[loop, "sums"] = self.backend.loop_sums(self.cell, loop, ws.B, ws.dtype) if launch else frozenset()
             ws.memo[LOOP_SUMS] = ws.memo.get(LOOP_SUMS, frozenset()) | ws.memo[loop, "sums"]
-        beside = launch and self._beside(loop, ws, launch, later)
-        if beside:
-            self.backend.launch_beside(launch, [(walked, lambda fr=fr: self._run(beside, ws, fr))
-                                                for walked, fr in spans(ws.T)])
-        elif launch:
+        if launch:
             self.backend.launch(launch)
         else:
             strategy.reference(self, loop, ws, views)
-
-    def _beside(self, loop, ws, launch, later) -> list:
-        """The GEMM gradients of `later` that run beside backward `loop`, a span of frames as soon as it has walked
-        them (spans), where its launch tells the frames it walks (backend.loop_walked) and all of `later` are GEMM
-        gradients (an input's, or the weights'), sums and shared weights, which need the loop's end; else none.
-        Decided once a workspace and noted (memo BESIDE) for the sections after the loop to skip."""
-        if (loop, "beside") not in ws.memo:
-            gemms = [it for it in later if isinstance(it, (GemmGrad, WeightGrad))]
-            ok = loop.reverse and ws.T > 1 and self.backend.loop_walked(launch) and \
-                all(isinstance(it, (GemmGrad, WeightGrad, ParamSum, SharedWeight)) for it in later) and \
-                all(it.item.operand in self.cell.inputs for it in gemms if isinstance(it, GemmGrad))
-            ws.memo[loop, "beside"] = gemms if ok else []
-            ws.memo[BESIDE] = frozenset(ws.memo.get(BESIDE, ())) | set(ws.memo[loop, "beside"])
-        return ws.memo[loop, "beside"]
 
     def walk(self, loop, ws, overlap: bool):
         """Every frame (in reverse time for a backward loop), the loop's stages in order; a stage's items
@@ -319,18 +286,9 @@ class Executor:
                 else:
                     self._run(st.items, ws, t)
 
-def spans(T: int) -> list:
-    """A backward loop's T frames in at most BESIDE_SPANS spans, the last frames first, each with the frames the loop
-    has walked once it is done (None for the first frames': the loop's end): [(walked, Frames)]."""
-    S = min(BESIDE_SPANS, T)
-    edges = [T * j // S for j in range(S + 1)]
-    return [(edges[j + 1] if j < S - 1 else None, Frames(T - edges[j + 1], edges[j + 1] - edges[j])) for j in range(S)]
-
-
 HANDLERS = {Gemm: handlers.gemm, Fused: handlers.fused, Pair: handlers.pair, GemmGrad: handlers.gemm_grad,
             FusedGrad: handlers.fused_grad, WeightGrad: handlers.weight_grad, ParamSum: handlers.param_sum,
             SharedWeight: handlers.shared, **{s.item: Executor._loop for s in STRATEGIES.values()}}
-LOOPS = frozenset(s.item for s in STRATEGIES.values())
 
 
 def _call(name, fn):

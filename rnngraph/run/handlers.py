@@ -4,10 +4,9 @@ the reference (run/backends/base.py) where the backend compiled nothing. A per-f
 reader at the next frame adds (plan.backward.next_frame_readers) may run in parts (gemm_grad, fused_grad)."""
 from __future__ import annotations
 
-from ..arrays import is_half
 from ..ir.ops import OpKind, accumulate
 from .backends.base import head_parts, run_fused_backward, run_fused_forward, run_param_grad
-from .workspace import ALL, LOOP_SUMS, Frames
+from .workspace import ALL, LOOP_SUMS
 
 
 def _heads(ex, it, key, ws, merged, packed, operand) -> list:
@@ -87,7 +86,7 @@ def _parts(ex, step, ws, t, g, w):
     adds (plan.backward.next_frame_readers; fused_grad), or None: the product adds itself. Decided once; one
     buffer of parts serves every frame (its reader has read frame t + 1's before frame t's are written)."""
     if (("parts", step), t) not in ws.memo:
-        reader = ex._readers.get(step) if isinstance(t, int) and t >= 1 else None
+        reader = ex._readers.get(step) if t is not ALL and t >= 1 else None
         made = reader and ex.backend.product_parts(g, w, ex.cell, reader, step.item.operand,
                                                      ws.memo.get((("parts", step), ALL)))
         ws.memo[("parts", step), t] = made and made[0]
@@ -115,23 +114,14 @@ def fused_grad(ex, step, ws, t):
 
 
 def weight_grad(ex, step, ws, t):
-    """dW_cat += Σ_frames gᵀ · operand: one GEMM over all T·B rows (head-wise: a batched GEMM a linear op), or over
-    a span of frames beside the backward loop (t: Frames, the last frames' first); half storage sums the spans in
-    float32, added to dW once, after the first frames' span, as one GEMM would round it."""
+    """dW_cat += Σ_frames gᵀ · operand: one GEMM over all T·B rows (head-wise: a batched GEMM a linear op)."""
     it = step.item
-    g, x, gw = ws.at(ws.cat[it][1], t), ws.read(it.operand, it.delay, t), ws.wcat[it][1]
-    into, more = gw, True
-    if isinstance(t, Frames) and is_half(gw):
-        if (step, "float32") not in ws.memo:
-            ws.memo[step, "float32"] = ex.backend.zeros(gw.shape, "float32")
-        into, more = ws.memo[step, "float32"], t.t0 + t.n < ws.T
+    g, x, gw = ws.at(ws.cat[it][1], ALL), ws.read(it.operand, it.delay, ALL), ws.wcat[it][1]
     if it.heads == 1:
-        ex.backend.gemm(g, x, into, ta=True, accumulate=more)
-    else:
-        for gj, gwj, xh in _heads(ex, it, (step, t, into is gw), ws, g, into, x):
-            ex.backend.head_gemm(gj, xh, gwj, ta=True, accumulate=more)
-    if into is not gw and t.t0 == 0:
-        accumulate(gw, into)
+        ex.backend.gemm(g, x, gw, ta=True, accumulate=True)
+        return
+    for gj, gwj, xh in _heads(ex, it, (step, ALL), ws, g, gw, x):
+        ex.backend.head_gemm(gj, xh, gwj, ta=True, accumulate=True)
 
 
 def param_sum(ex, step, ws, t):

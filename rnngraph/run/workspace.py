@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
 
 import numpy
 
@@ -28,17 +27,8 @@ from ..plan.schedule import Schedule
 ALL = None  # the frame selector meaning "all T frames at once"
 SERIAL = itertools.count()
 UNTOUCHED = ("untouched", "gradients")      # memo key: their spans in the gradient arena (Workspace.zero_grads)
-BESIDE = ("beside", "loop")                 # memo key: the items a backward loop runs beside itself (Executor._beside)
 ZERO_RUNS = ("zero", "gradients")           # memo key: the runs between them, as the backend zeroes them (zero_plan)
 LOOP_SUMS = ("loop", "sums")                # memo key: (group, parameter) sums a compiled loop takes (Executor._loop)
-
-
-@dataclass(frozen=True)
-class Frames:
-    """Frames t0 .. t0 + n - 1 of a call, a frame selector beside ALL and a frame: the rows of a hoisted item that
-    runs span by span beside a backward loop (Executor._beside; persistent/beside.py on the GPU)."""
-    t0: int
-    n: int
 
 
 class Workspace:
@@ -159,15 +149,12 @@ class Workspace:
         return buf[self.P - d:self.P - d + self.T]
 
     def at(self, buf, t, d: int = 0):
-        """buf [P+T, B, F] (a node's, or a merged GEMM's output) read with delay d at frame t ([B, F]), at all
-        frames (ALL, [T·B, F]) or at a span of them (Frames, [n·B, F])."""
-        if isinstance(t, Frames):
-            return rows(buf[self.P + t.t0 - d:self.P + t.t0 + t.n - d])
+        """buf [P+T, B, F] (a node's, or a merged GEMM's output) read with delay d at frame t ([B, F]) or
+        at all frames (ALL, [T·B, F])."""
         return buf[self.P + t - d] if t is not ALL else rows(self.frames(buf, d))
 
     def read(self, n: str, d: int, t, grads: bool = False):
-        """Node n read with delay d at frame t ([B, F]), at all frames (ALL, [T·B, F]) or at a span of them
-        (Frames, [n·B, F]); params as is."""
+        """Node n read with delay d at frame t ([B, F]) or at all frames (ALL, [T·B, F]); params as is."""
         buf = (self.grads if grads else self.vals)[n]
         return buf if buf.ndim != 3 else self.at(buf, t, d)
 

@@ -178,7 +178,7 @@ class ArrayBackend:
         """out (+)= op(a) · op(b), op transposing a (ta) or b (tb): out [N, M] = x [N, K] · w [M, K]ᵀ
         forward, out [N, K] += g [N, M] · w [M, K] and out [M, K] += g [N, M]ᵀ · x [N, K] backward."""
         a, b = (a.T if ta else a), (b.T if tb else b)
-        if is_half(out) or is_half(a):      # float32 products and sums, rounded once when stored
+        if is_half(out):                    # float32 products and sums, rounded once when stored
             f32 = self.xp.float32
             out[...] = a.astype(f32) @ b.astype(f32) + (out.astype(f32) if accumulate else 0)
         elif accumulate:
@@ -192,7 +192,7 @@ class ArrayBackend:
         out [k, N, i] += g [k, N, o] · w [k, o, i] and out [k, o, i] += g [k, N, o]ᵀ · x [k, N, i] backward."""
         xp = self.xp
         a, b = (a.transpose(0, 2, 1) if ta else a), (b.transpose(0, 2, 1) if tb else b)
-        if is_half(out) or is_half(a):      # float32 products and sums, rounded once when stored
+        if is_half(out):                    # float32 products and sums, rounded once when stored
             f32 = xp.float32
             out[...] = xp.matmul(a.astype(f32), b.astype(f32)) + (out.astype(f32) if accumulate else 0)
         elif accumulate:
@@ -236,18 +236,6 @@ class ArrayBackend:
         """Runs what compile returned: (kernel, grid, block, arguments) launches, in order."""
         for kernel, grid, block, args in launchable:
             kernel(grid, block, args)
-
-    def loop_walked(self, launch) -> bool:
-        """Whether a compiled backward loop's launch tells the frames it has walked, so that work may run beside
-        it (launch_beside): no, unless the backend says."""
-        return False
-
-    def launch_beside(self, launch, spans):
-        """Runs launch (a backward loop's, loop_walked) and, beside it, each fn of spans [(walked, fn)] in order
-        once the loop has walked that many frames (None: once it has ended): here one after the other."""
-        self.launch(launch)
-        for _, fn in spans:
-            fn()
 
     def overlap(self, fns):
         """Runs independent callables (the items of one stage); a backend may overlap them."""

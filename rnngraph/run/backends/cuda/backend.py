@@ -21,7 +21,6 @@ from .gather import copy_runs_launch, runs_table, zero_runs_launch, zero_runs_ta
 from .matmul import GEMV_ROWS, matmul_source
 from .pair import GEMV_FUSED_ROWS, PAIR_MAX_BYTES, pair_kernel
 from .param_grad import param_grad_launches
-from .persistent.beside import launch_beside
 from .recordings import Recordings, chunk_frames_setting
 from .rows import group_kernel, row_group
 from .source import CTYPES, complete, options
@@ -361,12 +360,6 @@ class CupyBackend(ArrayBackend):
     COMPILE = {Gemm: _compile_gemm, GemmGrad: _compile_gemm_grad, Fused: _compile_fused,
                FusedGrad: _compile_fused_grad, Pair: _compile_pair, ParamSum: _compile_param_sum}
     RUNNERS = ROOM
-
-    def loop_walked(self, launch) -> bool:
-        return getattr(launch, "walked", None) is not None
-
-    def launch_beside(self, launch, spans):
-        launch_beside(self, launch, spans)
 
     def overlap(self, fns):
         """With lanes > 1: the stage's items fork onto the lane streams and join back (events);

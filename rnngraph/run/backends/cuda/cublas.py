@@ -55,19 +55,19 @@ class Cublas:
     def _gemm(self, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, beta):
         """C = op(A) op(B) (+ C), column-major as cuBLAS sees our row-major views; heads (3-D views) as one
         strided-batched GEMM. Half storage goes through GemmEx: tensor cores, float32 products and sums,
-        C rounded once when stored (a float32 C gathers half products unrounded: beside.py's spans)."""
-        dt, src = str(c.dtype), str(a.dtype)
+        C rounded once when stored."""
+        dt = str(c.dtype)
         self._check(self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(self.cp.cuda.get_current_stream().ptr)),
                     "cublasSetStream")
         ptr = lambda x: ctypes.c_void_p(x.data.ptr)
         if c.ndim == 3:
             return self._batched(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, beta)
-        if src in _HALF or (dt == "float32" and self.tf32):
+        if dt in _HALF or (dt == "float32" and self.tf32):
             one, scale = ctypes.byref(self.scalars[("float32", 1.0)]), ctypes.byref(self.scalars[("float32", beta)])
-            h, compute = (_HALF[src], _COMPUTE_32F) if src in _HALF else (_R_32F, _COMPUTE_32F_FAST_TF32)
+            h, compute = (_HALF[dt], _COMPUTE_32F) if dt in _HALF else (_R_32F, _COMPUTE_32F_FAST_TF32)
             self._check(self.lib.cublasGemmEx(self.handle, ta, tb, m, n, k, one, ptr(a), h, max(lda, 1), ptr(b), h,
-                                              max(ldb, 1), scale, ptr(c), _HALF.get(dt, _R_32F), max(ldc, 1), compute,
-                                              _GEMM_DEFAULT), "cublasGemmEx")
+                                              max(ldb, 1), scale, ptr(c), h, max(ldc, 1), compute, _GEMM_DEFAULT),
+                        "cublasGemmEx")
             return
         fn = self.lib.cublasSgemm_v2 if dt == "float32" else self.lib.cublasDgemm_v2
         self._check(fn(self.handle, ta, tb, m, n, k, ctypes.byref(self.scalars[(dt, 1.0)]),
@@ -77,15 +77,15 @@ class Cublas:
 
     def _batched(self, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, beta):
         """_gemm over heads: a, b, c [heads, rows, cols], each head's matrix at its batch stride (strides[0])."""
-        dt, src, heads = str(c.dtype), str(a.dtype), c.shape[0]
+        dt, heads = str(c.dtype), c.shape[0]
         ptr = lambda x: ctypes.c_void_p(x.data.ptr)
         stride = lambda x: ctypes.c_longlong(x.strides[0] // x.itemsize)
-        if src in _HALF:
+        if dt in _HALF:
             one, scale = ctypes.byref(self.scalars[("float32", 1.0)]), ctypes.byref(self.scalars[("float32", beta)])
-            h = _HALF[src]
+            h = _HALF[dt]
             self._check(self.lib.cublasGemmStridedBatchedEx(
                 self.handle, ta, tb, m, n, k, one, ptr(a), h, max(lda, 1), stride(a), ptr(b), h, max(ldb, 1), stride(b),
-                scale, ptr(c), _HALF.get(dt, _R_32F), max(ldc, 1), stride(c), heads, _COMPUTE_32F, _GEMM_DEFAULT),
+                scale, ptr(c), h, max(ldc, 1), stride(c), heads, _COMPUTE_32F, _GEMM_DEFAULT),
                 "cublasGemmStridedBatchedEx")
             return
         fn = self.lib.cublasSgemmStridedBatched if dt == "float32" else self.lib.cublasDgemmStridedBatched

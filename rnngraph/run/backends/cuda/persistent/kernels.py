@@ -19,15 +19,18 @@ heads (phases.per_head: head-wise GEMMs, G dividing their heads) it reads only w
 source (HEAD_SOURCE) has no grid barrier and no tagged word, and the launch is an ordinary one; the
 head-wise GEMV is heads.py's. Any kernel may also split the rows over blocks (row groups: sequences never
 read one another), G blocks a group, block k the units (or heads) of k mod G and its group's rows; a group's
-blocks wait only for one another, at their own barrier count (bar[1 + 2·group]; bar[0] numbers the launches). A
-backward tells the frames its group has walked (bar[2 + 2·group]) after each frame's first barrier, for the work
-run beside it (runner.WALKED).
+blocks wait only for one another, at their own barrier count (bar[1 + group]; bar[0] numbers the launches).
 
 The backward's barrier before the dgemm stays a grid barrier: each block flagging its frame once its columns are
 written, the dgemm then waiting for its group's flags, measured slower on an H200 (bfloat16 LSTM, T = 1024, B = 16,
 H = 768, training ms, alternating in one process): 7.03 with the barrier, 7.60 waiting for every flag and 8.83
 copying each block's columns as its flag comes; the barrier spinning on relaxed loads with a fence after, 7.32.
 Waiting for every flag ran the MGU, two barriers a frame, faster (10.58 against 11.19), GRU slower (6.91 / 6.78).
+The GEMMs after the backward (dx, dW) run beside it on a side stream, span by span as its kernel told the frames it
+had walked, on the SMs its grid leaves idle, measured slower everywhere but the LSTM at B = 16 (bfloat16, H = 768,
+training ms, after the loop / beside it in 2-8 spans, alternating in one process): LSTM B = 16 7.24 / 7.09, GRU
+B = 16 6.81 / 7.00-7.05, LSTM B = 32 (T = 300) 3.43 / 3.82, GRU B = 32 2.98 / 3.35: their memory traffic slows
+the loop more than they save. Three GEMMs alone beside it, from 0.3 ms in, had cost it 0.7%.
 
 Arrays are addressed by frame as in ../scan.py: element (t, b, f) of a node's [P+T, B, F]
 buffer (row stride ld; a vector parameter has ld = 0) is p[((P + t - delay)·B + b)·ld + f].
@@ -63,11 +66,6 @@ SYNC = r"""static __device__ __forceinline__ void grid_barrier(unsigned int* cou
     }}
     __syncthreads();
 }}
-static __device__ __forceinline__ void walked(unsigned int* w, unsigned int s, bool herald) {{
-    // a backward's frames walked by its row group: s, after the barrier all its blocks passed in iteration s (so
-    // every earlier iteration's stores are done), told by the group's first block with a release store
-    if (herald && threadIdx.x == 0) asm volatile("st.release.gpu.global.u32 [%0], %1;" :: "l"(w), "r"(s) : "memory");
-}}
 static __device__ __forceinline__ CT exchanged(const unsigned long long* w, unsigned int tag) {{
     // a float written with its frame's tag in one 64-bit word: spin until the word carries `tag`
     unsigned long long v;
@@ -89,7 +87,7 @@ KERNEL_HEAD = r"""extern "C" __global__ void __launch_bounds__(NT, 1) {name}(uns
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, blk = blockIdx.x;
 """
 SYNC_VARS = r"""    unsigned int barriers = 0;      // the barriers passed: the group's count counts G arrivals each (zeroed before launch)
-    unsigned int* count = bar + 1 + 2 * (blockIdx.x / G);   // the row group's barrier count, then its frames walked
+    unsigned int* count = bar + 1 + blockIdx.x / G;     // the row group's barrier count (one group: bar[1])
     const unsigned int tags = bar[0] * (unsigned int)(T + 1) + 1;   // exchanged words of frame t carry tags + t
     (void)tags; (void)count;
 """
@@ -116,10 +114,9 @@ ROLES_SOURCE = AT_DEFINE + ROLES_SYNC + STAGE_DEFINE + KERNEL_HEAD + "    (void)
 ZERO_SOURCE = r"""
 extern "C" __global__ void rg_persist_zero(unsigned int* bar, int groups) {
     bar[0] += 1u;
-    for (int g = 0; g < 2 * groups; ++g) bar[1 + g] = 0u;
+    for (int g = 0; g < groups; ++g) bar[1 + g] = 0u;
 }
-"""   # before each launch: a new launch number for the exchanged words' tags, each row group's barrier count and
-      # frames walked from 0
+"""   # before each launch: a new launch number for the exchanged words' tags, each row group's barrier count from 0
 
 GEMV = r"""
         for (int e = tid; e < NB * {K}; e += NT) {{
@@ -150,12 +147,6 @@ class Persistent:
     static_smem: int = 0        # static shared memory bytes (the bulk copies' mbarrier, staging.BULK_INIT)
     sums: tuple = ()            # ((fused group, parameter), its first column in part): the gradients it sums (sums.py)
     sum_columns: int = 0        # part's columns ([B, sum_columns], the math type; argument ("sums", "part"))
-    tells_walked: bool = False  # a backward telling its frames walked at each frame's first barrier (walked())
-
-    @property
-    def bar_words(self) -> int:
-        """bar's words: the launch number, then each row group's barrier count and frames walked."""
-        return 1 + 2 * self.row_groups
 
     @property
     def shared(self) -> int:
@@ -232,7 +223,6 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
         if kept and held[id(kept)] and len(groups) == len(groups[0]) == 1 else None
     load, prologue, body, tail_loads, tail = [], [], [], [], []
     summed, after, cols = [], [], {}    # the parameter sums its dfused phases take (sums.py); register -> columns
-    told = False
     for gi, g in enumerate(groups if roles is None else ()):
         pre, early, per, adds = [], {}, {}, {}
         for pi, p in enumerate(g):      # loads that need no barrier are issued before it
@@ -244,10 +234,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
             pre += lines
             adds[pi] = [] if apart else sums.phase_sums(cell, p, ctype, per[pi], G, B, summed, cols, load, after)
         lag = _operand(g[0], arg)[2] if gi in swaps else 0
-        tell = loop.reverse and need[gi] and gi >= k and not told     # the first barrier of a backward's frame
-        told = told or tell
-        run = (["        grid_barrier(count, ++barriers * G);"] +
-               ["        walked(count + 1, s, blockIdx.x % G == 0);"] * tell if need[gi] else
+        run = (["        grid_barrier(count, ++barriers * G);"] if need[gi] else
                [f"        if (t - {lag} < 2) grid_barrier(count, ++barriers * G);   // tagged words from frame 2 on"]
                if gi in swaps and half_words else []) + \
             [ln for pi, p in enumerate(g) for ln in _phase_lines(cell, p, arg, early[pi], woff.get(id(p)), load,
@@ -296,7 +283,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
                       w_bytes + total * itemsize, cooperative=not apart, tensor_cores=on_mma,
                       row_groups=row_groups, resident=bool(tc and tc.resident and len(tc.resident) == len(tc.woff)),
                       split=split, static_smem=staging.BULK_SHARED if staging.BULK_INIT in load else 0,
-                      sums=tuple((u, cols[r][0]) for u, r in summed), sum_columns=width, tells_walked=told)
+                      sums=tuple((u, cols[r][0]) for u, r in summed), sum_columns=width)
 
 
 def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, st: str, xw: int,

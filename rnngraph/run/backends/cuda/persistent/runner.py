@@ -11,7 +11,6 @@ from .....arrays import float_dtype
 from .....errors import RnnGraphError, RnnGraphWarning
 from ....settings import count
 from ..source import CTYPES
-from .beside import telling
 from .heads import one_head
 from .kernels import ZERO_SOURCE, persistent_kernel
 from .mma import MMA_ROWS
@@ -99,7 +98,7 @@ AUTO_HEAD_ROWS = 64             # 'auto' runs a per-head kernel up to this B (me
 def compile(be, cell, loop, views):
     """The launches running `loop` on the executor's views: zeroing the barrier counter (and numbering the
     launch), then the cooperative kernel (per head the kernel alone), then the sums of the parameters' gradients it
-    takes (sums.py), a beside.Launch where work may run beside it; None where why_not() says why not."""
+    takes (sums.py); None where why_not() says why not."""
     vals, grads, cat, wcat, P, T, B, running, _ = views
     dtype = next(iter(cat.values()))[0].dtype
     if why_not(be, cell, loop, B, dtype):
@@ -115,15 +114,14 @@ def compile(be, cell, loop, views):
     for kind, key in k.args:
         a = pick[kind](key)
         args += [a] if kind in ("w", "xb", "xh", "sums") else be.frame_args([a], B)
-    bar = cp.zeros(k.bar_words, cp.uint32)     # launch number, each row group's count and frames walked; kept with it
+    bar = cp.zeros(1 + k.row_groups, cp.uint32)     # launch number, each row group's barrier count; kept with the launch
     raw = be.raw(k.name, k.source, cooperative=k.cooperative)
     raw.max_dynamic_shared_size_bytes = k.smem
     tail = (*be.running_args(running), cp.int32(T), cp.int32(P))
     run = (functools.partial(raw, shared_mem=k.smem), (k.blocks,), (k.threads,), (bar, *args, *tail))
     zero = (be.raw("rg_persist_zero", ZERO_SOURCE), (1,), (1,), (bar, cp.int32(k.row_groups)))
     added = (sums_launch(be, part, [(grads[u], c) for (_, u), c in k.sums]),) if k.sums else ()
-    launches = ((zero, run) if k.cooperative else (run,)) + added
-    return telling(launches, k, bar, gpu_facts(device(be.xp.cuda.Device().id))[0])
+    return ((zero, run) if k.cooperative else (run,)) + added
 
 
 def loop_sums(be, cell, loop, B: int, dtype) -> frozenset:
