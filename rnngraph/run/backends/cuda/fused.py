@@ -164,13 +164,25 @@ def fused_backward_kernel(cell, nodes, param_names, atomic: bool = False, aliase
             added.add(name)
     spec = KernelSpec(body=tuple(body), **io["spec"])
     unused = {f"gx{k}" for k in gext if f"x{k}" not in added}
-    alone = {f"gx{k}" for k in gext if ext[k][0] in assigned}
+    alone = {f"gx{k}" for k in gext if ext[k][0] in assigned or sole_read(cell, ext[k], nodes)}
     if not unused and not alone:
         return spec
     keep = [j for j, nm in enumerate(spec.out_names) if nm not in unused]
     return replace(spec, outputs=tuple(spec.outputs[j] for j in keep), out_names=tuple(spec.out_names[j] for j in keep),
                    stores=tuple((nm, v, "=" if nm in alone else op) for nm, v, op in spec.stores if nm not in unused),
                    body=tuple(ln for ln in spec.body if ln not in {f"T a{nm[2:]} = 0;" for nm in unused}))
+
+
+def sole_read(cell, e, nodes) -> bool:
+    """Whether external read e = (u, delay, columns) of a group of `nodes` is u's one read anywhere: by a member,
+    whole, at delay 0, u neither an output nor a state (gradients arrive there from the caller and later frames).
+    The group's store of u's gradient is then its one write (an LSTM's gate products': the merged GEMMs' output
+    gradients), so it stores it ('='), never adds, and u's buffer needs no zeroing (ArrayBackend.untouched_grads)."""
+    u, d, cols = e
+    reads = [(r, v) for r in set(cell.graph.successors(u)) for v, _ in cell.reads(r) if v == u]
+    return d == 0 and cols is None and len(reads) == 1 and reads[0][0] in nodes and \
+        cell.op(reads[0][0]).kind is not OpKind.SLICE and cell.op(u).size == cell.op(reads[0][0]).size and \
+        u not in cell.outputs and u not in {p for p, _ in cell.states.values()}
 
 
 def stored_only(cell, nodes, direction: str, spec: KernelSpec, aliases=None) -> KernelSpec:
