@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from cuda_on_cpu import needs_cxx
+from cuda_on_cpu import Emulated, needs_cxx
 from nvrtc import nvrtc_compile
 from rnngraph.ir.loading import load_cell
 from rnngraph.plan.items import FusedGrad, GemmGrad
@@ -84,3 +84,38 @@ def test_the_zero_runs_kernel_zeroes_its_byte_runs_and_nothing_else():
     _Kernel(_library(ZERO_RUNS).rg_zero_runs)(None, None, (a, table, np.int64(len(table))))
     np.testing.assert_array_equal(a, want)
     nvrtc_compile(ZERO_RUNS, "zero_runs")
+
+
+class Unzeroing(Emulated):
+    """The emulator (persistent kernels run on the CPU) leaving unzeroed what the GPU's kernels leave so
+    (CupyBackend.backward_spec)."""
+    backward_spec = CupyBackend.backward_spec
+
+
+@needs_cxx
+@pytest.mark.parametrize("cell, B, dtype, tc, rows, heads", [
+    ("lstm", 3, "float64", None, None, 0), ("lstm", 16, "bfloat16", None, None, 0), ("gru", 20, "float16", None, None, 0),
+    ("mgu", 4, "float32", None, 2, 0), ("peephole_lstm", 5, "float64", None, None, 0), ("lstm", 24, "bfloat16", True, 8, 0),
+    ("slstm", 2, "float32", None, None, 4), ("mh_lstm", 3, "bfloat16", None, None, 4)])
+def test_the_persistent_kernels_write_every_gradient_left_unzeroed(cell, B, dtype, tc, rows, heads):
+    """NaN in every span of the gradient arena the GPU's backward leaves unzeroed, after the first call, changes
+    nothing in the next (ragged lengths): the kernels store each such gradient whole; and the spans hold every merged
+    GEMM's output gradient (an LSTM's x- and h-products', written by the loop's group alone)."""
+    pytest.importorskip("ml_dtypes")
+    from rnngraph.run.executor import Executor
+    from rnngraph.run.workspace import UNTOUCHED
+    from test_loops import run_executor
+    from test_persistent_heads import problem_arrays
+    c = load_cell(cell, 8, 16, **({"heads": heads} if heads else {}))
+    ex = Executor(c, Unzeroing(4, "groups" if rows else False, rows, tensor_cores=tc), loop="persistent")
+    args, lengths = problem_arrays(c, 7, B, dtype), np.arange(B) % 8
+    first = run_executor(ex, *args, lengths)
+    spans = ex.ws.memo[UNTOUCHED]
+    for a, b in spans:
+        ex.ws.grad_arena[a:b] = np.nan
+    second = run_executor(ex, *args, lengths)
+    for k, (u, v) in enumerate(zip(first, second, strict=True)):
+        assert np.array_equal(u, v), f"array {k}"
+    cats = {(a, b) for it, (_, g) in ex.ws.cat.items() for a, b in spans
+            if a * g.itemsize == g.__array_interface__["data"][0] - ex.ws.grad_arena.__array_interface__["data"][0]}
+    assert heads or len(cats) == len(ex.ws.cat), "a merged GEMM's output gradient stays zeroed"
