@@ -45,7 +45,8 @@ def poison(layer) -> float:
 
 
 @pytest.mark.parametrize("mode", ["graph", "staged"])
-@pytest.mark.parametrize("cell, loop, dtype, B, H, options", CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}-B{c[3]}" for c in CASES])
+@pytest.mark.parametrize("cell, loop, dtype, B, H, options", CASES,
+                         ids=[f"{c[0]}-{c[1]}-{c[2]}-B{c[3]}" for c in CASES])
 def test_nan_in_the_unzeroed_gradients_changes_nothing(cell, loop, dtype, B, H, options, mode):
     import cupy
     T, D = 9, 16

@@ -119,8 +119,9 @@ class ArrayBackend:
             spec = self.backward_spec(cell, step, loop, aliases)
             if spec is None:
                 continue
-            untouched |= set(step.item.nodes) - {key if kind == "grad" else key[0]
-                                                 for kind, key in spec.inputs + spec.outputs if kind in ("grad", "gext")}
+            touched = {key if kind == "grad" else key[0] for kind, key in spec.inputs + spec.outputs
+                       if kind in ("grad", "gext")}
+            untouched |= set(step.item.nodes) - touched
             ops, come = {nm: op for nm, _, op in spec.stores}, arriving(cell, step.item.nodes)
             assigned |= {key if kind == "grad" else key[0] for (kind, key), nm in zip(spec.outputs, spec.out_names)
                          if ops[nm] == "=" and (kind == "gext" or key not in come)}
