@@ -5,7 +5,7 @@ import types
 import numpy as np
 
 from rnngraph.lab import doctor
-from rnngraph.run.backends.cuda import backend as cupy_backend
+from rnngraph.run.backends.cuda import usable as cupy_backend
 from rnngraph.lab.cli import main
 
 

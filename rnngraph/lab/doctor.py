@@ -58,7 +58,7 @@ def _try(fn):
 def cuda_info() -> dict:
     """CUDA runtime and driver versions, GPU name and memory (GiB): from cupy, else from nvidia-smi
     (then cuda_driver is the NVIDIA driver's version); None where unknown."""
-    from ..run.backends.cuda.backend import cuda_version
+    from ..run.backends.cuda.usable import cuda_version
     info = {"cuda_runtime": None, "cuda_driver": None, "gpu": None, "gpu_memory_gib": None}
     cp = _try(lambda: __import__("cupy")) if cupy_installed() else None
     if cp is not None:

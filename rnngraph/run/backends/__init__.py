@@ -58,8 +58,8 @@ def cpu_backend() -> str:
 
 def gpu_problem() -> str | None:
     """None when cupy and a GPU are usable, else one line saying what is wrong and how to fix it."""
-    from .cuda import backend
-    return backend.gpu_problem()
+    from .cuda import usable
+    return usable.gpu_problem()
 
 
 # by name, in the order 'auto' tries them: the first that runs here and runs the mode

@@ -26,11 +26,9 @@ written, the dgemm then waiting for its group's flags, measured slower on an H20
 H = 768, training ms, alternating in one process): 7.03 with the barrier, 7.60 waiting for every flag and 8.83
 copying each block's columns as its flag comes; the barrier spinning on relaxed loads with a fence after, 7.32.
 Waiting for every flag ran the MGU, two barriers a frame, faster (10.58 against 11.19), GRU slower (6.91 / 6.78).
-The GEMMs after the backward (dx, dW) run beside it on a side stream, span by span as its kernel told the frames it
-had walked, on the SMs its grid leaves idle, measured slower everywhere but the LSTM at B = 16 (bfloat16, H = 768,
-training ms, after the loop / beside it in 2-8 spans, alternating in one process): LSTM B = 16 7.24 / 7.09, GRU
-B = 16 6.81 / 7.00-7.05, LSTM B = 32 (T = 300) 3.43 / 3.82, GRU B = 32 2.98 / 3.35: their memory traffic slows
-the loop more than they save. Three GEMMs alone beside it, from 0.3 ms in, had cost it 0.7%.
+The GEMMs after the backward run beside it on a side stream, span by span as it walks frames, measured slower but for
+the LSTM at B = 16 (bfloat16, H = 768, ms after / beside): LSTM B = 16 7.24 / 7.09, GRU 6.81 / 7.00, B = 32 (T = 300)
+LSTM 3.43 / 3.82, GRU 2.98 / 3.35; their memory traffic slows the loop more than they save.
 
 Arrays are addressed by frame as in ../scan.py: element (t, b, f) of a node's [P+T, B, F]
 buffer (row stride ld; a vector parameter has ld = 0) is p[((P + t - delay)·B + b)·ld + f].
