@@ -40,10 +40,10 @@ from dataclasses import dataclass
 from .....errors import RnnGraphError
 from ..source import CTYPES, kernel_name, math_type, rounded
 from . import mma, staging, sums
-from .gemv import row_sums
 from .elements import epilogue, ld_arg, prefetch
-from .heads import (handed_on, head_gemv, head_mma, head_thread_gemv, head_thread_parts, head_weight, one_head,
-                    resident, resident_rows, row_stride, rows_a_thread)
+from .heads import (handed_on, head_mma, head_thread_gemv, head_thread_parts, one_head, resident, resident_rows,
+                    row_stride, rows_a_thread)
+from .operands import full_gemv, head_w, head_x, load_weights, operand, phase_head_gemv
 from .resident import fragments, resident_gemm
 from .phases import (MAX_ROWS, THREADS, barriers, block_units, exchanges, loop_heads, nodes_of, own, per_head, phases,
                      shared_layout, sources, staged)
@@ -115,14 +115,6 @@ extern "C" __global__ void rg_persist_zero(unsigned int* bar, int groups) {
     for (int g = 0; g < groups; ++g) bar[1 + g] = 0u;
 }
 """   # before each launch: a new launch number for the exchanged words' tags, each row group's barrier count from 0
-
-GEMV = r"""
-        for (int e = tid; e < NB * {K}; e += NT) {{
-            const int b = e / {K}, k = e - b * {K};
-            {stage}
-        }}
-        __syncthreads();"""
-
 
 ITEMSIZE = {ct: 8 if ct == "double" else 2 if math_type(ct) != ct else 4 for ct in CTYPES.values()}
 
@@ -231,7 +223,7 @@ def persistent_kernel(cell, loop, ctype: str, B: int, G: int, row_groups: int = 
             lines, early[pi], per[pi] = prefetch(cell, p, f"r{gi}_{pi}_", arg, ok, G, B)
             pre += lines
             adds[pi] = [] if apart else sums.phase_sums(cell, p, ctype, per[pi], G, B, summed, cols, load, after)
-        lag = _operand(g[0], arg)[2] if gi in swaps else 0
+        lag = operand(g[0], arg)[2] if gi in swaps else 0
         run = (["        grid_barrier(count, ++barriers * G);"] if need[gi] else
                [f"        if (t - {lag} < 2) grid_barrier(count, ++barriers * G);   // tagged words from frame 2 on"]
                if gi in swaps and half_words else []) + \
@@ -298,25 +290,26 @@ def _phase_lines(cell, p, arg, early: dict, woff, load: list, xb, tagged: dict, 
     out = [f"        {{   // {p.kind} {', '.join(nodes_of(p))}",
            f"        {block_units(p.units)}"]
     if woff is not None and tc is not None and p.heads > 1:
-        x = _head_x(p, arg)
-        load.append(mma.weights(p, woff, _head_w(p, arg), tc))
+        x = head_x(p, arg)
+        load.append(mma.weights(p, woff, head_w(p, arg), tc))
         out.append(head_mma(p, woff, tc, x, ld_arg(x), kept))
     elif woff is not None and tc is not None and id(p) in tc.resident:     # its weights in registers
-        src, x, lag = _operand(p, arg)
+        src, x, lag = operand(p, arg)
         load.append(fragments(p, src, tc))
         out.append(resident_gemm(p, tc, x, ld_arg(x), lag, xb and xb[0]))
     elif woff is not None and tc is not None:
-        src, x, lag = _operand(p, arg)
+        src, x, lag = operand(p, arg)
         load.append(mma.weights(p, woff, src, tc))
         out.append(mma.gemm(p, woff, tc, x, ld_arg(x), lag, xh=xb and xb[0]))
     elif woff is not None and p.heads > 1 and apart:     # a thread whole sums, the rows padded apart
-        x, rs = _head_x(p, arg), row_stride(p.width, ITEMSIZE[st])
-        load.append(resident_rows(p, woff, rows, _head_w(p, arg))
-                    if res else _weights(p, woff, arg, rs))
+        x, rs = head_x(p, arg), row_stride(p.width, ITEMSIZE[st])
+        load.append(resident_rows(p, woff, rows, head_w(p, arg))
+                    if res else load_weights(p, woff, arg, rs))
         out.append(head_thread_gemv(p, woff, x, ld_arg(x), xw, rs, st, rows, kept, res))
     elif woff is not None:
-        load.append(_weights(p, woff, arg))
-        out.append(_gemv(cell, p, woff, arg, xb and xb[0]) if p.heads == 1 else _head_gemv(p, woff, arg, xw, apart))
+        load.append(load_weights(p, woff, arg))
+        out.append(full_gemv(p, woff, arg, xb and xb[0]) if p.heads == 1 else
+                   phase_head_gemv(p, woff, arg, xw, apart))
     if any("rg_bulk_wait(" in ln for ln in out):      # staged in bulk copies: the block's mbarrier, made once
         load.append(staging.BULK_INIT)
     xs = _handing_on(p, xw, st, tc and tc.xld) if kept else None
@@ -337,11 +330,11 @@ def _in_roles(cell, p, roles: tuple, arg, woff: int, st: str, G: int, B: int, ro
     of the forward whose only phase is the handed-on pair p, its weights resident, in warp roles (MT, ET)
     (roles.py), the GEMM on mw warps' tensor cores where mw is given."""
     sets, inputs = element_inputs(cell, p, arg)
-    x, xw = _head_x(p, arg), staged(p, G, True)
+    x, xw = head_x(p, arg), staged(p, G, True)
     if mw:
-        more, load, stage, gemm_sums = mma_parts(p, G, mw, _head_w(p, arg), x, ld_arg(x))
+        more, load, stage, gemm_sums = mma_parts(p, G, mw, head_w(p, arg), x, ld_arg(x))
     else:
-        more, load = {}, resident_rows(p, woff, rows, _head_w(p, arg))
+        more, load = {}, resident_rows(p, woff, rows, head_w(p, arg))
         stage, gemm_sums = head_thread_parts(p, woff, x, ld_arg(x), xw, row_stride(p.width, ITEMSIZE[st]), st, rows,
                                              True)
     frames = [epilogue(cell, p, arg, early, {}, st, 1, _handing_on(p, xw, st, mw and "XLD"), arrive, inputs["carry"])
@@ -355,60 +348,3 @@ def _stride(groups, G: int, ctype: str):
     """The row stride of each GEMM phase's weights in shared memory on CUDA cores: padded (heads.row_stride) where
     each block owns whole heads (heads.head_thread_gemv), else the width."""
     return (lambda p: row_stride(p.width, ITEMSIZE[ctype])) if per_head(groups, G) else (lambda p: p.width)
-
-
-def _head_gemv(p, woff: int, arg, xw: int, apart: bool) -> str:
-    """A head-wise phase's GEMV (heads.py) on its x."""
-    x = _head_x(p, arg)
-    return head_gemv(p, woff, x, ld_arg(x), xw, apart)
-
-
-def _head_w(p, arg) -> str:
-    """Element (q, k) of head-wise phase p's packed weights in memory (heads.head_weight)."""
-    return head_weight(p, arg("w", p.item.gemm if p.kind == "pair" else p.item))
-
-
-def _head_x(p, arg) -> str:
-    """The x of head-wise phase p: the operand's values, or a dgemm's output gradient."""
-    return arg("dcat", p.item) if p.kind == "dgemm" else arg("val", (p.item.gemm if p.kind == "pair" else p.item).operand)
-
-
-def _operand(p, arg) -> tuple:
-    """(the global element of full-matrix phase p's weight row q (j, u: its merged block and unit) at column k,
-    the argument of its x, x's lag)."""
-    it = p.item.gemm if p.kind == "pair" else p.item
-    w, K = arg("w", it), p.width
-    if p.kind == "dgemm":           # W [M, K_op]: the block's columns, each a row of M here
-        return f"{w}[(long long)k * {p.units} + u0 + q]", arg("dcat", p.item), 0
-    src = f"{w}[(long long)({p.units} * j + u0 + u) * {K} + k]" if p.kind == "pair" else \
-        f"{w}[(long long)(u0 + q) * {K} + k]"      # W [M, K]: row (j·F + u0 + u) for a pair, (u0 + q) for a gemm
-    return src, arg("val", it.operand), it.delay
-
-
-def _weights(p, off: int, arg, stride: int | None = None) -> str:
-    """Copies the block's weight rows of phase p into shared memory (row q = j·nu + u: block j's unit u), `stride`
-    elements apart (None: the width, packed)."""
-    K = p.width
-    if p.heads > 1:                 # head-wise: rows of one head's width (heads.py)
-        src = _head_w(p, arg)
-    else:
-        src = _operand(p, arg)[0]
-    return (f"    {{   {block_units(p.units)}\n"
-            f"        for (int e = tid; e < nu * {p.m * K}; e += NT) {{\n"
-            f"            const int q = e / {K}, k = e - q * {K}, j = q / nu, u = q - j * nu;\n"
-            f"            (void)j; (void)u;\n"
-            f"            sw[{off} + {'e' if stride in (None, K) else f'q * {stride} + k'}] = {src};\n        }}\n    }}")
-
-
-def _gemv(cell, p, off: int, arg, xb) -> str:
-    """p's GEMV: x staged (from its tagged words where xb names their buffer), the block's rows summed."""
-    if p.kind == "dgemm":
-        x, lag = arg("dcat", p.item), 0
-    else:
-        it = p.item.gemm if p.kind == "pair" else p.item
-        x, lag = arg("val", it.operand), it.delay
-    stage = f"xs[e] = AT({x}, {ld_arg(x)}, {lag}, k);"
-    if xb:
-        stage = (f"xs[e] = t - {lag} < 0 ? AT({x}, {ld_arg(x)}, {lag}, k) : "
-                 f"exchanged({xb} + (((t - {lag}) & 1) * NB + b) * {p.width} + k, tags + t - {lag});")
-    return GEMV.format(K=p.width, stage=stage) + row_sums(p.m, off, p.width, p.width)
