@@ -86,8 +86,10 @@ def element_offsets(view, base) -> numpy.ndarray:
 
 def address(a) -> int:
     """The device or host address of an array's first element (numpy and cupy alike)."""
-    face = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
-    return face["data"][0]
+    if isinstance(a, numpy.ndarray):
+        return a.__array_interface__["data"][0]
+    ptr = getattr(getattr(a, "data", None), "ptr", None)       # cupy: the view's own memory pointer
+    return ptr if ptr is not None else a.__cuda_array_interface__["data"][0]
 
 
 def make_rng(seed=0, rng=None) -> numpy.random.Generator:

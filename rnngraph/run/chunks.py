@@ -31,6 +31,7 @@ the executor's arenas, at addresses that stay put while no call is longer than t
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -68,6 +69,12 @@ def spans(T: int, K: int, in_ladder: bool = False, walks: bool = False) -> list:
     >>> spans(10, 4), spans(20, 16, True), len(spans(60, 64, True)), spans(60, 64, True, walks=True)
     ([(0, 4, 4), (4, 4, 4), (8, 2, 2)], [(0, 16, 16), (16, 16, 4)], 4, [(0, 64, 60)])
     """
+    return list(_spans(T, K, in_ladder, walks))
+
+
+@functools.lru_cache(maxsize=4096)
+def _spans(T: int, K: int, in_ladder: bool, walks: bool) -> tuple:
+    """spans(), once a call's (T, K, in_ladder, walks)."""
     steps, out, t0 = (ladder(K) if in_ladder else [K]), [], 0
     for k, L in enumerate(steps):
         while T - t0 >= L:
@@ -75,10 +82,10 @@ def spans(T: int, K: int, in_ladder: bool = False, walks: bool = False) -> list:
             t0 += L
         if walks and k + 1 < len(steps) and T - t0 > L - steps[k + 1]:
             out.append((t0, L, T - t0))
-            return out
+            return tuple(out)
     if t0 < T:
         out.append((t0, steps[-1] if in_ladder else T - t0, T - t0))
-    return out
+    return tuple(out)
 
 
 def within(room: int, per_frame: int) -> int:
@@ -189,6 +196,7 @@ class Chunked:
         self.ex, self.K = ex, None
         self.bufs = Arenas(ex.backend)  # outputs and input gradients where the caller gives none: read through
         self.grad_flat = None           # the cursor's slots, never recorded, so they may move freely
+        self.grads: dict = {}           # parameter name -> its summed gradient, a view of grad_flat's buffer
         self.cur = self.last = None     # the last forward: (its chunks, workspaces by length, recompute, params)
         self.stash_sizes: dict = {}     # (L, B, dtype) -> stash_size, worked out once a shape
         self.carved = None              # the last _carve: (its key, workspaces, stash offsets)
@@ -263,9 +271,8 @@ class Chunked:
         self.grad_flat = self.acc
         cur.arrays[:] = [None] * cur.slots      # the caller's arrays are not held past the call
         self.last = None                        # and its stored values are spent: the chunks' memory is shared
-        grads = {n: self.acc[off:off + math.prod(shape)].reshape(shape) for n, (off, shape) in self.grad_at.items()}
         return gins, {s: self.gcarry[s][P - 1] if D == 1 else self.gcarry[s][P - D:]
-                      for s, D in cell.depths.items()}, grads
+                      for s, D in cell.depths.items()}, dict(self.grads)
 
     def _carve(self, T: int, B: int, dtype, chunks: list, recompute: bool, in_ladder: bool) -> tuple:
         """(workspace by chunk length, stash offset by chunk), the buffers the recordings read carved from the
@@ -275,7 +282,7 @@ class Chunked:
         recompute) in the same workspaces finds them carved already."""
         ex, cell = self.ex, self.ex.cell
         N, take, K = len(chunks), ex.arenas.take, self.K
-        key = (tuple(chunks), K, in_ladder, B, str(dtype), recompute, ex.arenas.generation)
+        key = (tuple(chunks), K, in_ladder, B, dtype, recompute, ex.arenas.generation)
         ws = {L: ex.workspace(L, B, dtype, chunk=True) for L in sorted({L for _, L, _ in chunks})}
         if self.carved and self.carved[0] == key and all(a is b for a, b in zip(ws.values(), self.carved[1].values())):
             return self.carved[1], self.carved[2]
@@ -297,9 +304,10 @@ class Chunked:
             self.gcarry = {s: take(f"chunk gcarry {s}", P * B * S, dtype).reshape(P, B, S)
                            for s, (_, S) in cell.states.items()}
             base = address(w.grad_arena)    # the parameters' gradients lead every workspace's arena, at one offset each
-            self.grad_at = {n: ((address(w.grads[n]) - base) // w.grad_arena.itemsize, w.grads[n].shape)
+            grad_at = {n: ((address(w.grads[n]) - base) // w.grad_arena.itemsize, w.grads[n].shape)
                             for n in cell.params}
-            self.acc = take("chunk grads", max((o + math.prod(sh) for o, sh in self.grad_at.values()), default=0), dtype)
+            self.acc = take("chunk grads", max((o + math.prod(sh) for o, sh in grad_at.values()), default=0), dtype)
+            self.grads = {n: self.acc[o:o + math.prod(sh)].reshape(sh) for n, (o, sh) in grad_at.items()}
             if ex.arenas.generation == generation:
                 self.carved = (key[:-1] + (generation,), ws, offsets)
                 return ws, offsets

@@ -1,6 +1,7 @@
 """Settings read from the environment by the run floor: byte counts such as 2G or 500M, counts, and the store limit."""
 from __future__ import annotations
 
+import functools
 import os
 
 from ..errors import RnnGraphError
@@ -8,9 +9,19 @@ from ..errors import RnnGraphError
 SCALE = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
 
 
-def byte_count(variable: str, default: str) -> int:
-    """The environment variable `variable` as bytes (suffixes K, M, G, T), else `default`."""
-    text = os.environ.get(variable, default).strip().upper()
+def byte_count(variable: str, default: str | int) -> int:
+    """The environment variable `variable` as bytes (suffixes K, M, G, T), else `default` (bytes, or a byte
+    count as text)."""
+    text = os.environ.get(variable)
+    if text is None and isinstance(default, int):
+        return default
+    return _bytes(variable, default if text is None else text)
+
+
+@functools.lru_cache(maxsize=64)
+def _bytes(variable: str, text: str) -> int:
+    """byte_count's parse, once a text (calls read their limits on every call)."""
+    text = text.strip().upper()
     try:
         value = int(float(text.rstrip("KMGTB") or "x") * SCALE.get(text.rstrip("B")[-1:], 1))
     except ValueError:
@@ -49,4 +60,4 @@ def store_limit(backend) -> int:
     """RNNGRAPH_STORE_BYTES (suffixes K, M, G), else default_store_limit of the backend's device memory: the
     values and gradients a call may keep for its backward; a longer call recomputes its chunks instead
     (Executor.forward)."""
-    return byte_count("RNNGRAPH_STORE_BYTES", str(default_store_limit(backend.memory_bytes)))
+    return byte_count("RNNGRAPH_STORE_BYTES", default_store_limit(backend.memory_bytes))
