@@ -105,7 +105,7 @@ class Stack:
         shaped self.shape(s, B))."""
         xp, nd = self.backend.xp, self.nd
         T, B = x.shape[:2]
-        finals = {s: xp.empty(self.shape(s, B), x.dtype) for s in self.states}     # every slice k is written
+        finals = None                   # made after the first run: its device work starts first
         self.masks = []
         inp = frames.mask(x)            # padded input frames read as zeros, whatever the caller put there
         for l, layer in enumerate(self.runs):
@@ -115,6 +115,8 @@ class Stack:
                 k = l * nd + d
                 st0 = {s: None if a is None else a[..., k, :, :] for s, a in init.items()}
                 for s, f in run.forward(params[l][d], inp, st0, frames, out[..., d * F:(d + 1) * F], ladder).items():
+                    if finals is None:  # every slice k is written
+                        finals = {s: xp.empty(self.shape(s, B), x.dtype) for s in self.states}
                     self.backend.copy(finals[s][..., k, :, :], f)
             out = frames.mask(out)
             mask = None
@@ -122,7 +124,7 @@ class Stack:
                 mask = dropout_mask(rng, out.shape, dropout, xp, x.dtype, window)   # keyed by the layer's own generator
             self.masks.append(mask)
             inp = out if mask is None else out * mask
-        return out, finals
+        return out, finals or {}
 
     def backward(self, gy, gfinals: dict, frames: Frames):
         """gy: [T, B, dirs·F]; gfinals: state -> self.shape(s, B) or None. Returns (gx [T, B, D],

@@ -177,10 +177,10 @@ class Executor:
         cell, xp = self.cell, self.backend.xp
         x0 = inputs[next(iter(cell.inputs))]
         ws = self.ws = self.workspace(x0.shape[0], x0.shape[1], x0.dtype)
-        ws.bind_params({n: params[n] for n in cell.params})
         be = self.backend
-        for n, x in inputs.items():
+        for n, x in inputs.items():         # first: the device starts on the copies while the host goes on
             be.copy(ws.frames(ws.vals[n]), xp.asarray(x))
+        ws.bind_params({n: params[n] for n in cell.params})
         for s, (p, _) in cell.states.items():
             write_history(be, ws.vals[p][:ws.P], init.get(s))
         self.lengths = lengths
