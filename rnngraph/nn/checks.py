@@ -151,16 +151,16 @@ def check_grad_shape(name: str, got: tuple, expected: tuple, what: str):
 
 def split_state(state, names: tuple, owner: str, label: str) -> list:
     """The user's state as one entry (array or None) per state name."""
-    labels = ", ".join(label.format(s) for s in names)
     if state is None:
         return [None] * len(names)
+    labels = lambda: ", ".join(label.format(s) for s in names)
     if isinstance(state, (tuple, list)):
         if len(state) != len(names):
-            raise RnnGraphError(f"{owner} takes {len(names)} state array(s) ({labels}), got a "
+            raise RnnGraphError(f"{owner} takes {len(names)} state array(s) ({labels()}), got a "
                                 f"{type(state).__name__} of {len(state)}")
         return list(state)
     if len(names) > 1:
-        raise RnnGraphError(f"{owner} takes its state as a tuple ({labels}), got a single "
+        raise RnnGraphError(f"{owner} takes its state as a tuple ({labels()}), got a single "
                             f"{type(state).__name__}")
     return [state]
 

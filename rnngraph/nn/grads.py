@@ -22,7 +22,8 @@ class GradGather:
         gradient, a view of the arena) from sources [(key, arena [N])], one per (layer, direction)."""
         key = tuple(k for k, _ in sources)
         plan = self.plans.get(key) or self._plan(grads, [buf for _, buf in sources])
-        self.plans = {**{k: v for k, v in list(self.plans.items())[-3:] if k != key}, key: plan}
+        if next(reversed(self.plans), None) != key:         # the last four sources' plans, the newest last
+            self.plans = {**{k: v for k, v in list(self.plans.items())[-3:] if k != key}, key: plan}
         flat = self.backend.xp.empty(sum(g.size for g in plan), self.dtype)
         off = 0
         for (_, buf), g in zip(sources, plan):
