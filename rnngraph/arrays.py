@@ -2,6 +2,7 @@
 float dtypes, host copies, seeded generators, float-array checks and the state-dict check."""
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from collections.abc import Mapping
@@ -45,6 +46,13 @@ def float_dtype(dtype, half: bool = False) -> numpy.dtype:
         raise RnnGraphError(f"dtype must be one of {allowed}, got {dt.name!r}"
                             + ("; half precision runs in the recurrent layers only" if dt.name in HALF_DTYPES else ""))
     return dt
+
+
+@functools.lru_cache(maxsize=None)
+def dtype_name(dtype) -> str:
+    """dtype.name ('float32', 'bfloat16', ...), worked out once a dtype: numpy's takes microseconds a call, and
+    calls ask it on every product and conversion."""
+    return dtype.name
 
 
 def is_half(a) -> bool:

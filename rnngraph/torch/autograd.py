@@ -15,7 +15,7 @@ import itertools
 import numpy as np
 import torch
 
-from ..arrays import float_dtype
+from ..arrays import dtype_name, float_dtype
 from ..errors import RnnGraphError
 
 SECOND_ORDER = ("rnngraph.torch: second-order gradients (backward with create_graph=True, or a gradient of a "
@@ -55,7 +55,7 @@ _NUMPY = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "b
 
 def to_tensor(a, device: torch.device) -> torch.Tensor:
     """A tensor sharing the memory of rnngraph's array `a` (numpy on the CPU, cupy on `device`)."""
-    bf16 = a.dtype.name == "bfloat16"     # crosses as its bits (int16): DLPack and numpy may not know it
+    bf16 = dtype_name(a.dtype) == "bfloat16"     # crosses as its bits (int16): DLPack and numpy may not know it
     if device.type != "cpu":
         return torch.from_dlpack(a.view("int16")).view(torch.bfloat16) if bf16 else torch.from_dlpack(a)
     return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if bf16 else torch.from_numpy(a)

@@ -11,6 +11,7 @@ import functools
 
 import numpy
 
+from ....arrays import dtype_name
 from ....ir.ops import hands_on
 from ....plan.backward import kept_values
 from ....plan.items import Fused, FusedGrad, ParamSum
@@ -66,15 +67,15 @@ class CpuBackend(ArrayBackend):
         """As numpy's, through BLAS straight into out (accumulating with beta = 1: no temporary, no extra pass):
         MKL's on the backend's threads, out's rows split among them, where it is; else numpy's BLAS in its pool."""
         wa, wb, wc = window(a), window(b), window(out)
-        if out.dtype.name not in ("float32", "float64") or {a.ndim, b.ndim, out.ndim} != {2} or \
+        if dtype_name(out.dtype) not in ("float32", "float64") or {a.ndim, b.ndim, out.ndim} != {2} or \
                 {a.dtype, b.dtype} != {out.dtype} or None in (wa, wb, wc) or 0 in a.shape + out.shape:
             return super().gemm(a, b, out, ta=ta, tb=tb, accumulate=accumulate)
         (M, N), K = out.shape, a.shape[0 if ta else 1]
         if isinstance(self.mkl, Mkl):
-            fn = self.prelude.gemm_rows32 if out.dtype.name == "float32" else self.prelude.gemm_rows64
+            fn = self.prelude.gemm_rows32 if dtype_name(out.dtype) == "float32" else self.prelude.gemm_rows64
             return fn(self.threads.parts(M, M * N * K), ta, tb, M, N, K, wa[0], wa[1], wb[0], wb[1],
                       1 if accumulate else 0, wc[0], wc[1])
-        fn = self.prelude.gemm32 if out.dtype.name == "float32" else self.prelude.gemm64
+        fn = self.prelude.gemm32 if dtype_name(out.dtype) == "float32" else self.prelude.gemm64
         self.threads.run(fn, ta, tb, M, N, K, wa[0], 0, wa[1], wb[0], wb[1], 1 if accumulate else 0, wc[0], 0, wc[1])
 
     def unstored(self, sched) -> frozenset:
@@ -114,7 +115,7 @@ class CpuBackend(ArrayBackend):
     def transpose_into(self, dst, src):
         """Through BLAS's out-of-place transpose where it has one (OpenBLAS): a [1024, 256] float32 matrix in
         54-65 µs, against 336 for numpy's transposed copy, once a forward for the per-frame weights."""
-        fn = self._omatcopy.get(src.dtype.name)
+        fn = self._omatcopy.get(dtype_name(src.dtype))
         if fn is None or src.ndim != 2 or src.size == 0 or not (src.flags.c_contiguous and dst.flags.c_contiguous):
             return super().transpose_into(dst, src)
         self.threads.run(fn, *src.shape, src, dst)
@@ -157,7 +158,7 @@ class CpuBackend(ArrayBackend):
         an add), as the GEMM gᵀ · 1 in MKL on the backend's threads: 0.12 ms against numpy's sum's 0.32 for
         [3200, 256] float32 columns of a wider buffer on this 2-core Xeon. None for other rules, or without MKL."""
         terms, out = views
-        if not isinstance(self.mkl, Mkl) or out.dtype.name not in ("float32", "float64") or \
+        if not isinstance(self.mkl, Mkl) or dtype_name(out.dtype) not in ("float32", "float64") or \
                 not all(hands_on(cell.op(n).kind, slot) for n, slot, *_ in terms):
             return None
         ones, col = numpy.ones((terms[0][2].shape[0], 1), out.dtype), out.reshape(-1, 1)

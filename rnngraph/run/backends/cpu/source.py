@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 
-from ....arrays import is_half
+from ....arrays import dtype_name, is_half
 
 # C function of a KERNEL expression -> the Python numba compiles, for float32 and for float64 math. The float32
 # ones are the prelude's vectorisable forms; float64 keeps libm's, so float64 results match numpy's to rounding.
@@ -48,7 +48,7 @@ def python_statement(line: str, storage: str) -> str:
 
 def storage_of(a) -> str | None:
     """The STORAGE key of an array's dtype, or None where the compiled loops do not run it (float16)."""
-    name = a.dtype.name
+    name = dtype_name(a.dtype)
     return name if name in STORAGE else None
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ctypes
 
+from ....arrays import dtype_name
+
 _OP_N, _OP_T = 0, 1
 _WORKSPACE_BYTES = 32 << 20
 _HALF = {"float16": 2, "bfloat16": 14}    # cudaDataType CUDA_R_16F, CUDA_R_16BF
@@ -56,7 +58,7 @@ class Cublas:
         """C = op(A) op(B) (+ C), column-major as cuBLAS sees our row-major views; heads (3-D views) as one
         strided-batched GEMM. Half storage goes through GemmEx: tensor cores, float32 products and sums,
         C rounded once when stored."""
-        dt = str(c.dtype)
+        dt = dtype_name(c.dtype)
         self._check(self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(self.cp.cuda.get_current_stream().ptr)),
                     "cublasSetStream")
         ptr = lambda x: ctypes.c_void_p(x.data.ptr)
@@ -77,7 +79,7 @@ class Cublas:
 
     def _batched(self, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, beta):
         """_gemm over heads: a, b, c [heads, rows, cols], each head's matrix at its batch stride (strides[0])."""
-        dt, heads = str(c.dtype), c.shape[0]
+        dt, heads = dtype_name(c.dtype), c.shape[0]
         ptr = lambda x: ctypes.c_void_p(x.data.ptr)
         stride = lambda x: ctypes.c_longlong(x.strides[0] // x.itemsize)
         if dt in _HALF:
