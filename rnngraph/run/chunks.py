@@ -305,7 +305,7 @@ class Chunked:
                            for s, (_, S) in cell.states.items()}
             base = address(w.grad_arena)    # the parameters' gradients lead every workspace's arena, at one offset each
             grad_at = {n: ((address(w.grads[n]) - base) // w.grad_arena.itemsize, w.grads[n].shape)
-                            for n in cell.params}
+                       for n in cell.params}
             self.acc = take("chunk grads", max((o + math.prod(sh) for o, sh in grad_at.values()), default=0), dtype)
             self.grads = {n: self.acc[o:o + math.prod(sh)].reshape(sh) for n, (o, sh) in grad_at.items()}
             if ex.arenas.generation == generation:
