@@ -1,5 +1,6 @@
 """The gradients a GPU backward never needs zeroed (Workspace.note_untouched, through CupyBackend.backward_spec):
-NaN written into them after the first backward changes no result, bit for bit, for every loop strategy's kernels
+NaN written into them (and into the frames of the outputs' gradients, which the caller's are copied over) after
+the first backward changes no result, bit for bit, for every loop strategy's kernels
 (the persistent loop's in float, half and on tensor cores, per head, stages' per-frame kernels, the scan and the
 elementwise loop beside hoisted groups), ragged lengths, stacked and bidirectional layers, staged and graph mode;
 and they are most of an LSTM's arena."""
@@ -31,8 +32,9 @@ def step(layer, x, gy, lengths):
 
 
 def poison(layer) -> float:
-    """NaN into every span of every executor's gradient arena that its backward does not zero; the share of the
-    arenas' elements those spans hold."""
+    """NaN into every span of every executor's gradient arena that its backward does not zero, and into the
+    frames of its outputs' gradients, which the caller's gradients are copied over; the share of the arenas'
+    elements the spans hold."""
     spans, total = 0, 0
     for run in layer._stack.runs:
         for r in run:
@@ -40,6 +42,8 @@ def poison(layer) -> float:
             for a, b in ws.memo[UNTOUCHED]:
                 ws.grad_arena[a:b] = np.nan
                 spans += b - a
+            for o in r.ex.cell.outputs:
+                ws.frames(ws.grads[o])[...] = np.nan
             total += ws.grad_arena.size
     return spans / total
 

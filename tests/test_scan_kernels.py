@@ -12,7 +12,7 @@ import pytest
 
 from cuda_on_cpu import PRELUDE_2D, compiled, needs_cxx
 from rnngraph import load_cell
-from rnngraph.plan.loops.scan import ScanLoop
+from rnngraph.plan.loops.scan import ScanLoop, sole_gradient
 from rnngraph.run.backends import get_backend
 from rnngraph.run.backends.cuda import scan as cuda_scan
 from rnngraph.run.backends.cuda.backend import CupyBackend
@@ -173,3 +173,32 @@ def test_a_chunk_of_the_ladder_walks_only_its_frames(T):
     (p, m, _, _, _), = scan_chains(cell)                   # the state, written per frame; its product a ⊙ s@t-d
     assert np.all(ws.frames(ws.vals[p])[n:] == 0) and np.all(ws.frames(ws.vals[p])[:n, 0] != 0)
     assert cuda_scan.unstored(cell, ScanLoop(scan_chains(cell), False)) == {m} and not np.any(ws.vals[m])
+
+
+@pytest.mark.parametrize("name", ["min_gru", "min_lstm", "qrnn"])
+def test_the_coefficients_gradients_the_backward_scan_writes_whole_are_left_unzeroed(name):
+    """The backward scan writes the gradient of a coefficient it alone reads (has_ga / has_gb 2): loop_stores
+    names them, the zeroing leaves their buffers (and the caller's output frames, copied in whole) as they are,
+    and a backward on an arena poisoned with NaN gives what numpy's whole calls give."""
+    cell = load_cell(name, 3, 4)
+    be = ScanKernels()
+    ex = Executor(cell, be, loop="scan")
+    ref = Executor(cell, get_backend("numpy"), loop="scan")
+    params, x, init, gy, gf = problem_arrays(cell, 13, 3, "float64")
+    results(ex, cell, x, params, init, None, gy, gf)           # the first backward notes what needs no zeroing
+    loop = next(it for it in ex.sched.backward[1].items)
+    stored = be.loop_stores(cell, loop)
+    assert stored == {n for p, m, a, b, _ in loop.chains for n, r in ((a, m), (b, p)) if sole_gradient(cell, n, r)}
+    assert stored and stored <= set(cell.graph) - set(cell.outputs) - set(cell.params)
+    ws = ex.workspace(13, 3, np.dtype("float64"))
+    outputs = frozenset(cell.outputs)
+    ws.grad_arena[...] = np.nan
+    ws.zero_grads(be, outputs)
+    poisoned = {n for n, g in ws.grads.items() if np.isnan(g).any()}
+    assert poisoned == stored | outputs
+    for o in cell.outputs:          # only the frames the caller's copy fills: any history rows are zeroed
+        assert np.isnan(ws.frames(ws.grads[o])).all() and not np.isnan(ws.grads[o][:ws.P]).any()
+    ex.forward(params, {"x": x}, init)
+    ws.grad_arena[...] = np.nan
+    got = results(ex, cell, x, params, init, None, gy, gf)
+    assert_agree(got, results(ref, cell, x, params, init, None, gy, gf), "float64")

@@ -192,10 +192,10 @@ class Executor:
     def _backward(self, grad_outputs: dict, grad_finals: dict | None = None):
         """backward() of the last _forward, in its workspace: the results are views into it."""
         cell, ws = self.cell, self.ws
-        ws.zero_grads(self.backend)
-        for o, g in (grad_outputs or {}).items():
-            if g is not None:           # the arena is zero: a copy is the sum
-                self.backend.copy(ws.frames(ws.grads[o]), g)
+        given = {o: g for o, g in (grad_outputs or {}).items() if g is not None}
+        ws.zero_grads(self.backend, frozenset(given))      # but the frames the copies below fill
+        for o, g in given.items():      # the rest of the arena is zero: a copy is the sum
+            self.backend.copy(ws.frames(ws.grads[o]), g)
         for s, g in (grad_finals or {}).items():
             if g is not None:       # [B, F]: the last frame's; [D, B, F]: each of the last D frames'
                 ws.grads[cell.states[s][0]][self._last_rows(cell.depths[s] if g.ndim == 3 else 1)] += g

@@ -22,12 +22,15 @@ from ..ir.ops import OpKind, accumulate
 from ..plan.aliases import GradAliases
 from ..plan.backward import read_back, shared_weights
 from ..plan.items import FusedGrad, Gemm, GemmGrad
+from ..plan.loops import STRATEGIES
 from ..plan.schedule import Schedule
 
 ALL = None  # the frame selector meaning "all T frames at once"
 SERIAL = itertools.count()
 UNTOUCHED = ("untouched", "gradients")      # memo key: their spans in the gradient arena (Workspace.zero_grads)
-ZERO_RUNS = ("zero", "gradients")           # memo key: the runs between them, as the backend zeroes them (zero_plan)
+LOOP_ITEMS = frozenset(s.item for s in STRATEGIES.values())     # a loop item's kinds, by strategy
+ZERO_RUNS = ("zero", "gradients")           # memo key: the runs between them and the caller's, by the caller's
+                                            # (zero_grads' filled), as the backend zeroes them (zero_plan)
 LOOP_SUMS = ("loop", "sums")                # memo key: (group, parameter) sums a compiled loop takes (Executor._loop)
 
 
@@ -93,25 +96,33 @@ class Workspace:
                 self.version += 1
                 self.memo.clear()
 
-    def zero_grads(self, backend):
+    def zero_grads(self, backend, filled: frozenset = frozenset()):
         """Zeroes the gradient arena for a backward, but for the gradients no item of this workspace's backward
-        reads or adds to before one stores them whole, or at all (note_untouched: known once one has run): the
-        runs between those, as the backend zeroes them (zero_plan, made once)."""
-        if ZERO_RUNS not in self.memo:
+        reads or adds to before one stores them whole, or at all (note_untouched: known once one has run), and
+        the frames of the gradients in `filled` (the caller's output gradients, copied in whole next): the runs
+        between those, as the backend zeroes them (zero_plan, made once per `filled`)."""
+        plans = self.memo.setdefault(ZERO_RUNS, {})
+        if filled not in plans:
+            base, item = address(self.grad_arena), self.grad_arena.itemsize
+            skip = list(self.memo.get(UNTOUCHED, ()))
+            for f in (self.frames(self.grads[o]) for o in filled):
+                if f.flags.c_contiguous:
+                    skip.append(((address(f) - base) // item, (address(f) - base) // item + f.size))
             runs, start = [], 0
-            for a, b in self.memo.get(UNTOUCHED, ()):
+            for a, b in sorted(skip):
                 if a > start:
                     runs.append((start, a))
-                start = b
+                start = max(start, b)
             if start < self.grad_arena.size:
                 runs.append((start, self.grad_arena.size))
-            self.memo[ZERO_RUNS] = backend.zero_plan(self.grad_arena, runs)
-        backend.zero_runs(self.grad_arena, self.memo[ZERO_RUNS])
+            plans[filled] = backend.zero_plan(self.grad_arena, runs)
+        backend.zero_runs(self.grad_arena, plans[filled])
 
     def note_untouched(self, sched: Schedule, backend):
         """After a backward: [start, end) in the gradient arena of each gradient whose buffer needs no zeroing,
-        the members a compiled fused backward keeps to itself or stores whole (backend.untouched_grads;
-        compiled: the memo holds a launch for the step or its loop at ALL, or for the step at every frame),
+        the members a compiled fused backward keeps to itself or stores whole, and the gradients a compiled loop
+        writes whole (backend.untouched_grads, loop_stores; compiled: the memo holds a launch for the step or its
+        loop at ALL, or for the step at every frame),
         contiguous ones that are none of the cell's outputs, states and parameters, nor an input but one whose
         gradient one write makes whole, and a merged GEMM's whole output gradient where every column is such;
         sorted, once. Whole calls only: a chunk's backward zeroes its arena whole, as its loop's kernel may walk
@@ -119,22 +130,24 @@ class Workspace:
         if UNTOUCHED in self.memo:
             return
         compiled = []       # (step, its loop or None); the GEMMs' gradients too, which every backend runs as planned
+        stored = set()      # what compiled loops write whole (backend.loop_stores)
         for it in (it for sec in sched.backward for it in sec.items):
             launch = self.memo.get((it, ALL), (None, None))[1]
             if launch and isinstance(it, FusedGrad) or isinstance(it, GemmGrad):
                 compiled.append((it, None))
-            elif hasattr(it, "stages"):      # a loop: its GEMMs' gradients, and every item where it is compiled
-                steps = [s for st in it.stages for s in st.items]
+            elif type(it) in LOOP_ITEMS:     # a loop: its GEMMs' gradients, and every item where it is compiled
+                steps = [s for st in getattr(it, "stages", ()) for s in st.items]
                 compiled += [(s, None) for s in steps if isinstance(s, GemmGrad)]
                 if launch:
                     compiled += [(s, it) for s in steps if isinstance(s, FusedGrad)]
+                    stored |= backend.loop_stores(sched.cell, it)
                 else:           # run frame by frame: where each frame's is compiled, as if hoisted
                     compiled += [(s, None) for s in steps if isinstance(s, FusedGrad) and
                                  all(self.memo.get((s, t), (None, None))[1] for t in range(self.T))]
         cell = sched.cell
         kept = {*cell.inputs, *cell.outputs, *cell.params, *(p for p, _ in cell.states.values())} - \
             self.aliases.assigned       # an input's gradient that one GEMM makes whole
-        free = backend.untouched_grads(cell, compiled, self.aliases) - kept
+        free = backend.untouched_grads(cell, compiled, self.aliases, frozenset(stored)) - kept
         bufs = [self.grads[n] for n in free] + [g for it, (_, g) in self.cat.items()
                                                if it not in self.aliases.windows and set(it.nodes) <= free]
         base, item = address(self.grad_arena), self.grad_arena.itemsize

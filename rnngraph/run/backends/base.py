@@ -104,14 +104,15 @@ class ArrayBackend:
         """The nodes whose values this backend's forward keeps inside a fused pass, never storing them: none."""
         return frozenset()
 
-    def untouched_grads(self, cell, steps, aliases=None) -> frozenset:
+    def untouched_grads(self, cell, steps, aliases=None, stored=frozenset()) -> frozenset:
         """Nodes whose gradient buffers these compiled backward steps ((step, the loop it runs in or None)) never
         need zeroed: the members of fused groups outside their kernel's arguments (its spec, backward_spec: the
         plan has it store the gradients other items read, kept_grads, and read those they add to, arriving),
-        those it stores whole ('=') where none arrives from outside it, and the gradients one write makes whole
-        (aliases.assigned: a group's '=', any GEMM's beta 0 here). Where gradients share a buffer, a class's
-        members with it, if one of them is so stored or none is touched."""
-        aliases, untouched, assigned = aliases or GradAliases(), set(), set()
+        those it stores whole ('=') where none arrives from outside it, the gradients one write makes whole
+        (aliases.assigned: a group's '=', any GEMM's beta 0 here) and those a compiled loop writes whole
+        (stored: loop_stores). Where gradients share a buffer, a class's members with it, if one of them is so
+        stored or none is touched."""
+        aliases, untouched, assigned = aliases or GradAliases(), set(), set(stored)
         for step, loop in steps:
             if isinstance(step, GemmGrad):
                 assigned |= {step.item.operand} & aliases.assigned
@@ -268,6 +269,12 @@ class ArrayBackend:
         runner = self.RUNNERS.get(type(loop))
         return getattr(runner, "loop_sums", lambda *args: frozenset())(self, cell, loop, B, dtype)
 
+    def loop_stores(self, cell, loop) -> frozenset:
+        """The nodes whose gradients the compiled backward `loop` writes whole (its runner's loop_stores): no other
+        item adds to them first, so their buffers need no zeroing. None where its runner says none."""
+        runner = self.RUNNERS.get(type(loop))
+        return getattr(runner, "loop_stores", lambda *args: frozenset())(cell, loop)
+
     def forget(self, serials: set):
         """Drops what was recorded for the workspaces with these serials (they are gone); nothing here."""
 
@@ -293,8 +300,9 @@ def strategy_runners(package: str) -> dict:
     """loop item kind -> the module of a backend's room (`package`) named as the strategy (plan/loops), where
     there is one: compile(backend, cell, loop, views) -> launches or None, and optionally why_not and
     auto_problem(backend, cell, loop, B, dtype) -> why its kernel does not (or should not) run, or None,
-    unstored(cell, loop) -> the nodes whose values its kernels never store, and loop_sums(backend, cell, loop, B, dtype) ->
-    the (fused group, parameter) pairs whose gradient sums its backward kernel takes itself."""
+    unstored(cell, loop) -> the nodes whose values its kernels never store, loop_sums(backend, cell, loop, B, dtype) ->
+    the (fused group, parameter) pairs whose gradient sums its backward kernel takes itself, and loop_stores(cell,
+    loop) -> the nodes whose gradients its backward kernels write whole."""
     return {s.item: importlib.import_module(f"{package}.{s.name}") for s in STRATEGIES.values()
             if importlib.util.find_spec(f"{package}.{s.name}")}
 

@@ -6,6 +6,7 @@ row P + t (the P rows before it: the frames before the call), so a read with del
 """
 from __future__ import annotations
 
+from ....ir.ops import OpKind
 from ....plan.backward import kept_values
 from ....plan.loops.scan import sole_gradient
 from .source import CTYPES, math_type
@@ -177,6 +178,15 @@ def unstored(cell, loop) -> set:
     """The products m = a ⊙ s@t-d the forward scan never stores: those nothing reads but their chain's sum
     (plan.backward.kept_values of the pair), as minGRU's (1 - z) ⊙ h@t-1."""
     return {m for p, m, *_ in loop.chains if m not in kept_values(cell, (p, m))}
+
+
+def loop_stores(cell, loop) -> frozenset:
+    """The coefficients whose gradients the backward scan writes whole, every frame (has_ga / has_gb 2: it alone
+    sends them; _sends): their buffers need no zeroing. A parameter's (a vector) is summed elsewhere."""
+    if not loop.reverse:
+        return frozenset()
+    return frozenset(n for p, m, a, b, _ in loop.chains for n, reader in ((a, m), (b, p))
+                     if cell.op(n).kind is not OpKind.PARAM and sole_gradient(cell, n, reader))
 
 
 def _sends(cell, g, n, reader) -> int:
