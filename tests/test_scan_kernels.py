@@ -177,9 +177,10 @@ def test_a_chunk_of_the_ladder_walks_only_its_frames(T):
 
 @pytest.mark.parametrize("name", ["min_gru", "min_lstm", "qrnn"])
 def test_the_coefficients_gradients_the_backward_scan_writes_whole_are_left_unzeroed(name):
-    """The backward scan writes the gradient of a coefficient it alone reads (has_ga / has_gb 2): loop_stores
-    names them, the zeroing leaves their buffers (and the caller's output frames, copied in whole) as they are,
-    and a backward on an arena poisoned with NaN gives what numpy's whole calls give."""
+    """The backward scan writes the gradient of a coefficient it alone reads (has_ga / has_gb 2) and never reads
+    that of a product no other reader sends (gm_in 0): loop_stores names them, the zeroing leaves their buffers
+    (and the caller's output frames, copied in whole) as they are, and a backward on an arena poisoned with NaN
+    gives what numpy's whole calls give."""
     cell = load_cell(name, 3, 4)
     be = ScanKernels()
     ex = Executor(cell, be, loop="scan")
@@ -188,7 +189,8 @@ def test_the_coefficients_gradients_the_backward_scan_writes_whole_are_left_unze
     results(ex, cell, x, params, init, None, gy, gf)           # the first backward notes what needs no zeroing
     loop = next(it for it in ex.sched.backward[1].items)
     stored = be.loop_stores(cell, loop)
-    assert stored == {n for p, m, a, b, _ in loop.chains for n, r in ((a, m), (b, p)) if sole_gradient(cell, n, r)}
+    assert stored == {n for p, m, a, b, _ in loop.chains for n, r in ((a, m), (b, p), (m, p))
+                      if sole_gradient(cell, n, r)}
     assert stored and stored <= set(cell.graph) - set(cell.outputs) - set(cell.params)
     ws = ex.workspace(13, 3, np.dtype("float64"))
     outputs = frozenset(cell.outputs)

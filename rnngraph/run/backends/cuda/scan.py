@@ -111,16 +111,19 @@ SCAN_FORWARD = dict(
     STEP="{TY} p = a[IDX(la, t)] * y; y = p + c[IDX(lc, t)]; if (keep_m) m[IDX(lm, t)] = p; s[IDX(ls, d + t)] = y;")
 
 # gs [d+T] rows: ∂L/∂s from other readers, overwritten with the totals G_t (its first d rows, the history's,
-# get theirs added) and gm += G where the reduce section reads them (totals: a or b a parameter); ga += H ⊙ s_{t-d}
-# and gb += G where those are arrays (has_ga, has_gb: 1 adds, 2 writes, where the scan alone sends that gradient)
+# get theirs added) and gm += G where the reduce section reads them (totals: a or b a parameter); gm is read only
+# where another reader sends m's gradient (gm_in); ga += H ⊙ s_{t-d} and gb += G where those are arrays (has_ga,
+# has_gb: 1 adds, 2 writes, where the scan alone sends that gradient)
 SCAN_BACKWARD = dict(
     DIR="bwd", REV="1",
     ARGS="const {S}* __restrict__ a, long long la, const {S}* __restrict__ s, long long ls, {S}* gs, long long lgs, "
-         "{S}* gm, long long lgm, {S}* ga, long long lga, {S}* gb, long long lgb, int has_ga, int has_gb, int totals, ",
-    COEF="x = t + d < T ? ({TY})a[IDX(la, t + d)] : 0; y = gm[IDX(lgm, t)] + gs[IDX(lgs, d + t)];",
+         "{S}* gm, long long lgm, {S}* ga, long long lga, {S}* gb, long long lgb, int has_ga, int has_gb, int totals, "
+         "int gm_in, ",
+    COEF="x = t + d < T ? ({TY})a[IDX(la, t + d)] : 0; y = (gm_in ? ({TY})gm[IDX(lgm, t)] : 0) + gs[IDX(lgs, d + t)];",
     INIT="0",
     STEP="{TY} an = t + d < T ? ({TY})a[IDX(la, t + d)] : 0; {TY} G = gs[IDX(lgs, d + t)] + an * y; "
-         "{TY} H = gm[IDX(lgm, t)] + G; if (totals) { gs[IDX(lgs, d + t)] = G; gm[IDX(lgm, t)] = H; } "
+         "{TY} H = (gm_in ? ({TY})gm[IDX(lgm, t)] : 0) + G; "
+         "if (totals) { gs[IDX(lgs, d + t)] = G; gm[IDX(lgm, t)] = H; } "
          "if (has_ga == 1) ga[IDX(lga, t)] = ga[IDX(lga, t)] + H * s[IDX(ls, t)]; "
          "else if (has_ga == 2) ga[IDX(lga, t)] = H * s[IDX(ls, t)]; "
          "if (has_gb == 1) gb[IDX(lgb, t)] = gb[IDX(lgb, t)] + G; else if (has_gb == 2) gb[IDX(lgb, t)] = G; "
@@ -163,7 +166,7 @@ def compile(be, cell, loop, views):
         if loop.reverse:
             head = be.frame_args([a, s, gs, gm, gm if ga is None else ga, gm if gb is None else gb], B)
             head += [cp.int32(_sends(cell, ga, an, mn)), cp.int32(_sends(cell, gb, bn, pn)),
-                     cp.int32(ga is None or gb is None)]
+                     cp.int32(ga is None or gb is None), cp.int32(not sole_gradient(cell, mn, pn))]
         else:
             head = be.frame_args([a, b, s, m], B) + [cp.int32(mn not in dropped)]
         dims, grid = [cp.int32(T), cp.int32(B), cp.int32(F), cp.int32(d)], (B * F + 127) // 128
@@ -181,11 +184,13 @@ def unstored(cell, loop) -> set:
 
 
 def loop_stores(cell, loop) -> frozenset:
-    """The coefficients whose gradients the backward scan writes whole, every frame (has_ga / has_gb 2: it alone
-    sends them; _sends): their buffers need no zeroing. A parameter's (a vector) is summed elsewhere."""
+    """The gradients whose buffers the backward scan needs unzeroed: the coefficients' it writes whole, every
+    frame (has_ga / has_gb 2: it alone sends them; _sends), and a product m's that no other reader sends (gm_in
+    0: the scan never reads it, and writes it whole where it writes it). A parameter's (a vector) is summed
+    elsewhere."""
     if not loop.reverse:
         return frozenset()
-    return frozenset(n for p, m, a, b, _ in loop.chains for n, reader in ((a, m), (b, p))
+    return frozenset(n for p, m, a, b, _ in loop.chains for n, reader in ((a, m), (b, p), (m, p))
                      if cell.op(n).kind is not OpKind.PARAM and sole_gradient(cell, n, reader))
 
 
