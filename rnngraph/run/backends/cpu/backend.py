@@ -66,16 +66,16 @@ class CpuBackend(ArrayBackend):
     def gemm(self, a, b, out, *, ta: bool = False, tb: bool = False, accumulate: bool = False):
         """As numpy's, through BLAS straight into out (accumulating with beta = 1: no temporary, no extra pass):
         MKL's on the backend's threads, out's rows split among them, where it is; else numpy's BLAS in its pool."""
-        wa, wb, wc = window(a), window(b), window(out)
-        if dtype_name(out.dtype) not in ("float32", "float64") or {a.ndim, b.ndim, out.ndim} != {2} or \
+        wa, wb, wc, name = window(a), window(b), window(out), dtype_name(out.dtype)
+        if name not in ("float32", "float64") or {a.ndim, b.ndim, out.ndim} != {2} or \
                 {a.dtype, b.dtype} != {out.dtype} or None in (wa, wb, wc) or 0 in a.shape + out.shape:
             return super().gemm(a, b, out, ta=ta, tb=tb, accumulate=accumulate)
-        (M, N), K = out.shape, a.shape[0 if ta else 1]
+        (M, N), K, single = out.shape, a.shape[0 if ta else 1], name == "float32"
         if isinstance(self.mkl, Mkl):
-            fn = self.prelude.gemm_rows32 if dtype_name(out.dtype) == "float32" else self.prelude.gemm_rows64
+            fn = self.prelude.gemm_rows32 if single else self.prelude.gemm_rows64
             return fn(self.threads.parts(M, M * N * K), ta, tb, M, N, K, wa[0], wa[1], wb[0], wb[1],
                       1 if accumulate else 0, wc[0], wc[1])
-        fn = self.prelude.gemm32 if dtype_name(out.dtype) == "float32" else self.prelude.gemm64
+        fn = self.prelude.gemm32 if single else self.prelude.gemm64
         self.threads.run(fn, ta, tb, M, N, K, wa[0], 0, wa[1], wb[0], wb[1], 1 if accumulate else 0, wc[0], 0, wc[1])
 
     def unstored(self, sched) -> frozenset:
