@@ -129,3 +129,31 @@ def test_a_model_carries_the_history_across_chunks():
     a, s = model(x[:4])
     b, _ = model(x[4:], s)
     close(np.concatenate([a, b]), want)
+
+
+def test_a_repeated_whole_call_gives_each_calls_results_through_the_same_views():
+    """An executor's whole calls of one shape hand back the same views of their workspace (made once: outputs,
+    finals, the input and initial states' gradients), each holding that call's results, whatever the earlier
+    call's initial states were: a given one, then zeros (None), as a fresh executor gives them."""
+    from rnngraph.run.backends import get_backend
+    from rnngraph.run.executor import Executor
+    from test_persistent_heads import problem_arrays
+    cell = skip_cell(3, 5)
+    ex = Executor(cell, get_backend("numpy"))
+    params, runs = problem_arrays(cell, 6, 4, "float64")[0], []      # new parameter arrays would remake the views
+    for seed, given in ((0, True), (1, False), (2, False)):
+        _, x, init, gy, gf = problem_arrays(cell, 6, 4, "float64", seed)
+        init = init if given else {}
+        outs, finals = ex.forward(params, {"x": x}, init)
+        gx, g0, _ = ex.backward({"h": gy}, gf)
+        runs.append((outs["h"], finals, gx["x"], g0))
+        fresh = Executor(cell, get_backend("numpy"))
+        want_outs, want_finals = fresh.forward(params, {"x": x}, init)
+        want_gx, want_g0, _ = fresh.backward({"h": gy}, gf)
+        close(outs["h"], want_outs["h"])
+        close(gx["x"], want_gx["x"])
+        for s in cell.states:
+            close(finals[s], want_finals[s])
+            close(g0[s], want_g0[s])
+    (y0, f0, gx0, g00), (y1, f1, gx1, g01) = runs[:2]
+    assert y1 is y0 and gx1 is gx0 and all(f1[s] is f0[s] and g01[s] is g00[s] for s in cell.states)

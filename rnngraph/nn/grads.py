@@ -26,8 +26,8 @@ class GradGather:
             self.plans = {**{k: v for k, v in list(self.plans.items())[-3:] if k != key}, key: plan}
         flat = self.backend.xp.empty(sum(g.size for g in plan), self.dtype)
         off = 0
-        for (_, buf), g in zip(sources, plan):
-            self.backend.gather(buf, g, flat[off:off + g.size])
+        for (_, buf), g in zip(sources, plan):      # one source fills flat itself (a view costs cupy µs)
+            self.backend.gather(buf, g, flat if len(plan) == 1 else flat[off:off + g.size])
             off += g.size
         out, off = {}, 0
         for name, p in params.items():

@@ -114,7 +114,7 @@ class Stack:
             for d, run in enumerate(layer):
                 k = l * nd + d
                 st0 = {s: None if a is None else a[..., k, :, :] for s, a in init.items()}
-                for s, f in run.forward(params[l][d], inp, st0, frames, out[..., d * F:(d + 1) * F], ladder).items():
+                for s, f in run.forward(params[l][d], inp, st0, frames, _columns(out, d, F, nd), ladder).items():
                     if finals is None:  # every slice k is written
                         finals = {s: xp.empty(self.shape(s, B), x.dtype) for s in self.states}
                     self.backend.copy(finals[s][..., k, :, :], f)
@@ -140,7 +140,7 @@ class Stack:
                 k = l * nd + d
                 gf = {s: None if a is None else a[..., k, :, :] for s, a in gfinals.items()}
                 fresh = xp.empty((T, B, run.in_size), gy.dtype) if d == 0 else None
-                gxd, g0, grads[l][d] = run.backward(g[..., d * F:(d + 1) * F], gf, frames, fresh)
+                gxd, g0, grads[l][d] = run.backward(_columns(g, d, F, nd), gf, frames, fresh)
                 if d == 0:
                     gx = fresh              # a call in chunks wrote gx there; else gxd is a workspace view
                     if gxd is not fresh:
@@ -153,3 +153,8 @@ class Stack:
                 mask = self.masks[l - 1]
                 g = frames.mask(gx if mask is None else gx * mask)
         return frames.mask(gx), ginit, grads
+
+
+def _columns(a, d: int, F: int, nd: int):
+    """Direction d's F columns of a [T, B, nd·F]: a itself for one direction (a cupy view costs µs of host time)."""
+    return a if nd == 1 else a[..., d * F:(d + 1) * F]

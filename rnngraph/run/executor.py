@@ -25,6 +25,10 @@ from .settings import store_limit
 from .workspace import ALL, LOOP_SUMS, SERIAL, Arenas, Workspace, rows, shared_grads, stored_bytes, write_history
 
 
+# memo keys: a whole call's views of its states' rows before frame 0, their gradients, and their last frames
+HISTORY, GRAD_INIT, FINALS = ("history", "views"), ("grad init", "views"), ("finals", "views")
+
+
 class Executor:
     """Forward and BPTT of one cell on one backend, in the backend's mode: 'naive' (node by node, frame by
     frame), 'staged' (the schedule) or 'graph' (the schedule on a backend that records CUDA graphs);
@@ -179,15 +183,24 @@ class Executor:
         ws = self.ws = self.workspace(x0.shape[0], x0.shape[1], x0.dtype)
         be = self.backend
         for n, x in inputs.items():         # first: the device starts on the copies while the host goes on
-            be.copy(ws.frames(ws.vals[n]), xp.asarray(x))
+            be.copy(ws.framed(n), xp.asarray(x))
         ws.bind_params({n: params[n] for n in cell.params})
-        for s, (p, _) in cell.states.items():
-            write_history(be, ws.vals[p][:ws.P], init.get(s))
+        if HISTORY not in ws.memo:
+            ws.memo[HISTORY] = {s: ws.vals[p][:ws.P] for s, (p, _) in cell.states.items()}
+        for s, h in ws.memo[HISTORY].items():
+            write_history(be, h, init.get(s))
         self.lengths = lengths
         self._run_body("fwd", ws, self._forward_body)
-        outputs = {o: ws.frames(ws.vals[o]) for o in cell.outputs}
-        finals = {s: ws.vals[p][self._last_rows(cell.depths[s])] for s, (p, _) in cell.states.items()}
-        return outputs, finals
+        outputs = {o: ws.framed(o) for o in cell.outputs}
+        if lengths is not None:
+            return outputs, self._finals()
+        if FINALS not in ws.memo:       # the same rows every call: views made once
+            ws.memo[FINALS] = self._finals()
+        return outputs, dict(ws.memo[FINALS])
+
+    def _finals(self) -> dict:
+        """state -> its last frames' rows (_last_rows) in the last forward's workspace."""
+        return {s: self.ws.vals[p][self._last_rows(self.cell.depths[s])] for s, (p, _) in self.cell.states.items()}
 
     def _backward(self, grad_outputs: dict, grad_finals: dict | None = None):
         """backward() of the last _forward, in its workspace: the results are views into it."""
@@ -195,15 +208,17 @@ class Executor:
         given = {o: g for o, g in (grad_outputs or {}).items() if g is not None}
         ws.zero_grads(self.backend, frozenset(given))      # but the frames the copies below fill
         for o, g in given.items():      # the rest of the arena is zero: a copy is the sum
-            self.backend.copy(ws.frames(ws.grads[o]), g)
+            self.backend.copy(ws.framed(o, grads=True), g)
         for s, g in (grad_finals or {}).items():
             if g is not None:       # [B, F]: the last frame's; [D, B, F]: each of the last D frames'
                 ws.grads[cell.states[s][0]][self._last_rows(cell.depths[s] if g.ndim == 3 else 1)] += g
         self._run_body("bwd", ws, lambda ws, run_loop: self._run_sections(self.sched.backward, ws, run_loop))
-        init = {s: ws.grads[p][ws.P - 1] if cell.depths[s] == 1 else ws.grads[p][ws.P - cell.depths[s]:ws.P]
-                for s, (p, _) in cell.states.items()}
+        if GRAD_INIT not in ws.memo:        # the rows before frame 0: views made once
+            ws.memo[GRAD_INIT] = {s: ws.grads[p][ws.P - 1] if cell.depths[s] == 1 else
+                                  ws.grads[p][ws.P - cell.depths[s]:ws.P] for s, (p, _) in cell.states.items()}
         ws.note_untouched(self.sched, self.backend)
-        return {n: ws.frames(ws.grads[n]) for n in cell.inputs}, init, {n: ws.grads[n] for n in cell.params}
+        return ({n: ws.framed(n, grads=True) for n in cell.inputs}, dict(ws.memo[GRAD_INIT]),
+                {n: ws.grads[n] for n in cell.params})
 
     def _run_body(self, kind: str, ws, body):
         """Runs body(ws, run_loop) through the backend: the whole body recorded once and replayed, or,

@@ -161,6 +161,15 @@ class Workspace:
         """buf [P+T, B, F] read with delay d at every frame: its rows P-d .. P-d+T-1, [T, B, F]."""
         return buf[self.P - d:self.P - d + self.T]
 
+    def framed(self, n: str, grads: bool = False):
+        """frames() of node n's value (or gradient) buffer, [T, B, F], made once: a whole call's inputs and outputs
+        (a view costs a cupy call some µs of host time, every call)."""
+        key = ("framed", n, grads)
+        v = self.memo.get(key)
+        if v is None:
+            v = self.memo[key] = self.frames((self.grads if grads else self.vals)[n])
+        return v
+
     def at(self, buf, t, d: int = 0):
         """buf [P+T, B, F] (a node's, or a merged GEMM's output) read with delay d at frame t ([B, F]) or
         at all frames (ALL, [T·B, F])."""
