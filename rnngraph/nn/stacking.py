@@ -103,7 +103,7 @@ class Stack:
         earlier frame), [D, L·dirs, B, S] (the last D frames) or None; window: dropout_mask's; ladder: run in
         the executors' ladder of chunks (calls of many lengths). Returns (y [T, B, dirs·F], state -> final,
         shaped self.shape(s, B))."""
-        xp, nd = self.backend.xp, self.nd
+        xp, nd, K = self.backend.xp, self.nd, len(self.runs) * self.nd
         T, B = x.shape[:2]
         finals = None                   # made after the first run: its device work starts first
         self.masks = []
@@ -117,7 +117,7 @@ class Stack:
                 for s, f in run.forward(params[l][d], inp, st0, frames, _columns(out, d, F, nd), ladder).items():
                     if finals is None:  # every slice k is written
                         finals = {s: xp.empty(self.shape(s, B), x.dtype) for s in self.states}
-                    self.backend.copy(finals[s][..., k, :, :], f)
+                    self.backend.copy(_slot(finals[s], k, K), f)
             out = frames.mask(out)
             mask = None
             if dropout > 0 and l < len(self.runs) - 1:
@@ -129,7 +129,7 @@ class Stack:
     def backward(self, gy, gfinals: dict, frames: Frames):
         """gy: [T, B, dirs·F]; gfinals: state -> self.shape(s, B) or None. Returns (gx [T, B, D],
         state -> g0 shaped self.shape(s, B), grads[l][d]: cell param -> gradient)."""
-        xp, nd = self.backend.xp, self.nd
+        xp, nd, K = self.backend.xp, self.nd, len(self.runs) * self.nd
         T, B = gy.shape[:2]
         g = frames.mask(gy)             # gradients arriving at padded frames are ignored
         ginit = {s: xp.empty(self.shape(s, B), gy.dtype) for s in self.states}     # every slice k is written
@@ -148,7 +148,7 @@ class Stack:
                 else:
                     gx += gxd
                 for s, v in g0.items():
-                    self.backend.copy(ginit[s][..., k, :, :], v)
+                    self.backend.copy(_slot(ginit[s], k, K), v)
             if l > 0:
                 mask = self.masks[l - 1]
                 g = frames.mask(gx if mask is None else gx * mask)
@@ -158,3 +158,9 @@ class Stack:
 def _columns(a, d: int, F: int, nd: int):
     """Direction d's F columns of a [T, B, nd·F]: a itself for one direction (a cupy view costs µs of host time)."""
     return a if nd == 1 else a[..., d * F:(d + 1) * F]
+
+
+def _slot(a, k: int, K: int):
+    """Slot k of a state's [K, B, S] (or [D, K, B, S]): a itself where it is [1, B, S], which a copy of [B, S]
+    fills whole (backend.copy)."""
+    return a if K == 1 and a.ndim == 3 else a[..., k, :, :]

@@ -97,7 +97,8 @@ class ArrayBackend:
             out[d:d + n] = src[s:s + n]
 
     def copy(self, dst, src):
-        """dst[...] = src (dst a view of a workspace or result buffer); a backend may do it faster."""
+        """dst[...] = src (dst a view of a workspace or result buffer, shaped like src or [1, ...] of it); a backend
+        may do it faster."""
         dst[...] = src
 
     def unstored(self, sched) -> frozenset:

@@ -116,9 +116,10 @@ class CupyBackend(ArrayBackend):
         kernel(grid, block, args)
 
     def copy(self, dst, src):
-        """One asynchronous memcpy where both are contiguous (a few µs of host time, against ~15 for a
-        copy kernel launched through indexing), else an elementwise copy."""
-        if dst.flags.c_contiguous and src.flags.c_contiguous and dst.shape == src.shape and dst.dtype == src.dtype:
+        """One asynchronous memcpy where both are contiguous, of one shape or dst [1, ...] of src's (a few µs of host
+        time, against ~15 for a copy kernel launched through indexing), else an elementwise copy."""
+        if dst.flags.c_contiguous and src.flags.c_contiguous and dst.dtype == src.dtype and \
+                (dst.shape == src.shape or dst.shape == (1, *src.shape)):
             dst.data.copy_from_device_async(src.data, dst.nbytes)
         else:
             dst[...] = src
