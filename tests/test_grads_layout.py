@@ -39,6 +39,26 @@ def test_grads_gathered_into_torch_layout(cell):
         np.testing.assert_array_equal(g, kept[k])
 
 
+def test_backward_flat_leaves_them_as_one_fresh_array_in_parameters_order():
+    """backward_flat: the same gradient input and state gradients as backward(), the parameters' in grad_flat
+    one after another (what backward() hands out as views of it), fresh each call; layer.grads empty."""
+    layer = nn.Recurrent("lstm", 3, 4, num_layers=2, bidirectional=True, **F64)
+    rng = np.random.default_rng(1)
+    x, gy = rng.standard_normal((5, 2, 3)), rng.standard_normal((5, 2, 8))
+    layer(x)
+    gx, g0, grads = layer.backward(gy)
+    kept = {k: g.copy() for k, g in grads.items()}
+    layer(x)
+    gx_flat, g0_flat = layer.backward_flat(gy)
+    np.testing.assert_array_equal(gx_flat, gx)
+    for a, b in zip(g0_flat, g0):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(layer.grad_flat, np.concatenate([g.ravel() for g in kept.values()]))
+    assert list(kept) == list(layer.parameters()) and layer.grads == {}
+    for k, g in grads.items():                       # the earlier call's views: untouched
+        np.testing.assert_array_equal(g, kept[k])
+
+
 def gathers():
     """A few long runs and a short one; a permutation (many runs: the host backends take once)."""
     rng = np.random.default_rng(0)

@@ -1,6 +1,7 @@
 """A layer's parameter gradients in PyTorch's layout: each backward, one fresh flat buffer in parameters()
 order, filled per (layer, direction) from its executor's gradient arena (Executor.grad_source), where every
-cell parameter's gradient sits at offsets fixed for the arena, and handed out as views of that buffer."""
+cell parameter's gradient sits at offsets fixed for the arena, and handed out as views of that buffer (grad_views),
+or whole (rnngraph.torch splits it itself)."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,9 +18,9 @@ class GradGather:
         self.backend, self.layout, self.dtype = backend, layout, dtype
         self.plans: dict = {}           # the gradient sources' keys -> per (layer, direction): (indices, runs)
 
-    def __call__(self, grads, sources: list, params: dict) -> tuple:
-        """(flat [Σ sizes], name -> view of it shaped like params[name]): grads[l][d] (cell param -> its
-        gradient, a view of the arena) from sources [(key, arena [N])], one per (layer, direction)."""
+    def __call__(self, grads, sources: list):
+        """flat [Σ sizes], fresh: grads[l][d] (cell param -> its gradient, a view of the arena) from sources
+        [(key, arena [N])], one per (layer, direction), in PyTorch's layout and parameters() order."""
         key = tuple(k for k, _ in sources)
         plan = self.plans.get(key) or self._plan(grads, [buf for _, buf in sources])
         if next(reversed(self.plans), None) != key:         # the last four sources' plans, the newest last
@@ -29,11 +30,7 @@ class GradGather:
         for (_, buf), g in zip(sources, plan):      # one source fills flat itself (a view costs cupy µs)
             self.backend.gather(buf, g, flat if len(plan) == 1 else flat[off:off + g.size])
             off += g.size
-        out, off = {}, 0
-        for name, p in params.items():
-            out[name] = flat[off:off + p.size].reshape(p.shape)
-            off += p.size
-        return flat, out
+        return flat
 
     def _plan(self, grads, arenas: list) -> list:
         """Per (layer, direction), in parameters() order: the backend's plan (gather_plan) to gather its
@@ -46,6 +43,15 @@ class GradGather:
                 idx = np.concatenate([element_offsets(g[p], arena) for _, _, parts in per_d for p, _, _ in parts])
                 plan.append(self.backend.gather_plan(idx, runs(idx)))
         return plan
+
+
+def grad_views(flat, params: dict) -> dict:
+    """name -> the view of flat [Σ sizes] (GradGather's) shaped like params[name], in their order."""
+    out, off = {}, 0
+    for name, p in params.items():
+        out[name] = flat[off:off + p.size].reshape(p.shape)
+        off += p.size
+    return out
 
 
 def runs(idx) -> list:

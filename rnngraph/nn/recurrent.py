@@ -23,7 +23,7 @@ from ..ir.loading import load_cell
 from ..run.backends import get_backend
 from . import checks as chk
 from .checks import check_finite
-from .grads import GradGather
+from .grads import GradGather, grad_views
 from .init import init_orthogonal_, init_uniform_
 from .layers import Parameterized
 from .buckets import Padding, Policy
@@ -164,11 +164,6 @@ class Recurrent(Parameterized):
         self._params = {k: arrays[k] for k in self._params}
         self._views = self._cell_params()
 
-    def _torch_grads(self, grads) -> dict:
-        """PyTorch-layout gradients, fresh (grads.GradGather); self.grad_flat [Σ sizes] holds them all."""
-        self.grad_flat, out = self._gather(grads, self._stack.grad_sources(), self._params)
-        return out
-
     # -- modes --------------------------------------------------------------------------------
     def train(self, mode: bool = True):
         """Training mode (dropout between layers active), as torch's Module.train()."""
@@ -246,6 +241,14 @@ class Recurrent(Parameterized):
         """Gradients of the most recent call (or step). grad_y: like y (or None); grad_state_n: like
         state_n (or None; entries may be None). Returns (grad_x like x, grad_state0 like state, grads: name
         -> array keyed like parameters()); grads are also kept in ``layer.grads``."""
+        gx, ginit = self.backward_flat(grad_y, grad_state_n)
+        self.grads = grad_views(self.grad_flat, self._params)
+        return gx, ginit, dict(self.grads)
+
+    def backward_flat(self, grad_y, grad_state_n=None):
+        """backward(), its parameter gradients left as one fresh buffer, ``layer.grad_flat`` [Σ sizes]: each
+        parameter's after the one before it, in parameters() order and PyTorch's layout (rnngraph.torch splits it
+        as tensors; backward() makes array views of it). Returns (grad_x like x, grad_state0 like state)."""
         if self._last is None:
             raise RnnGraphError("backward() called before the layer was called on an input")
         frames, y_shape, spread, pad, step = self._last
@@ -265,11 +268,13 @@ class Recurrent(Parameterized):
         if pad:
             gx, ginit = pad.unframes(gx), pad.unstates(ginit)
         ginit = {s: g.sum(axis=0) if s in spread else g for s, g in ginit.items()}   # h0 given for every frame
-        gx, self.grads = (gx[0] if step else self._to_user(gx)), self._torch_grads(grads)
+        gx, self.grads = (gx[0] if step else self._to_user(gx)), {}
+        self.grad_flat = self._gather(grads, self._stack.grad_sources())
         if self.check_finite:
-            for n, g in [("grad_x", gx)] + [(f"gradient of {n}", g) for n, g in self.grads.items()]:
+            for n, g in [("grad_x", gx)] + [(f"gradient of {n}", g) for n, g in
+                                            grad_views(self.grad_flat, self._params).items()]:
                 check_finite(n, g)
-        return gx, self._pack(ginit), dict(self.grads)
+        return gx, self._pack(ginit)
 
     # -- states -------------------------------------------------------------------------------
     def _unpack(self, state, label: str, T: int, B: int, every_frame: bool = False) -> dict:

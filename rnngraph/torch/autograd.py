@@ -136,13 +136,14 @@ class RecurrentFunction(torch.autograd.Function):
                 engine.rng.bit_generator.state = later
                 engine.train(mode)
                 engine.torch_serial = ctx.serial
-            gx, g0, grads = engine.backward(None if gy is None else to_array(gy), _state(g_finals))
+            gx, g0 = engine.backward_flat(None if gy is None else to_array(gy), _state(g_finals))
         dev = x.device
         g0 = g0 if isinstance(g0, tuple) else (g0,)
         g_states = tuple(to_tensor(g, dev) if given else None for g, given in zip(g0, ctx.given))
         flat = to_tensor(engine.grad_flat, dev).to(params[0].dtype)   # one conversion for every parameter (a
-        views = dict(zip(grads, (t.view(a.shape) for t, a in zip(flat.split([a.size for a in grads.values()]),
-                                                                   grads.values()))))    # cast back: autocast)
+        shapes = engine.parameters()                                    # cast back: autocast), then torch views
+        views = dict(zip(shapes, (t.view(a.shape) for t, a in zip(flat.split([a.size for a in shapes.values()]),
+                                                                    shapes.values()))))
         return (None, None, None, None, to_tensor(gx, dev), *g_states, *(views[n] for n in ctx.names))
 
 
