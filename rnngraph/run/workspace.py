@@ -105,7 +105,7 @@ class Workspace:
         if filled not in plans:
             base, item = address(self.grad_arena), self.grad_arena.itemsize
             skip = list(self.memo.get(UNTOUCHED, ()))
-            for f in (self.frames(self.grads[o]) for o in filled):
+            for f in (self.framed(o, grads=True) for o in filled):
                 if f.flags.c_contiguous:
                     skip.append(((address(f) - base) // item, (address(f) - base) // item + f.size))
             runs, start = [], 0
