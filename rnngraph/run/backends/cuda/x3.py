@@ -44,6 +44,7 @@ def applies(be, a, b, out, ta: bool, tb: bool) -> bool:
     (else cuBLAS runs them in TF32 itself), at least FROM_WORK multiply-adds, a whole operand within a split
     buffer, and RNNGRAPH_GEMM_3XTF32 not 0."""
     if be.blas is None or be.blas.tf32 or (ta, tb) not in FORMS or str(out.dtype) != "float32" or \
+            not a.dtype == b.dtype == out.dtype or \
             not be.blas.usable(a, b, out) or a.ndim != 2 or switch("RNNGRAPH_GEMM_3XTF32") is False:
         return False
     _, panels, _ = FORMS[ta, tb]
