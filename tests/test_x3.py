@@ -1,8 +1,8 @@
 """Products over all frames in 3xTF32 (rnngraph/run/backends/cuda/x3.py) on the CPU: the split kernel compiled as C++
-(cuda_on_cpu's prelude, test_scan_kernels' launcher) and cuBLAS's TF32 GEMMs as exact products of the TF32 operands
-summed in float64 and rounded to float32 once a GEMM, in panels of rows as small as a test makes them. The results
-are within 3xTF32's bound of float64 products (float32 operands), in every form, assigning and adding; which
-products run so (x3.applies); and which of the executor's products are over all frames (gemm_frames)."""
+(cuda_on_cpu's prelude, test_scan_kernels' launcher) and cuBLAS's TF32 GEMM as exact products of the TF32 parts
+summed in float64 and rounded to float32 once, in panels of rows as small as a test makes them. The results are
+within 3xTF32's bound of float64 products (float32 operands), in every form, assigning and adding; which products
+run so (x3.applies); and which of the executor's products are over all frames (gemm_frames)."""
 import ctypes
 
 import numpy as np
@@ -66,24 +66,30 @@ class Emulated:
 
     def __init__(self, elements: int):
         self.blas = TensorCoreBlas()
-        self.split3 = np.full((4, elements), np.nan, np.float32)
+        self.split3 = np.full((2, 3 * elements), np.nan, np.float32)
 
     def raw(self, name, src):
         return _Kernel(getattr(_library(src), f"rg_launch_{name}"))
 
 
 @needs_cxx
-def test_the_split_kernel_gives_tf32_big_and_small_parts():
+@pytest.mark.parametrize("along", ["cols", "rows"])
+@pytest.mark.parametrize("small_at", [0, 1])
+def test_the_split_kernel_gives_three_tf32_parts(along, small_at):
+    """Part small_at small, the others big: big + small within 2⁻²² of x, both TF32 values (to nearest, ties away
+    from zero), side by side in a row or stacked."""
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((9, 40)) * 10.0 ** rng.integers(-30, 30, (9, 40))).astype(np.float32)
     x[0, :4] = [0.0, -0.0, 1.0 + 2 ** -11, -(1.0 + 2 ** -11)]          # ties round away from zero
     view = x[:, 3:35]                                                    # a column window: row stride 40
     be = Emulated(view.size)
-    big, small = x3._split(be, view, be.split3[0], be.split3[1])
-    assert np.array_equal(big, tf32(view)) and np.array_equal(small, tf32(view - big))
+    got = x3._split(be, view, be.split3[0], along, small_at)
+    parts = np.split(got, 3, axis=1 if along == "cols" else 0)
+    big, small = tf32(view), tf32(view - tf32(view))
+    for p, part in enumerate(parts):
+        assert np.array_equal(part, small if p == small_at else big)
     assert np.array_equal(tf32(x[0, :4]), [0.0, -0.0, 1.0 + 2 ** -10, -(1.0 + 2 ** -10)])
-    rest = np.abs(view.astype(np.float64) - big - small)
-    assert (rest <= np.abs(view) * 2.0 ** -22).all()
+    assert (np.abs(view.astype(np.float64) - big - small) <= np.abs(view) * 2.0 ** -22).all()
 
 
 FORMS = [((False, True), (150, 24), (40, 24), (150, 40)),     # nt: out [N, M] = a [N, K] · b [M, K]ᵀ
@@ -95,12 +101,11 @@ FORMS = [((False, True), (150, 24), (40, 24), (150, 40)),     # nt: out [N, M] =
 @pytest.mark.parametrize("form", FORMS, ids=["nt", "nn", "tn"])
 @pytest.mark.parametrize("accumulate", [False, True])
 @pytest.mark.parametrize("elements", [1 << 13, 1000])
-def test_3xtf32_products_are_within_their_bound_of_float64(form, accumulate, elements, monkeypatch):
-    """Whole and in panels of 41 or 25 rows (1000 elements a buffer, the weights whole): within 2⁻¹⁸ of the
-    products' sizes (a product within 3 · 2⁻²² of exact, the sums float32's), three TF32 GEMMs a panel on TF32
-    operands, the first assigning where the call does, every later one adding."""
+def test_3xtf32_products_are_within_their_bound_of_float64(form, accumulate, elements):
+    """Whole and in panels of 41 or 25 rows (1000 elements split at a time, the weights whole): within 2⁻¹⁸ of the
+    products' sizes (a product within 3 · 2⁻²² of exact, the sums float32's), one TF32 GEMM a panel on TF32 parts
+    over three times the reduction, assigning where the call does (tn: its first panel), else adding."""
     (ta, tb), sa, sb, so = form
-    monkeypatch.setattr(x3, "SPLIT_ELEMENTS", elements)
     rng = np.random.default_rng(1)
     a, b = (rng.standard_normal((s[0], s[1] + 3)).astype(np.float32)[:, 2:2 + s[1]] for s in (sa, sb))
     out0 = rng.standard_normal(so).astype(np.float32)
@@ -112,20 +117,19 @@ def test_3xtf32_products_are_within_their_bound_of_float64(form, accumulate, ele
     size = np.abs(a64.T if ta else a64) @ np.abs(b64.T if tb else b64) + (np.abs(out0) if accumulate else 0)
     assert (np.abs(out - want) <= size * 2.0 ** -18).all()
     panels = -(-a.shape[0] // (elements // max(a.shape[1], b.shape[1] if ta else 1)))
-    assert len(be.blas.calls) == 3 * panels and all(t for _, _, t in be.blas.calls) and all(be.blas.seen)
-    firsts = [beta for _, beta, _ in be.blas.calls[::3]]
-    assert firsts == ([float(accumulate)] * panels if not ta else [float(accumulate)] + [1.0] * (panels - 1))
-    assert all(beta == 1.0 for k, (_, beta, _) in enumerate(be.blas.calls) if k % 3)
+    assert len(be.blas.calls) == panels and all(t for _, _, t in be.blas.calls) and all(be.blas.seen)
+    betas = [beta for _, beta, _ in be.blas.calls]
+    assert betas == ([float(accumulate)] + [1.0] * (panels - 1) if ta else [float(accumulate)] * panels)
 
 
 def test_which_products_run_in_3xtf32(monkeypatch):
-    be = Emulated(x3.SPLIT_ELEMENTS)
+    be = Emulated(1)
     big = lambda *s: np.zeros(s, np.float32)
     x, w, out = big(8192, 512), big(1024, 512), big(8192, 1024)       # 4.3e9 multiply-adds
     assert x3.applies(be, x, w, out, False, True)
     assert not x3.applies(be, x[:64], w, out[:64], False, True)         # 3.4e7: one float32 GEMM costs less
     assert not x3.applies(be, x.astype(np.float64), w.astype(np.float64), out.astype(np.float64), False, True)
-    assert not x3.applies(be, big(8192, 4096), big(8192, 4096), big(4096, 4096), False, True)   # b beyond a buffer
+    assert not x3.applies(be, big(8192, 2048), big(4096, 2048), big(8192, 4096), False, True)   # b beyond a buffer
     assert x3.applies(be, big(8192, 1024), big(8192, 512), big(1024, 512), True, False)   # tn: both in panels
     assert not x3.applies(be, x[:, None], w[:, None], out[:, None], False, True)            # heads
     monkeypatch.setenv("RNNGRAPH_GEMM_3XTF32", "0")

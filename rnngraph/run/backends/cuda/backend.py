@@ -162,8 +162,8 @@ class CupyBackend(ArrayBackend):
 
     @functools.cached_property
     def split3(self):
-        """[4, x3.SPLIT_ELEMENTS] float32: x3's split operands, made once (recordings keep the address)."""
-        return self.xp.empty((4, x3.SPLIT_ELEMENTS), self.xp.float32)
+        """[2, 3 · x3.SPLIT_ELEMENTS] float32: x3's split operands, made once (recordings keep the address)."""
+        return self.xp.empty((2, 3 * x3.SPLIT_ELEMENTS), self.xp.float32)
 
     def head_gemm(self, a, b, out, *, ta: bool = False, tb: bool = False, accumulate: bool = False):
         """One strided-batched cuBLAS GEMM over the heads (capturable), else the reference."""

@@ -1,42 +1,48 @@
-"""Products over all frames in float32 where TF32 is not allowed (the hoisted GEMMs and the weight gradients), in
-3xTF32 on cuBLAS's TF32 tensor cores: each operand split into big (its TF32 rounding) and small (the TF32 rounding
-of the rest), as the persistent loop splits its operands (persistent/mma.SPLIT_BITS), and three TF32 GEMMs adding
-small·big, big·small, then big·big into the output (small·small, below 2⁻²² of a product, is dropped). Both
-operands are TF32 values already, so cuBLAS's products are exact and its sums float32's: a product is within about
-3 · 2⁻²² of its exact value, where float32's own rounding is 2⁻²⁴, and the results agree with float32 on CUDA
-cores to that order. Where the operands are many rows (T·B), they are split a panel of rows at a time.
+"""Products over all frames in float32 where TF32 is not allowed (the hoisted GEMMs, their operands' gradients and
+the weight gradients), in 3xTF32 on cuBLAS's TF32 tensor cores. Each operand is split as the persistent loop splits
+its own (persistent/mma.SPLIT_BITS) into big (its TF32 rounding) and small (the TF32 rounding of the rest), and one
+TF32 GEMM runs over three times the reduction: a's parts (small, big, big) against b's (big, small, big) along it,
+so that its sums add small·big + big·small + big·big (small·small, below 2⁻²² of a product, is dropped). The parts
+are TF32 values already, so cuBLAS's products are exact and its sums float32's: a product is within about
+3 · 2⁻²² of its exact value, where float32's own rounding is 2⁻²⁴, and the results agree with float32 on CUDA cores
+to that order. One GEMM, not three, so the output is written once. Operands of many rows (T·B) are split a
+panel of rows at a time.
 
-The split buffers (SPLIT_ELEMENTS float32 each, four) are the backend's, made at its first such product (outside
-any recording) and never replaced, so recorded graphs keep their addresses; the products over all frames run one
-after another on the caller's stream (never in lanes), so one set serves them all.
+The split buffers are the backend's (split3: two of 3 · SPLIT_ELEMENTS float32), made at its first such product
+(outside any recording) and never replaced, so recorded graphs keep their addresses; the products over all frames
+run one after another on the caller's stream (never in lanes), so one pair serves them all.
 """
 from __future__ import annotations
 
+from ....errors import RnnGraphError
 from ...settings import switch
 from .persistent.mma import SPLIT_BITS
 
-SPLIT_ELEMENTS = 1 << 22     # float32 elements a split buffer (16 MB): a panel's rows, or the whole weight operand
-FROM_WORK = 1 << 29          # multiply-adds (rows · columns · reduction) from which a product runs in 3xTF32
+SPLIT_ELEMENTS = 1 << 22     # float32 elements split at a time (a panel of rows, or a whole weight): 48 MB a buffer
+FROM_WORK = 1 << 29          # multiply-adds (output elements · reduction) from which a product runs in 3xTF32
 
 SPLIT = SPLIT_BITS + r"""
-extern "C" __global__ void rg_split_tf32(const float* __restrict__ x, long long rows, int cols, long long ld,
-        float* big, float* small) {
-    // x [rows, cols] (row stride ld) as big + small, both [rows, cols] contiguous and TF32 values (rg_split)
+extern "C" __global__ void rg_split3_tf32(const float* __restrict__ x, long long rows, int cols, long long ld,
+        float* out, long long out_ld, long long part, int small_at) {
+    // x [rows, cols] (row stride ld) as three parts of TF32 values (rg_split): part p of element (r, c) at
+    // out[r * out_ld + p * part + c], small where p is small_at (0 or 1), big elsewhere
     long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= rows * cols) return;
-    long long r = e / cols;
+    long long r = e / cols, c = e - r * cols;
     unsigned b, s;
-    rg_split(__float_as_uint(x[r * ld + (e - r * cols)]), b, s);
-    big[e] = __uint_as_float(b);
-    small[e] = __uint_as_float(s);
+    rg_split(__float_as_uint(x[r * ld + c]), b, s);
+    float* o = out + r * out_ld + c;
+    o[0] = __uint_as_float(small_at == 0 ? s : b);
+    o[part] = __uint_as_float(small_at == 1 ? s : b);
+    o[2 * part] = __uint_as_float(b);
 }
 """
 
-# (ta, tb) -> the cuBLAS form, which operands run in panels of rows (a, b: a always) and whether the panels split
-# the output's rows (else they split the reduction, every panel adding into the whole output)
-FORMS = {(False, True): ("nt", (True, False), True),      # out [N, M] = a [N, K] · b [M, K]ᵀ
-         (False, False): ("nn", (True, False), True),     # out [N, K] = a [N, M] · b [M, K]
-         (True, False): ("tn", (True, True), False)}      # out [M, K] = a [N, M]ᵀ · b [N, K]
+# (ta, tb) -> (the cuBLAS form, whether b runs in panels of rows as a does (else whole), and where each operand's
+# reduction lies: along its columns (its parts side by side in a row) or its rows (its parts stacked))
+FORMS = {(False, True): ("nt", False, "cols", "cols"),     # out [N, M] = a [N, K] · b [M, K]ᵀ
+         (False, False): ("nn", False, "cols", "rows"),    # out [N, K] = a [N, M] · b [M, K]
+         (True, False): ("tn", True, "rows", "rows")}      # out [M, K] = a [N, M]ᵀ · b [N, K], panels of N
 
 
 def applies(be, a, b, out, ta: bool, tb: bool) -> bool:
@@ -44,41 +50,43 @@ def applies(be, a, b, out, ta: bool, tb: bool) -> bool:
     (else cuBLAS runs them in TF32 itself), at least FROM_WORK multiply-adds, a whole operand within a split
     buffer, and RNNGRAPH_GEMM_3XTF32 not 0."""
     if be.blas is None or be.blas.tf32 or (ta, tb) not in FORMS or str(out.dtype) != "float32" or \
-            not a.dtype == b.dtype == out.dtype or \
-            not be.blas.usable(a, b, out) or a.ndim != 2 or switch("RNNGRAPH_GEMM_3XTF32") is False:
+            not a.dtype == b.dtype == out.dtype or a.ndim != 2 or not be.blas.usable(a, b, out) or \
+            switch("RNNGRAPH_GEMM_3XTF32") is False:
         return False
-    _, panels, _ = FORMS[ta, tb]
+    b_panels = FORMS[ta, tb][1]
     reduction = a.shape[0] if ta else a.shape[1]
-    return out.size * reduction >= FROM_WORK and max(x.shape[1] for x in (a, b)) <= SPLIT_ELEMENTS and \
-        all(x.size <= SPLIT_ELEMENTS for x, p in zip((a, b), panels) if not p)
+    return out.size * reduction >= FROM_WORK and max(a.shape[1], b.shape[1]) <= SPLIT_ELEMENTS and \
+        (b_panels or b.size <= SPLIT_ELEMENTS)
 
 
 def product(be, a, b, out, ta: bool, tb: bool, accumulate: bool):
-    """out (+)= op(a) · op(b) in 3xTF32 (applies() said so): a panel of rows at a time, each operand split into
-    the backend's buffers (be.split3), then small·big, big·small, big·big."""
-    form, (_, b_panels), rows_of_out = FORMS[ta, tb]
-    gemm, bufs = getattr(be.blas, form), be.split3          # bufs [4, SPLIT_ELEMENTS]: a's big, small, b's
-    whole = None if b_panels else _split(be, b, bufs[2], bufs[3])
+    """out (+)= op(a) · op(b) in 3xTF32 (where applies() says so): a panel of a's rows at a time (and b's, where
+    the panels split the reduction), each operand split into its buffer (be.split3 [2, 3 · SPLIT_ELEMENTS]),
+    then one TF32 GEMM."""
+    form, b_panels, a_along, b_along = FORMS[ta, tb]
+    gemm, bufs = getattr(be.blas, form), be.split3
+    room = bufs.shape[1] // 3           # SPLIT_ELEMENTS when the buffers were made
+    if not b_panels and b.size > room:
+        raise RnnGraphError(f"internal: a whole operand of {b.size} elements exceeds x3's buffers ({room})")
+    whole = None if b_panels else _split(be, b, bufs[1], b_along, 1)
     N, beta = a.shape[0], 1.0 if accumulate else 0.0
-    step = SPLIT_ELEMENTS // max(a.shape[1], b.shape[1] if b_panels else 1)
+    step = room // max(a.shape[1], b.shape[1] if b_panels else 1)
     for r0 in range(0, N, step):
         r1 = min(N, r0 + step)
-        A = _split(be, a[r0:r1], bufs[0], bufs[1])
-        B = whole or _split(be, b[r0:r1], bufs[2], bufs[3])
-        o = out[r0:r1] if rows_of_out else out
-        first = beta if rows_of_out or r0 == 0 else 1.0
-        gemm(A[1], B[0], o, beta=first, tf32=True)
-        gemm(A[0], B[1], o, beta=1.0, tf32=True)
-        gemm(A[0], B[0], o, beta=1.0, tf32=True)
+        A = _split(be, a[r0:r1], bufs[0], a_along, 0)
+        if b_panels:            # the panels split the reduction: each after the first adds into the whole output
+            gemm(A, _split(be, b[r0:r1], bufs[1], b_along, 1), out, beta=beta if r0 == 0 else 1.0, tf32=True)
+        else:                   # the panels split the output's rows
+            gemm(A, whole, out[r0:r1], beta=beta, tf32=True)
 
 
-def _split(be, x, big, small) -> tuple:
-    """(big, small) of x [rows, cols] (unit column stride), contiguous views of the two buffers."""
+def _split(be, x, buf, along: str, small_at: int):
+    """x [rows, cols] (unit column stride) as its three parts in buf, small the part small_at: side by side,
+    [rows, 3 · cols] (along 'cols'), or stacked, [3 · rows, cols] (along 'rows'); a contiguous view of buf."""
     rows, cols = x.shape
-    n = rows * cols
-    big, small = big[:n].reshape(rows, cols), small[:n].reshape(rows, cols)
-    kernel = be.raw("rg_split_tf32", SPLIT)
-    xp = be.xp
-    kernel(((n + 255) // 256,), (256,), (x, xp.int64(rows), xp.int32(cols), xp.int64(x.strides[0] // x.itemsize),
-                                         big, small))
-    return big, small
+    n, xp = rows * cols, be.xp
+    out_ld, part = (3 * cols, cols) if along == "cols" else (cols, n)
+    be.raw("rg_split3_tf32", SPLIT)(((n + 255) // 256,), (256,), (
+        x, xp.int64(rows), xp.int32(cols), xp.int64(x.strides[0] // x.itemsize), buf, xp.int64(out_ld),
+        xp.int64(part), xp.int32(small_at)))
+    return buf[:3 * n].reshape((rows, 3 * cols) if along == "cols" else (3 * rows, cols))
