@@ -14,6 +14,7 @@ run one after another on the caller's stream (never in lanes), so one pair serve
 """
 from __future__ import annotations
 
+from ....arrays import dtype_name
 from ....errors import RnnGraphError
 from ...settings import switch
 from .persistent.mma import SPLIT_BITS
@@ -49,7 +50,7 @@ def applies(be, a, b, out, ta: bool, tb: bool) -> bool:
     """Whether out (+)= op(a) · op(b) runs in 3xTF32: float32 matrices cuBLAS takes, with TF32 not allowed
     (else cuBLAS runs them in TF32 itself), at least FROM_WORK multiply-adds, a whole operand within a split
     buffer, and RNNGRAPH_GEMM_3XTF32 not 0."""
-    if be.blas is None or be.blas.tf32 or (ta, tb) not in FORMS or str(out.dtype) != "float32" or \
+    if be.blas is None or be.blas.tf32 or (ta, tb) not in FORMS or dtype_name(out.dtype) != "float32" or \
             not a.dtype == b.dtype == out.dtype or a.ndim != 2 or not be.blas.usable(a, b, out) or \
             switch("RNNGRAPH_GEMM_3XTF32") is False:
         return False
