@@ -1,7 +1,7 @@
 """Products over all frames in 3xTF32 on the GPU (rnngraph/run/backends/cuda/x3.py): cuBLAS's TF32 GEMMs on the
-split operands within 3xTF32's bound of float64, in every form, whole and in panels; graph mode records them and
-its replays follow new values; a float32 training step in graph mode with them on agrees with them off to the
-bound of float32 on CUDA cores."""
+split operands within 3xTF32's bound of float64, in every form, whole and in panels, and a product's two gradients
+from one split of its output gradient; graph mode records them and its replays follow new values; a float32
+training step in graph mode with them on agrees with them off to the bound of float32 on CUDA cores."""
 import numpy as np
 import pytest
 
@@ -37,6 +37,31 @@ def test_3xtf32_products_on_cublas_are_within_their_bound(form, elements, monkey
         be.gemm_frames(a32, b32, out, ta=ta, tb=tb, accumulate=accumulate)
         want = op(a64, ta) @ op(b64, tb) + (cupy.asarray(out0) if accumulate else 0)
         assert float((cupy.abs(out - want) / size).max()) <= 2.0 ** -18
+
+
+@pytest.mark.parametrize("shape", [(4096, 1024, 512), (4096, 1536, 512)], ids=["min_gru", "min_lstm"])
+@pytest.mark.parametrize("elements", [None, 1 << 20])
+def test_both_gradients_share_the_output_gradients_parts(shape, elements, monkeypatch):
+    """gx (+)= g · w and gw += gᵀ · x through x3.grads (g split once for both), whole and in panels (512 or 682
+    rows), within 3xTF32's bound of float64."""
+    import cupy
+    N, M, K = shape
+    if elements:
+        monkeypatch.setattr(x3, "SPLIT_ELEMENTS", elements)
+    shared, grads = [], x3.grads
+    monkeypatch.setattr(x3, "grads", lambda *a: shared.append(grads(*a)) or shared[-1])
+    be = get_backend("cupy", "staged")
+    rng = np.random.default_rng(1)
+    g, w, x = (cupy.asarray(rng.standard_normal(s), cupy.float32) for s in ((N, M), (M, K), (N, K)))
+    gx0, gw0 = (cupy.asarray(rng.standard_normal(s), cupy.float32) for s in ((N, K), (M, K)))
+    g64, w64, x64 = (a.astype(cupy.float64) for a in (g, w, x))
+    for accumulate in (False, True):
+        gx, gw = gx0.copy(), gw0.copy()
+        be.gemm_grads_frames(g, w, x, gx, gw, accumulate=accumulate)
+        for got, want, size in ((gx, g64 @ w64 + (gx0 if accumulate else 0), abs(g64) @ abs(w64) + abs(gx0)),
+                                (gw, g64.T @ x64 + gw0, abs(g64.T) @ abs(x64) + abs(gw0))):
+            assert float((cupy.abs(got - want) / size).max()) <= 2.0 ** -18
+    assert shared == [True, True]
 
 
 def test_graph_mode_records_them_and_its_replays_follow_new_values():

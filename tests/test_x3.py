@@ -122,6 +122,41 @@ def test_3xtf32_products_are_within_their_bound_of_float64(form, accumulate, ele
     assert betas == ([float(accumulate)] + [1.0] * (panels - 1) if ta else [float(accumulate)] * panels)
 
 
+@needs_cxx
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("elements", [1 << 13, 1600])
+def test_both_gradients_share_the_output_gradients_parts(accumulate, elements):
+    """gx (+)= g · w and gw += gᵀ · x (x3.grads): both within 2⁻¹⁸ of float64, whole and in panels (1600 elements a
+    part: 40 rows of g's parts, 26 of x's beside w's 2880 aligned), per panel the operand's gradient then the
+    weight's on TF32 parts, g split once for both: three splits for one panel, 1 + 2 a panel for more."""
+    rng = np.random.default_rng(2)
+    win = lambda *s: rng.standard_normal((s[0], s[1] + 3)).astype(np.float32)[:, 1:1 + s[1]]
+    g, w, x = win(150, 40), win(40, 24), win(150, 24)
+    gx0, gw0 = rng.standard_normal((150, 24)).astype(np.float32), rng.standard_normal((40, 24)).astype(np.float32)
+    gx, gw = gx0.copy(), gw0.copy()
+    be = Emulated(elements)
+    splits = []
+    raw = be.raw
+    be.raw = lambda name, src: (splits.append(name), raw(name, src))[1]
+    assert x3.grads(be, g, w, x, gx, gw, accumulate)
+    g64, w64, x64 = g.astype(np.float64), w.astype(np.float64), x.astype(np.float64)
+    for got, want, size in ((gx, g64 @ w64 + (gx0 if accumulate else 0), abs(g64) @ abs(w64) + abs(gx0)),
+                            (gw, g64.T @ x64 + gw0, abs(g64.T) @ abs(x64) + abs(gw0))):
+        assert (np.abs(got - want) <= size * 2.0 ** -18).all()
+    panels = 1 if elements > 150 * 40 else 6
+    assert [c[:2] for c in be.blas.calls] == [("nn", float(accumulate)), ("tn", 1.0)] * panels
+    assert all(t for _, _, t in be.blas.calls) and all(be.blas.seen) and len(splits) == 1 + 2 * panels
+
+
+@needs_cxx
+def test_both_gradients_are_left_to_the_caller_where_no_panel_fits_beside_w():
+    """w's parts fill the second buffer: grads() does nothing and says so."""
+    g, w, x = (np.ones(s, np.float32) for s in ((16, 40), (40, 24), (16, 24)))
+    be = Emulated(40 * 24)
+    assert not x3.grads(be, g, w, x, np.zeros((16, 24), np.float32), np.zeros((40, 24), np.float32), False)
+    assert be.blas.calls == []
+
+
 def test_which_products_run_in_3xtf32(monkeypatch):
     be = Emulated(1)
     big = lambda *s: np.zeros(s, np.float32)
@@ -146,7 +181,7 @@ class Counting(NumpyBackend):
 
     def __init__(self):
         super().__init__("staged")
-        self.frames, self.other = [], []
+        self.frames, self.other, self.pairs = [], [], []
 
     def gemm_frames(self, a, b, out, **kw):
         self.frames.append((a.shape, kw))
@@ -156,12 +191,16 @@ class Counting(NumpyBackend):
         self.other.append(a.shape)
         super().gemm(a, b, out, **kw)
 
+    def gemm_grads_frames(self, g, w, x, gx, gw, **kw):
+        self.pairs.append(g.shape)
+        super().gemm_grads_frames(g, w, x, gx, gw, **kw)
+
 
 @pytest.mark.parametrize("loop", ["stages", "scan"])
 def test_the_products_over_all_frames_are_the_hoisted_ones_and_the_weight_gradients(loop):
     """LSTM (stages) and minGRU (scan), T = 7, B = 3: the input product, its operand's gradient and the weight
-    gradients (the per-frame product's too, summed over all frames) over all T·B rows; every per-frame product
-    (B rows) through gemm."""
+    gradients (the per-frame product's too, summed over all frames) over all T·B rows, the input product's two
+    gradients as one step (gemm_grads_frames); every per-frame product (B rows) through gemm."""
     cell = load_cell("lstm" if loop == "stages" else "min_gru", 5, 6)
     be = Counting()
     ex = Executor(cell, be, loop=loop)
@@ -170,6 +209,7 @@ def test_the_products_over_all_frames_are_the_hoisted_ones_and_the_weight_gradie
     ex.backward({cell.outputs[0]: gy}, gf)
     forms = sorted((kw.get("ta", False), kw.get("tb", False)) for _, kw in be.frames)
     assert forms == [(False, False), (False, True), (True, False)] + [(True, False)] * (loop == "stages")
+    assert be.pairs == [(21, 24 if loop == "stages" else 12)]   # the input product's two gradients, as one step
     assert all(shape[0] == 21 for shape, _ in be.frames) and all(n == 3 for n, _ in be.other)
     assert len(be.other) == (0 if loop == "scan" else 2 * 7)     # stages: h · Wᵀ and its d operand a frame
     assert ex.sched.loop_strategy == loop

@@ -72,6 +72,9 @@ def gemm_grad(ex, step, ws, t):
     elif it.heads > 1:              # per linear op j, per head h: dx[h] += g_j[h] · W_j[h]
         for gj, wj, gxh in _heads(ex, it, (step, t), ws, g, w, gx):
             be.head_gemm(gj, wj, gxh, accumulate=add)
+    elif t is ALL and step.params:      # both over all frames: a backend may share work between them
+        be.gemm_grads_frames(g, w, x, gx, gw, accumulate=add)
+        return
     else:
         (be.gemm_frames if t is ALL else be.gemm)(g, w, gx, accumulate=add)
     if step.params and it.heads > 1:

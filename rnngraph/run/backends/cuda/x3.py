@@ -8,6 +8,11 @@ are TF32 values already, so cuBLAS's products are exact and its sums float32's: 
 to that order. One GEMM, not three, so the output is written once. Operands of many rows (T·B) are split a
 panel of rows at a time.
 
+The two gradients of one product share its output gradient's parts (grads): split for the operand's gradient as
+that product's a (small, big, big side by side in each row), the same buffer read as [3 · rows, cols] is the
+weight gradient's a, each row's three parts one after another along its reduction, against the operand's parts
+split (big, small, big) the same way.
+
 The split buffers are the backend's (split3: two of 3 · SPLIT_ELEMENTS float32), made at its first such product
 (outside any recording) and never replaced, so recorded graphs keep their addresses; the products over all frames
 run one after another on the caller's stream (never in lanes), so one pair serves them all.
@@ -20,6 +25,7 @@ from ...settings import switch
 from .persistent.mma import SPLIT_BITS
 
 SPLIT_ELEMENTS = 1 << 22     # float32 elements split at a time (a panel of rows, or a whole weight): 48 MB a buffer
+ALIGN = 64                   # elements: where a second operand's parts start in a buffer (256 bytes, as cuBLAS likes)
 FROM_WORK = 1 << 29          # multiply-adds (output elements · reduction) from which a product runs in 3xTF32
 
 SPLIT = SPLIT_BITS + r"""
@@ -79,6 +85,27 @@ def product(be, a, b, out, ta: bool, tb: bool, accumulate: bool):
             gemm(A, _split(be, b[r0:r1], bufs[1], b_along, 1), out, beta=beta if r0 == 0 else 1.0, tf32=True)
         else:                   # the panels split the output's rows
             gemm(A, whole, out[r0:r1], beta=beta, tf32=True)
+
+
+def grads(be, g, w, x, gx, gw, accumulate: bool):
+    """gx [N, K] (+)= g [N, M] · w [M, K] and gw [M, K] += g [N, M]ᵀ · x [N, K] in 3xTF32 (where applies() says so of
+    both), g split once for both a panel of rows at a time: w split whole (big, small, big stacked) into the second
+    buffer, and each panel's x after it. False where no panel of one row fits beside w (the caller then runs the two
+    products apart)."""
+    N, M = g.shape
+    K, bufs = w.shape[1], be.split3
+    room, at = bufs.shape[1] // 3, -(-3 * w.size // ALIGN) * ALIGN      # x's parts from an aligned offset
+    step = min(room // M, (3 * room - at) // (3 * K))
+    if step < 1:
+        return False
+    whole = _split(be, w, bufs[1], "rows", 1)
+    for r0 in range(0, N, step):
+        r1 = min(N, r0 + step)
+        A = _split(be, g[r0:r1], bufs[0], "cols", 0)         # [rows, 3M]: (small, big, big) of each row
+        be.blas.nn(A, whole, gx[r0:r1], beta=1.0 if accumulate else 0.0, tf32=True)
+        X = _split(be, x[r0:r1], bufs[1][at:], "cols", 1)    # [rows, 3K]: (big, small, big)
+        be.blas.tn(A.reshape(3 * (r1 - r0), M), X.reshape(3 * (r1 - r0), K), gw, beta=1.0, tf32=True)
+    return True
 
 
 def _split(be, x, buf, along: str, small_at: int):
