@@ -24,6 +24,7 @@ from rnngraph.run.backends.cuda.persistent.heads import one_head
 from rnngraph.run.backends.cuda.persistent.phases import block_counts, loop_heads, phases, problem
 from rnngraph.run.backends.cuda.rows import group_kernel, row_group
 from rnngraph.run.backends.cuda.scan import scan_source
+from rnngraph.run.backends.cuda.x3 import SPLIT
 from rnngraph.run.backends.cuda.source import CTYPES
 
 STORED = Path(__file__).with_name("kernel_sources.json")
@@ -99,6 +100,7 @@ def census() -> dict:
                 for label, src in _sources(name, cell, build_schedule(cell, loop=loop), ctype):
                     out[f"{ctype} {name} {loop}: {label}"] = src
     out["persistent zero"] = ZERO_SOURCE
+    out["3xTF32 split"] = SPLIT
     return {k: hashlib.sha256(v.encode()).hexdigest() for k, v in sorted(out.items())}
 
 

@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rnngraph"
 # the plain modules optim, layers, losses) sits on top. The cupy backend's room, run/backends/cuda, holds every
 # CUDA source generator (pure strings, below the backends) and, above them, what runs them on a GPU.
 CUDA_GENERATORS = ("source", "fused", "rows", "pair", "matmul", "param_grad", "scan", "elementwise", "persistent",
-                   "chunks", "split")
+                   "chunks", "split", "x3")
 # The compiled CPU backend's room, run/backends/cpu, translates the CUDA generators' specs (so sits above them):
 # its generators, then numba's prelude and module cache, the strategy runners, and its backend above the base.
 CPU_ROOM = ("source", "fused", "blas", "jit", "prelude", "stages", "scan", "elementwise", "persistent")

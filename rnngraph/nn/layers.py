@@ -109,7 +109,7 @@ class Dense(Module):
                                 f"got shape {tuple(x.shape)}")
         x2 = x.reshape(-1, self.in_features)                            # [N, in], N = T·B
         y2 = self.xp.empty((x2.shape[0], self.out_features), self.dtype)   # [N, out] = x2 · Wᵀ
-        self.backend.gemm(x2, self.weight, y2, tb=True)     # the backend's BLAS: on the cpu backend, its threads
+        self.backend.gemm_frames(x2, self.weight, y2, tb=True)  # the backend's BLAS: on the cpu backend, its threads
         if self.bias is not None:
             y2 += self.bias
         return y2.reshape(x.shape[:-1] + (self.out_features,)), (x2, x.shape)
@@ -121,13 +121,12 @@ class Dense(Module):
         if tuple(grad_y.shape) != want:
             raise RnnGraphError(f"Dense.backward expected grad_y of shape {want}, got {tuple(grad_y.shape)}")
         g2 = grad_y.reshape(-1, self.out_features)                      # [N, out]
-        gw = self.xp.empty((self.out_features, self.in_features), self.dtype)
-        self.backend.gemm(g2, x2, gw, ta=True)                          # [out, in], one GEMM over all frames
+        gw = self.xp.zeros((self.out_features, self.in_features), self.dtype)     # [out, in], added to
+        gx = self.xp.empty((g2.shape[0], self.in_features), self.dtype)             # [N, in]
+        self.backend.gemm_grads_frames(g2, self.weight, x2, gx, gw)     # gx = g2 · W, gw += g2ᵀ · x2: over all frames
         self.grads = {"weight": gw}
         if self.bias is not None:
             self.grads["bias"] = g2.sum(axis=0)                         # [out]
-        gx = self.xp.empty((g2.shape[0], self.in_features), self.dtype)
-        self.backend.gemm(g2, self.weight, gx)                          # [N, in]
         return gx.reshape(shape)
 
 

@@ -353,7 +353,7 @@ class Chunked:
             self._op(ws, ("frames_in", "grad", o), ws.frames(ws.grads[o]), go + k)
         for s, (p, _) in cell.states.items():
             self._op(ws, ("grads_in", s), ws.grads[p], self.gcarry[s])
-        ex._run_sections(ex.sched.backward, ws, run_loop)
+        ex._run_sections(ex.backward_sections, ws, run_loop)
         for k, n in enumerate(cell.inputs):
             self._op(ws, ("frames_out", "grad", n), ws.frames(ws.grads[n]), gi + k)
         self._op(ws, ("accumulate",), self.acc, ws.grad_arena[:self.acc.size])

@@ -60,6 +60,7 @@ class Executor:
         self.arenas = Arenas(backend)
         self._loop_gemms = {it for st in schedule.loop for it in st if isinstance(it, Gemm)}
         self._readers = next_frame_readers(schedule)    # per-frame products that may leave their sums to a reader
+        self.backward_sections = joined(schedule.backward)
         self.ws: Workspace | None = None
         self.serial = next(SERIAL)
         self.loop_runs, self.loop_note = schedule.loop_strategy, None
@@ -212,7 +213,7 @@ class Executor:
         for s, g in (grad_finals or {}).items():
             if g is not None:       # [B, F]: the last frame's; [D, B, F]: each of the last D frames'
                 ws.grads[cell.states[s][0]][self._last_rows(cell.depths[s] if g.ndim == 3 else 1)] += g
-        self._run_body("bwd", ws, lambda ws, run_loop: self._run_sections(self.sched.backward, ws, run_loop))
+        self._run_body("bwd", ws, lambda ws, run_loop: self._run_sections(self.backward_sections, ws, run_loop))
         if GRAD_INIT not in ws.memo:        # the rows before frame 0: views made once
             ws.memo[GRAD_INIT] = {s: ws.grads[p][ws.P - 1] if cell.depths[s] == 1 else
                                   ws.grads[p][ws.P - cell.depths[s]:ws.P] for s, (p, _) in cell.states.items()}
@@ -300,6 +301,22 @@ class Executor:
                     self.backend.overlap([lambda it=it: HANDLERS[type(it)](self, it, ws, t) for it in st.items])
                 else:
                     self._run(st.items, ws, t)
+
+def joined(sections) -> tuple:
+    """The backward plan's sections as the executor runs them: a product's operand gradient (GemmGrad) and, right
+    after it, its weight gradient over all frames (WeightGrad) run as one step, the GemmGrad with params, so that
+    the backend may share work between the two (gemm_grads_frames: x3 splits their output gradient once)."""
+    out = []
+    for sec in sections:
+        items = []
+        for it in sec.items:
+            if isinstance(it, WeightGrad) and not sec.per_frame and items and items[-1] == GemmGrad(it.item):
+                items[-1] = GemmGrad(it.item, params=True)
+            else:
+                items.append(it)
+        out.append(replace(sec, items=tuple(items)))
+    return tuple(out)
+
 
 HANDLERS = {Gemm: handlers.gemm, Fused: handlers.fused, Pair: handlers.pair, GemmGrad: handlers.gemm_grad,
             FusedGrad: handlers.fused_grad, WeightGrad: handlers.weight_grad, ParamSum: handlers.param_sum,

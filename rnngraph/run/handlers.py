@@ -24,7 +24,7 @@ def gemm(ex, it, ws, t):
         for o, wj, xh in _heads(ex, it, (it, t), ws, out, w, x):
             ex.backend.head_gemm(xh, wj, o, tb=True)
     else:
-        ex.backend.gemm(x, w, out, tb=True)
+        (ex.backend.gemm_frames if t is ALL else ex.backend.gemm)(x, w, out, tb=True)
 
 
 def fused(ex, it, ws, t):
@@ -72,13 +72,16 @@ def gemm_grad(ex, step, ws, t):
     elif it.heads > 1:              # per linear op j, per head h: dx[h] += g_j[h] · W_j[h]
         for gj, wj, gxh in _heads(ex, it, (step, t), ws, g, w, gx):
             be.head_gemm(gj, wj, gxh, accumulate=add)
+    elif t is ALL and step.params:      # both over all frames: a backend may share work between them
+        be.gemm_grads_frames(g, w, x, gx, gw, accumulate=add)
+        return
     else:
-        be.gemm(g, w, gx, accumulate=add)
+        (be.gemm_frames if t is ALL else be.gemm)(g, w, gx, accumulate=add)
     if step.params and it.heads > 1:
         for gj, gwj, xh in _heads(ex, it, (step, t, "w"), ws, g, gw, x):
             be.head_gemm(gj, xh, gwj, ta=True, accumulate=True)
     elif step.params:
-        be.gemm(g, x, gw, ta=True, accumulate=True)
+        (be.gemm_frames if t is ALL else be.gemm)(g, x, gw, ta=True, accumulate=True)
 
 
 def _parts(ex, step, ws, t, g, w):
@@ -118,7 +121,7 @@ def weight_grad(ex, step, ws, t):
     it = step.item
     g, x, gw = ws.at(ws.cat[it][1], ALL), ws.read(it.operand, it.delay, ALL), ws.wcat[it][1]
     if it.heads == 1:
-        ex.backend.gemm(g, x, gw, ta=True, accumulate=True)
+        ex.backend.gemm_frames(g, x, gw, ta=True, accumulate=True)
         return
     for gj, gwj, xh in _heads(ex, it, (step, ALL), ws, g, gw, x):
         ex.backend.head_gemm(gj, xh, gwj, ta=True, accumulate=True)

@@ -189,6 +189,17 @@ class ArrayBackend:
         else:
             self.xp.matmul(a, b, out=out)
 
+    def gemm_frames(self, a, b, out, *, ta: bool = False, tb: bool = False, accumulate: bool = False):
+        """gemm over all T·B rows of a call (a hoisted product or a weight gradient): never run beside another
+        product (in lanes), so a backend may give it buffers of its own; the same as gemm here."""
+        self.gemm(a, b, out, ta=ta, tb=tb, accumulate=accumulate)
+
+    def gemm_grads_frames(self, g, w, x, gx, gw, *, accumulate: bool = False):
+        """Both gradients of a product over all frames, out [N, M] = x [N, K] · w [M, K]ᵀ, from g [N, M]: gx [N, K]
+        (+)= g · w and gw [M, K] += gᵀ · x (gemm_frames'); a backend may share work between the two."""
+        self.gemm_frames(g, w, gx, accumulate=accumulate)
+        self.gemm_frames(g, x, gw, ta=True, accumulate=True)
+
     def head_gemm(self, a, b, out, *, ta: bool = False, tb: bool = False, accumulate: bool = False):
         """gemm batched over heads: out[h] (+)= op(a[h]) · op(b[h]) for each head h of the leading axis, views
         [k, ...] of rows split into heads (head_parts): out [k, N, o] = x [k, N, i] · w [k, o, i]ᵀ forward,

@@ -15,6 +15,7 @@ from ....plan.items import Fused, FusedGrad, Gemm, GemmGrad, Pair, ParamSum
 from ....plan.loops import STRATEGIES, strategy_of
 from ...settings import switch
 from ..base import ArrayBackend, GatherPlan, head_parts, strategy_runners
+from . import x3
 from .chunks import chunk_launch
 from .fused import fusable
 from .gather import copy_runs_launch, runs_table, zero_runs_launch, zero_runs_table
@@ -151,6 +152,24 @@ class CupyBackend(ArrayBackend):
             form(self.blas, a, b, out)
         else:
             super().gemm(a, b, out, ta=ta, tb=tb, accumulate=accumulate)
+
+    def gemm_frames(self, a, b, out, *, ta: bool = False, tb: bool = False, accumulate: bool = False):
+        """float32 with TF32 not allowed in 3xTF32 on tensor cores where x3.applies, else gemm."""
+        if x3.applies(self, a, b, out, ta, tb):
+            x3.product(self, a, b, out, ta, tb, accumulate)
+        else:
+            self.gemm(a, b, out, ta=ta, tb=tb, accumulate=accumulate)
+
+    def gemm_grads_frames(self, g, w, x, gx, gw, *, accumulate: bool = False):
+        """Both in 3xTF32, g split once for the two (x3.grads), where x3 applies to both; else gemm_frames each."""
+        if not (x3.applies(self, g, w, gx, False, False) and x3.applies(self, g, x, gw, True, False)
+                and x3.grads(self, g, w, x, gx, gw, accumulate)):
+            super().gemm_grads_frames(g, w, x, gx, gw, accumulate=accumulate)
+
+    @functools.cached_property
+    def split3(self):
+        """[2, 3 · x3.SPLIT_ELEMENTS] float32: x3's split operands, made once (recordings keep the address)."""
+        return self.xp.empty((2, 3 * x3.SPLIT_ELEMENTS), self.xp.float32)
 
     def head_gemm(self, a, b, out, *, ta: bool = False, tb: bool = False, accumulate: bool = False):
         """One strided-batched cuBLAS GEMM over the heads (capturable), else the reference."""

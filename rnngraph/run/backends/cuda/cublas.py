@@ -54,17 +54,17 @@ class Cublas:
             a.ndim in (2, 3) and (a.shape[-1] <= 1 or a.strides[-1] == a.itemsize) and a.strides[-2] > 0
             and (a.ndim == 2 or a.strides[0] >= 0) for a in arrays)
 
-    def _gemm(self, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, beta):
+    def _gemm(self, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, beta, tf32=False):
         """C = op(A) op(B) (+ C), column-major as cuBLAS sees our row-major views; heads (3-D views) as one
         strided-batched GEMM. Half storage goes through GemmEx: tensor cores, float32 products and sums,
-        C rounded once when stored."""
+        C rounded once when stored; float32 too where self.tf32 or tf32 (operands TF32 already: x3.py)."""
         dt = dtype_name(c.dtype)
         self._check(self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(self.cp.cuda.get_current_stream().ptr)),
                     "cublasSetStream")
         ptr = lambda x: ctypes.c_void_p(x.data.ptr)
         if c.ndim == 3:
             return self._batched(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, beta)
-        if dt in _HALF or (dt == "float32" and self.tf32):
+        if dt in _HALF or (dt == "float32" and (self.tf32 or tf32)):
             one, scale = ctypes.byref(self.scalars[("float32", 1.0)]), ctypes.byref(self.scalars[("float32", beta)])
             h, compute = (_HALF[dt], _COMPUTE_32F) if dt in _HALF else (_R_32F, _COMPUTE_32F_FAST_TF32)
             self._check(self.lib.cublasGemmEx(self.handle, ta, tb, m, n, k, one, ptr(a), h, max(lda, 1), ptr(b), h,
@@ -110,20 +110,21 @@ class Cublas:
             _ld(g), ctypes.c_longlong(L), zero, ptr(parts), _R_32F, K, ctypes.c_longlong(N * K), S, _COMPUTE_32F,
             _GEMM_DEFAULT), "cublasGemmStridedBatchedEx (parts)")
 
-    def nt(self, x, w, out, beta=0.0):
-        """out [N, M] = x [N, K] · w [M, K]ᵀ (+ out when beta=1); per head for [k, ...] views."""
+    def nt(self, x, w, out, beta=0.0, tf32=False):
+        """out [N, M] = x [N, K] · w [M, K]ᵀ (+ out when beta=1); per head for [k, ...] views. tf32: on TF32
+        tensor cores whatever self.tf32 (for operands that are TF32 values already)."""
         (N, K), M = x.shape[-2:], w.shape[-2]
-        self._gemm(_OP_T, _OP_N, M, N, K, w, _ld(w), x, _ld(x), out, _ld(out), beta)
+        self._gemm(_OP_T, _OP_N, M, N, K, w, _ld(w), x, _ld(x), out, _ld(out), beta, tf32)
 
-    def nn(self, g, w, out):
-        """out [N, K] += g [N, M] · w [M, K]; per head for [k, ...] views."""
+    def nn(self, g, w, out, beta=1.0, tf32=False):
+        """out [N, K] += g [N, M] · w [M, K] (= where beta=0); per head for [k, ...] views."""
         (N, M), K = g.shape[-2:], w.shape[-1]
-        self._gemm(_OP_N, _OP_N, K, N, M, w, _ld(w), g, _ld(g), out, _ld(out), 1.0)
+        self._gemm(_OP_N, _OP_N, K, N, M, w, _ld(w), g, _ld(g), out, _ld(out), beta, tf32)
 
-    def tn(self, g, x, out):
-        """out [M, K] += g [N, M]ᵀ · x [N, K]; per head for [k, ...] views."""
+    def tn(self, g, x, out, beta=1.0, tf32=False):
+        """out [M, K] += g [N, M]ᵀ · x [N, K] (= where beta=0); per head for [k, ...] views."""
         (N, M), K = g.shape[-2:], x.shape[-1]
-        self._gemm(_OP_N, _OP_T, K, M, N, x, _ld(x), g, _ld(g), out, _ld(out), 1.0)
+        self._gemm(_OP_N, _OP_T, K, M, N, x, _ld(x), g, _ld(g), out, _ld(out), beta, tf32)
 
 
 def _ld(a) -> int:

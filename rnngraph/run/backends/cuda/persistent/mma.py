@@ -52,14 +52,15 @@ static __device__ __forceinline__ unsigned rg_tf32(unsigned x) {
 }
 static __device__ __forceinline__ float rg_tf32f(float x) { return __uint_as_float(rg_tf32(__float_as_uint(x))); }
 """
-SPLIT = r"""
+SPLIT_BITS = r"""
 static __device__ __forceinline__ void rg_split(unsigned x, unsigned& big, unsigned& small) {
     // finite float32 bits as big + small, both TF32: big x rounded, small the rest rounded (3xTF32); rounded as
     // cvt.rna.tf32.f32 rounds finite values (to nearest, ties away), in integer operations, not the slower cvt
     big = (x + 0x1000u) & 0xffffe000u;
     small = (__float_as_uint(__uint_as_float(x) - __uint_as_float(big)) + 0x1000u) & 0xffffe000u;
 }
-static __device__ __forceinline__ void rg_mma3(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+"""
+SPLIT = SPLIT_BITS + r"""static __device__ __forceinline__ void rg_mma3(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
                                                unsigned b0, unsigned b1) {
     // D = A·B + D on float32 operands in 3xTF32: small·big, big·small, then big·big (small·small dropped)
     unsigned A[4], a[4], Bb[2], b[2];
