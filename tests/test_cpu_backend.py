@@ -247,7 +247,8 @@ def test_auto_runs_the_compiled_backend_here_and_naive_compiles_nothing():
     layer = Recurrent("lstm", 3, 5, backend="cpu", mode="naive", dtype="float64")
     layer(frames(4))
     memo = layer._stack.runs[0][0].ex.ws.memo          # prepared items: (item, frame) -> (views, launch)
-    assert not any(v[1] for k, v in memo.items() if isinstance(k[1], int) or k[1] is None)
+    assert not any(v[1] for k, v in memo.items()
+               if isinstance(k, tuple) and len(k) == 2 and (isinstance(k[1], int) or k[1] is None))
 
 
 def test_blas_threads_limits_the_pool_for_its_own_calls_only():

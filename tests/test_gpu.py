@@ -169,6 +169,11 @@ def test_lanes_match_reference(mode):
     _assert_close(got2, ref, TOL["float64"], f"lanes/{mode} replay")
 
 
+def paired_launches(ex) -> list:
+    """The launch of each prepared pair item: memo (item, frame) -> (views, launch); other memo keys differ."""
+    return [v[1] for k, v in ex.ws.memo.items() if isinstance(k, tuple) and len(k) == 2 and isinstance(k[0], Pair)]
+
+
 @pytest.mark.parametrize("B", [1, 3, 8, 9])
 def test_gemm_fused_pair_matches_reference(B):
     """The per-frame GEMV runs inside the fused kernel for B ≤ 8; B = 9 takes the two-kernel path."""
@@ -179,7 +184,7 @@ def test_gemm_fused_pair_matches_reference(B):
     for mode in ("staged", "graph"):
         ex, got = _run(cell, get_backend("cupy", mode), *prob, cupy, "float64", "stages")
         _assert_close(got, ref, TOL["float64"], f"pair B={B} {mode}")
-        paired = [v[1] for (it, _), v in ex.ws.memo.items() if isinstance(it, Pair)]     # (views, launch)
+        paired = paired_launches(ex)
         assert paired and all((v is not None) == (B <= 8) for v in paired)
 
 
@@ -191,7 +196,7 @@ def test_no_gemm_fused_pair_when_the_weights_are_large():
     _, ref = _run(cell, NumpyBackend("naive"), *prob, np, np.float64)
     ex, got = _run(cell, get_backend("cupy", "graph"), *prob, cupy, "float64", "stages")
     _assert_close(got, ref, TOL["float64"], "unpaired H=1024")
-    paired = [v[1] for (it, _), v in ex.ws.memo.items() if isinstance(it, Pair)]     # (views, launch)
+    paired = paired_launches(ex)
     assert paired and all(v is None for v in paired)
 
 
