@@ -15,7 +15,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rnngraph.nn import Recurrent          # noqa: E402
-from rnngraph.lab.doctor import versions   # noqa: E402
+from rnngraph.lab.bench import machine_info   # noqa: E402
 from rnngraph.run.backends import cpu_backend   # noqa: E402
 
 
@@ -45,10 +45,12 @@ def main(argv=None) -> dict:
         xp.get_default_memory_pool().total_bytes()
     out = {"T": a.T, "B": a.B, "H": a.H, "device": "cpu" if a.cpu else "gpu", "recomputed": bool(layer.recomputed),
            "seconds": round(seconds, 3), "peak_gb": round(peak / 1e9, 3), "inputs_outputs_gradients_gb": round(io / 1e9, 3),
-           "finite": bool(xp.isfinite(gx).all()), "command": " ".join(["python", *sys.argv]), "versions": versions()}
+           "finite": bool(xp.isfinite(gx).all()), "impl": "staged" if a.cpu else "graph", "cell": "lstm",
+           "dtype": "float32"}
     print(json.dumps(out))
-    if a.json:
-        Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
+    if a.json:                  # as `rnngraph bench --json` writes: machine (with the command), settings, results
+        doc = dict(machine=machine_info(), settings=vars(a), results=[out])
+        Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")
     return out
 
 

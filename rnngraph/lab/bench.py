@@ -259,7 +259,7 @@ def machine_info() -> dict:
                         "matmul": torch.backends.cuda.matmul.allow_tf32, "cudnn": torch.backends.cudnn.allow_tf32})
         if info.get("gpu") is None and torch.cuda.is_available():
             info["gpu"] = torch.cuda.get_device_name(0)
-    prog = "rnngraph" if Path(sys.argv[0]).name in ("__main__.py", "rnngraph") else sys.argv[0]
+    prog = "rnngraph" if Path(sys.argv[0]).name in ("__main__.py", "rnngraph") else f"python {sys.argv[0]}"
     info.update(device=info.get("gpu") or cpu_name(), gpu_problem=gpu_problem(), commit=git_commit(),
                 date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 command=" ".join([prog, *sys.argv[1:]]),
