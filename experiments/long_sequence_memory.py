@@ -44,9 +44,9 @@ def main(argv=None) -> dict:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 if a.cpu else \
         xp.get_default_memory_pool().total_bytes()
     out = {"T": a.T, "B": a.B, "H": a.H, "device": "cpu" if a.cpu else "gpu", "recomputed": bool(layer.recomputed),
-           "seconds": round(seconds, 3), "peak_gb": round(peak / 1e9, 3), "inputs_outputs_gradients_gb": round(io / 1e9, 3),
-           "finite": bool(xp.isfinite(gx).all()), "impl": "staged" if a.cpu else "graph", "cell": "lstm",
-           "dtype": "float32"}
+           "seconds": round(seconds, 3), "peak_gb": round(peak / 1e9, 3),
+           "inputs_outputs_gradients_gb": round(io / 1e9, 3), "finite": bool(xp.isfinite(gx).all()),
+           "impl": "staged" if a.cpu else "graph", "cell": "lstm", "dtype": "float32"}
     print(json.dumps(out))
     if a.json:                  # as `rnngraph bench --json` writes: machine (with the command), settings, results
         doc = dict(machine=machine_info(), settings=vars(a), results=[out])

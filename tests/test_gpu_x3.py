@@ -1,5 +1,5 @@
 """Products over all frames in 3xTF32 on the GPU (rnngraph/run/backends/cuda/x3.py): cuBLAS's TF32 GEMMs on the
-split operands within 3xTF32's bound of float64, in every form, whole and in panels, and a product's two gradients
+split operands within 3xTF32's bound of float64, in both forms, whole and in panels, and a product's two gradients
 from one split of its output gradient; graph mode records them and its replays follow new values; a float32
 training step in graph mode with them on agrees with them off to the bound of float32 on CUDA cores."""
 import numpy as np
@@ -12,12 +12,12 @@ from rnngraph.run.backends.cuda import x3
 pytestmark = pytest.mark.gpu
 
 # (ta, tb), a, b, out: minGRU's three products at T = 4096, B = 1, H = D = 512
+# (a weight gradient alone, tn, stays one float32 GEMM: x3.FORMS)
 FORMS = [((False, True), (4096, 512), (1024, 512), (4096, 1024)),
-         ((False, False), (4096, 1024), (1024, 512), (4096, 512)),
-         ((True, False), (4096, 1024), (4096, 512), (1024, 512))]
+         ((False, False), (4096, 1024), (1024, 512), (4096, 512))]
 
 
-@pytest.mark.parametrize("form", FORMS, ids=["nt", "nn", "tn"])
+@pytest.mark.parametrize("form", FORMS, ids=["nt", "nn"])
 @pytest.mark.parametrize("elements", [None, 1 << 20])
 def test_3xtf32_products_on_cublas_are_within_their_bound(form, elements, monkeypatch):
     import cupy

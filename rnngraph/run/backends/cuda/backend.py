@@ -161,9 +161,8 @@ class CupyBackend(ArrayBackend):
             self.gemm(a, b, out, ta=ta, tb=tb, accumulate=accumulate)
 
     def gemm_grads_frames(self, g, w, x, gx, gw, *, accumulate: bool = False):
-        """Both in 3xTF32, g split once for the two (x3.grads), where x3 applies to both; else gemm_frames each."""
-        if not (x3.applies(self, g, w, gx, False, False) and x3.applies(self, g, x, gw, True, False)
-                and x3.grads(self, g, w, x, gx, gw, accumulate)):
+        """Both in 3xTF32, g split once for the two (x3.grads), where x3.applies_grads; else gemm_frames each."""
+        if not (x3.applies_grads(self, g, w, x, gx, gw) and x3.grads(self, g, w, x, gx, gw, accumulate)):
             super().gemm_grads_frames(g, w, x, gx, gw, accumulate=accumulate)
 
     @functools.cached_property

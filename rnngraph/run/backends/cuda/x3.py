@@ -1,7 +1,7 @@
-"""Products over all frames in float32 where TF32 is not allowed (the hoisted GEMMs, their operands' gradients and
-the weight gradients), in 3xTF32 on cuBLAS's TF32 tensor cores. Each operand is split as the persistent loop splits
-its own (persistent/mma.SPLIT_BITS) into big (its TF32 rounding) and small (the TF32 rounding of the rest), and one
-TF32 GEMM runs over three times the reduction: a's parts (small, big, big) against b's (big, small, big) along it,
+"""Products over all frames in float32 where TF32 is not allowed (the hoisted GEMMs and their operands'
+gradients, and a weight gradient beside its operand's), in 3xTF32 on cuBLAS's TF32 tensor cores. Each operand
+is split as the persistent loop splits its own (persistent/mma.SPLIT_BITS) into big (its TF32 rounding) and small
+(the TF32 rounding of the rest), and one TF32 GEMM runs over three times the reduction: a's parts (small, big, big) against b's (big, small, big) along it,
 so that its sums add small·big + big·small + big·big (small·small, below 2⁻²² of a product, is dropped). The parts
 are TF32 values already, so cuBLAS's products are exact and its sums float32's: a product is within about
 3 · 2⁻²² of its exact value, where float32's own rounding is 2⁻²⁴, and the results agree with float32 on CUDA cores
@@ -45,51 +45,52 @@ extern "C" __global__ void rg_split3_tf32(const float* __restrict__ x, long long
 }
 """
 
-# (ta, tb) -> (the cuBLAS form, whether b runs in panels of rows as a does (else whole), and where each operand's
-# reduction lies: along its columns (its parts side by side in a row) or its rows (its parts stacked))
-FORMS = {(False, True): ("nt", False, "cols", "cols"),     # out [N, M] = a [N, K] · b [M, K]ᵀ
-         (False, False): ("nn", False, "cols", "rows"),    # out [N, K] = a [N, M] · b [M, K]
-         (True, False): ("tn", True, "rows", "rows")}      # out [M, K] = a [N, M]ᵀ · b [N, K], panels of N
+# (ta, tb) -> (the cuBLAS form, where b's reduction lies: along its columns (its parts side by side in a row) or its
+# rows (its parts stacked)); a's lies along its columns, and the panels of a's rows split the output's rows. A weight
+# gradient alone (tn: out [M, K] = a [N, M]ᵀ · b [N, K]) stays one float32 GEMM: on an H200, split in panels of N,
+# it took 1.11-1.33x float32's time (minGRU, minLSTM and the LSTM's products, T·B = 800 to 65,536); it runs in
+# 3xTF32 beside its operand's gradient only, sharing that one's split (grads).
+FORMS = {(False, True): ("nt", "cols"),     # out [N, M] = a [N, K] · b [M, K]ᵀ
+         (False, False): ("nn", "rows")}    # out [N, K] = a [N, M] · b [M, K]
 
 
 def applies(be, a, b, out, ta: bool, tb: bool) -> bool:
-    """Whether out (+)= op(a) · op(b) runs in 3xTF32: float32 matrices cuBLAS takes, with TF32 not allowed
-    (else cuBLAS runs them in TF32 itself), at least FROM_WORK multiply-adds, a whole operand within a split
+    """Whether out (+)= op(a) · op(b) runs in 3xTF32: float32 matrices cuBLAS takes in a form of FORMS, with TF32
+    not allowed (else cuBLAS runs them in TF32 itself), at least FROM_WORK multiply-adds, b whole within a split
     buffer, and RNNGRAPH_GEMM_3XTF32 not 0."""
     if be.blas is None or be.blas.tf32 or (ta, tb) not in FORMS or dtype_name(out.dtype) != "float32" or \
             not a.dtype == b.dtype == out.dtype or a.ndim != 2 or not be.blas.usable(a, b, out) or \
             switch("RNNGRAPH_GEMM_3XTF32") is False:
         return False
-    b_panels = FORMS[ta, tb][1]
-    reduction = a.shape[0] if ta else a.shape[1]
-    return out.size * reduction >= FROM_WORK and max(a.shape[1], b.shape[1]) <= SPLIT_ELEMENTS and \
-        (b_panels or b.size <= SPLIT_ELEMENTS)
+    return out.size * a.shape[1] >= FROM_WORK and max(a.shape[1], b.size) <= SPLIT_ELEMENTS
+
+
+def applies_grads(be, g, w, x, gx, gw) -> bool:
+    """Whether both gradients of a product (grads) run in 3xTF32: where the operand's (gx (+)= g · w) does, and x
+    and gw are float32 matrices cuBLAS takes beside g."""
+    return applies(be, g, w, gx, False, False) and x.dtype == gw.dtype == g.dtype and x.ndim == 2 and \
+        be.blas.usable(g, x, gw)
 
 
 def product(be, a, b, out, ta: bool, tb: bool, accumulate: bool):
-    """out (+)= op(a) · op(b) in 3xTF32 (where applies() says so): a panel of a's rows at a time (and b's, where
-    the panels split the reduction), each operand split into its buffer (be.split3 [2, 3 · SPLIT_ELEMENTS]),
-    then one TF32 GEMM."""
-    form, b_panels, a_along, b_along = FORMS[ta, tb]
+    """out (+)= op(a) · op(b) in 3xTF32 (where applies() says so): b split whole into the second buffer, then a
+    panel of a's rows at a time split into the first (be.split3 [2, 3 · SPLIT_ELEMENTS]) and one TF32 GEMM into
+    those rows of out."""
+    form, b_along = FORMS[ta, tb]
     gemm, bufs = getattr(be.blas, form), be.split3
     room = bufs.shape[1] // 3           # SPLIT_ELEMENTS when the buffers were made
-    if not b_panels and b.size > room:
+    if b.size > room:
         raise RnnGraphError(f"internal: a whole operand of {b.size} elements exceeds x3's buffers ({room})")
-    whole = None if b_panels else _split(be, b, bufs[1], b_along, 1)
-    N, beta = a.shape[0], 1.0 if accumulate else 0.0
-    step = room // max(a.shape[1], b.shape[1] if b_panels else 1)
+    whole = _split(be, b, bufs[1], b_along, 1)
+    N, beta, step = a.shape[0], 1.0 if accumulate else 0.0, room // a.shape[1]
     for r0 in range(0, N, step):
         r1 = min(N, r0 + step)
-        A = _split(be, a[r0:r1], bufs[0], a_along, 0)
-        if b_panels:            # the panels split the reduction: each after the first adds into the whole output
-            gemm(A, _split(be, b[r0:r1], bufs[1], b_along, 1), out, beta=beta if r0 == 0 else 1.0, tf32=True)
-        else:                   # the panels split the output's rows
-            gemm(A, whole, out[r0:r1], beta=beta, tf32=True)
+        gemm(_split(be, a[r0:r1], bufs[0], "cols", 0), whole, out[r0:r1], beta=beta, tf32=True)
 
 
 def grads(be, g, w, x, gx, gw, accumulate: bool):
-    """gx [N, K] (+)= g [N, M] · w [M, K] and gw [M, K] += g [N, M]ᵀ · x [N, K] in 3xTF32 (where applies() says so of
-    both), g split once for both a panel of rows at a time: w split whole (big, small, big stacked) into the second
+    """gx [N, K] (+)= g [N, M] · w [M, K] and gw [M, K] += g [N, M]ᵀ · x [N, K] in 3xTF32 (where applies_grads() says
+    so), g split once for both a panel of rows at a time: w split whole (big, small, big stacked) into the second
     buffer, and each panel's x after it. False where no panel of one row fits beside w (the caller then runs the two
     products apart)."""
     N, M = g.shape
