@@ -1,12 +1,12 @@
 """Products over all frames in float32 where TF32 is not allowed (the hoisted GEMMs and their operands'
 gradients, and a weight gradient beside its operand's), in 3xTF32 on cuBLAS's TF32 tensor cores. Each operand
 is split as the persistent loop splits its own (persistent/mma.SPLIT_BITS) into big (its TF32 rounding) and small
-(the TF32 rounding of the rest), and one TF32 GEMM runs over three times the reduction: a's parts (small, big, big) against b's (big, small, big) along it,
-so that its sums add small·big + big·small + big·big (small·small, below 2⁻²² of a product, is dropped). The parts
-are TF32 values already, so cuBLAS's products are exact and its sums float32's: a product is within about
-3 · 2⁻²² of its exact value, where float32's own rounding is 2⁻²⁴, and the results agree with float32 on CUDA cores
-to that order. One GEMM, not three, so the output is written once. Operands of many rows (T·B) are split a
-panel of rows at a time.
+(the TF32 rounding of the rest), and one TF32 GEMM runs over three times the reduction: a's parts (small, big,
+big) against b's (big, small, big) along it, so that its sums add small·big + big·small + big·big (small·small,
+below 2⁻²² of a product, is dropped). The parts are TF32 values already, so cuBLAS's products are exact and its
+sums float32's: a product is within about 3 · 2⁻²² of its exact value, where float32's own rounding is 2⁻²⁴, and
+the results agree with float32 on CUDA cores to that order. One GEMM, not three, so the output is written once.
+Operands of many rows (T·B) are split a panel of rows at a time.
 
 The two gradients of one product share its output gradient's parts (grads): split for the operand's gradient as
 that product's a (small, big, big side by side in each row), the same buffer read as [3 · rows, cols] is the
