@@ -302,6 +302,7 @@ class Executor:
                 else:
                     self._run(st.items, ws, t)
 
+
 def joined(sections) -> tuple:
     """The backward plan's sections as the executor runs them: a product's operand gradient (GemmGrad) and, right
     after it, its weight gradient over all frames (WeightGrad) run as one step, the GemmGrad with params, so that

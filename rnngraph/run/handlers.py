@@ -16,6 +16,11 @@ def _heads(ex, it, key, ws, merged, packed, operand) -> list:
     return ws.memo[key, "heads"]
 
 
+def _product(be, t):
+    """The backend's product for frame t: over all frames (ALL) gemm_frames, which never runs in lanes, else gemm."""
+    return be.gemm_frames if t is ALL else be.gemm
+
+
 def gemm(ex, it, ws, t):
     (x, w, out), launch = ex._prepared(it, ws, t, lambda: _views(it, ws, t))
     if launch:
@@ -24,7 +29,7 @@ def gemm(ex, it, ws, t):
         for o, wj, xh in _heads(ex, it, (it, t), ws, out, w, x):
             ex.backend.head_gemm(xh, wj, o, tb=True)
     else:
-        (ex.backend.gemm_frames if t is ALL else ex.backend.gemm)(x, w, out, tb=True)
+        _product(ex.backend, t)(x, w, out, tb=True)
 
 
 def fused(ex, it, ws, t):
@@ -76,12 +81,12 @@ def gemm_grad(ex, step, ws, t):
         be.gemm_grads_frames(g, w, x, gx, gw, accumulate=add)
         return
     else:
-        (be.gemm_frames if t is ALL else be.gemm)(g, w, gx, accumulate=add)
+        _product(be, t)(g, w, gx, accumulate=add)
     if step.params and it.heads > 1:
         for gj, gwj, xh in _heads(ex, it, (step, t, "w"), ws, g, gw, x):
             be.head_gemm(gj, xh, gwj, ta=True, accumulate=True)
     elif step.params:
-        (be.gemm_frames if t is ALL else be.gemm)(g, x, gw, ta=True, accumulate=True)
+        _product(be, t)(g, x, gw, ta=True, accumulate=True)
 
 
 def _parts(ex, step, ws, t, g, w):
