@@ -21,7 +21,7 @@ def close(a, b):
 def test_the_ladder():
     assert [bucket(b) for b in range(1, 65)] == [1, 2] + [4] * 2 + [8] * 4 + [16] * 8 + [32] * 16 + [64] * 32
     assert len({bucket(b) for b in range(1, 65)}) == 7         # at most 8 steps up to 64
-    assert not Padding(np, 17, 4) and Padding(np, 16, 3) and Padding(np, 5, 9)      # T is never padded
+    assert not Padding(np, 17, 4, 4) and Padding(np, 16, 3, 4) and Padding(np, 5, 9, 16)     # T is never padded
 
 
 def run(layer, x, state, lengths, gy, gstate):
@@ -71,6 +71,15 @@ def test_the_automatic_policy_pads_only_after_four_shapes():
     assert [auto.pads(T, 2) for T in range(10, 14)] == [False] * 4
     assert auto.pads(10, 2) is False and auto.pads(18, 2) is True and auto.pads(13, 2) is True     # bounded from then on
     assert Policy(True).pads(16, 4) and not Policy(False).pads(17, 9)
+
+
+def test_the_automatic_policy_keeps_one_batch_size_exact():
+    """Automatically B pads only once calls come in more than one B (a single stream of many lengths stays one
+    stream); buckets=True pads every B."""
+    auto, always = Policy(None), Policy(True)
+    assert [auto.pads(T, 3) for T in range(10, 16)] == [False] * 4 + [True] * 2 and auto.rows(3) == 3
+    assert always.pads(10, 3) and always.rows(3) == bucket(3) > 3
+    assert auto.pads(10, 5) and auto.rows(5) == bucket(5) > 5 and auto.rows(3) == bucket(3)
     assert Recurrent("gru", 2, 3).buckets is False and Recurrent("gru", 2, 3, buckets=True).buckets
     with pytest.raises(RnnGraphError, match="buckets must be True, False or None"):
         Recurrent("gru", 2, 3, buckets="yes")

@@ -26,12 +26,14 @@ class Policy:
     """Whether a call of (T, B) runs bounded (B padded, T in ladder chunks): always (True), never (False), or
     automatically (None): calls run as they are while they come in at most EXACT_SHAPES distinct shapes, and
     every call is bounded from the first call of another shape on, so a run of a few shapes records exactly what
-    it did before and a run of many shapes records a bounded set."""
+    it did before and a run of many shapes records a bounded set. Automatically, B stays exact while every call
+    has the same B (one B records one set whatever T: a single stream stays a single stream)."""
 
     def __init__(self, buckets: bool | None):
-        self.buckets, self.exact, self.bounded = buckets, set(), False
+        self.buckets, self.exact, self.bounded, self.batches = buckets, set(), False, set()
 
     def pads(self, T: int, B: int) -> bool:
+        self.batches.add(B)
         if self.buckets is not None:
             return self.buckets
         if not self.bounded and ((T, B) in self.exact or len(self.exact) < EXACT_SHAPES):
@@ -40,13 +42,16 @@ class Policy:
         self.bounded = True         # from then on every call, the first shapes too: nothing more is recorded
         return True
 
+    def rows(self, B: int) -> int:
+        """The rows a bounded call of B sequences runs: its bucket, or, automatically, B while no other B came."""
+        return B if self.buckets is None and self.batches == {B} else bucket(B)
+
 
 class Padding:
     """One call's padding from B to Bp sequences: x and y are [T, B, F]; states have B on axis -2."""
 
-    def __init__(self, xp, T: int, B: int):
-        self.xp, self.T, self.B = xp, T, B
-        self.Bp = bucket(B)
+    def __init__(self, xp, T: int, B: int, Bp: int):
+        self.xp, self.T, self.B, self.Bp = xp, T, B, Bp
 
     def __bool__(self) -> bool:
         return self.Bp != self.B

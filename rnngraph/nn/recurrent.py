@@ -220,7 +220,7 @@ class Recurrent(Parameterized):
             for name, a in [("x", xt)] + [(f"{s}0", a) for s, a in init.items() if a is not None]:
                 check_finite(name, a)
         spread = {s for s, a in init.items() if a is not None and a.ndim < len(self._stack.shape(s, B))}
-        pad = Padding(self.backend.xp, T, B) if may_pad else None
+        pad = Padding(self.backend.xp, T, B, self._shapes.rows(B)) if may_pad else None
         if pad:
             xt, init, lengths = pad.frames(xt), pad.states(init), pad.lengths(lengths)
         frames = Frames(self.backend.xp, *xt.shape[:2], lengths)
