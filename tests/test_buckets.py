@@ -77,7 +77,8 @@ def test_the_automatic_policy_keeps_one_batch_size_exact():
     """Automatically B pads only once calls come in more than one B (a single stream of many lengths stays one
     stream); buckets=True pads every B."""
     auto, always = Policy(None), Policy(True)
-    assert [auto.pads(T, 3) for T in range(10, 16)] == [False] * 4 + [True] * 2 and auto.rows(3) == 3
+    assert [auto.pads(T, 3) for T in range(10, 16)] == [False] * 4 + [True] * 2
+    assert auto.rows(3) == 3
     assert always.pads(10, 3) and always.rows(3) == bucket(3) > 3
     assert auto.pads(10, 5) and auto.rows(5) == bucket(5) > 5 and auto.rows(3) == bucket(3)
     assert Recurrent("gru", 2, 3).buckets is False and Recurrent("gru", 2, 3, buckets=True).buckets
