@@ -2,9 +2,9 @@
 
 T needs no padding: such a call runs in chunks from its executor's ladder of chunk lengths (run/chunks.py),
 each chunk reading its place in the call on the device, so a few recordings serve every length. B is padded
-to a power of two, the ladder 1, 2, 4, 8, 16, ... (seven steps up to 64): the added sequences have length 0,
-which the layers already handle (their frames never feed a real one, their outputs and gradients are dropped),
-so padding is exact, not approximate.
+to a step of a ladder, 4, 8, 12, 16, 24, 32, 48, 64, 96, ... (eight steps up to 64; bucket): the added
+sequences have length 0, which the layers already handle (their frames never feed a real one, their outputs
+and gradients are dropped), so padding is exact, not approximate.
 """
 from __future__ import annotations
 
