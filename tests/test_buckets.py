@@ -19,8 +19,10 @@ def close(a, b):
 
 
 def test_the_ladder():
-    assert [bucket(b) for b in range(1, 65)] == [1, 2] + [4] * 2 + [8] * 4 + [16] * 8 + [32] * 16 + [64] * 32
-    assert len({bucket(b) for b in range(1, 65)}) == 7         # at most 8 steps up to 64
+    assert [bucket(b) for b in range(1, 65)] == [4] * 4 + [8] * 4 + [12] * 4 + [16] * 4 + [24] * 8 + [32] * 8 + \
+        [48] * 16 + [64] * 16
+    assert len({bucket(b) for b in range(1, 65)}) == 8         # at most 8 steps up to 64
+    assert [bucket(b) for b in (65, 96, 97, 128, 129, 192, 193)] == [96, 96, 128, 128, 192, 192, 256]
     assert not Padding(np, 17, 4, 4) and Padding(np, 16, 3, 4) and Padding(np, 5, 9, 16)     # T is never padded
 
 

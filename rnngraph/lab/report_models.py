@@ -178,7 +178,7 @@ def shapes(results: Results, findings: Findings) -> str:
     s, st, last = probe["summary"], probe["settings"], probe["records"][-1]
     (Tm, Bm) = s["fixed_shape"]
     Bs = range(st["bmin"], st["bmax"] + 1)
-    padded = sum(bucket(B) for B in Bs) / len(Bs)        # the mean B once padded to a power of two
+    padded = sum(bucket(B) for B in Bs) / len(Bs)        # the mean B once padded to its step
     limit = s["store_limit_bytes"]
     findings.compare("Calls of many shapes", f"{st['calls']:,} calls of random shapes", {"train_ms": s["ms_per_call"]},
                      {"train_ms": s["fixed_ms_per_call"]}, f"one fixed shape (T = {Tm}, B = {Bm})")
@@ -222,8 +222,8 @@ mean cost: at B = {Bm} the GPU runs {s['fixed_loop']}, while calls of B = {Bm + 
 {bucket(Bm + 1)} rows, run {s['padded_loop'].split(':')[0]}, as they would at their exact sizes. Against the same
 calls, each replayed at its own exact shape ({s['paired_calls']} calls of the second half, interleaved call by call),
 the policy's calls take {s['paired_ratio']:.3f}× the time ({num(s['paired_policy_ms'])} against
-{num(s['paired_exact_ms'])} ms): {_padding(s['paired_ratio'])} padding B to a power of two (a mean of {padded:.1f} rows
-for {sum(Bs) / len(Bs):.1f}) and the ladder's chunks of at most {s['chunk_frames']} frames cost. The {st['check']} calls
+{num(s['paired_exact_ms'])} ms): {_padding(s['paired_ratio'])} padding B to its step of the ladder
+(a mean of {padded:.1f} rows for {sum(Bs) / len(Bs):.1f}) and the ladder's chunks of at most {s['chunk_frames']} frames cost. The {st['check']} calls
 checked against staged mode agree to {s['worst_relative_error']:.1e} (relative, float32).
 
 {source(probe)}"""

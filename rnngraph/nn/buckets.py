@@ -2,24 +2,31 @@
 
 T needs no padding: such a call runs in chunks from its executor's ladder of chunk lengths (run/chunks.py),
 each chunk reading its place in the call on the device, so a few recordings serve every length. B is padded
-to a power of two, the ladder 1, 2, 4, 8, 16, ... (seven steps up to 64): the added sequences have length 0,
-which the layers already handle (their frames never feed a real one, their outputs and gradients are dropped),
-so padding is exact, not approximate.
+to a step of a ladder, 4, 8, 12, 16, 24, 32, 48, 64, 96, ... (eight steps up to 64; bucket): the added
+sequences have length 0, which the layers already handle (their frames never feed a real one, their outputs
+and gradients are dropped), so padding is exact, not approximate.
 """
 from __future__ import annotations
 
 import numpy as np
 
 EXACT_SHAPES = 4   # automatic policy: the first 4 distinct shapes run exactly (a fixed-shape run never pads)
+LADDER_FLOOR = 4   # the B ladder's smallest step
 
 
 def bucket(n: int) -> int:
-    """The smallest power of two ≥ n: a padded batch's size.
+    """The smallest step of the ladder ≥ n: a padded batch's size. The ladder is 4, 8, then each power of two
+    from 16 on and the step halfway to the next (12, 16, 24, 32, 48, 64, 96, ...): eight steps up to 64. Below 4
+    rows a step would cost as much: the tensor-core loops run 4 rows as fast as 1 (measured beside
+    runner.TENSOR_CORES_FROM).
 
-    >>> [bucket(n) for n in (1, 3, 8, 9, 33, 64)]
-    [1, 4, 8, 16, 64, 64]
+    >>> [bucket(n) for n in (1, 5, 9, 13, 17, 25, 33, 49, 64, 65)]
+    [4, 8, 12, 16, 24, 32, 48, 64, 64, 96]
     """
-    return 1 << (n - 1).bit_length()
+    if n <= LADDER_FLOOR:
+        return LADDER_FLOOR
+    p = 1 << (n - 1).bit_length()
+    return p * 3 // 4 if p >= 16 and n <= p * 3 // 4 else p
 
 
 class Policy:

@@ -56,7 +56,7 @@ class Recurrent(Parameterized):
     what the last call ran and ``layer.loop_note`` why a persistent loop ran frame by frame), ``seed`` for
     the layer's generator (initialisation and dropout masks), ``init`` 'uniform' (torch's U(±1/√H)) |
     'orthogonal' | a function of the layer, ``buckets`` bounds what calls of many shapes record: B padded to a
-    power of two, T run in a ladder of chunks (rnngraph.nn.buckets), so that a few recorded graphs serve every
+    step of a ladder, T run in a ladder of chunks (rnngraph.nn.buckets), so that a few recorded graphs serve every
     shape: True, False, or None (default: in graph mode, from a fifth distinct shape on), ``recompute`` keeps
     memory bounded over long sequences: the backward runs the forward again chunk by chunk instead of storing
     every value (True, False, or None (default): where the values a call stores would exceed
