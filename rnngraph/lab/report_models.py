@@ -226,7 +226,32 @@ the policy's calls take {s['paired_ratio']:.3f}× the time ({num(s['paired_polic
 (a mean of {padded:.1f} rows for {sum(Bs) / len(Bs):.1f}) and the ladder's chunks of at most {s['chunk_frames']} frames cost. The {st['check']} calls
 checked against staged mode agree to {s['worst_relative_error']:.1e} (relative, float32).
 
-{source(probe)}"""
+{source(probe)}
+
+{_by_batch(results.bench("batch_curve"), Bm)}"""
+
+
+def _by_batch(doc: dict, Bm: int) -> str:
+    """One shape's training step by B (the probe's layer, replayed at each exact B): the cost curve the B ladder
+    pads along, and the sizes that split into no row groups."""
+    st, rows = doc["settings"], []
+    at = {(r["impl"], r["B"]): r for r in doc["results"]}
+    ref = at[("graph", Bm)]["train_ms"]
+    for B in st["B"]:
+        ours = at[("graph", B)]
+        rows.append([B, bucket(B), num(ours["train_ms"]), times(ours["train_ms"] / ref),
+                     ours["gpu_loop"].removeprefix("persistent ").strip("()"), num(at[("cudnn", B)]["train_ms"])])
+    whole = [B for B in st["B"] if B > 16 and "groups" not in at[("graph", B)]["gpu_loop"]]
+    (T,), (H,) = st["T"], st["H"]
+    return f"""The same LSTM at one shape, T = {T}, H = {H}, float32, at each B (`rnngraph bench`, each B replayed
+exactly; training step, milliseconds; cuDNN float32 beside it). The B ladder pads along this curve. Beyond 16
+rows the tensor-core loop splits the batch into row groups of 4 to 8 rows where B divides into them; B = {
+', '.join(str(B) for B in whole)} do not, run one group of B rows, and take {', '.join(
+times(at[("graph", B)]["train_ms"] / ref) for B in whole)} the time of B = {Bm}. Every step of the ladder splits.
+
+{table(["B", "ladder step", "rnngraph", f"÷ B = {Bm}", "kernel", "cuDNN float32"], rows)}
+
+{source(doc)}"""
 
 
 def _padding(ratio: float) -> str:

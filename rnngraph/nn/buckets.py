@@ -16,9 +16,11 @@ LADDER_FLOOR = 4   # the B ladder's smallest step
 
 def bucket(n: int) -> int:
     """The smallest step of the ladder ≥ n: a padded batch's size. The ladder is 4, 8, then each power of two
-    from 16 on and the step halfway to the next (12, 16, 24, 32, 48, 64, 96, ...): eight steps up to 64. Below 4
-    rows a step would cost as much: the tensor-core loops run 4 rows as fast as 1 (measured beside
-    runner.TENSOR_CORES_FROM).
+    from 16 on and the step halfway to the next (12, 16, 24, 32, 48, 64, 96, ...): eight steps up to 64, each
+    splitting into the persistent loop's row groups. Steps of 1 and 2 would each add a recording a chunk length
+    and come rarely where B varies (a layer fed one B keeps it exact: Policy.rows); padded to 4, a call of 1 to
+    3 sequences costs about its own time in half storage and up to 1.35x in float32 (measured on an H200, LSTM
+    H = 256, T = 1000, training step: B = 1 5.34 ms, B = 4 7.23; bfloat16 H = 512, T = 100: 0.985 / 1.005).
 
     >>> [bucket(n) for n in (1, 5, 9, 13, 17, 25, 33, 49, 64, 65)]
     [4, 8, 12, 16, 24, 32, 48, 64, 64, 96]
