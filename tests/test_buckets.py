@@ -7,6 +7,7 @@ import pytest
 from rnngraph import RnnGraphError
 from rnngraph.nn import Recurrent
 from rnngraph.nn.buckets import Padding, Policy, bucket
+from rnngraph.run.backends.numpy_backend import NumpyBackend
 from test_history import skip_cell
 
 TOL = 1e-12      # float64: padded frames never feed real ones; the GEMMs over more rows may sum in another order
@@ -122,3 +123,44 @@ def test_graph_cache_limit_from_the_environment(monkeypatch):
     monkeypatch.setenv("RNNGRAPH_GRAPH_CACHE_BYTES", "lots")
     with pytest.raises(RnnGraphError, match="must be a byte count such as 2G"):
         graph_bytes_limit()
+
+
+class Roomy(NumpyBackend):
+    """A backend whose loop kernel runs more rows faster: B + 3 (as a GPU's persistent loop runs B = 31 as 32)."""
+    asked: list = []
+
+    def loop_problem(self, cell, loop, B, dtype):
+        return None             # "its kernel runs": the executor asks batch_rows (the reference still runs here)
+
+    def batch_rows(self, cell, loop, B, dtype):
+        self.asked.append(B)
+        return B + 3
+
+
+@pytest.mark.parametrize("cell", ["lstm", skip_cell])
+def test_a_call_runs_the_rows_its_backend_runs_faster(cell):
+    """Backend.batch_rows: the layer pads a call to the rows its executors ask for, the added sequences of length
+    0, so its results equal the exact call's (float64; ragged lengths, initial states, a stacked bidirectional
+    layer); one frame at a time (step) runs exactly B, and so does a layer whose dropout is part of a larger
+    batch's (stream_window)."""
+    kw = dict(num_layers=2, bidirectional=True, dtype="float64", seed=5, buckets=False)
+    roomy, exact = Recurrent(cell, 3, 4, backend=Roomy(), **kw), Recurrent(cell, 3, 4, **kw)
+    rng = np.random.default_rng(7)
+    x, lengths = rng.standard_normal((6, 5, 3)), np.array([6, 0, 3, 6, 1])
+    fins = exact(x, None, lengths)[1]
+    fins = fins if isinstance(fins, tuple) else (fins,)
+    state = tuple(rng.standard_normal(f.shape) for f in fins)
+    gy, gstate = rng.standard_normal((6, 5, 8)), tuple(rng.standard_normal(f.shape) for f in fins)
+    state, gstate = (state, gstate) if len(state) > 1 else (state[0], gstate[0])
+    Roomy.asked.clear()
+    for a, b in zip(run(roomy, x, state, lengths, gy, gstate), run(exact, x, state, lengths, gy, gstate), strict=True):
+        close(a, b)
+    assert set(Roomy.asked) == {5} and roomy._last[3].Bp == 8       # padded from 5 to 8 rows
+    one = Recurrent(cell, 3, 4, backend=Roomy(), dtype="float64")
+    one.step(x[0])
+    assert one._last[3] is None
+    one(x)
+    assert one._last[3].Bp == 8
+    one.stream_window = (0, 10)
+    one(x)
+    assert one._last[3] is None

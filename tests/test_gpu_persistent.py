@@ -86,6 +86,16 @@ def test_replay_after_an_in_place_update():
     ran_persistent(gpu)
 
 
+def test_a_batch_of_no_row_groups_runs_padded():
+    """B = 31 splits into no groups of 4 to 8 rows: the call runs as 32 rows (runner.batch_rows), the added
+    sequence of length 0, and agrees with the reference (float32 in 3xTF32, H = 256, ragged lengths)."""
+    ref, gpu = pair("lstm", "persistent", 16, 256, "float32", "graph")
+    x = np.random.default_rng(4).standard_normal((9, 31, 16))
+    agree(ref, gpu, [x], np.arange(31) % 10, "float32", "B=31")
+    ran_persistent(gpu)
+    assert gpu._last[3].Bp == 32
+
+
 def test_too_large_falls_back_to_stages_and_says_why(monkeypatch):
     """float32 beyond 8 rows: row groups on CUDA cores, from 32 rows on tensor cores in 3xTF32 (up to 256 rows); on CUDA
     cores alone (RNNGRAPH_PERSISTENT_TENSOR_CORES=0) B = 139 splits into no groups of 8 rows on 132 SMs."""

@@ -9,7 +9,8 @@ from rnngraph import load_cell
 from rnngraph.errors import RnnGraphError
 from rnngraph.run.backends import get_backend
 from rnngraph.run.backends.cuda.persistent.kernels import ZERO_SOURCE, persistent_kernel
-from rnngraph.run.backends.cuda.persistent.runner import GROUP_FEWEST, GROUP_ROWS, GROUPS, chosen, full_groups
+from rnngraph.run.backends.cuda.persistent.runner import (GROUP_FEWEST, GROUP_ROWS, GROUPS, chosen, full_groups,
+                                                       padded_rows)
 from rnngraph.run.executor import Executor
 from test_loops import run_executor
 from test_persistent import loops
@@ -118,3 +119,47 @@ def test_groups_holding_their_weights_in_registers_run_on_fewer_blocks(monkeypat
     narrow = load_cell("lstm", 512, 512)
     k = chosen(narrow, loops(narrow)[1], 16, ml_dtypes.bfloat16, **H200)
     assert (k.row_groups, k.blocks, k.resident) == (4, 128, True)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_batch_that_splits_into_no_groups_runs_padded_to_one_that_does(monkeypatch, dtype):
+    """Beyond one tile of 16 rows, B = 17 or 31 would run one group of B rows on tensor cores (measured 1.4 and 1.9
+    times B = 32's time): such a call runs padded to the next multiple of 8 rows, which splits into groups. B that
+    split (33 into 3 groups of 11), multiples of 8, one tile, the per-head kernels and CUDA cores keep B."""
+    import ml_dtypes
+    for k in ("RNNGRAPH_PERSISTENT_ROWS", "RNNGRAPH_PERSISTENT_BLOCKS", "RNNGRAPH_PERSISTENT_TENSOR_CORES"):
+        monkeypatch.delenv(k, raising=False)
+    dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
+    cell = load_cell("lstm", 256, 256)
+    loop = loops(cell)[0]
+    rows = {B: padded_rows(cell, loop, B, dt, **H200) for B in (5, 13, 16, 17, 20, 23, 24, 31, 32, 33, 41, 61, 127)}
+    assert rows == {5: 5, 13: 13, 16: 16, 17: 24, 20: 20, 23: 24, 24: 24, 31: 32, 32: 32, 33: 33, 41: 48, 61: 64,
+                    127: 128}
+    assert chosen(cell, loop, 31, dt, **H200).row_groups == 1 and chosen(cell, loop, 32, dt, **H200).row_groups == 4
+    heads = load_cell("slstm", 256, 256, heads=4)
+    assert padded_rows(heads, loops(heads)[0], 31, dt, **H200) == 31
+    monkeypatch.setenv("RNNGRAPH_PERSISTENT_TENSOR_CORES", "0")       # float32 on CUDA cores (groups of 8 at most)
+    assert padded_rows(cell, loop, 31, "float32", **H200) == 31
+
+
+def test_an_executor_asks_the_gpu_room_for_its_rows(monkeypatch):
+    """Executor.batch_rows through a backend holding the cupy room's runners (Backend.batch_rows ->
+    runner.batch_rows, on an H200's attributes): B = 31 runs as 32 where the persistent kernel runs it ('auto' and
+    'persistent'), as 31 where 'stages' runs it."""
+    from rnngraph.run.backends.cuda import persistent
+    from rnngraph.run.backends.cuda.backend import ROOM, CupyBackend
+    from rnngraph.run.backends.numpy_backend import NumpyBackend
+    from rnngraph.run.backends.cuda.persistent import runner
+    for k in ("RNNGRAPH_PERSISTENT_ROWS", "RNNGRAPH_PERSISTENT_BLOCKS", "RNNGRAPH_PERSISTENT_TENSOR_CORES"):
+        monkeypatch.delenv(k, raising=False)
+    facts = {"MultiProcessorCount": H200["sms"], "MaxSharedMemoryPerBlockOptin": H200["smem"], "ComputeCapability": 90,
+             "CooperativeLaunch": 1}
+    monkeypatch.setattr(runner, "gpu_of", lambda be: facts)
+
+    class H200Room(NumpyBackend):
+        RUNNERS, kernel_loops = ROOM, CupyBackend.kernel_loops
+    assert ROOM[type(loops(load_cell("lstm", 4, 4))[0])] is persistent     # the room's module for the strategy
+    cell = load_cell("lstm", 64, 256)
+    rows = {loop: Executor(cell, H200Room(), loop=loop).batch_rows(31, np.dtype("float32"))
+            for loop in ("auto", "persistent", "stages")}
+    assert rows == {"auto": 32, "persistent": 32, "stages": 31}

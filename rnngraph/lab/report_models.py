@@ -10,6 +10,7 @@ from ..errors import RnnGraphError
 from ..ir.loading import load_cell
 from ..nn.buckets import bucket
 from ..plan.schedule import build_schedule
+from ..run.backends.cuda.persistent.runner import GROUP_ROWS
 from ..run.chunks import LADDER_TOP, spans
 from ..run.workspace import stash_size, stored_bytes
 from .report_data import Findings, Results, num, pair, ratio, record, slope, source, table, times
@@ -243,11 +244,13 @@ def _by_batch(doc: dict, Bm: int) -> str:
                      ours["gpu_loop"].removeprefix("persistent ").strip("()"), num(at[("cudnn", B)]["train_ms"])])
     whole = [B for B in st["B"] if B > 16 and "groups" not in at[("graph", B)]["gpu_loop"]]
     (T,), (H,) = st["T"], st["H"]
-    return f"""The same LSTM at one shape, T = {T}, H = {H}, float32, at each B (`rnngraph bench`, each B replayed
-exactly; training step, milliseconds; cuDNN float32 beside it). The B ladder pads along this curve. Beyond 16
-rows the tensor-core loop splits the batch into row groups of 4 to 8 rows where B divides into them; B = {
-', '.join(str(B) for B in whole)} do not, run one group of B rows, and take {', '.join(
-times(at[("graph", B)]["train_ms"] / ref) for B in whole)} the time of B = {Bm}. Every step of the ladder splits.
+    return f"""The same LSTM at one shape, T = {T}, H = {H}, float32, at each B (`rnngraph bench`, each B replayed;
+training step, milliseconds; cuDNN float32 beside it). The B ladder pads along this curve. Beyond 16 rows the
+tensor-core loop splits the batch into row groups of 4 to 8 rows where B divides into them; at their exact size
+B = {', '.join(str(B) for B in whole)} do not, run one group of B rows, and take {', '.join(
+times(at[("graph", B)]["train_ms"] / ref) for B in whole)} the time of B = {Bm}, so a call of such a B runs padded
+to the next multiple of {GROUP_ROWS} rows ({', '.join(str(-(-B // GROUP_ROWS) * GROUP_ROWS) for B in whole)}), which
+splits. Every step of the ladder splits.
 
 {table(["B", "ladder step", "rnngraph", f"÷ B = {Bm}", "kernel", "cuDNN float32"], rows)}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-EXACT_SHAPES = 4   # automatic policy: the first 4 distinct shapes run exactly (a fixed-shape run never pads)
+EXACT_SHAPES = 4   # automatic policy: the first 4 distinct shapes run unbounded (a fixed-shape run records its own)
 LADDER_FLOOR = 4   # the B ladder's smallest step
 
 

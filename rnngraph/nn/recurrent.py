@@ -212,7 +212,8 @@ class Recurrent(Parameterized):
 
     def _run(self, xt, state, lengths, may_pad: bool, step: bool):
         """The forward of time-major xt [T, B, D], bounded where may_pad says (B padded to a bucket, T in the
-        executors' ladder of chunks); keeps what backward needs. Returns (y [T, B, dirs·F], state -> final)."""
+        executors' ladder of chunks), B padded where the executors run more rows faster (Stack.batch_rows); keeps
+        what backward needs. Returns (y [T, B, dirs·F], state -> final)."""
         T, B = xt.shape[:2]
         init = self._unpack(state, "{}0", T, B, every_frame=True)
         lengths = chk.check_lengths(lengths, T, B)
@@ -220,7 +221,10 @@ class Recurrent(Parameterized):
             for name, a in [("x", xt)] + [(f"{s}0", a) for s, a in init.items() if a is not None]:
                 check_finite(name, a)
         spread = {s for s, a in init.items() if a is not None and a.ndim < len(self._stack.shape(s, B))}
-        pad = Padding(self.backend.xp, T, B, self._shapes.rows(B)) if may_pad else None
+        rows = self._shapes.rows(B) if may_pad else B
+        if not step and self.stream_window is None:     # where the GPU's loop runs more rows faster
+            rows = self._stack.batch_rows(rows, xt.dtype)
+        pad = Padding(self.backend.xp, T, B, rows) if rows != B else None
         if pad:
             xt, init, lengths = pad.frames(xt), pad.states(init), pad.lengths(lengths)
         frames = Frames(self.backend.xp, *xt.shape[:2], lengths)

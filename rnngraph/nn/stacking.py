@@ -93,6 +93,10 @@ class Stack:
         """Per (layer, direction), in parameters() order: Executor.grad_source of its last backward."""
         return [run.ex.grad_source for layer in self.runs for run in layer]
 
+    def batch_rows(self, B: int, dtype) -> int:
+        """The rows a call of B sequences of dtype runs as: the most any layer's executor runs them as."""
+        return max(run.ex.batch_rows(B, dtype) for layer in self.runs for run in layer)
+
     def shape(self, s: str, B: int) -> tuple:
         """The shape of state s: [L·dirs, B, S], or [D, L·dirs, B, S] when the cell reads D ≥ 2 frames back."""
         D, K = self.depths[s], len(self.runs) * self.nd

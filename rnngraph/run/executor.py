@@ -112,12 +112,28 @@ class Executor:
         here, not the reference. Only the cost depends on it: padded frames are masked either way."""
         key = ("walks", B, numpy.dtype(dtype))
         if key not in self._costs:
-            loop = self.sched.forward[1].items[0]
-            s, be = strategy_of(loop), self.backend
-            reference = be.loop_problem(self.cell, loop, B, dtype) or \
-                (self.loop_asked == "auto" and be.auto_problem(self.cell, loop, B, dtype))
-            self._costs[key] = s.name in be.walking_loops and not reference
+            self._costs[key] = strategy_of(self._time_loop).name in self.backend.walking_loops and self._kernel(B, dtype)
         return self._costs[key]
+
+    def batch_rows(self, B: int, dtype) -> int:
+        """The rows a call of B sequences of dtype runs as: B, or more where the backend's kernel for the loop
+        runs B rows slowly and more rows fast (Backend.batch_rows); the caller adds sequences of length 0."""
+        key = ("rows", B, numpy.dtype(dtype))
+        if key not in self._costs:
+            self._costs[key] = self.backend.batch_rows(self.cell, self._time_loop, B, dtype) if self._kernel(B, dtype) \
+                else B
+        return self._costs[key]
+
+    @property
+    def _time_loop(self):
+        """The loop item of the forward's time loop."""
+        return self.sched.forward[1].items[0]
+
+    def _kernel(self, B: int, dtype) -> bool:
+        """Whether the backend's kernel for the loop's strategy runs it at B rows of dtype, not the reference."""
+        be, loop = self.backend, self._time_loop
+        return not (be.loop_problem(self.cell, loop, B, dtype) or
+                    self.loop_asked == "auto" and be.auto_problem(self.cell, loop, B, dtype))
 
     @property
     def chunk_frames(self) -> int:

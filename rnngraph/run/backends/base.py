@@ -287,6 +287,12 @@ class ArrayBackend:
         runner = self.RUNNERS.get(type(loop))
         return getattr(runner, "loop_stores", lambda *args: frozenset())(cell, loop)
 
+    def batch_rows(self, cell, loop, B: int, dtype) -> int:
+        """The rows a call of B sequences runs faster as, the added sequences of length 0 (rnngraph.nn pads them):
+        its runner's batch_rows where it has one, else B."""
+        runner = self.RUNNERS.get(type(loop))
+        return getattr(runner, "batch_rows", lambda *args: B)(self, cell, loop, B, dtype)
+
     def forget(self, serials: set):
         """Drops what was recorded for the workspaces with these serials (they are gone); nothing here."""
 

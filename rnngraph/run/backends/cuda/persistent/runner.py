@@ -35,6 +35,12 @@ TENSOR_CORE_BLOCKS = 64
 # 0.703, 0.795 / 0.742; MGU 1.042 / 0.954, 1.154 / 1.036, 1.179 / 1.062; float32 B = 64 in 3xTF32 LSTM 1.432 / 1.261,
 # GRU 1.363 / 1.232, MGU 1.830 / 1.503, in TF32 0.982-1.125 / 0.891-1.022 (all three 13-15% faster).
 GROUP_ROWS, GROUPS = 8, 4
+# Beyond ONE_TILE rows (one MMA tile), a B that splits into no row groups (B = 17, 31, any prime) runs one group of
+# B rows: the batch on one group's blocks. Such a call runs padded to the next multiple of GROUP_ROWS (batch_rows),
+# its added sequences of length 0. Measured on an H200 (float32 LSTM in 3xTF32, H = 256, T = 1000, training ms, one
+# group / the padded B exact; experiments/results/bench/batch_curve.json): B = 17 12.0 / 8.44 (24), B = 31 17.1 /
+# 8.85 (32).
+ONE_TILE = 16
 # Down to groups of GROUP_FEWEST rows: at B = 8 and 16 groups put the batch on more SMs (each group its own blocks).
 # Measured (bfloat16 LSTM, T = 100, training ms, one group / groups of 8 rows / of 4): H = 512 B = 8 0.886 / - / 0.893,
 # B = 16 1.057 / 0.991 / 0.913; H = 768 B = 8 1.019 / - / 0.954, B = 16 1.285 / 1.061 / - (groups of 4 hold their
@@ -134,7 +140,7 @@ def loop_sums(be, cell, loop, B: int, dtype) -> frozenset:
 def why_not(be, cell, loop, B: int, dtype) -> str | None:
     """Why this GPU runs `loop` frame by frame at B rows of dtype, or None: what no persistent kernel runs,
     B, no cooperative launch (said once in a warning), or shared memory too small for the weights in dtype."""
-    facts = device(be.xp.cuda.Device().id)
+    facts = gpu_of(be)
     why = fit(cell, loop, B, dtype, *gpu_facts(facts), tf32=allows_tf32(be))
     if why is None and kernel(be, cell, loop, B, dtype).cooperative and not facts.get("CooperativeLaunch", 0):
         return refused("this GPU cannot launch cooperative kernels")
@@ -165,14 +171,17 @@ def gpu_loop(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, a
     """What runs `loop` (a PersistentLoop) at B rows of dtype on such a GPU, for loop='auto' or (auto False)
     loop='persistent', float32 in TF32 where `tf32` allows, in words: 'persistent (tensor cores)', 'persistent
     (tensor cores in TF32)', 'persistent (CUDA cores)' (with ', weights in registers' where every GEMM's weights sit
-    there, resident.py, and ', R groups of r rows' where full matrices split the batch, full_groups) or
-    'stages: <why>'."""
+    there, resident.py, ', R groups of r rows' where full matrices split the batch, full_groups, and ', B padded
+    to Bp rows' where the call runs more rows, padded_rows) or 'stages: <why>'."""
     why = fit(cell, loop, B, dtype, sms, smem, mma, tf32)
     k = None if why else chosen(cell, loop, B, dtype, sms, smem, mma, tf32)
     why = why or auto and _slower(cell, loop, B, k)
     if why:
         return f"stages: {why}"
-    groups = f", {k.row_groups} groups of {B // k.row_groups} rows" if k.row_groups > 1 and k.cooperative else ""
+    Bp = padded_rows(cell, loop, B, dtype, sms, smem, mma, tf32)
+    k = k if Bp == B else chosen(cell, loop, Bp, dtype, sms, smem, mma, tf32)
+    groups = f", {k.row_groups} groups of {Bp // k.row_groups} rows" if k.row_groups > 1 and k.cooperative else ""
+    groups += f", B padded to {Bp} rows" if Bp != B else ""
     how = " in 3xTF32" if k.split else " in TF32" if k.tensor_cores and float_dtype(dtype, half=True).itemsize == 4 \
         else ""
     held = ", weights in registers" if k.resident else ""
@@ -226,7 +235,25 @@ def head_rows(B: int, tensor_cores: bool, blocks: int, sms: int) -> int:
 
 def kernel(be, cell, loop, B: int, dtype):
     """The generated kernel for this GPU."""
-    return chosen(cell, loop, B, dtype, *gpu_facts(device(be.xp.cuda.Device().id)), allows_tf32(be))
+    return chosen(cell, loop, B, dtype, *gpu_facts(gpu_of(be)), allows_tf32(be))
+
+
+def batch_rows(be, cell, loop, B: int, dtype) -> int:
+    """The rows this GPU runs a call of B sequences as (padded_rows): B, or more."""
+    return padded_rows(cell, loop, B, dtype, *gpu_facts(gpu_of(be)), allows_tf32(be))
+
+
+def padded_rows(cell, loop, B: int, dtype, sms: int, smem: int, mma: bool = True, tf32: bool = False) -> int:
+    """The rows to run B sequences as on a GPU of `sms` SMs and `smem` bytes of shared memory a block: the next
+    multiple of GROUP_ROWS where the tensor-core kernel of full matrices would run B > ONE_TILE rows as one group
+    and runs that multiple in row groups (measured beside ONE_TILE), else B."""
+    Bp = -(-B // GROUP_ROWS) * GROUP_ROWS
+    if B <= ONE_TILE or Bp == B or Bp > MMA_ROWS or fit(cell, loop, B, dtype, sms, smem, mma, tf32):
+        return B
+    k = chosen(cell, loop, B, dtype, sms, smem, mma, tf32)
+    if not k.tensor_cores or k.row_groups > 1 or not k.cooperative or fit(cell, loop, Bp, dtype, sms, smem, mma, tf32):
+        return B
+    return Bp if chosen(cell, loop, Bp, dtype, sms, smem, mma, tf32).row_groups > 1 else B
 
 
 def allows_tf32(be) -> bool:
@@ -358,6 +385,11 @@ def _made(cell, loop, ctype: str, B: int, G: int, row_groups: int = 1, tensor_co
     if key not in _KERNELS:
         _KERNELS[key] = (cell, persistent_kernel(cell, loop, ctype, B, G, row_groups, tensor_cores, split))
     return _KERNELS[key][1]
+
+
+def gpu_of(be) -> dict:
+    """The attributes of the GPU backend be runs on (device)."""
+    return device(be.xp.cuda.Device().id)
 
 
 @functools.lru_cache(maxsize=None)
