@@ -71,8 +71,8 @@ def test_the_readme_needs_its_markers():
 
 # -- the stored files ------------------------------------------------------------------------------
 
-def test_at_most_44_files_each_named_by_the_page_or_read_by_a_test():
-    assert len(STORED) <= 44, [str(p.relative_to(RESULTS)) for p in STORED]
+def test_at_most_45_files_each_named_by_the_page_or_read_by_a_test():
+    assert len(STORED) <= 45, [str(p.relative_to(RESULTS)) for p in STORED]
     page = (ROOT / "docs" / "performance.md").read_text()
     for p in STORED:
         name = str(p.relative_to(ROOT))
