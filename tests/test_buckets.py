@@ -74,6 +74,9 @@ def test_the_automatic_policy_pads_only_after_four_shapes():
     assert [auto.pads(T, 2) for T in range(10, 14)] == [False] * 4
     assert auto.pads(10, 2) is False and auto.pads(18, 2) is True and auto.pads(13, 2) is True     # bounded from then on
     assert Policy(True).pads(16, 4) and not Policy(False).pads(17, 9)
+    assert Recurrent("gru", 2, 3).buckets is False and Recurrent("gru", 2, 3, buckets=True).buckets
+    with pytest.raises(RnnGraphError, match="buckets must be True, False or None"):
+        Recurrent("gru", 2, 3, buckets="yes")
 
 
 def test_the_automatic_policy_keeps_one_batch_size_exact():
@@ -84,9 +87,6 @@ def test_the_automatic_policy_keeps_one_batch_size_exact():
     assert auto.rows(3) == 3
     assert always.pads(10, 3) and always.rows(3) == bucket(3) > 3
     assert auto.pads(10, 5) and auto.rows(5) == bucket(5) > 5 and auto.rows(3) == bucket(3)
-    assert Recurrent("gru", 2, 3).buckets is False and Recurrent("gru", 2, 3, buckets=True).buckets
-    with pytest.raises(RnnGraphError, match="buckets must be True, False or None"):
-        Recurrent("gru", 2, 3, buckets="yes")
 
 
 @pytest.mark.parametrize("cell", ["lstm", skip_cell])
