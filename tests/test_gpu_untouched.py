@@ -67,3 +67,30 @@ def test_nan_in_the_unzeroed_gradients_changes_nothing(cell, loop, dtype, B, H, 
         assert np.array_equal(a, b), f"array {k}: {np.isnan(b.astype(np.float64)).sum()} NaN"
     if cell == "lstm" and loop == "persistent" and layer.loop_strategy == "persistent":
         assert share > 0.3, f"only {share:.0%} of an LSTM's gradient arenas left unzeroed"
+
+
+@pytest.mark.parametrize("cell, loop", [("lstm", "persistent"), ("min_gru", "elementwise"), ("min_gru", "scan"),
+                                        ("lstm", "stages")])
+@pytest.mark.parametrize("mode", ["graph", "staged"])
+def test_nan_in_the_unzeroed_gradients_of_chunks_changes_nothing(cell, loop, mode):
+    """Calls in the ladder's chunks (64, 16): T = 130 runs two chunks of 64 and one of 16 walking 2 frames, whose
+    loop kernels then store no gradient whole (Workspace.zero_grads, padded). NaN into every span a full chunk
+    leaves unzeroed, in every chunk's workspace, changes nothing in the next call, bit for bit, ragged too."""
+    import cupy
+    layer = Recurrent(cell, 3, 16, backend="cupy", mode=mode, dtype="float32", loop=loop, seed=1, buckets=True)
+    layer.backend.chunk_frames = 64
+    rng = np.random.default_rng(0)
+    x = cupy.asarray(rng.standard_normal((130, 4, 3))).astype("float32")
+    gy = cupy.asarray(rng.standard_normal((130, 4, 16))).astype("float32")
+    for lengths in (None, cupy.asarray([130, 65, 2, 1])):
+        first = step(layer, x, gy, lengths)
+        ex = layer._stack.runs[0][0].ex
+        assert ex.chunked and ex.chunks.K == 64
+        chunk_ws = [ws for (_, _, _, chunk), ws in ex._ws.items() if chunk and UNTOUCHED in ws.memo]
+        assert {ws.T for ws in chunk_ws} == {64, 16}
+        for ws in chunk_ws:
+            for a, b in ws.memo[UNTOUCHED]:
+                ws.grad_arena[a:b] = np.nan
+        second = step(layer, x, gy, lengths)
+        for k, (a, b) in enumerate(zip(first, second, strict=True)):
+            assert np.array_equal(a, b), f"array {k}: {np.isnan(b.astype(np.float64)).sum()} NaN"

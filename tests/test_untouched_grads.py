@@ -117,6 +117,57 @@ def test_the_persistent_kernels_write_every_gradient_left_unzeroed(cell, B, dtyp
     second = run_executor(ex, *args, lengths)
     for k, (u, v) in enumerate(zip(first, second, strict=True)):
         assert np.array_equal(u, v), f"array {k}"
-    cats = {(a, b) for it, (_, g) in ex.ws.cat.items() for a, b in spans
-            if a * g.itemsize == g.__array_interface__["data"][0] - ex.ws.grad_arena.__array_interface__["data"][0]}
+    cats = {(a, b) for it, (_, g) in ex.ws.cat.items() for a, b in spans if a == _offset(ex.ws, g)}
     assert heads or len(cats) == len(ex.ws.cat), "a merged GEMM's output gradient stays zeroed"
+
+
+@needs_cxx
+def test_a_padded_chunk_zeroes_what_its_walking_loop_stores():
+    """In chunks whose loop walks only the running chunk's n frames, a chunk of 5 frames in a workspace of 8 zeroes
+    what the loop's kernel stores (the merged GEMMs' output gradients), so that frames 5..7 read zeros, not the
+    chunk before's; a full chunk leaves them unzeroed as a whole call does, and what no kernel touches (the
+    gates) goes unzeroed in both. NaN in every span left unzeroed after a call of 13 frames (chunks walking 8,
+    then 5) changes nothing in the next, against whole calls."""
+    from rnngraph.run.executor import Executor
+    from rnngraph.run.workspace import PADDED, UNTOUCHED
+    from test_persistent_heads import problem_arrays
+    cell = load_cell("lstm", 3, 4)
+    be = Unzeroing(None, False)         # blocks at once: the kernel has grid barriers
+    chunked, whole = Executor(cell, be, loop="persistent", chunk=8), Executor(cell, Unzeroing(), loop="persistent")
+    params, x, init, gy, gf = problem_arrays(cell, 13, 3, "float64")
+    lengths = np.array([13, 6, 1])
+    inside = (np.arange(13)[:, None] < lengths[None, :])[..., None]        # [T, B, 1]: outputs past a length differ
+    args = params, x, init, gy * inside, gf
+    want = _run(whole, args, lengths)
+    first = _run(chunked, args, lengths)
+    ws = chunked.ws
+    assert chunked.chunks.last is None and be.walked == [8, 5, 5, 8] and ws.T == 8 and ws.running is not None
+
+    def nodes(w, key) -> set:       # the gradients whose spans memo[key] holds
+        at = {_offset(w, g): n for n, g in w.grads.items() if g.ndim == 3} | \
+             {_offset(w, g): f"{it.operand} products" for it, (_, g) in w.cat.items()}
+        return {at[a] for a, _ in w.memo[key]}
+    products, gates = {"x products", "h products"}, {"i", "f", "g", "o"}
+    assert nodes(ws, UNTOUCHED) == nodes(whole.ws, UNTOUCHED) >= products | gates
+    assert nodes(ws, UNTOUCHED) - nodes(ws, PADDED) >= products and gates <= nodes(ws, PADDED)
+    for a, b in ws.memo[UNTOUCHED]:
+        ws.grad_arena[a:b] = np.nan
+    second = _run(chunked, args, lengths)
+    for k, (u, v, w) in enumerate(zip(first, second, want, strict=True)):
+        assert np.array_equal(u, v), f"array {k}"
+        np.testing.assert_allclose(u * inside if k == 0 else u, w * inside if k == 0 else w, rtol=1e-10,
+                                   atol=1e-12, err_msg=f"array {k}")
+
+
+def _offset(ws, g) -> int:
+    """Where gradient buffer g starts in ws's gradient arena, in elements."""
+    return (g.__array_interface__["data"][0] - ws.grad_arena.__array_interface__["data"][0]) // g.itemsize
+
+
+def _run(ex, args, lengths) -> list:
+    """Every array of a forward and backward of ex, in the ladder's chunks where it runs chunks."""
+    params, x, init, gy, gf = args
+    outs, fins = ex.forward(params, {"x": x}, init, lengths, ladder=True)
+    got = [outs["h"].copy(), *(fins[s].copy() for s in sorted(fins))]
+    gx, g0, gp = ex.backward({"h": gy}, gf)
+    return got + [gx["x"].copy(), *(g0[s].copy() for s in sorted(g0)), *(gp[n].copy() for n in sorted(gp))]

@@ -18,7 +18,9 @@ A chunk's forward: its states' history from carry slot c (the call's initial sta
 at t0 (zeros past n), the forward body, its outputs written at t0, the values its backward reads set aside in
 the stash (every chunk but the last, unless the backward recomputes: the next chunk reuses the memory), each
 sequence's state at its own last frame of the chunk into carry slot c + 1, c advanced. Its backward, last
-chunk first: its values from the stash (or its forward run again from carry slot c), the gradients of its
+chunk first: its gradient arena zeroed before the replay, but for the gradients its kernels write whole before
+any reads them (Workspace.zero_grads: in a padded chunk, a loop walking only its n frames writes whole none of
+those it stores), its values from the stash (or its forward run again from carry slot c), the gradients of its
 outputs at t0 and of its final states (carried from the chunk after it, added at each sequence's own last
 frame), the backward body, its input gradients written at t0, its parameter gradients added up, the gradient
 of its history carried to the chunk before, c moved back. The results equal one pass over all T frames up
@@ -235,7 +237,8 @@ class Chunked:
             ex._run_body("chunk fwd", w, self._forward_body)
         self.last = (chunks, ws, recompute)
         N, P = len(chunks), ws[chunks[0][1]].P
-        return outs, {s: self.carry[s][N, P - 1] if D == 1 else self.carry[s][N, P - D:] for s, D in cell.depths.items()}
+        return outs, {s: self.carry[s][N, P - 1] if D == 1 else self.carry[s][N, P - D:]
+                      for s, D in cell.depths.items()}
 
     def backward(self, grad_outputs: dict | None, grad_finals: dict | None, into=None):
         """As Executor.backward, over the chunks of the last forward, last chunk first; once a forward."""
@@ -263,11 +266,14 @@ class Chunked:
             gc.fill(0)
             if g is not None:        # [B, F]: the last frame's; [D, B, F]: each of the last D frames'
                 be.copy(gc[P - 1] if g.ndim == 2 else gc[P - len(g):], g)
+        filled = frozenset(cell.outputs)        # their frames' gradients are the chunk's first writes (frames_in)
         for i in reversed(range(N)):
             w = ex.ws = ws[chunks[i][1]]
             if recompute and i < N - 1:         # the last chunk's values are still in place
                 ex._run_body("chunk fwd", w, self._forward_body)
+            w.zero_grads(be, filled, chunks[i][2] < chunks[i][1])
             ex._run_body("chunk bwd", w, self._backward_body)
+            w.note_untouched(ex.sched, be)
         self.grad_flat = self.acc
         cur.arrays[:] = [None] * cur.slots      # the caller's arrays are not held past the call
         self.last = None                        # and its stored values are spent: the chunks' memory is shared
@@ -348,7 +354,6 @@ class Chunked:
         ex, cell = self.ex, self.ex.cell
         _, _, go, gi = self.slots
         self._op(ws, ("stash", "load"), ws.val_arena[:ws.stash_size], self.stash, False)
-        self.ex.backend.zero(ws.grad_arena)
         for k, o in enumerate(cell.outputs):
             self._op(ws, ("frames_in", "grad", o), ws.frames(ws.grads[o]), go + k)
         for s, (p, _) in cell.states.items():

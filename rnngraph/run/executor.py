@@ -112,7 +112,8 @@ class Executor:
         here, not the reference. Only the cost depends on it: padded frames are masked either way."""
         key = ("walks", B, numpy.dtype(dtype))
         if key not in self._costs:
-            self._costs[key] = strategy_of(self._time_loop).name in self.backend.walking_loops and self._kernel(B, dtype)
+            walking = strategy_of(self._time_loop).name in self.backend.walking_loops
+            self._costs[key] = walking and self._kernel(B, dtype)
         return self._costs[key]
 
     def batch_rows(self, B: int, dtype) -> int:
@@ -293,7 +294,8 @@ class Executor:
         loop notes the parameters whose gradients its kernels sum (backend.loop_sums), whose ParamSums then skip."""
         strategy = strategy_of(loop)
         if (loop, "auto") not in ws.memo:       # 'auto' may run the reference where the kernel measured slower
-            ws.memo[loop, "auto"] = self.loop_asked == "auto" and self.backend.auto_problem(self.cell, loop, ws.B, ws.dtype)
+            ws.memo[loop, "auto"] = self.loop_asked == "auto" and \
+                self.backend.auto_problem(self.cell, loop, ws.B, ws.dtype)
         views, launch = self._prepared(loop, ws, ALL, lambda: strategy.views(ws, loop), not ws.memo[loop, "auto"])
         if not loop.reverse and strategy.name == self.sched.loop_strategy and strategy.runs_as:
             if (loop, "why") not in ws.memo:

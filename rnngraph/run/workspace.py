@@ -22,15 +22,16 @@ from ..ir.ops import OpKind, accumulate
 from ..plan.aliases import GradAliases
 from ..plan.backward import read_back, shared_weights
 from ..plan.items import FusedGrad, Gemm, GemmGrad
-from ..plan.loops import STRATEGIES
+from ..plan.loops import STRATEGIES, strategy_of
 from ..plan.schedule import Schedule
 
 ALL = None  # the frame selector meaning "all T frames at once"
 SERIAL = itertools.count()
 UNTOUCHED = ("untouched", "gradients")      # memo key: their spans in the gradient arena (Workspace.zero_grads)
+PADDED = ("untouched", "padded")            # memo key: the same for a chunk walking fewer frames than it holds
 LOOP_ITEMS = frozenset(s.item for s in STRATEGIES.values())     # a loop item's kinds, by strategy
 ZERO_RUNS = ("zero", "gradients")           # memo key: the runs between them and the caller's, by the caller's
-                                            # (zero_grads' filled), as the backend zeroes them (zero_plan)
+                                            # (zero_grads' filled, padded), as the backend zeroes them (zero_plan)
 LOOP_SUMS = ("loop", "sums")                # memo key: (group, parameter) sums a compiled loop takes (Executor._loop)
 
 
@@ -96,15 +97,16 @@ class Workspace:
                 self.version += 1
                 self.memo.clear()
 
-    def zero_grads(self, backend, filled: frozenset = frozenset()):
+    def zero_grads(self, backend, filled: frozenset = frozenset(), padded: bool = False):
         """Zeroes the gradient arena for a backward, but for the gradients no item of this workspace's backward
         reads or adds to before one stores them whole, or at all (note_untouched: known once one has run), and
         the frames of the gradients in `filled` (the caller's output gradients, copied in whole next): the runs
-        between those, as the backend zeroes them (zero_plan, made once per `filled`)."""
+        between those, as the backend zeroes them (zero_plan, made once per `filled`). padded: a chunk whose loop
+        walks fewer frames than the workspace holds, which stores none of its gradients whole."""
         plans = self.memo.setdefault(ZERO_RUNS, {})
-        if filled not in plans:
+        if (filled, padded) not in plans:
             base, item = address(self.grad_arena), self.grad_arena.itemsize
-            skip = list(self.memo.get(UNTOUCHED, ()))
+            skip = list(self.memo.get(PADDED if padded else UNTOUCHED, ()))
             for f in (self.framed(o, grads=True) for o in filled):
                 if f.flags.c_contiguous:
                     skip.append(((address(f) - base) // item, (address(f) - base) // item + f.size))
@@ -115,8 +117,8 @@ class Workspace:
                 start = max(start, b)
             if start < self.grad_arena.size:
                 runs.append((start, self.grad_arena.size))
-            plans[filled] = backend.zero_plan(self.grad_arena, runs)
-        backend.zero_runs(self.grad_arena, plans[filled])
+            plans[filled, padded] = backend.zero_plan(self.grad_arena, runs)
+        backend.zero_runs(self.grad_arena, plans[filled, padded])
 
     def note_untouched(self, sched: Schedule, backend):
         """After a backward: [start, end) in the gradient arena of each gradient whose buffer needs no zeroing,
@@ -125,12 +127,13 @@ class Workspace:
         loop at ALL, or for the step at every frame),
         contiguous ones that are none of the cell's outputs, states and parameters, nor an input but one whose
         gradient one write makes whole, and a merged GEMM's whole output gradient where every column is such;
-        sorted, once. Whole calls only: a chunk's backward zeroes its arena whole, as its loop's kernel may walk
-        only the chunk's n frames (run/chunks.py)."""
+        sorted, once; and the same where the loop walks fewer frames than the workspace holds (PADDED, a chunk's:
+        its kernel walks only the chunk's n frames, backend.walking_loops, and stores none of its gradients whole)."""
         if UNTOUCHED in self.memo:
             return
         compiled = []       # (step, its loop or None); the GEMMs' gradients too, which every backend runs as planned
         stored = set()      # what compiled loops write whole (backend.loop_stores)
+        walking = set()     # compiled loops of a chunk's workspace that walk only the chunk's frames
         for it in (it for sec in sched.backward for it in sec.items):
             launch = self.memo.get((it, ALL), (None, None))[1]
             if launch and isinstance(it, FusedGrad) or isinstance(it, GemmGrad):
@@ -141,20 +144,26 @@ class Workspace:
                 if launch:
                     compiled += [(s, it) for s in steps if isinstance(s, FusedGrad)]
                     stored |= backend.loop_stores(sched.cell, it)
+                    if self.running and strategy_of(it).name in backend.walking_loops:
+                        walking.add(it)
                 else:           # run frame by frame: where each frame's is compiled, as if hoisted
                     compiled += [(s, None) for s in steps if isinstance(s, FusedGrad) and
                                  all(self.memo.get((s, t), (None, None))[1] for t in range(self.T))]
+        self.memo[UNTOUCHED] = self._spans(sched, backend, compiled, stored, ())
+        self.memo[PADDED] = self._spans(sched, backend, compiled, (), walking) if walking else self.memo[UNTOUCHED]
+        self.memo.pop(ZERO_RUNS, None)
+
+    def _spans(self, sched: Schedule, backend, compiled: list, stored, partial) -> list:
+        """note_untouched's spans, the loops of `partial` storing nothing whole."""
         cell = sched.cell
         kept = {*cell.inputs, *cell.outputs, *cell.params, *(p for p, _ in cell.states.values())} - \
             self.aliases.assigned       # an input's gradient that one GEMM makes whole
-        free = backend.untouched_grads(cell, compiled, self.aliases, frozenset(stored)) - kept
+        free = backend.untouched_grads(cell, compiled, self.aliases, frozenset(stored), frozenset(partial)) - kept
         bufs = [self.grads[n] for n in free] + [g for it, (_, g) in self.cat.items()
                                                if it not in self.aliases.windows and set(it.nodes) <= free]
         base, item = address(self.grad_arena), self.grad_arena.itemsize
-        spans = {((address(g) - base) // item, (address(g) - base) // item + g.size) for g in bufs
-                 if g.flags.c_contiguous}
-        self.memo[UNTOUCHED] = sorted(spans)
-        self.memo.pop(ZERO_RUNS, None)
+        return sorted({((address(g) - base) // item, (address(g) - base) // item + g.size) for g in bufs
+                       if g.flags.c_contiguous})
 
     # -- frame selection: arrays handed to the rules are rows [N, F] -------------------------------
     def frames(self, buf, d: int = 0):

@@ -105,14 +105,15 @@ class ArrayBackend:
         """The nodes whose values this backend's forward keeps inside a fused pass, never storing them: none."""
         return frozenset()
 
-    def untouched_grads(self, cell, steps, aliases=None, stored=frozenset()) -> frozenset:
+    def untouched_grads(self, cell, steps, aliases=None, stored=frozenset(), partial=frozenset()) -> frozenset:
         """Nodes whose gradient buffers these compiled backward steps ((step, the loop it runs in or None)) never
         need zeroed: the members of fused groups outside their kernel's arguments (its spec, backward_spec: the
         plan has it store the gradients other items read, kept_grads, and read those they add to, arriving),
         those it stores whole ('=') where none arrives from outside it, the gradients one write makes whole
         (aliases.assigned: a group's '=', any GEMM's beta 0 here) and those a compiled loop writes whole
-        (stored: loop_stores). Where gradients share a buffer, a class's members with it, if one of them is so
-        stored or none is touched."""
+        (stored: loop_stores). A step in a loop of `partial` (one that walks only a chunk's frames) stores only
+        those frames: what it stores still needs zeroing. Where gradients share a buffer, a class's members with
+        it, if one of them is so stored or none is touched."""
         aliases, untouched, assigned = aliases or GradAliases(), set(), set(stored)
         for step, loop in steps:
             if isinstance(step, GemmGrad):
@@ -124,6 +125,8 @@ class ArrayBackend:
             touched = {key if kind == "grad" else key[0] for kind, key in spec.inputs + spec.outputs
                        if kind in ("grad", "gext")}
             untouched |= set(step.item.nodes) - touched
+            if loop is not None and loop in partial:
+                continue
             ops, come = {nm: op for nm, _, op in spec.stores}, arriving(cell, step.item.nodes)
             assigned |= {key if kind == "grad" else key[0] for (kind, key), nm in zip(spec.outputs, spec.out_names)
                          if ops[nm] == "=" and (kind == "gext" or key not in come)}
