@@ -15,18 +15,18 @@ from test_persistent_heads import assert_agree, problem_arrays
 
 @pytest.mark.parametrize("K", [8, 64, 512])
 def test_walking_spans_pad_a_rest_within_a_step_of_the_next(K):
-    """Consecutive chunks from the ladder, every one but the last full; the last short of its step by less than
-    the step below it (or than the smallest step); never more chunks than without padding."""
+    """Consecutive chunks from the ladder, shortest first, every one but the first full; the first short of its
+    step by less than the step below it (or than the smallest step); never more chunks than without padding."""
     steps = ladder(K)
     for T in range(1, 2 * K + 70):
         sp, plain = spans(T, K, True, walks=True), spans(T, K, True)
         assert [t0 for t0, _, _ in sp] == [int(v) for v in np.cumsum([0] + [n for _, _, n in sp[:-1]])]
         assert sum(n for _, _, n in sp) == T and {L for _, L, _ in sp} <= set(steps)
-        assert all(n == L for _, L, n in sp[:-1])
-        t0, L, n = sp[-1]
+        assert all(n == L for _, L, n in sp[1:]) and [L for _, L, _ in sp] == sorted(L for _, L, _ in sp)
+        t0, L, n = sp[0]
         below = steps[steps.index(L) + 1] if L != steps[-1] else steps[-1]
         assert 0 <= L - n < below and len(sp) <= len(plain)
-    assert spans(1000, 512, True, walks=True) == [(0, 512, 512), (512, 512, 488)] and len(spans(1000, 512, True)) == 8
+    assert spans(1000, 512, True, walks=True) == [(0, 512, 488), (488, 512, 512)] and len(spans(1000, 512, True)) == 8
     assert spans(1000, 512, walks=True) == spans(1000, 512)         # exact chunks: the rest in its own length
 
 
@@ -40,7 +40,7 @@ def test_a_numpy_executor_never_pads_for_walking():
 @pytest.mark.parametrize("T", [5, 13])
 def test_the_persistent_kernel_walks_the_running_chunks_frames(T):
     """A ladder of one step, 8 frames (the emulator takes a while a frame): T = 5 one chunk walking 5, 13 a
-    chunk walking 8 and one walking 5; ragged (frames past a sequence's length: no output gradient, and
+    chunk walking 5 and one walking 8; ragged (frames past a sequence's length: no output gradient, and
     outputs compared up to its length); against numpy's whole calls."""
     cell = load_cell("lstm", 3, 4)
     be = Emulated(None, False)         # blocks at once: the kernel has grid barriers
@@ -57,5 +57,5 @@ def test_the_persistent_kernel_walks_the_running_chunks_frames(T):
         out += [gx["x"].copy(), *(g0[s].copy() for s in sorted(g0)), *(gp[n].copy() for n in sorted(gp))]
     assert_agree(got, want, "float64")
     chunks = spans(T, 8, True, walks=True)
-    assert ex._walks(3, np.float64) and ex.chunks.K == 8 and chunks[-1] == (T - 5, 8, 5)
+    assert ex._walks(3, np.float64) and ex.chunks.K == 8 and chunks[0] == (0, 8, 5)
     assert be.walked == [n for _, _, n in chunks] + [n for _, _, n in reversed(chunks)]     # forward, then backward

@@ -76,7 +76,7 @@ def test_chunked_calls_equal_whole_calls_in_every_strategy(cell, loop):
 def test_the_spans_and_a_shorter_call_reusing_the_buffers():
     cell = load_cell("lstm", 3, 5)
     ex = Executor(cell, get_backend("numpy"), chunk=K)
-    assert spans(3 * K + 2, K) == [(0, K, K), (K, K, K), (2 * K, K, K), (3 * K, 2, 2)]
+    assert spans(3 * K + 2, K) == [(0, 2, 2), (2, K, K), (K + 2, K, K), (2 * K + 2, K, K)]     # the longest last
     assert spans(K, K) == [(0, K, K)]
     params = {n: np.random.default_rng(0).standard_normal(s) for n, s in cell.params.items()}
     held = []
@@ -90,8 +90,8 @@ def test_the_spans_and_a_shorter_call_reusing_the_buffers():
 
 
 def test_a_ladder_covers_every_length_with_few_chunk_lengths():
-    """Ladder spans: consecutive, every chunk but the last full, lengths from the ladder, the last padded by
-    fewer frames than the smallest step."""
+    """Ladder spans: consecutive, shortest first, every chunk but the first full, lengths from the ladder, the
+    first padded by fewer frames than the smallest step."""
     assert ladder(512) == [512, 128, 32, 8] and ladder(LADDER_TOP) == [4096, 1024, 256, 64, 16] and ladder(4) == [4]
     for k in (4, 64, 100, 512):
         steps = ladder(k)
@@ -99,7 +99,8 @@ def test_a_ladder_covers_every_length_with_few_chunk_lengths():
             sp = spans(T, k, True)
             assert [t0 for t0, _, _ in sp] == [int(v) for v in np.cumsum([0] + [n for _, _, n in sp[:-1]])]
             assert sum(n for _, _, n in sp) == T and {L for _, L, _ in sp} <= set(steps)
-            assert all(n == L for _, L, n in sp[:-1]) and 0 <= sp[-1][1] - sp[-1][2] < steps[-1]
+            assert all(n == L for _, L, n in sp[1:]) and 0 <= sp[0][1] - sp[0][2] < steps[-1]
+            assert [L for _, L, _ in sp] == sorted(L for _, L, _ in sp)
 
 
 LADDER_LENGTHS = [1, 15, 16, 17, 75, 280]   # the numpy backend's ladder (K = LADDER_TOP): 75 = 64 + 11 padded to 16,
@@ -238,6 +239,22 @@ def test_most_chunks_bounds_every_shorter_call_tightly():
             for T in range(1, 2 * K + 300):
                 most = max(most, len(spans(T, K, in_ladder)))
                 assert most_chunks(T, K, in_ladder) == most and len(spans(T, K, in_ladder, walks=True)) <= most
+
+
+def test_the_set_aside_values_of_every_shorter_call_fit():
+    """What a call sets aside is every chunk's values but the last's, the longest (a chunk's weight: its values,
+    growing with L, with a part that does not); most_chunks' weight bounds it for every call of at most T
+    frames, walking or not."""
+    weight = lambda L: 1000 + 7 * L      # noqa: E731
+    for K in (8, 64, 100, 1024):
+        for in_ladder in (False, True):
+            most = 0
+            for T in range(1, 2 * K + 300):
+                for walks in (False, True):
+                    sp = spans(T, K, in_ladder, walks)
+                    assert sp[-1][1] == max(L for _, L, _ in sp)
+                    most = max(most, sum(weight(L) for _, L, _ in sp[:-1]))
+                assert most <= most_chunks(T, K, in_ladder, weight), (K, in_ladder, T)
 
 
 def test_after_the_longest_call_no_shorter_one_grows_a_buffer():

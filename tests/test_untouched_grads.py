@@ -125,9 +125,9 @@ def test_the_persistent_kernels_write_every_gradient_left_unzeroed(cell, B, dtyp
 def test_a_padded_chunk_zeroes_what_its_walking_loop_stores():
     """In chunks whose loop walks only the running chunk's n frames, a chunk of 5 frames in a workspace of 8 zeroes
     what the loop's kernel stores (the merged GEMMs' output gradients), so that frames 5..7 read zeros, not the
-    chunk before's; a full chunk leaves them unzeroed as a whole call does, and what no kernel touches (the
-    gates) goes unzeroed in both. NaN in every span left unzeroed after a call of 13 frames (chunks walking 8,
-    then 5) changes nothing in the next, against whole calls."""
+    chunk after's (the backward runs last chunk first); a full chunk leaves them unzeroed as a whole call does, and what no kernel touches (the
+    gates) goes unzeroed in both. NaN in every span left unzeroed after a call of 13 frames (chunks walking 5,
+    then 8: the backward runs the full one first) changes nothing in the next, against whole calls."""
     from rnngraph.run.executor import Executor
     from rnngraph.run.workspace import PADDED, UNTOUCHED
     from test_persistent_heads import problem_arrays
@@ -141,7 +141,7 @@ def test_a_padded_chunk_zeroes_what_its_walking_loop_stores():
     want = _run(whole, args, lengths)
     first = _run(chunked, args, lengths)
     ws = chunked.ws
-    assert chunked.chunks.last is None and be.walked == [8, 5, 5, 8] and ws.T == 8 and ws.running is not None
+    assert chunked.chunks.last is None and be.walked == [5, 8, 8, 5] and ws.T == 8 and ws.running is not None
 
     def nodes(w, key) -> set:       # the gradients whose spans memo[key] holds
         at = {_offset(w, g): n for n, g in w.grads.items() if g.ndim == 3} | \

@@ -203,8 +203,8 @@ Where the values a call stores exceed `RNNGRAPH_STORE_BYTES` ({limit / 1e9:.1f} 
 backward recomputes, and with chunks off it does so in chunks of a quarter of that limit, so there "whole calls"
 (marked "recomputes") run in chunks too. Calls longer than {K} frames take {times(cost(best))} to
 {times(cost(worst))} the time of whole calls in chunks; the costliest case is {worst['cell']} ({worst['loop']}) at T = {worst['T']}, B = {worst['B']}, where
-the chunk before the last sets the values its backward reads aside, {aside:.2f} GB copied out and back (computed,
-not timed apart). The scan in chunks takes up to {times(cost(scan))} (T = {scan['T']}, B = {scan['B']}), so it runs whole
+every chunk but the last sets the values its backward reads aside, {aside:.2f} GB a chunk of {K} frames copied out
+and back (computed, not timed apart). The scan in chunks takes up to {times(cost(scan))} (T = {scan['T']}, B = {scan['B']}), so it runs whole
 calls. In the ladder, the `persistent`, `elementwise` and `scan` kernels walk only the frames a chunk holds, so
 T = 1000 runs as {_chunks(spans(1000, K, True, walks=True))} (the scan, whose ladder starts at {LADDER_TOP} frames,
 as {_chunks(spans(1000, LADDER_TOP, True, walks=True))}); `stages` runs it as {_chunks(spans(1000, K, True))}, which
@@ -264,14 +264,14 @@ def _padding(ratio: float) -> str:
 
 
 def _chunks(sp: list) -> str:
-    """A call's chunks (spans) in words: 'one chunk of 1024 frames holding 1000', '9 chunks (3 of 256, ... and 2 of 16
-    frames, the last of 16 holding 8)'."""
+    """A call's chunks (spans) in words: 'one chunk of 1024 frames holding 1000', '9 chunks (a first of 16 holding 8,
+    then 2 of 16, ... and 3 of 256 frames)'."""
     if len(sp) == 1:
         return f"one chunk of {sp[0][1]} frames holding {sp[0][2]}"
     runs = [(L, sum(1 for _, M, n in sp if M == L and n == L)) for L in dict.fromkeys(L for _, L, _ in sp)]
-    parts, (_, L, n) = [f"{k if k > 1 else 'one'} of {M}" for M, k in runs if k], sp[-1]
+    parts, (_, L, n) = [f"{k if k > 1 else 'one'} of {M}" for M, k in runs if k], sp[0]
     full = ", ".join(parts[:-1]) + f" and {parts[-1]}" if len(parts) > 1 else parts[0]
-    return f"{len(sp)} chunks ({full} frames" + (f", the last of {L} holding {n})" if n < L else ")")
+    return f"{len(sp)} chunks (" + (f"a first of {L} holding {n}, then " if n < L else "") + f"{full} frames)"
 
 
 def cpu(results: Results, findings: Findings) -> str:

@@ -4,11 +4,13 @@ every chunk reads where it lies in its call from the call's cursor, one small in
 written once a call. One recording of L frames therefore serves every chunk of that length of every call,
 whatever T, and a chunk costs the host one replay.
 
-The chunks of a call (spans): chunks of K frames, then the rest, as one chunk of its own length (exact), or,
-where calls come in many lengths (ladder), as chunks from the ladder K, K/4, K/16, ... (≥ 8 frames), largest
-first. A ladder's last chunk holds the n frames left, fewer than its smallest step, and runs padded to that
-step: its frames past n read zero inputs and every sequence's length is clipped to n, as padded frames are, so
-they never feed a real one. A ladder records at most one chunk a step, whatever the lengths.
+The chunks of a call (spans): the rest, as one chunk of its own length (exact), then chunks of K frames, or,
+where calls come in many lengths (ladder), as chunks from the ladder K, K/4, K/16, ... (≥ 8 frames), fewest
+first; shortest first, so that the last chunk, whose values the backward (last chunk first) finds in place
+rather than set aside, is the longest. A ladder's first chunk holds the n frames fewer than its smallest step
+that the others leave, and runs padded to that step: its frames past n read zero inputs and every sequence's
+length is clipped to n, as padded frames are, so they never feed a real one. A ladder records at most one
+chunk a step, whatever the lengths.
 
 The cursor (run/cursor.py) holds, for the chunk running, its first frame t0 and frame count n, the sequences'
 lengths, the addresses and strides of the caller's arrays the call reads and writes (its slots) and where
@@ -34,6 +36,7 @@ the executor's arenas, at addresses that stay put while no call is longer than t
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import numpy as np
@@ -62,32 +65,33 @@ def ladder(K: int) -> list:
 
 def spans(T: int, K: int, in_ladder: bool = False, walks: bool = False) -> list:
     """[(t0, L, n)]: the chunks of a call of T frames, each recorded at L frames and holding the n ≤ L
-    frames t0 .. t0 + n - 1; chunks of K frames then the rest as one chunk, or, in_ladder, greedily from the
-    ladder, the last chunk padded up to its smallest step. walks: the loop walks only a chunk's n frames
-    (a padded frame costs its share of the chunk's parallel work, not a frame of the loop), so in the ladder
-    a rest short of a step by less than the next step runs padded in that step, not in up to 3 chunks more a
-    step below.
+    frames t0 .. t0 + n - 1, shortest first (the longest last: its values stay in place for the backward);
+    the rest as one chunk then chunks of K frames, or, in_ladder, greedily from the ladder, the rest padded up
+    to its smallest step. walks: the loop walks only a chunk's n frames (a padded frame costs its share of the
+    chunk's parallel work, not a frame of the loop), so in the ladder a rest short of a step by less than the
+    next step runs padded in that step, not in up to 3 chunks more a step below.
 
     >>> spans(10, 4), spans(20, 16, True), len(spans(60, 64, True)), spans(60, 64, True, walks=True)
-    ([(0, 4, 4), (4, 4, 4), (8, 2, 2)], [(0, 16, 16), (16, 16, 4)], 4, [(0, 64, 60)])
+    ([(0, 2, 2), (2, 4, 4), (6, 4, 4)], [(0, 16, 4), (4, 16, 16)], 4, [(0, 64, 60)])
     """
     return list(_spans(T, K, in_ladder, walks))
 
 
 @functools.lru_cache(maxsize=4096)
 def _spans(T: int, K: int, in_ladder: bool, walks: bool) -> tuple:
-    """spans(), once a call's (T, K, in_ladder, walks)."""
-    steps, out, t0 = (ladder(K) if in_ladder else [K]), [], 0
+    """spans(), once a call's (T, K, in_ladder, walks): (L, n) greedily, longest first, then reversed."""
+    steps, out, left = (ladder(K) if in_ladder else [K]), [], T
     for k, L in enumerate(steps):
-        while T - t0 >= L:
-            out.append((t0, L, L))
-            t0 += L
-        if walks and k + 1 < len(steps) and T - t0 > L - steps[k + 1]:
-            out.append((t0, L, T - t0))
-            return tuple(out)
-    if t0 < T:
-        out.append((t0, steps[-1] if in_ladder else T - t0, T - t0))
-    return tuple(out)
+        out += [(L, L)] * (left // L)
+        left %= L
+        if walks and k + 1 < len(steps) and left > L - steps[k + 1]:
+            out.append((L, left))
+            left = 0
+            break
+    if left:
+        out.append((steps[-1] if in_ladder else left, left))
+    starts = itertools.accumulate((n for _, n in reversed(out)), initial=0)
+    return tuple((t0, L, n) for t0, (L, n) in zip(starts, reversed(out)))
 
 
 def within(room: int, per_frame: int) -> int:
@@ -98,8 +102,8 @@ def within(room: int, per_frame: int) -> int:
 
 def most_chunks(T: int, K: int, in_ladder: bool = False, weight=None) -> int:
     """The most chunks spans() makes of any call of at most T frames, or, given weight (chunk length L -> a
-    number), the most that the weights of all its chunks but the last add up to: buffers sized by them serve
-    every shorter call. In the ladder a shorter call may run in more chunks (T = 300 with K = 1024: 4 chunks,
+    number, growing with L), the most that the weights of all its chunks but the shortest add up to: buffers
+    sized by them serve every shorter call, whose chunks but the last (the longest) weigh no more. In the ladder a shorter call may run in more chunks (T = 300 with K = 1024: 4 chunks,
     T = 255: 7), so each step takes either as many full chunks as fit or one fewer, leaving the most below.
 
     >>> most_chunks(300, 1024, True), max(len(spans(t, 1024, True)) for t in range(1, 301))
