@@ -182,7 +182,7 @@ def test_per_head_kernels_ragged_and_chunked(B):
     lengths = np.array([9, 4, 1, 7, 2, 9, 5, 3][:B])
     got, want, _ = emulated_against_numpy(cell, T=9, B=B, lengths=lengths)
     assert_agree(got, want, "float64")
-    got, want, be = emulated_against_numpy(cell, T=9, B=B, chunk=4)       # chunks of 4, 4 and 1 frames
+    got, want, be = emulated_against_numpy(cell, T=9, B=B, chunk=4)       # chunks of 1, 4 and 4 frames
     assert_agree(got, want, "float64")
     assert len(be.ran) == 6
 
@@ -206,7 +206,7 @@ def test_head_wise_tensor_cores_ragged_and_chunked():
     lengths = np.array([9, 4, 1, 7, 2, 9, 5, 3, 0, 8, 6, 9, 1, 2, 3, 4])
     got, want, _ = emulated_against_numpy(cell, T=9, B=16, lengths=lengths, dtype="bfloat16")
     assert_agree(got, want, "bfloat16")
-    be = Emulated(None, True)           # chunks of 4, 4 and 1 frames, against numpy's chunks: in half storage a
+    be = Emulated(None, True)           # chunks of 1, 4 and 4 frames, against numpy's chunks: in half storage a
     args = problem_arrays(cell, 9, 16, "bfloat16")    # chunk's parameter gradients are rounded before they add up
     got = run_executor(Executor(cell, be, loop="persistent", chunk=4), *args)
     assert_agree(got, run_executor(Executor(cell, get_backend("numpy"), loop="stages", chunk=4), *args), "bfloat16")

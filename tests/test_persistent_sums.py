@@ -66,7 +66,7 @@ def test_the_kernel_sums_the_loop_parameters_in_place_of_their_param_sums(cell, 
     taken = {u for (_, u), _ in be.ran[-1].sums}
     rest = {"w_co"} if cell == "peephole_lstm" else set()     # its term reads c's value, which the body does not load
     assert taken == {u for u in c.params if c.params[u] == (16,)} - rest and set(ran) == rest
-    assert be.walked[-3:] == [1, 4, 4]
+    assert be.walked[-3:] == [4, 4, 1]       # the backward: the last chunk first
 
 
 @needs_cxx

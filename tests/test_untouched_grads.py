@@ -125,9 +125,9 @@ def test_the_persistent_kernels_write_every_gradient_left_unzeroed(cell, B, dtyp
 def test_a_padded_chunk_zeroes_what_its_walking_loop_stores():
     """In chunks whose loop walks only the running chunk's n frames, a chunk of 5 frames in a workspace of 8 zeroes
     what the loop's kernel stores (the merged GEMMs' output gradients), so that frames 5..7 read zeros, not the
-    chunk after's (the backward runs last chunk first); a full chunk leaves them unzeroed as a whole call does, and what no kernel touches (the
-    gates) goes unzeroed in both. NaN in every span left unzeroed after a call of 13 frames (chunks walking 5,
-    then 8: the backward runs the full one first) changes nothing in the next, against whole calls."""
+    chunk after's (the backward runs last chunk first); a full chunk leaves them unzeroed as a whole call does,
+    and what no kernel touches (the gates) goes unzeroed in both. NaN in every span left unzeroed after a call of
+    13 frames (chunks walking 5, then 8) changes nothing in the next, against whole calls."""
     from rnngraph.run.executor import Executor
     from rnngraph.run.workspace import PADDED, UNTOUCHED
     from test_persistent_heads import problem_arrays
