@@ -11,7 +11,7 @@ from rnngraph import build_schedule
 from rnngraph.ir.cells import CELLS
 from rnngraph.nn import Recurrent
 from rnngraph.run.backends import get_backend
-from rnngraph.run.chunks import LADDER_TOP, ladder, most_chunks, spans
+from rnngraph.run.chunks import LADDER_TOP, ladder, most_aside, most_chunks, spans
 from rnngraph.run.executor import Executor
 from rnngraph.ir.loading import load_cell
 from test_buckets import close, run
@@ -239,22 +239,25 @@ def test_most_chunks_bounds_every_shorter_call_tightly():
             for T in range(1, 2 * K + 300):
                 most = max(most, len(spans(T, K, in_ladder)))
                 assert most_chunks(T, K, in_ladder) == most and len(spans(T, K, in_ladder, walks=True)) <= most
+    assert most_chunks(0, 8) == 0
 
 
-def test_the_set_aside_values_of_every_shorter_call_fit():
+def test_the_set_aside_values_of_every_shorter_call_fit_tightly():
     """What a call sets aside is every chunk's values but the last's, the longest (a chunk's weight: its values,
-    growing with L, with a part that does not); most_chunks' weight bounds it for every call of at most T
-    frames, walking or not."""
+    growing with L, with a part that does not); most_aside is the most any call of at most T frames sets aside,
+    walking or not, in the ladder or not."""
     weight = lambda L: 1000 + 7 * L      # noqa: E731
     for K in (8, 64, 100, 1024):
         for in_ladder in (False, True):
-            most = 0
-            for T in range(1, 2 * K + 300):
-                for walks in (False, True):
+            for walks in (False, True):
+                most = 0
+                for T in range(1, 3 * K + 300):
                     sp = spans(T, K, in_ladder, walks)
                     assert sp[-1][1] == max(L for _, L, _ in sp)
                     most = max(most, sum(weight(L) for _, L, _ in sp[:-1]))
-                assert most <= most_chunks(T, K, in_ladder, weight), (K, in_ladder, T)
+                    assert most_aside(T, K, in_ladder, walks, weight) == most, (K, in_ladder, walks, T)
+    assert most_aside(10 ** 6, 1024, True, True, weight) == most_aside(10 ** 6 - 1024, 1024, True, True, weight) + \
+        weight(1024)
 
 
 def test_after_the_longest_call_no_shorter_one_grows_a_buffer():

@@ -79,7 +79,14 @@ def spans(T: int, K: int, in_ladder: bool = False, walks: bool = False) -> list:
 
 @functools.lru_cache(maxsize=4096)
 def _spans(T: int, K: int, in_ladder: bool, walks: bool) -> tuple:
-    """spans(), once a call's (T, K, in_ladder, walks): (L, n) greedily, longest first, then reversed."""
+    """spans(), once a call's (T, K, in_ladder, walks)."""
+    plan = _plan(T, K, in_ladder, walks)[::-1]
+    starts = itertools.accumulate((n for _, n in plan), initial=0)
+    return tuple((t0, L, n) for t0, (L, n) in zip(starts, plan))
+
+
+def _plan(T: int, K: int, in_ladder: bool, walks: bool) -> list:
+    """[(L, n)]: the chunks of spans(), taken greedily, longest first."""
     steps, out, left = (ladder(K) if in_ladder else [K]), [], T
     for k, L in enumerate(steps):
         out += [(L, L)] * (left // L)
@@ -90,8 +97,7 @@ def _spans(T: int, K: int, in_ladder: bool, walks: bool) -> tuple:
             break
     if left:
         out.append((steps[-1] if in_ladder else left, left))
-    starts = itertools.accumulate((n for _, n in reversed(out)), initial=0)
-    return tuple((t0, L, n) for t0, (L, n) in zip(starts, reversed(out)))
+    return out
 
 
 def within(room: int, per_frame: int) -> int:
@@ -100,30 +106,44 @@ def within(room: int, per_frame: int) -> int:
     return 1 << (frames.bit_length() - 1)
 
 
-def most_chunks(T: int, K: int, in_ladder: bool = False, weight=None) -> int:
-    """The most chunks spans() makes of any call of at most T frames, or, given weight (chunk length L -> a
-    number, growing with L), the most that the weights of all its chunks but the shortest add up to: buffers
-    sized by them serve every shorter call, whose chunks but the last (the longest) weigh no more. In the ladder a shorter call may run in more chunks (T = 300 with K = 1024: 4 chunks,
-    T = 255: 7), so each step takes either as many full chunks as fit or one fewer, leaving the most below.
+def most_chunks(T: int, K: int, in_ladder: bool = False) -> int:
+    """The most chunks spans() makes of any call of at most T frames: in the ladder a shorter call may run in more
+    (T = 300 with K = 1024: 4 chunks, T = 255: 7). A walking loop's calls run in no more (spans).
 
     >>> most_chunks(300, 1024, True), max(len(spans(t, 1024, True)) for t in range(1, 301))
     (7, 7)
     """
+    return most_aside(T, K, in_ladder) + 1 if T >= 1 else 0
+
+
+def most_aside(T: int, K: int, in_ladder: bool = False, walks: bool = False, weight=None) -> int:
+    """The most that the weights (chunk length L -> a number, growing with L; None: 1 a chunk) of all the chunks
+    but the last, the longest, of any call of at most T frames add up to (spans(t, K, in_ladder, walks), t ≤ T):
+    buffers sized by it serve every shorter call. A call of 2K frames or more runs as one of K frames fewer, but
+    for one more chunk of K frames: its weight.
+
+    >>> most_aside(2000, 1024, True, True, lambda L: L), most_aside(2000, 1024, True, False, lambda L: L)
+    (1024, 976)
+    """
+    weight = weight or (lambda L: 1)
     if T < 1:
         return 0
-    if weight is None:
-        return most_chunks(T, K, in_ladder, lambda L: 1) + 1
-    if not in_ladder:
-        return (-(-T // K) - 1) * weight(K)
-    steps = ladder(K)
+    q, R = divmod(T, K)
+    if not in_ladder:           # the rest, then q chunks of K: T itself sets aside the most
+        return (q - 1) * weight(K) + (weight(R) if R else 0) if q else 0
+    most, top = _most_aside(K, walks, tuple(weight(L) for L in ladder(K)))
+    if T < 2 * K:
+        return most[T]
+    return max(most[2 * K - 1] + (q - 2) * weight(K), top[R] + (q - 1) * weight(K))
 
-    def most(T: int, j: int) -> int:            # all chunks but the last, steps j, ..., at most T ≥ 1 frames
-        L, q = steps[j], T // steps[j]
-        if j == len(steps) - 1:
-            return (-(-T // L) - 1) * weight(L)
-        ways = [most(T - q * L, j + 1) + q * weight(L)] if T > q * L else [(q - 1) * weight(L)]
-        return max(ways + ([most(L - 1, j + 1) + (q - 1) * weight(L)] if q else []))
-    return most(T, 0)
+
+@functools.lru_cache(maxsize=64)
+def _most_aside(K: int, walks: bool, weights: tuple) -> tuple:
+    """([2K] the most set aside by a call of at most t frames, [K] the most by one of K to K + r frames), the
+    ladder's steps weighing `weights`."""
+    by_length = dict(zip(ladder(K), weights))
+    aside = [sum(by_length[L] for L, _ in _plan(t, K, True, walks)[1:]) for t in range(2 * K)]    # longest first
+    return list(itertools.accumulate(aside, max)), list(itertools.accumulate(aside[K:], max))
 
 
 # -- the boundary operations' references: (cursor, arrays...) ------------------------------------------------
@@ -222,7 +242,7 @@ class Chunked:
         x0 = inputs[next(iter(cell.inputs))]
         T, B, dtype = x0.shape[0], x0.shape[1], x0.dtype
         self.K, chunks = K, spans(T, K, in_ladder, walks)
-        ws, offsets = self._carve(T, B, dtype, chunks, recompute, in_ladder)
+        ws, offsets = self._carve(T, B, dtype, chunks, recompute, in_ladder, walks)
         i0, o0, _, _ = self.slots
         for k, x in enumerate(inputs.values()):
             self.cur.arrays[i0 + k] = _unit_columns(be, x)
@@ -284,20 +304,20 @@ class Chunked:
         return gins, {s: self.gcarry[s][P - 1] if D == 1 else self.gcarry[s][P - D:]
                       for s, D in cell.depths.items()}, dict(self.grads)
 
-    def _carve(self, T: int, B: int, dtype, chunks: list, recompute: bool, in_ladder: bool) -> tuple:
+    def _carve(self, T: int, B: int, dtype, chunks: list, recompute: bool, in_ladder: bool, walks: bool) -> tuple:
         """(workspace by chunk length, stash offset by chunk), the buffers the recordings read carved from the
         executor's arenas: were one to grow, every workspace carved before is retired, so carve until none does.
-        The cursor, the carried states and the stash have room for any call of at most T frames (most_chunks),
-        so that no call after the longest one grows a buffer. A call like the last one (its chunks, B, dtype,
-        recompute) in the same workspaces finds them carved already."""
+        The cursor, the carried states and the stash have room for any call of at most T frames (most_chunks,
+        most_aside), so that no call after the longest one grows a buffer. A call like the last one (its chunks,
+        B, dtype, recompute) in the same workspaces finds them carved already."""
         ex, cell = self.ex, self.ex.cell
         N, take, K = len(chunks), ex.arenas.take, self.K
-        key = (tuple(chunks), K, in_ladder, B, dtype, recompute, ex.arenas.generation)
+        key = (tuple(chunks), K, in_ladder, walks, B, dtype, recompute, ex.arenas.generation)
         ws = {L: ex.workspace(L, B, dtype, chunk=True) for L in sorted({L for _, L, _ in chunks})}
         if self.carved and self.carved[0] == key and all(a is b for a, b in zip(ws.values(), self.carved[1].values())):
             return self.carved[1], self.carved[2]
         room = most_chunks(T, K, in_ladder)
-        aside = 0 if recompute else most_chunks(T, K, in_ladder, lambda L: self._stash_size(L, B, dtype))
+        aside = 0 if recompute else most_aside(T, K, in_ladder, walks, lambda L: self._stash_size(L, B, dtype))
         while True:
             generation = ex.arenas.generation
             ws = {L: ex.workspace(L, B, dtype, chunk=True) for L in sorted({L for _, L, _ in chunks})}
