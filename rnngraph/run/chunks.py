@@ -4,13 +4,13 @@ every chunk reads where it lies in its call from the call's cursor, one small in
 written once a call. One recording of L frames therefore serves every chunk of that length of every call,
 whatever T, and a chunk costs the host one replay.
 
-The chunks of a call (spans): the rest, as one chunk of its own length (exact), then chunks of K frames, or,
-where calls come in many lengths (ladder), as chunks from the ladder K, K/4, K/16, ... (≥ 8 frames), fewest
-first; shortest first, so that the last chunk, whose values the backward (last chunk first) finds in place
-rather than set aside, is the longest. A ladder's first chunk holds the n frames fewer than its smallest step
-that the others leave, and runs padded to that step: its frames past n read zero inputs and every sequence's
-length is clipped to n, as padded frames are, so they never feed a real one. A ladder records at most one
-chunk a step, whatever the lengths.
+The chunks of a call (spans): chunks of K frames and the rest as one chunk of its own length (exact), or,
+where calls come in many lengths (ladder), chunks taken greedily from the ladder K, K/4, K/16, ... (≥ 8
+frames). They run shortest first, so that the last chunk, whose values the backward (last chunk first) finds
+in place rather than set aside, is the longest. A ladder's first chunk holds the n frames, fewer than its
+smallest step, that the others leave, and runs padded to that step: its frames past n read zero inputs and
+every sequence's length is clipped to n, as padded frames are, so they never feed a real one. A ladder
+records at most one chunk a step, whatever the lengths.
 
 The cursor (run/cursor.py) holds, for the chunk running, its first frame t0 and frame count n, the sequences'
 lengths, the addresses and strides of the caller's arrays the call reads and writes (its slots) and where
