@@ -132,7 +132,7 @@ class Workspace:
         if UNTOUCHED in self.memo:
             return
         compiled = []       # (step, its loop or None); the GEMMs' gradients too, which every backend runs as planned
-        stored = set()      # what compiled loops write whole (backend.loop_stores)
+        stored = {}         # compiled loop -> what it writes whole (backend.loop_stores)
         walking = set()     # compiled loops of a chunk's workspace that walk only the chunk's frames
         for it in (it for sec in sched.backward for it in sec.items):
             launch = self.memo.get((it, ALL), (None, None))[1]
@@ -143,22 +143,23 @@ class Workspace:
                 compiled += [(s, None) for s in steps if isinstance(s, GemmGrad)]
                 if launch:
                     compiled += [(s, it) for s in steps if isinstance(s, FusedGrad)]
-                    stored |= backend.loop_stores(sched.cell, it)
+                    stored[it] = backend.loop_stores(sched.cell, it)
                     if self.running and strategy_of(it).name in backend.walking_loops:
                         walking.add(it)
                 else:           # run frame by frame: where each frame's is compiled, as if hoisted
                     compiled += [(s, None) for s in steps if isinstance(s, FusedGrad) and
                                  all(self.memo.get((s, t), (None, None))[1] for t in range(self.T))]
-        self.memo[UNTOUCHED] = self._spans(sched, backend, compiled, stored, ())
-        self.memo[PADDED] = self._spans(sched, backend, compiled, (), walking) if walking else self.memo[UNTOUCHED]
+        still = frozenset().union(*(g for it, g in stored.items() if it not in walking))     # in a padded chunk
+        self.memo[UNTOUCHED] = self._spans(sched, backend, compiled, frozenset().union(*stored.values()), ())
+        self.memo[PADDED] = self._spans(sched, backend, compiled, still, walking) if walking else self.memo[UNTOUCHED]
         self.memo.pop(ZERO_RUNS, None)
 
-    def _spans(self, sched: Schedule, backend, compiled: list, stored, partial) -> list:
+    def _spans(self, sched: Schedule, backend, compiled: list, stored: frozenset, partial) -> list:
         """note_untouched's spans, the loops of `partial` storing nothing whole."""
         cell = sched.cell
         kept = {*cell.inputs, *cell.outputs, *cell.params, *(p for p, _ in cell.states.values())} - \
             self.aliases.assigned       # an input's gradient that one GEMM makes whole
-        free = backend.untouched_grads(cell, compiled, self.aliases, frozenset(stored), frozenset(partial)) - kept
+        free = backend.untouched_grads(cell, compiled, self.aliases, stored, frozenset(partial)) - kept
         bufs = [self.grads[n] for n in free] + [g for it, (_, g) in self.cat.items()
                                                if it not in self.aliases.windows and set(it.nodes) <= free]
         base, item = address(self.grad_arena), self.grad_arena.itemsize
