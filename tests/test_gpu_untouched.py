@@ -73,9 +73,9 @@ def test_nan_in_the_unzeroed_gradients_changes_nothing(cell, loop, dtype, B, H, 
                                         ("lstm", "stages")])
 @pytest.mark.parametrize("mode", ["graph", "staged"])
 def test_nan_in_the_unzeroed_gradients_of_chunks_changes_nothing(cell, loop, mode):
-    """Calls in the ladder's chunks (64, 16): T = 130 runs two chunks of 64 and one of 16 walking 2 frames, whose
-    loop kernels then store no gradient whole (Workspace.zero_grads, padded). NaN into every span a full chunk
-    leaves unzeroed, in every chunk's workspace, changes nothing in the next call, bit for bit, ragged too."""
+    """Calls in the ladder's chunks (64, 16): T = 130 runs one chunk of 16 walking 2 frames, whose loop kernels then
+    store no gradient whole (Workspace.zero_grads, padded), and two of 64. NaN into every span a full chunk leaves
+    unzeroed, in every chunk's workspace, changes nothing in the next call, bit for bit, ragged too."""
     import cupy
     layer = Recurrent(cell, 3, 16, backend="cupy", mode=mode, dtype="float32", loop=loop, seed=1, buckets=True)
     layer.backend.chunk_frames = 64
