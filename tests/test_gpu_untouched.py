@@ -74,7 +74,7 @@ def test_nan_in_the_unzeroed_gradients_changes_nothing(cell, loop, dtype, B, H, 
 @pytest.mark.parametrize("mode", ["graph", "staged"])
 def test_nan_in_the_unzeroed_gradients_of_chunks_changes_nothing(cell, loop, mode):
     """Calls in the ladder's chunks (64, 16): T = 130 runs one chunk of 16 walking 2 frames, whose loop kernels then
-    store no gradient whole (Workspace.zero_grads, padded), and two of 64. NaN into every span a full chunk leaves
+    store whole only the rows before 2 (Workspace.zero_grads, walked), and two of 64. NaN into every span a full chunk leaves
     unzeroed, in every chunk's workspace, changes nothing in the next call, bit for bit, ragged too."""
     import cupy
     layer = Recurrent(cell, 3, 16, backend="cupy", mode=mode, dtype="float32", loop=loop, seed=1, buckets=True)

@@ -69,19 +69,24 @@ def test_row_atomic_and_parameter_summing_kernels_keep_no_spec():
 
 
 @needs_cxx
-def test_the_zero_runs_kernel_zeroes_its_byte_runs_and_nothing_else():
+@pytest.mark.parametrize("k", [0, 3])
+def test_the_zero_runs_kernel_zeroes_its_byte_runs_and_nothing_else(k):
     """Runs of an arena at any alignment (a 2-byte gradient's), shorter than 16 bytes, within one 16-byte word
-    and long, run by the kernel compiled for the CPU (gather.ZERO_RUNS), with a table as zero_plan makes it."""
+    and long, run by the kernel compiled for the CPU (gather.ZERO_RUNS), with a table as zero_plan makes it; runs
+    of rows zeroed from row k on (all of them at k = 0, none where k rows are the whole run), as the reference
+    (ArrayBackend.zero_runs) does."""
     from test_chunk_kernels import _Kernel, _library
     rng = np.random.default_rng(0)
     a = rng.integers(1, 60000, 5000).astype(np.uint16)
-    runs = [(0, 3), (5, 6), (9, 17), (20, 1500), (1501, 1502), (1600, 4999)]
+    runs = [(0, 3, 0), (5, 6, 0), (9, 17, 0), (20, 1500, 0), (1501, 1502, 0), (1600, 4000, 240), (4001, 4007, 3),
+            (4100, 4999, 0)]
     table, longest = zero_runs_table(np, a, runs)
-    assert longest == 2 * 3399 and table.tolist()[1] == [10, 12]
+    assert longest == 2 * 2400 and table.tolist()[1] == [10, 12, 0] and table.tolist()[5] == [3200, 8000, 480]
     want = a.copy()
-    for s, e in runs:
-        want[s:e] = 0
-    _Kernel(_library(ZERO_RUNS).rg_zero_runs)(None, None, (a, table, np.int64(len(table))))
+    ArrayBackend().zero_runs(want, runs, k)
+    assert (want[1600 + 240 * k:4000] == 0).all() and (want[1600:1600 + 240 * k] == a[1600:1600 + 240 * k]).all()
+    assert (want[4001:4007] == (a[4001:4007] if k >= 2 else 0)).all()
+    _Kernel(_library(ZERO_RUNS).rg_zero_runs)(None, None, (a, table, np.int64(len(table)), np.int64(k)))
     np.testing.assert_array_equal(a, want)
     nvrtc_compile(ZERO_RUNS, "zero_runs")
 
@@ -124,10 +129,15 @@ def test_the_persistent_kernels_write_every_gradient_left_unzeroed(cell, B, dtyp
 @needs_cxx
 def test_a_padded_chunk_zeroes_what_its_walking_loop_stores():
     """In chunks whose loop walks only the running chunk's n frames, a chunk of 5 frames in a workspace of 8 zeroes
-    what the loop's kernel stores (the merged GEMMs' output gradients), so that frames 5..7 read zeros, not the
-    chunk after's (the backward runs last chunk first); a full chunk leaves them unzeroed as a whole call does,
-    and what no kernel touches (the gates) goes unzeroed in both. NaN in every span left unzeroed after a call of
-    13 frames (chunks walking 5, then 8) changes nothing in the next, against whole calls."""
+    the rows from 5 on of what the loop's kernel stores (the merged GEMMs' output gradients), so that frames 5..7
+    read zeros, not the chunk after's (the backward runs last chunk first), and leaves the rows before unzeroed:
+    the kernel stores them whole; a full chunk leaves all of them unzeroed as a whole call does, and what no kernel
+    touches (the gates) goes unzeroed in both. NaN in every span left unzeroed by a full chunk after a call of
+    13 frames (chunks walking 5, then 8) changes nothing in the next, against whole calls; nor does it in the
+    spans a padded chunk leaves, where it reaches no more than the rows before 5 (frames 0..3 and the history
+    row; frame 4's is stored too, a delay-1 cell's margin): starting its zeroing two rows later leaves frame 5 of
+    the merged GEMMs' output gradients as the full chunk's backward, run first, left it, which the loop never walks
+    and the parameters' sums read."""
     from rnngraph.run.executor import Executor
     from rnngraph.run.workspace import PADDED, UNTOUCHED
     from test_persistent_heads import problem_arrays
@@ -146,10 +156,11 @@ def test_a_padded_chunk_zeroes_what_its_walking_loop_stores():
     def nodes(w, key) -> set:       # the gradients whose spans memo[key] holds
         at = {_offset(w, g): n for n, g in w.grads.items() if g.ndim == 3} | \
              {_offset(w, g): f"{it.operand} products" for it, (_, g) in w.cat.items()}
-        return {at[a] for a, _ in w.memo[key]}
+        return {at[a] for a, *_ in w.memo[key]}
     products, gates = {"x products", "h products"}, {"i", "f", "g", "o"}
     assert nodes(ws, UNTOUCHED) == nodes(whole.ws, UNTOUCHED) >= products | gates
-    assert nodes(ws, UNTOUCHED) - nodes(ws, PADDED) >= products and gates <= nodes(ws, PADDED)
+    assert nodes(ws, PADDED) >= products and not gates & nodes(ws, PADDED)
+    assert all(row == (b - a) // 9 for a, b, row in ws.memo[PADDED])        # rows of [1 + 8, B, F] buffers
     for a, b in ws.memo[UNTOUCHED]:
         ws.grad_arena[a:b] = np.nan
     second = _run(chunked, args, lengths)
@@ -157,6 +168,16 @@ def test_a_padded_chunk_zeroes_what_its_walking_loop_stores():
         assert np.array_equal(u, v), f"array {k}"
         np.testing.assert_allclose(u * inside if k == 0 else u, w * inside if k == 0 else w, rtol=1e-10,
                                    atol=1e-12, err_msg=f"array {k}")
+    for a, b, row in ws.memo[PADDED]:       # only what a padded chunk leaves: the rows before 5
+        ws.grad_arena[a:b] = 0
+        ws.grad_arena[a:a + 5 * row] = np.nan
+    assert np.array_equal(np.concatenate([a.ravel() for a in _run(chunked, args, lengths)]),
+                          np.concatenate([a.ravel() for a in second]))
+    late = [(a, b, row) for a, b, row in ws.memo[PADDED]]
+    ws.memo[PADDED][:] = [(a + 2 * row, b, row) for a, b, row in late]      # from row 7: frame 5 left as it was
+    ws.memo.pop(("zero", "gradients"))
+    assert not np.array_equal(np.concatenate([a.ravel() for a in _run(chunked, args, lengths)]),
+                              np.concatenate([a.ravel() for a in second]))
 
 
 def _offset(ws, g) -> int:

@@ -21,13 +21,13 @@ at t0 (zeros past n), the forward body, its outputs written at t0, the values it
 the stash (every chunk but the last, unless the backward recomputes: the next chunk reuses the memory), each
 sequence's state at its own last frame of the chunk into carry slot c + 1, c advanced. Its backward, last
 chunk first: its gradient arena zeroed before the replay, but for the gradients its kernels write whole before
-any reads them (Workspace.zero_grads: in a padded chunk, a loop walking only its n frames writes whole none of
-those it stores), its values from the stash (or its forward run again from carry slot c), the gradients of its
-outputs at t0 and of its final states (carried from the chunk after it, added at each sequence's own last
-frame), the backward body, its input gradients written at t0, its parameter gradients added up, the gradient
-of its history carried to the chunk before, c moved back. The results equal one pass over all T frames up
-to the order of the parameter gradients' sums. A backward runs once a forward: restoring or recomputing each
-chunk's values over the others', it spends them.
+any reads them (Workspace.zero_grads: in a padded chunk, a loop walking only its n frames writes whole only
+the rows before n of those it stores), its values from the stash (or its forward run again from carry slot c),
+the gradients of its outputs at t0 and of its final states (carried from the chunk after it, added at each
+sequence's own last frame), the backward body, its input gradients written at t0, its parameter gradients
+added up, the gradient of its history carried to the chunk before, c moved back. The results equal one pass
+over all T frames up to the order of the parameter gradients' sums. A backward runs once a forward: restoring
+or recomputing each chunk's values over the others', it spends them.
 
 The boundary operations (OPS: name -> reference) are kernels where the backend compiles them
 (compile_chunk: run/backends/cuda/chunks.py); their buffers (cursor, carries, stash, summed gradients) live in
@@ -295,7 +295,7 @@ class Chunked:
             w = ex.ws = ws[chunks[i][1]]
             if recompute and i < N - 1:         # the last chunk's values are still in place
                 ex._run_body("chunk fwd", w, self._forward_body)
-            w.zero_grads(be, filled, chunks[i][2] < chunks[i][1])
+            w.zero_grads(be, filled, chunks[i][2] if chunks[i][2] < chunks[i][1] else None)
             ex._run_body("chunk bwd", w, self._backward_body)
             w.note_untouched(ex.sched, be)
         self.grad_flat = self.acc

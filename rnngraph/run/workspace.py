@@ -28,7 +28,8 @@ from ..plan.schedule import Schedule
 ALL = None  # the frame selector meaning "all T frames at once"
 SERIAL = itertools.count()
 UNTOUCHED = ("untouched", "gradients")      # memo key: their spans in the gradient arena (Workspace.zero_grads)
-PADDED = ("untouched", "padded")            # memo key: the same for a chunk walking fewer frames than it holds
+PADDED = ("untouched", "padded")            # memo key: those of them a chunk walking fewer frames than it holds
+                                            # zeroes past the frames walked, with their row's length
 LOOP_ITEMS = frozenset(s.item for s in STRATEGIES.values())     # a loop item's kinds, by strategy
 ZERO_RUNS = ("zero", "gradients")           # memo key: the runs between them and the caller's, by the caller's
                                             # (zero_grads' filled, padded), as the backend zeroes them (zero_plan)
@@ -97,28 +98,30 @@ class Workspace:
                 self.version += 1
                 self.memo.clear()
 
-    def zero_grads(self, backend, filled: frozenset = frozenset(), padded: bool = False):
+    def zero_grads(self, backend, filled: frozenset = frozenset(), walked: int | None = None):
         """Zeroes the gradient arena for a backward, but for the gradients no item of this workspace's backward
         reads or adds to before one stores them whole, or at all (note_untouched: known once one has run), and
         the frames of the gradients in `filled` (the caller's output gradients, copied in whole next): the runs
-        between those, as the backend zeroes them (zero_plan, made once per `filled`). padded: a chunk whose loop
-        walks fewer frames than the workspace holds, which stores none of its gradients whole."""
-        plans = self.memo.setdefault(ZERO_RUNS, {})
+        between those, as the backend zeroes them (zero_plan, made once per `filled` and whether walked is given).
+        walked: a padded chunk's n frames, fewer than the workspace holds, where a loop walks only them: of what
+        it stores whole (PADDED) it then writes only the rows before n, so the rest is zeroed too."""
+        plans, padded = self.memo.setdefault(ZERO_RUNS, {}), walked is not None
         if (filled, padded) not in plans:
             base, item = address(self.grad_arena), self.grad_arena.itemsize
-            skip = list(self.memo.get(PADDED if padded else UNTOUCHED, ()))
+            skip = list(self.memo.get(UNTOUCHED, ()))
             for f in (self.framed(o, grads=True) for o in filled):
                 if f.flags.c_contiguous:
                     skip.append(((address(f) - base) // item, (address(f) - base) // item + f.size))
             runs, start = [], 0
             for a, b in sorted(skip):
                 if a > start:
-                    runs.append((start, a))
+                    runs.append((start, a, 0))
                 start = max(start, b)
             if start < self.grad_arena.size:
-                runs.append((start, self.grad_arena.size))
-            plans[filled, padded] = backend.zero_plan(self.grad_arena, runs)
-        backend.zero_runs(self.grad_arena, plans[filled, padded])
+                runs.append((start, self.grad_arena.size, 0))
+            tails = self.memo.get(PADDED, ()) if padded else ()
+            plans[filled, padded] = backend.zero_plan(self.grad_arena, sorted(runs + list(tails)))
+        backend.zero_runs(self.grad_arena, plans[filled, padded], walked or 0)
 
     def note_untouched(self, sched: Schedule, backend):
         """After a backward: [start, end) in the gradient arena of each gradient whose buffer needs no zeroing,
@@ -127,8 +130,10 @@ class Workspace:
         loop at ALL, or for the step at every frame),
         contiguous ones that are none of the cell's outputs, states and parameters, nor an input but one whose
         gradient one write makes whole, and a merged GEMM's whole output gradient where every column is such;
-        sorted, once; and the same where the loop walks fewer frames than the workspace holds (PADDED, a chunk's:
-        its kernel walks only the chunk's n frames, backend.walking_loops, and stores none of its gradients whole)."""
+        sorted, once; and of those, the ones a loop walking fewer frames than the workspace holds writes only in
+        part (PADDED, a chunk's: its kernel walks only the chunk's n frames, backend.walking_loops, and still stores
+        whole the rows before n of a [P + T, B, F] buffer, since frame t writes rows P + t - d, delays d ≤ P, and
+        so none before row t) as (start, end, a row's elements), a row of 0 where a span is no such buffer."""
         if UNTOUCHED in self.memo:
             return
         compiled = []       # (step, its loop or None); the GEMMs' gradients too, which every backend runs as planned
@@ -151,7 +156,10 @@ class Workspace:
                                  all(self.memo.get((s, t), (None, None))[1] for t in range(self.T))]
         still = frozenset().union(*(g for it, g in stored.items() if it not in walking))     # in a padded chunk
         self.memo[UNTOUCHED] = self._spans(sched, backend, compiled, frozenset().union(*stored.values()), ())
-        self.memo[PADDED] = self._spans(sched, backend, compiled, still, walking) if walking else self.memo[UNTOUCHED]
+        kept = set(self._spans(sched, backend, compiled, still, walking)) if walking else set(self.memo[UNTOUCHED])
+        rows = self.P + self.T
+        self.memo[PADDED] = [(a, b, (b - a) // rows if (b - a) % rows == 0 else 0)
+                             for a, b in self.memo[UNTOUCHED] if (a, b) not in kept]
         self.memo.pop(ZERO_RUNS, None)
 
     def _spans(self, sched: Schedule, backend, compiled: list, stored: frozenset, partial) -> list:

@@ -144,13 +144,15 @@ class ArrayBackend:
         a.fill(0)
 
     def zero_plan(self, a, runs):
-        """What zero_runs takes for the runs [(start, end)] of a [n]: the runs; a backend may prepare them."""
+        """What zero_runs takes for the runs [(start, end, row)] of a [n]: the runs; a backend may prepare them."""
         return runs
 
-    def zero_runs(self, a, plan):
-        """a[start:end] = 0 for each run of a [n] in plan (zero_plan's), each run by zero()."""
-        for start, end in plan:
-            self.zero(a[start:end])
+    def zero_runs(self, a, plan, k: int = 0):
+        """a[start + k·row:end] = 0 for each run of a [n] in plan (zero_plan's), each run by zero(): row 0 zeroes
+        the run whole, a row's elements its rows from row k on."""
+        for start, end, row in plan:
+            if start + k * row < end:
+                self.zero(a[start + k * row:end])
 
     def upload(self, dst, host):
         """dst [n] (a backend array) = host [n] (a numpy array)."""

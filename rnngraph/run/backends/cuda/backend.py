@@ -105,15 +105,15 @@ class CupyBackend(ArrayBackend):
         kernel(grid, block, args)
 
     def zero_plan(self, a, runs):
-        """(runs, their byte ranges a device table and the longest's bytes, or None for a run or none: a memset)."""
+        """(runs, their bytes a device table and the longest's bytes, or None for a run or none: a memset)."""
         return runs, zero_runs_table(self.xp, a, runs) if len(runs) > 1 else None
 
-    def zero_runs(self, a, plan):
+    def zero_runs(self, a, plan, k: int = 0):
         """Every run in one kernel (gather.py), a lone run by a memset."""
         runs, table = plan
         if table is None:
-            return super().zero_runs(a, runs)
-        kernel, grid, block, args = zero_runs_launch(self, a, *table)
+            return super().zero_runs(a, runs, k)
+        kernel, grid, block, args = zero_runs_launch(self, a, *table, k)
         kernel(grid, block, args)
 
     def copy(self, dst, src):

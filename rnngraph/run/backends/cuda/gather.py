@@ -18,18 +18,18 @@ extern "C" __global__ void rg_copy_runs_{bytes}(const {T}* src, {T}* out, const 
 }}
 """
 ZERO_RUNS = r"""
-extern "C" __global__ void rg_zero_runs(unsigned char* base, const long long* runs, long long R) {
-    // bytes [s, e) of base = 0 for each run (s, e) of the table [R, 2]: 16-byte stores where aligned, bytes at
-    // the edges (fewer than 16 each)
+extern "C" __global__ void rg_zero_runs(unsigned char* base, const long long* runs, long long R, long long k) {
+    // bytes [s + k·w, e) of base = 0 for each run (s, e, w) of the table [R, 3] (w: 0, or a row's bytes, the run's
+    // rows zeroed from row k on): 16-byte stores where aligned, bytes at the edges (fewer than 16 each)
     const long long step = (long long)gridDim.x * blockDim.x, i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     for (long long r = blockIdx.y; r < R; r += gridDim.y) {
-        const long long s = runs[2 * r], e = runs[2 * r + 1];
+        const long long e = runs[3 * r + 1], s = min(e, runs[3 * r] + k * runs[3 * r + 2]);
         const long long a = min(e, s + (long long)((16 - ((unsigned long long)(base + s) & 15)) & 15));
         const long long z = max(a, e - (long long)((unsigned long long)(base + e) & 15));
-        for (long long k = i; k < (z - a) / 16; k += step)
-            reinterpret_cast<uint4*>(base + a)[k] = make_uint4(0, 0, 0, 0);
-        for (long long k = i; k < a - s; k += step) base[s + k] = 0;
-        for (long long k = i; k < e - z; k += step) base[z + k] = 0;
+        for (long long j = i; j < (z - a) / 16; j += step)
+            reinterpret_cast<uint4*>(base + a)[j] = make_uint4(0, 0, 0, 0);
+        for (long long j = i; j < a - s; j += step) base[s + j] = 0;
+        for (long long j = i; j < e - z; j += step) base[z + j] = 0;
     }
 }
 """
@@ -50,12 +50,13 @@ def copy_runs_launch(be, src, table, runs, out):
 
 
 def zero_runs_table(xp, a, runs):
-    """The runs [(start, end)] of a [n] as byte ranges on the device [R, 2] int64, and the longest's bytes."""
-    table = numpy.array(runs, numpy.int64).reshape(-1, 2) * a.itemsize
+    """The runs [(start, end, row)] of a [n] in bytes on the device [R, 3] int64, and the longest's bytes."""
+    table = numpy.array(runs, numpy.int64).reshape(-1, 3) * a.itemsize
     return xp.asarray(table), int((table[:, 1] - table[:, 0]).max())
 
 
-def zero_runs_launch(be, a, table, longest: int):
-    """(kernel, grid, block, args): block row r of the grid (and every gridDim.y-th after) zeroes run r."""
+def zero_runs_launch(be, a, table, longest: int, k: int = 0):
+    """(kernel, grid, block, args): block row r of the grid (and every gridDim.y-th after) zeroes run r, its rows
+    from row k on where it has rows."""
     grid = (min(-(-longest // 4096), 1024), min(len(table), 1024))
-    return be.raw("rg_zero_runs", ZERO_RUNS), grid, (256,), (a, table, numpy.int64(len(table)))
+    return be.raw("rg_zero_runs", ZERO_RUNS), grid, (256,), (a, table, numpy.int64(len(table)), numpy.int64(k))
