@@ -1,12 +1,14 @@
 """Probe: graph mode fed calls of random shapes, forward and backward: what it records and holds, and its speed.
 
-An LSTM layer (graph mode, float32, the automatic shape policy: the first 4 shapes exact, then B padded to a
-power of two and T run in the executor's ladder of chunks) runs forward and backward on `--calls` batches whose
+An LSTM layer (graph mode, float32, the automatic shape policy: the first 4 shapes exact, then B padded to its
+step of a ladder and T run in the executor's ladder of chunks) runs forward and backward on `--calls` batches whose
 T is drawn uniformly from [--tmin, --tmax) and B from [--bmin, --bmax]. It prints, every tenth of the run, the
 recorded graphs, the layer's arenas, the memory pool's bytes in use and held, and the device memory in use
 (driver); then the graphs recorded after the first --warm calls, the mean time per call of the second half (as
-it ran) against the same layer's weights replaying one fixed shape of the mean size (exact), and the worst
-relative error of a sample of calls against staged mode (their results kept on the host and checked after the
+it ran) against the same layer's weights replaying one fixed shape of the mean size (exact); --pairs calls of the
+second half timed three ways, interleaved: as the policy runs them, at their exact shapes, and at their exact T
+with B padded to the policy's step (so the ladder of chunks and the padding of B each show their cost); and the
+worst relative error of a sample of calls against staged mode (their results kept on the host and checked after the
 run, so that staged mode's memory stays out of the rows). A probe, not an experiment: it prints, and writes
 JSON where --json says.
 
@@ -28,7 +30,8 @@ def main(argv=None) -> int:
     for k, v in (("calls", 10000), ("tmin", 1), ("tmax", 2001), ("bmin", 1), ("bmax", 64), ("H", 256), ("check", 8),
                  ("warm", 200)):
         ap.add_argument(f"--{k}", type=int, default=v)
-    ap.add_argument("--pairs", type=int, default=32, help="calls timed both as the policy runs them and exact")
+    ap.add_argument("--pairs", type=int, default=32,
+                    help="calls timed as the policy runs them, exact, and at exact T with B padded")
     ap.add_argument("--json", help="write the summary here")
     args = ap.parse_args(argv)
     import cupy
@@ -90,6 +93,8 @@ def main(argv=None) -> int:
             print("{calls:6d} {graphs:7d} {graph_mb:9.1f} {arenas_mb:10.1f} {pool_used_mb:8.0f} {pool_held_mb:8.0f} "
                   "{device_mb:10.0f} {ms_per_call:8.2f}".format(**rows[-1]))
             t0, last = now, k + 1
+    cupy.cuda.get_current_stream().synchronize()
+    end = (layer.backend.cache_info()["graphs"], used())     # before the layers timed beside it take memory
     late = shapes[args.calls // 2:]          # the second half: after warm-up, timed as it ran (the last tenths)
     halves = [r["ms_per_call"] for r in rows[len(rows) // 2:]]
     mean_call = float(np.mean(halves))
@@ -105,8 +110,7 @@ def main(argv=None) -> int:
     cupy.cuda.get_current_stream().synchronize()
     fixed_call = (time.perf_counter() - start) / n_fixed * 1e3
     paired = [late[i] for i in np.linspace(0, len(late) - 1, args.pairs).astype(int)]
-    policy_ms, exact_ms = timed_pairs(call, layer, fixed, paired)
-    end = (layer.backend.cache_info()["graphs"], used())
+    policy_ms, padded_ms, exact_ms = timed_pairs(call, [(layer, None), (fixed, bucket), (fixed, None)], paired)
     worst = 0.0                 # the sample against staged mode, after the run (its memory outside the run's rows)
     for T, B, got in kept:
         x = pool[:T, :B]
@@ -121,16 +125,19 @@ def main(argv=None) -> int:
                    device_mb_at_warm_up=at_warm[1] / 2**20, device_mb_at_end=end[1] / 2**20, ms_per_call=mean_call,
                    fixed_shape=[Tm, Bm], fixed_ms_per_call=fixed_call, ratio=mean_call / fixed_call,
                    paired_calls=len(paired), paired_policy_ms=policy_ms, paired_exact_ms=exact_ms,
-                   paired_ratio=policy_ms / exact_ms, fixed_loop=loop_at(layer, Bm),
+                   paired_ratio=policy_ms / exact_ms, paired_padded_ms=padded_ms, fixed_loop=loop_at(layer, Bm),
                    padded_loop=loop_at(layer, bucket(Bm + 1)),
                    staged_check_calls=len(sample), worst_relative_error=worst)
     print(f"{recomputed} of {args.calls} calls recomputed (their values over RNNGRAPH_STORE_BYTES)")
-    print(f"after call {args.warm}: {summary['graphs_after_warm_up']} graphs recorded ({at_warm[0]} then, {end[0]} in all); "
+    print(f"after call {args.warm}: {summary['graphs_after_warm_up']} graphs recorded ({at_warm[0]} then, "
+          f"{end[0]} in all); "
           f"device {at_warm[1] / 2**20:.0f} MB then, {end[1] / 2**20:.0f} MB at the end")
     print(f"second half: {mean_call:.2f} ms/call; fixed T={Tm} B={Bm} replay: {fixed_call:.2f} ms/call "
-          f"(ratio {mean_call / fixed_call:.2f}); staged check on {len(sample)} calls: worst relative error {worst:.1e}")
-    print(f"{len(paired)} calls of the second half, each as the policy runs it and at its exact shape: {policy_ms:.2f} "
-          f"against {exact_ms:.2f} ms/call (ratio {policy_ms / exact_ms:.3f})")
+          f"(ratio {mean_call / fixed_call:.2f}); staged check on {len(sample)} calls: worst relative error "
+          f"{worst:.1e}")
+    print(f"{len(paired)} calls of the second half, each as the policy runs it, at its exact shape and at its exact "
+          f"T with B padded to its step: {policy_ms:.2f}, {exact_ms:.2f} and {padded_ms:.2f} ms/call (the policy's "
+          f"ladder of chunks {policy_ms / padded_ms:.3f}x, padding B {padded_ms / exact_ms:.3f}x)")
     if args.json:               # as `rnngraph bench --json` writes (machine, settings, results), and the summary
         Path(args.json).write_text(json.dumps(dict(machine=info, settings=vars(args), results=rows, summary=summary),
                                               indent=1))
@@ -144,23 +151,24 @@ def loop_at(layer, B: int) -> str:
     return gpu_loop(build_schedule(layer.cells[0], loop="auto"), B, "float32", auto=True).rsplit(", on ", 1)[0]
 
 
-def timed_pairs(call, layer, exact, shapes, repeats: int = 3) -> tuple:
-    """(mean ms a call of `shapes` as `layer` runs them, its shape policy's recordings warm; mean ms of the same
-    calls on `exact`, a layer of the same weights replaying each shape exactly, warmed on that shape first),
-    interleaved shape by shape so that both see the same GPU."""
+def timed_pairs(call, variants, shapes, repeats: int = 3) -> list:
+    """The mean ms a call of `shapes` takes in each variant (layer, a function of B giving the rows it runs, or None
+    for B itself): the policy's layer with its recordings warm, or a layer of the same weights replaying each shape
+    exactly, warmed on it first; interleaved shape by shape so that every variant sees the same GPU."""
     import cupy
-    sums = [0.0, 0.0]
+    sums = [0.0] * len(variants)
     for T, B in shapes:
-        for _ in range(2):
-            call(T, B, exact)
-        for i, net in enumerate((layer, exact)):
+        for i, (net, rows) in enumerate(variants):
+            shape = (T, rows(B) if rows else B)
+            for _ in range(2 if net is not variants[0][0] else 0):
+                call(*shape, net)
             cupy.cuda.get_current_stream().synchronize()
             start = time.perf_counter()
             for _ in range(repeats):
-                call(T, B, net)
+                call(*shape, net)
             cupy.cuda.get_current_stream().synchronize()
             sums[i] += (time.perf_counter() - start) / repeats * 1e3
-    return sums[0] / len(shapes), sums[1] / len(shapes)
+    return [s / len(shapes) for s in sums]
 
 
 if __name__ == "__main__":

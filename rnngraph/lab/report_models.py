@@ -223,8 +223,8 @@ mean cost: at B = {Bm} the GPU runs {s['fixed_loop']}, while calls of B = {Bm + 
 {bucket(Bm + 1)} rows, run {s['padded_loop'].split(':')[0]}, as they would at their exact sizes. Against the same
 calls, each replayed at its own exact shape ({s['paired_calls']} calls of the second half, interleaved call by call),
 the policy's calls take {s['paired_ratio']:.3f}× the time ({num(s['paired_policy_ms'])} against
-{num(s['paired_exact_ms'])} ms): {_padding(s['paired_ratio'])} padding B to its step of the ladder
-(a mean of {padded:.1f} rows for {sum(Bs) / len(Bs):.1f}) and the ladder's chunks of at most {s['chunk_frames']} frames cost. The {st['check']} calls
+{num(s['paired_exact_ms'])} ms){_padding(s, f"its step of the ladder (a mean of {padded:.1f} rows for "
+                                          f"{sum(Bs) / len(Bs):.1f})")}. The {st['check']} calls
 checked against staged mode agree to {s['worst_relative_error']:.1e} (relative, float32).
 
 {source(probe)}
@@ -257,10 +257,17 @@ splits. Every step of the ladder splits.
 {source(doc)}"""
 
 
-def _padding(ratio: float) -> str:
-    """How the policy's calls compare with exact shapes, leading into what padding and the ladder cost."""
-    return "that is what" if ratio >= 1 else \
+def _padding(s: dict, step: str) -> str:
+    """What padding B to `step` and the ladder's chunks cost the probe's paired calls (its summary s): apart where
+    the probe also timed them at their exact T with B padded, else as one."""
+    K = s["chunk_frames"]
+    if "paired_padded_ms" in s:
+        D = s["paired_padded_ms"]
+        return (f". At their exact T with B padded to {step}, they take {num(D)} ms: the ladder's chunks of at most "
+                f"{K} frames cost {s['paired_policy_ms'] / D:.3f}× and padding B {D / s['paired_exact_ms']:.3f}×")
+    lead = "that is what" if s["paired_ratio"] >= 1 else \
         "in this run the padded calls ran faster than exact ones, so nothing measures what"
+    return f": {lead} padding B to {step} and the ladder's chunks of at most {K} frames cost"
 
 
 def _chunks(sp: list) -> str:
