@@ -127,21 +127,23 @@ def test_the_persistent_kernels_write_every_gradient_left_unzeroed(cell, B, dtyp
 
 
 @needs_cxx
-def test_a_padded_chunk_zeroes_what_its_walking_loop_stores():
+@pytest.mark.parametrize("name", ["lstm", "delays"])
+def test_a_padded_chunk_zeroes_what_its_walking_loop_stores(name):
     """In chunks whose loop walks only the running chunk's n frames, a chunk of 5 frames in a workspace of 8 zeroes
-    the rows from 5 on of what the loop's kernel stores (the merged GEMMs' output gradients), so that frames 5..7
-    read zeros, not the chunk after's (the backward runs last chunk first), and leaves the rows before unzeroed:
+    the rows from 5 on of what the loop's kernel stores (an LSTM's merged GEMMs' output gradients), so that frames
+    5..7 read zeros, not the chunk after's (the backward runs last chunk first), and leaves the rows before unzeroed:
     the kernel stores them whole; a full chunk leaves all of them unzeroed as a whole call does, and what no kernel
-    touches (the gates) goes unzeroed in both. NaN in every span left unzeroed by a full chunk after a call of
+    touches (an LSTM's gates) goes unzeroed in both. NaN in every span left unzeroed by a full chunk after a call of
     13 frames (chunks walking 5, then 8) changes nothing in the next, against whole calls; nor does it in the
-    spans a padded chunk leaves, where it reaches no more than the rows before 5 (frames 0..3 and the history
-    row; frame 4's is stored too, a delay-1 cell's margin): starting its zeroing two rows later leaves frame 5 of
-    the merged GEMMs' output gradients as the full chunk's backward, run first, left it, which the loop never walks
-    and the parameters' sums read."""
+    spans a padded chunk leaves, where it reaches no more than the rows before 5 (of P + 8 rows: the P history rows
+    and frames 0 .. 4 - P; frames 5 - P .. 4, which the loop walks, are zeroed too, a margin as wide as the longest
+    delay: 1 for the LSTM, 2 for a cell reading h two frames back): starting its zeroing P + 1 rows later leaves
+    frame 5 as the full chunk's backward, run first, left it, which the loop never walks and the parameters' sums
+    read."""
     from rnngraph.run.executor import Executor
     from rnngraph.run.workspace import PADDED, UNTOUCHED
-    from test_persistent_heads import problem_arrays
-    cell = load_cell("lstm", 3, 4)
+    from test_persistent_heads import delay_cell, problem_arrays
+    cell = load_cell("lstm", 3, 4) if name == "lstm" else delay_cell()
     be = Unzeroing(None, False)         # blocks at once: the kernel has grid barriers
     chunked, whole = Executor(cell, be, loop="persistent", chunk=8), Executor(cell, Unzeroing(), loop="persistent")
     params, x, init, gy, gf = problem_arrays(cell, 13, 3, "float64")
@@ -158,9 +160,12 @@ def test_a_padded_chunk_zeroes_what_its_walking_loop_stores():
              {_offset(w, g): f"{it.operand} products" for it, (_, g) in w.cat.items()}
         return {at[a] for a, *_ in w.memo[key]}
     products, gates = {"x products", "h products"}, {"i", "f", "g", "o"}
-    assert nodes(ws, UNTOUCHED) == nodes(whole.ws, UNTOUCHED) >= products | gates
-    assert nodes(ws, PADDED) >= products and not gates & nodes(ws, PADDED)
-    assert all(row == (b - a) // 9 for a, b, row in ws.memo[PADDED])        # rows of [1 + 8, B, F] buffers
+    assert nodes(ws, UNTOUCHED) == nodes(whole.ws, UNTOUCHED) and ws.memo[PADDED]
+    if name == "lstm":
+        assert nodes(ws, UNTOUCHED) >= products | gates
+        assert nodes(ws, PADDED) >= products and not gates & nodes(ws, PADDED)
+    P = ws.P
+    assert P == (1 if name == "lstm" else 2) and all(row == (b - a) // (P + 8) for a, b, row in ws.memo[PADDED])
     for a, b in ws.memo[UNTOUCHED]:
         ws.grad_arena[a:b] = np.nan
     second = _run(chunked, args, lengths)
@@ -174,7 +179,7 @@ def test_a_padded_chunk_zeroes_what_its_walking_loop_stores():
     assert np.array_equal(np.concatenate([a.ravel() for a in _run(chunked, args, lengths)]),
                           np.concatenate([a.ravel() for a in second]))
     late = [(a, b, row) for a, b, row in ws.memo[PADDED]]
-    ws.memo[PADDED][:] = [(a + 2 * row, b, row) for a, b, row in late]      # from row 7: frame 5 left as it was
+    ws.memo[PADDED][:] = [(a + (P + 1) * row, b, row) for a, b, row in late]    # from row P + 6: frame 5 as it was
     ws.memo.pop(("zero", "gradients"))
     assert not np.array_equal(np.concatenate([a.ravel() for a in _run(chunked, args, lengths)]),
                               np.concatenate([a.ravel() for a in second]))
