@@ -157,9 +157,9 @@ class Workspace:
         still = frozenset().union(*(g for it, g in stored.items() if it not in walking))     # in a padded chunk
         self.memo[UNTOUCHED] = self._spans(sched, backend, compiled, frozenset().union(*stored.values()), ())
         kept = set(self._spans(sched, backend, compiled, still, walking)) if walking else set(self.memo[UNTOUCHED])
-        rows = self.P + self.T
-        self.memo[PADDED] = [(a, b, (b - a) // rows if (b - a) % rows == 0 else 0)
-                             for a, b in self.memo[UNTOUCHED] if (a, b) not in kept]
+        rows = {self._span(g): g[0].size for g in [*self.grads.values(), *(g for _, g in self.cat.values())]
+                if g.ndim == 3 and len(g) == self.P + self.T and g.flags.c_contiguous}
+        self.memo[PADDED] = [(a, b, rows.get((a, b), 0)) for a, b in self.memo[UNTOUCHED] if (a, b) not in kept]
         self.memo.pop(ZERO_RUNS, None)
 
     def _spans(self, sched: Schedule, backend, compiled: list, stored: frozenset, partial) -> list:
@@ -170,9 +170,12 @@ class Workspace:
         free = backend.untouched_grads(cell, compiled, self.aliases, stored, frozenset(partial)) - kept
         bufs = [self.grads[n] for n in free] + [g for it, (_, g) in self.cat.items()
                                                if it not in self.aliases.windows and set(it.nodes) <= free]
-        base, item = address(self.grad_arena), self.grad_arena.itemsize
-        return sorted({((address(g) - base) // item, (address(g) - base) // item + g.size) for g in bufs
-                       if g.flags.c_contiguous})
+        return sorted({self._span(g) for g in bufs if g.flags.c_contiguous})
+
+    def _span(self, g) -> tuple:
+        """[start, end) of gradient buffer g (contiguous) in the gradient arena, in elements."""
+        start = (address(g) - address(self.grad_arena)) // self.grad_arena.itemsize
+        return start, start + g.size
 
     # -- frame selection: arrays handed to the rules are rows [N, F] -------------------------------
     def frames(self, buf, d: int = 0):
