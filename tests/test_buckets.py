@@ -1,4 +1,4 @@
-"""Bounded shapes (rnngraph.nn.buckets): a call with B padded to a power of two and T run in the executors'
+"""Bounded shapes (rnngraph.nn.buckets): a call with B padded to a step of the ladder and T run in the executors'
 ladder of chunks gives exactly what the plain call gives, outputs, final states and every gradient, on the
 numpy backend in float64."""
 import numpy as np
@@ -56,7 +56,29 @@ def test_padded_call_equals_the_exact_call(cell, T, B, ragged):
         close(a, b)
 
 
-def test_batch_first_and_no_gradient_for_the_output():
+def test_a_call_padded_with_sequences_alone_masks_nothing(monkeypatch):
+    """The sequences a call is padded with (length 0, zero inputs and gradients, outputs dropped, never feeding a
+    real one) need no masks: a padded call of full-length sequences copies no input, output or gradient to mask
+    it (Frames.mask returns its array), a ragged one masks every one; both equal exact calls
+    (test_padded_call_equals_the_exact_call)."""
+    from rnngraph.nn.stacking import Frames
+    copies, mask = [], Frames.mask
+
+    def counted(self, a):
+        out = mask(self, a)
+        copies.append(out is not a)
+        return out
+    monkeypatch.setattr(Frames, "mask", counted)
+    layer = Recurrent("lstm", 3, 4, num_layers=2, dtype="float64", buckets=True)
+    x = np.random.default_rng(0).standard_normal((7, 5, 3))         # B = 5 runs as 8
+    for lengths, masked in ((None, False), (np.array([7, 3, 7, 0, 2]), True)):
+        copies.clear()
+        y, _ = layer(x, None, lengths)
+        layer.backward(np.ones_like(y))
+        assert layer._last[3].Bp == 8 and len(copies) == 6 and set(copies) == {masked}
+
+
+
     kw = dict(batch_first=True, dtype="float64")
     exact, padded = Recurrent("lstm", 3, 4, buckets=False, **kw), Recurrent("lstm", 3, 4, buckets=True, **kw)
     x = np.random.default_rng(0).standard_normal((10, 13, 3))          # B = 10 -> 10, T = 13 -> 14

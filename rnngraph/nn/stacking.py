@@ -20,7 +20,10 @@ class Frames:
     ones, so the same gather reverses a sequence and puts it back, and padded frames stay at the end.
     """
 
-    def __init__(self, xp, T: int, B: int, lengths=None):
+    def __init__(self, xp, T: int, B: int, lengths=None, masked: bool = True):
+        """masked: False where the only sequences shorter than T are those a call is padded with (buckets.Padding),
+        whose inputs and gradients are zeros and whose outputs are dropped, and which never feed a real sequence:
+        masking them would copy every input, output and gradient for nothing (mask() returns its array)."""
         self.xp, self.T, self.B = xp, T, B
         self.lengths = lengths          # host ints [B], or None when every sequence has T frames
         self.lengths_dev = self.idx = self.valid = None
@@ -28,7 +31,7 @@ class Frames:
             t, n = np.arange(T)[:, None], lengths[None, :]
             self.idx = xp.asarray(np.where(t < n, n - 1 - t, t))         # [T, B]
             self.cols = xp.arange(B)[None, :]                              # [1, B]
-            self.valid = xp.asarray((t < n)[..., None])                    # [T, B, 1]
+            self.valid = xp.asarray((t < n)[..., None]) if masked else None     # [T, B, 1]
             self.lengths_dev = xp.asarray(lengths)
 
     def reverse(self, a):
