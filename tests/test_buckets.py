@@ -78,7 +78,7 @@ def test_a_call_padded_with_sequences_alone_masks_nothing(monkeypatch):
         assert layer._last[3].Bp == 8 and len(copies) == 6 and set(copies) == {masked}
 
 
-
+def test_batch_first_and_no_gradient_for_the_output():
     kw = dict(batch_first=True, dtype="float64")
     exact, padded = Recurrent("lstm", 3, 4, buckets=False, **kw), Recurrent("lstm", 3, 4, buckets=True, **kw)
     x = np.random.default_rng(0).standard_normal((10, 13, 3))          # B = 10 -> 10, T = 13 -> 14
