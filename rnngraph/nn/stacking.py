@@ -7,6 +7,8 @@ the cell reads D ≥ 2 frames back carries its last D frames: [D, L·dirs, B, S]
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..arrays import dropout_mask
@@ -26,24 +28,29 @@ class Frames:
         masking them would copy every input, output and gradient for nothing (mask() returns its array)."""
         self.xp, self.T, self.B = xp, T, B
         self.lengths = lengths          # host ints [B], or None when every sequence has T frames
-        self.lengths_dev = self.idx = self.valid = None
+        self.lengths_dev = self.padded = None
         if lengths is not None:
             t, n = np.arange(T)[:, None], lengths[None, :]
-            self.idx = xp.asarray(np.where(t < n, n - 1 - t, t))         # [T, B]
-            self.cols = xp.arange(B)[None, :]                              # [1, B]
-            self.valid = xp.asarray((t < n)[..., None]) if masked else None     # [T, B, 1]
+            self.padded = xp.asarray((t >= n)[..., None]) if masked else None      # [T, B, 1]
             self.lengths_dev = xp.asarray(lengths)
+
+    @functools.cached_property
+    def _reversal(self) -> tuple:
+        """(rev [T, B], the batch index [1, B]) of reverse(), made at its first use: a layer of one direction
+        never reverses."""
+        t, n = np.arange(self.T)[:, None], self.lengths[None, :]
+        return self.xp.asarray(np.where(t < n, n - 1 - t, t)), self.xp.arange(self.B)[None, :]
 
     def reverse(self, a):
         """a [T, B, F] with each sequence's real frames in reverse order (a view when no lengths)."""
-        return a[::-1] if self.idx is None else a[self.idx, self.cols]
+        return a[::-1] if self.lengths is None else a[self._reversal]
 
     def mask(self, a):
-        """a [T, B, F] with padded frames set to zero (NaN-safe; `a` itself when no lengths)."""
-        if self.valid is None:
+        """a [T, B, F] with padded frames set to zero (NaN-safe; `a` itself when no lengths or none masked)."""
+        if self.padded is None:
             return a
         out = a.copy()          # not where(valid, a, 0): with some numpy and ml_dtypes versions it widens bfloat16
-        self.xp.copyto(out, self.xp.zeros((), a.dtype), where=~self.valid)
+        self.xp.copyto(out, self.xp.zeros((), a.dtype), where=self.padded)
         return out
 
 
