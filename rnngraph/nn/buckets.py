@@ -71,10 +71,9 @@ class Padding:
         return np.concatenate([real, np.zeros(self.Bp - self.B, np.int64)])
 
     def frames(self, a):
-        """a [T, B, F] -> [T, Bp, F], zeros for added sequences (each element written once)."""
-        out = self.xp.empty((self.T, self.Bp) + a.shape[2:], a.dtype)
+        """a [T, B, F] -> [T, Bp, F], zeros for added sequences."""
+        out = self.xp.zeros((self.T, self.Bp) + a.shape[2:], a.dtype)
         out[:, :self.B] = a
-        out[:, self.B:] = 0
         return out
 
     def states(self, states: dict) -> dict:
