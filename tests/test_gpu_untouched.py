@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rnngraph.nn.recurrent import Recurrent
-from rnngraph.run.workspace import UNTOUCHED
+from rnngraph.run.workspace import PADDED, UNTOUCHED
 
 pytestmark = pytest.mark.gpu
 
@@ -74,8 +74,9 @@ def test_nan_in_the_unzeroed_gradients_changes_nothing(cell, loop, dtype, B, H, 
 @pytest.mark.parametrize("mode", ["graph", "staged"])
 def test_nan_in_the_unzeroed_gradients_of_chunks_changes_nothing(cell, loop, mode):
     """Calls in the ladder's chunks (64, 16): T = 130 runs one chunk of 16 walking 2 frames, whose loop kernels then
-    store whole only the rows before 2 (Workspace.zero_grads, walked), and two of 64. NaN into every span a full chunk leaves
-    unzeroed, in every chunk's workspace, changes nothing in the next call, bit for bit, ragged too."""
+    store whole only the rows before 2 (Workspace.zero_grads, walked: the persistent loop and the scan store some
+    gradients whole, so their padded chunks zero those from row 2 on), and two of 64. NaN into every span a full
+    chunk leaves unzeroed, in every chunk's workspace, changes nothing in the next call, bit for bit, ragged too."""
     import cupy
     layer = Recurrent(cell, 3, 16, backend="cupy", mode=mode, dtype="float32", loop=loop, seed=1, buckets=True)
     layer.backend.chunk_frames = 64
@@ -88,6 +89,8 @@ def test_nan_in_the_unzeroed_gradients_of_chunks_changes_nothing(cell, loop, mod
         assert ex.chunked and ex.chunks.K == 64
         chunk_ws = [ws for (_, _, _, chunk), ws in ex._ws.items() if chunk and UNTOUCHED in ws.memo]
         assert {ws.T for ws in chunk_ws} == {64, 16}
+        if loop in ("persistent", "scan") and layer.loop_strategy == loop:     # kernels that walk and store
+            assert all(ws.memo[PADDED] for ws in chunk_ws), "no gradient zeroed only past the frames walked"
         for ws in chunk_ws:
             for a, b in ws.memo[UNTOUCHED]:
                 ws.grad_arena[a:b] = np.nan
