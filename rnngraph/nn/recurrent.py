@@ -225,9 +225,10 @@ class Recurrent(Parameterized):
         if not step and self.stream_window is None:     # where the GPU's loop runs more rows faster
             rows = self._stack.batch_rows(rows, xt.dtype)
         pad = Padding(self.backend.xp, T, B, rows) if rows != B else None
-        if pad:         # masked: sequences of the caller's own lengths; those padded with alone need none (Frames)
+        if pad:         # masks only where the caller gave lengths: added sequences need none (Frames)
             xt, init = pad.frames(xt), pad.states(init)
-        frames = Frames(self.backend.xp, *xt.shape[:2], pad.lengths(lengths) if pad else lengths, lengths is not None)
+        frames = Frames(self.backend.xp, *xt.shape[:2], pad.lengths(lengths) if pad else lengths,
+                        masked=lengths is not None)
         dropout = self.dropout if self.training else 0.0
         self._last = None               # the executors' workspaces are about to change
         y, finals = self._stack.forward(self._views, xt, init, frames, dropout, self.rng,
