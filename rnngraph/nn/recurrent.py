@@ -227,8 +227,7 @@ class Recurrent(Parameterized):
         pad = Padding(self.backend.xp, T, B, rows) if rows != B else None
         if pad:         # masks only where the caller gave lengths: added sequences need none (Frames)
             xt, init = pad.frames(xt), pad.states(init)
-        frames = Frames(self.backend.xp, *xt.shape[:2], pad.lengths(lengths) if pad else lengths,
-                        masked=lengths is not None)
+        frames = Frames(self.backend.xp, T, rows, pad.lengths(lengths) if pad else lengths, masked=lengths is not None)
         dropout = self.dropout if self.training else 0.0
         self._last = None               # the executors' workspaces are about to change
         y, finals = self._stack.forward(self._views, xt, init, frames, dropout, self.rng,

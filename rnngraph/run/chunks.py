@@ -292,10 +292,11 @@ class Chunked:
                 be.copy(gc[P - 1] if g.ndim == 2 else gc[P - len(g):], g)
         filled = frozenset(cell.outputs)        # their frames' gradients are the chunk's first writes (frames_in)
         for i in reversed(range(N)):
-            w = ex.ws = ws[chunks[i][1]]
+            _, L, n = chunks[i]
+            w = ex.ws = ws[L]
             if recompute and i < N - 1:         # the last chunk's values are still in place
                 ex._run_body("chunk fwd", w, self._forward_body)
-            w.zero_grads(be, filled, chunks[i][2] if chunks[i][2] < chunks[i][1] else None)
+            w.zero_grads(be, filled, n if n < L else None)
             ex._run_body("chunk bwd", w, self._backward_body)
             w.note_untouched(ex.sched, be)
         self.grad_flat = self.acc

@@ -107,11 +107,8 @@ class Workspace:
         it stores whole (PADDED) it then writes only the rows before n, so the rest is zeroed too."""
         plans, padded = self.memo.setdefault(ZERO_RUNS, {}), walked is not None
         if (filled, padded) not in plans:
-            base, item = address(self.grad_arena), self.grad_arena.itemsize
             skip = list(self.memo.get(UNTOUCHED, ()))
-            for f in (self.framed(o, grads=True) for o in filled):
-                if f.flags.c_contiguous:
-                    skip.append(((address(f) - base) // item, (address(f) - base) // item + f.size))
+            skip += [self._span(f) for f in (self.framed(o, grads=True) for o in filled) if f.flags.c_contiguous]
             runs, start = [], 0
             for a, b in sorted(skip):
                 if a > start:
