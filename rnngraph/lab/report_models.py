@@ -12,6 +12,7 @@ from ..nn.buckets import bucket
 from ..plan.schedule import build_schedule
 from ..run.backends.cuda.persistent.runner import GROUP_ROWS
 from ..run.chunks import LADDER_TOP, spans
+from ..run.settings import default_store_limit
 from ..run.workspace import stash_size, stored_bytes
 from .report_data import Findings, Results, num, pair, ratio, record, slope, source, table, times
 
@@ -160,15 +161,27 @@ boundaries and the memory pool's slack. The step takes {r['seconds']:.1f} s.
 {source(doc)}"""
 
 
+def _padded_b(records: list) -> str:
+    """A sentence on the rows whose ladder pads B, if any: there the ladder column is mostly that padding."""
+    padded = sorted({r["B"] for r in records if bucket(r["B"]) != r["B"]})
+    if not padded:
+        return ""
+    Bs = ", ".join(f"{B} to {bucket(B)}" for B in padded)
+    return (f" The ladder also pads B ({Bs}), which is most of its cost in those rows: a minGRU's scan and "
+            f"elementwise loop, and the LSTM in float32, take longer at 4 rows than at 1 (the LSTM's cost by B "
+            f"is below).")
+
+
 def shapes(results: Results, findings: Findings) -> str:
     chunks, probe = results.bench("chunks"), results.bench("shapes")
     rows = []
     for r in chunks["records"]:
         K = f"{r['K']}" if r["K"] else "whole calls"
-        whole = num(r["whole_ms"]) + (" (recomputes)" if r.get("whole_recomputed") else "")
+        whole, chunked, ladder = (num(r[f"{k}_ms"]) + (" (recomputes)" if r.get(f"{k}_recomputed") else "")
+                                  for k in ("whole", "chunks", "ladder"))
         ran = r["loop"] if r["ran"] == r["loop"] else f"{r['loop']} (runs {r['ran']})"
-        rows.append([r["cell"], ran, r["T"], r["B"], K, whole, num(r["chunks_ms"]),
-                     times(r["chunks_ms"] / r["whole_ms"]), num(r["ladder_ms"]), times(r["ladder_ms"] / r["whole_ms"])])
+        rows.append([r["cell"], ran, r["T"], r["B"], K, whole, chunked,
+                     times(r["chunks_ms"] / r["whole_ms"]), ladder, times(r["ladder_ms"] / r["whole_ms"])])
     cost = lambda r: r["chunks_ms"] / r["whole_ms"]        # noqa: E731
     plain = [r for r in chunks["records"] if r["loop"] != "scan" and r["T"] > r["K"]]     # calls that run in chunks
     worst, best = max(plain, key=cost), min(plain, key=cost)
@@ -180,7 +193,7 @@ def shapes(results: Results, findings: Findings) -> str:
     (Tm, Bm) = s["fixed_shape"]
     Bs = range(st["bmin"], st["bmax"] + 1)
     padded = sum(bucket(B) for B in Bs) / len(Bs)        # the mean B once padded to its step
-    limit = s["store_limit_bytes"]
+    limit = default_store_limit(int(chunks["metadata"]["gpu_memory_gib"] * 2**30))     # the chunk run's GPU's
     findings.compare("Calls of many shapes", f"{st['calls']:,} calls of random shapes", {"train_ms": s["ms_per_call"]},
                      {"train_ms": s["fixed_ms_per_call"]}, f"one fixed shape (T = {Tm}, B = {Bm})")
     findings.compare("Calls of many shapes", f"{s['paired_calls']} calls of random shapes as the shape policy runs "
@@ -192,23 +205,23 @@ def shapes(results: Results, findings: Findings) -> str:
 A training step (forward and backward) in graph mode, H = {chunks['settings']['H']}, float32: in chunks of {K}
 frames (the default of `stages`, `elementwise` and `persistent`; the scan, which runs whole calls by default, is
 given them through `RNNGRAPH_CHUNK_FRAMES` to show what they would cost it), in whole calls (chunks off), and in
-the ladder of chunks that calls of many lengths run in (`buckets=True`), interleaved in one process;
-milliseconds, and the ratio to whole calls.
+the ladder of chunks that calls of many lengths run in (`buckets=True`, which also pads B to its step: 1 to
+{bucket(1)}), interleaved in one process; milliseconds, and the ratio to whole calls.
 
 {table(["cell", "loop", "T", "B", "chunk K", "whole calls", "chunks", "chunks ÷ whole", "ladder", "ladder ÷ whole"], rows)}
 
 {source(chunks)}
 
 Where the values a call stores exceed `RNNGRAPH_STORE_BYTES` ({limit / 1e9:.1f} GB by default on this GPU) the
-backward recomputes, and with chunks off it does so in chunks of a quarter of that limit, so there "whole calls"
-(marked "recomputes") run in chunks too. Calls longer than {K} frames take {times(cost(best))} to
+backward recomputes (marked "recomputes"), and with chunks off it does so in chunks of a quarter of that limit,
+so there "whole calls" run in chunks too. Calls longer than {K} frames take {times(cost(best))} to
 {times(cost(worst))} the time of whole calls in chunks; the costliest case is {worst['cell']} ({worst['loop']}) at T = {worst['T']}, B = {worst['B']}, where
 every chunk but the last sets the values its backward reads aside, {aside:.2f} GB a chunk of {K} frames copied out
 and back (computed, not timed apart). The scan in chunks takes up to {times(cost(scan))} (T = {scan['T']}, B = {scan['B']}), so it runs whole
 calls. In the ladder, the `persistent`, `elementwise` and `scan` kernels walk only the frames a chunk holds, so
 T = 1000 runs as {_chunks(spans(1000, K, True, walks=True))} (the scan, whose ladder starts at {LADDER_TOP} frames,
 as {_chunks(spans(1000, LADDER_TOP, True, walks=True))}); `stages` runs it as {_chunks(spans(1000, K, True))}, which
-costs most where a step is shortest.
+costs most where a step is shortest.{_padded_b(chunks["records"])}
 
 An LSTM layer (H = {st['H']}, graph mode, float32, the automatic shape policy) fed {st['calls']:,} training steps
 of random shapes, T in [{st['tmin']}, {st['tmax'] - 1}] and B in [{st['bmin']}, {st['bmax']}]: it holds
