@@ -180,3 +180,20 @@ def test_the_wider_section_says_where_auto_beats_cudnn_and_by_how_much_elsewhere
     assert _against([("H = 1024, B = 64", 1.1)]) == \
         "At these widths neither loop reaches cuDNN float16: its training step takes 1.10× cuDNN's here."
     assert _against([("H = 768, B = 64", 0.95)]).endswith("at H = 768, B = 64.")
+
+
+def test_the_b_curve_says_how_the_ungrouped_batches_ran():
+    from rnngraph.lab.report_models import _ungrouped
+    loop = "persistent (tensor cores in 3xTF32, weights in registers{})"
+    runs = {16: ", 4 groups of 4 rows", 17: "", 31: "", 32: ", 4 groups of 8 rows"}
+    at = {("graph", B): {"gpu_loop": loop.format(g), "train_ms": ms} for (B, g), ms in
+          zip(runs.items(), (7.8, 12.0, 17.2, 8.0))}
+    assert _ungrouped(at, 8.0, 32) == ("at their exact size B = 17, 31 do not, run one group of B rows, and take "
+                                       "1.50×, 2.15× the time of B = 32, so a call of such a B runs padded to the "
+                                       "next multiple of 8 rows (24, 32), which splits")
+    at[("graph", 17)] = {"gpu_loop": loop.format(", 3 groups of 8 rows, B padded to 24 rows"), "train_ms": 7.4}
+    at[("graph", 31)] = {"gpu_loop": loop.format(", 4 groups of 8 rows, B padded to 32 rows"), "train_ms": 8.2}
+    assert _ungrouped(at, 8.0, 32) == ("B = 17, 31 do not, so they run padded to the next multiple of 8 rows (24, "
+                                       "32), which splits, and take 0.93×, 1.02× the time of B = 32")
+    del at[("graph", 17)], at[("graph", 31)]
+    assert _ungrouped(at, 8.0, 32) == "every B measured here does"

@@ -255,19 +255,34 @@ def _by_batch(doc: dict, Bm: int) -> str:
         ours = at[("graph", B)]
         rows.append([B, bucket(B), num(ours["train_ms"]), times(ours["train_ms"] / ref),
                      ours["gpu_loop"].removeprefix("persistent ").strip("()"), num(at[("cudnn", B)]["train_ms"])])
-    whole = [B for B in st["B"] if B > 16 and "groups" not in at[("graph", B)]["gpu_loop"]]
     (T,), (H,) = st["T"], st["H"]
     return f"""The same LSTM at one shape, T = {T}, H = {H}, float32, at each B (`rnngraph bench`, each B replayed;
 training step, milliseconds; cuDNN float32 beside it). The B ladder pads along this curve. Beyond 16 rows the
-tensor-core loop splits the batch into row groups of 4 to 8 rows where B divides into them; at their exact size
-B = {', '.join(str(B) for B in whole)} do not, run one group of B rows, and take {', '.join(
-times(at[("graph", B)]["train_ms"] / ref) for B in whole)} the time of B = {Bm}, so a call of such a B runs padded
-to the next multiple of {GROUP_ROWS} rows ({', '.join(str(-(-B // GROUP_ROWS) * GROUP_ROWS) for B in whole)}), which
-splits. Every step of the ladder splits.
+tensor-core loop splits the batch into row groups of 4 to 8 rows where B divides into them;
+{_ungrouped(at, ref, Bm)}. Every step of the ladder splits.
 
 {table(["B", "ladder step", "rnngraph", f"÷ B = {Bm}", "kernel", "cuDNN float32"], rows)}
 
 {source(doc)}"""
+
+
+def _ungrouped(at: dict, ref: float, Bm: int) -> str:
+    """What the rows beyond 16 that divide into no row group ran as (at: (impl, B) -> record): one group of B rows
+    where the stored run kept them so, else padded to a multiple of GROUP_ROWS, as runner.padded_rows pads them."""
+    loop = {B: r["gpu_loop"] for (impl, B), r in at.items() if impl == "graph" and B > 16}
+    padded = [B for B in sorted(loop) if "B padded to" in loop[B]]
+    whole = [B for B in sorted(loop) if "groups" not in loop[B]]
+    cost = lambda Bs: ", ".join(times(at[("graph", B)]["train_ms"] / ref) for B in Bs)  # noqa: E731
+    rows = lambda Bs: ", ".join(str(-(-B // GROUP_ROWS) * GROUP_ROWS) for B in Bs)     # noqa: E731
+    Bs = lambda Bs: ", ".join(str(B) for B in Bs)                                       # noqa: E731
+    if whole:
+        return (f"at their exact size B = {Bs(whole)} do not, run one group of B rows, and take {cost(whole)} the "
+                f"time of B = {Bm}, so a call of such a B runs padded to the next multiple of {GROUP_ROWS} rows "
+                f"({rows(whole)}), which splits")
+    if padded:
+        return (f"B = {Bs(padded)} do not, so they run padded to the next multiple of {GROUP_ROWS} rows "
+                f"({rows(padded)}), which splits, and take {cost(padded)} the time of B = {Bm}")
+    return "every B measured here does"
 
 
 def _padding(s: dict, step: str) -> str:
