@@ -11,7 +11,7 @@ from rnngraph import build_schedule
 from rnngraph.ir.cells import CELLS
 from rnngraph.nn import Recurrent
 from rnngraph.run.backends import get_backend
-from rnngraph.run.chunks import LADDER_TOP, ladder, most_aside, most_chunks, spans
+from rnngraph.run.chunk_plan import LADDER_TOP, ladder, most_aside, most_chunks, spans
 from rnngraph.run.executor import Executor
 from rnngraph.ir.loading import load_cell
 from test_buckets import close, run

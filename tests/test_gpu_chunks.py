@@ -131,7 +131,7 @@ def test_walking_kernels_in_padded_chunks_equal_staged(cell, loop):
     ladder stays the greedy one."""
     import cupy
 
-    from rnngraph.run.chunks import spans
+    from rnngraph.run.chunk_plan import spans
     kw = dict(dtype="float64", seed=2, loop=loop)
     graph = Recurrent(cell, 3, 6, backend="cupy", mode="graph", buckets=True, **kw)
     staged = Recurrent(cell, 3, 6, backend="cupy", mode="staged", buckets=False, **kw)

@@ -17,7 +17,7 @@ from rnngraph.run.backends import get_backend
 from rnngraph.run.backends.cuda import scan as cuda_scan
 from rnngraph.run.backends.cuda.backend import CupyBackend
 from rnngraph.run.backends.numpy_backend import NumpyBackend
-from rnngraph.run.chunks import spans
+from rnngraph.run.chunk_plan import spans
 from rnngraph.run.executor import Executor
 from test_classify import LINEAR_FORMS, one_state
 from test_persistent_heads import assert_agree, problem_arrays

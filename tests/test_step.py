@@ -8,7 +8,7 @@ import pytest
 import rnngraph
 from rnngraph import RnnGraphError
 from rnngraph.nn import Recurrent
-from rnngraph.run.chunks import LADDER_TOP, ladder
+from rnngraph.run.chunk_plan import LADDER_TOP, ladder
 from rnngraph.train.charlm import CharLM
 from rnngraph.train.data import Vocab
 from rnngraph.train.sample import generate

@@ -11,7 +11,7 @@ from ..ir.loading import load_cell
 from ..nn.buckets import bucket
 from ..plan.schedule import build_schedule
 from ..run.backends.cuda.persistent.runner import GROUP_ROWS
-from ..run.chunks import LADDER_TOP, spans
+from ..run.chunk_plan import LADDER_TOP, spans
 from ..run.settings import default_store_limit
 from ..run.workspace import stash_size, stored_bytes
 from .report_data import Findings, Results, num, pair, ratio, record, slope, source, table, times

@@ -1,6 +1,6 @@
 """Shapes for graph mode: a layer fed calls of many (T, B) records a bounded set of CUDA graphs.
 
-T needs no padding: such a call runs in chunks from its executor's ladder of chunk lengths (run/chunks.py),
+T needs no padding: such a call runs in chunks from its executor's ladder of chunk lengths (run/chunk_plan.py),
 each chunk reading its place in the call on the device, so a few recordings serve every length. B is padded
 to a step of a ladder, 4, 8, 12, 16, 24, 32, 48, 64, 96, ... (eight steps up to 64; bucket): the added
 sequences have length 0, which the layers already handle (their frames never feed a real one, their outputs

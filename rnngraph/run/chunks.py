@@ -4,13 +4,7 @@ every chunk reads where it lies in its call from the call's cursor, one small in
 written once a call. One recording of L frames therefore serves every chunk of that length of every call,
 whatever T, and a chunk costs the host one replay.
 
-The chunks of a call (spans): chunks of K frames and the rest as one chunk of its own length (exact), or,
-where calls come in many lengths (ladder), chunks taken greedily from the ladder K, K/4, K/16, ... (≥ 8
-frames). They run shortest first, so that the last chunk, whose values the backward (last chunk first) finds
-in place rather than set aside, is the longest. A ladder's first chunk holds the n frames, fewer than its
-smallest step, that the others leave, and runs padded to that step: its frames past n read zero inputs and
-every sequence's length is clipped to n, as padded frames are, so they never feed a real one. A ladder
-records at most one chunk a step, whatever the lengths.
+The chunks of a call and the ladder of chunk lengths are planned in run/chunk_plan.py.
 
 The cursor (run/cursor.py) holds, for the chunk running, its first frame t0 and frame count n, the sequences'
 lengths, the addresses and strides of the caller's arrays the call reads and writes (its slots) and where
@@ -35,8 +29,6 @@ the executor's arenas, at addresses that stay put while no call is longer than t
 """
 from __future__ import annotations
 
-import functools
-import itertools
 import math
 
 import numpy as np
@@ -44,107 +36,8 @@ import numpy as np
 from ..arrays import address, array_module
 from ..errors import RnnGraphError
 from .cursor import HEAD, Cursor
+from .chunk_plan import most_aside, most_chunks, spans
 from .workspace import Arenas, stash_size, write_history
-
-LADDER_BASE = 4              # a ladder's steps: K, K/4, K/16, ...
-LADDER_MIN = 8               # ... down to no fewer frames than this
-LADDER_TOP = 4096            # the ladder's K where the loop strategy runs whole calls (chunk_frames 0)
-
-
-def ladder(K: int) -> list:
-    """The chunk lengths of ladder mode, longest first.
-
-    >>> ladder(512), ladder(4096), ladder(100), ladder(5)
-    ([512, 128, 32, 8], [4096, 1024, 256, 64, 16], [100, 25], [5])
-    """
-    steps = [K]
-    while steps[-1] // LADDER_BASE >= LADDER_MIN:
-        steps.append(steps[-1] // LADDER_BASE)
-    return steps
-
-
-def spans(T: int, K: int, in_ladder: bool = False, walks: bool = False) -> list:
-    """[(t0, L, n)]: the chunks of a call of T frames, each recorded at L frames and holding the n ≤ L
-    frames t0 .. t0 + n - 1, shortest first (the longest last: its values stay in place for the backward);
-    the rest as one chunk then chunks of K frames, or, in_ladder, greedily from the ladder, the rest padded up
-    to its smallest step. walks: the loop walks only a chunk's n frames (a padded frame costs its share of the
-    chunk's parallel work, not a frame of the loop), so in the ladder a rest short of a step by less than the
-    next step runs padded in that step, not in up to 3 chunks more a step below.
-
-    >>> spans(10, 4), spans(20, 16, True), len(spans(60, 64, True)), spans(60, 64, True, walks=True)
-    ([(0, 2, 2), (2, 4, 4), (6, 4, 4)], [(0, 16, 4), (4, 16, 16)], 4, [(0, 64, 60)])
-    """
-    return list(_spans(T, K, in_ladder, walks))
-
-
-@functools.lru_cache(maxsize=4096)
-def _spans(T: int, K: int, in_ladder: bool, walks: bool) -> tuple:
-    """spans(), once a call's (T, K, in_ladder, walks)."""
-    plan = _plan(T, K, in_ladder, walks)[::-1]
-    starts = itertools.accumulate((n for _, n in plan), initial=0)
-    return tuple((t0, L, n) for t0, (L, n) in zip(starts, plan))
-
-
-def _plan(T: int, K: int, in_ladder: bool, walks: bool) -> list:
-    """[(L, n)]: the chunks of spans(), taken greedily, longest first."""
-    steps, out, left = (ladder(K) if in_ladder else [K]), [], T
-    for k, L in enumerate(steps):
-        out += [(L, L)] * (left // L)
-        left %= L
-        if walks and k + 1 < len(steps) and left > L - steps[k + 1]:
-            out.append((L, left))
-            left = 0
-            break
-    if left:
-        out.append((steps[-1] if in_ladder else left, left))
-    return out
-
-
-def within(room: int, per_frame: int) -> int:
-    """The most frames, a power of two and at least LADDER_MIN, whose values take at most `room` bytes."""
-    frames = max(LADDER_MIN, room // per_frame)
-    return 1 << (frames.bit_length() - 1)
-
-
-def most_chunks(T: int, K: int, in_ladder: bool = False) -> int:
-    """The most chunks spans() makes of any call of at most T frames: in the ladder a shorter call may run in more
-    (T = 300 with K = 1024: 4 chunks, T = 255: 7). A walking loop's calls run in no more (spans).
-
-    >>> most_chunks(300, 1024, True), max(len(spans(t, 1024, True)) for t in range(1, 301))
-    (7, 7)
-    """
-    return most_aside(T, K, in_ladder) + 1 if T >= 1 else 0
-
-
-def most_aside(T: int, K: int, in_ladder: bool = False, walks: bool = False, weight=None) -> int:
-    """The most that the weights (chunk length L -> a number, growing with L; None: 1 a chunk) of all the chunks
-    but the last, the longest, of any call of at most T frames add up to (spans(t, K, in_ladder, walks), t ≤ T):
-    buffers sized by it serve every shorter call. A call of 2K frames or more runs as one of K frames fewer, but
-    for one more chunk of K frames: its weight.
-
-    >>> most_aside(2000, 1024, True, True, lambda L: L), most_aside(2000, 1024, True, False, lambda L: L)
-    (1024, 976)
-    """
-    weight = weight or (lambda L: 1)
-    if T < 1:
-        return 0
-    q, R = divmod(T, K)
-    if not in_ladder:           # the rest, then q chunks of K: T itself sets aside the most
-        return (q - 1) * weight(K) + (weight(R) if R else 0) if q else 0
-    most, top = _most_aside(K, walks, tuple(weight(L) for L in ladder(K)))
-    if T < 2 * K:
-        return most[T]
-    return max(most[2 * K - 1] + (q - 2) * weight(K), top[R] + (q - 1) * weight(K))
-
-
-@functools.lru_cache(maxsize=64)
-def _most_aside(K: int, walks: bool, weights: tuple) -> tuple:
-    """([2K] the most set aside by a call of at most t frames, [K] the most by one of K to K + r frames), the
-    ladder's steps weighing `weights`."""
-    by_length = dict(zip(ladder(K), weights))
-    aside = [sum(by_length[L] for L, _ in _plan(t, K, True, walks)[1:]) for t in range(2 * K)]    # longest first
-    return list(itertools.accumulate(aside, max)), list(itertools.accumulate(aside[K:], max))
-
 
 # -- the boundary operations' references: (cursor, arrays...) ------------------------------------------------
 def _frames_in(cur, dst, k):

@@ -20,7 +20,8 @@ from ..plan.backward import next_frame_readers
 from ..plan.loops import STRATEGIES, strategy_of
 from ..plan.schedule import Schedule, build_schedule
 from . import handlers
-from .chunks import LADDER_TOP, Chunked, within
+from .chunk_plan import LADDER_TOP, within
+from .chunks import Chunked
 from .settings import store_limit
 from .workspace import ALL, LOOP_SUMS, SERIAL, Arenas, Workspace, rows, shared_grads, stored_bytes, write_history
 
@@ -108,7 +109,7 @@ class Executor:
 
     def _walks(self, B: int, dtype) -> bool:
         """Whether the loop's kernel walks only a chunk's n frames at B rows of dtype, so that a ladder pads a
-        chunk at little cost (chunks.spans): the backend's kernel for the strategy does (walking_loops) and runs
+        chunk at little cost (chunk_plan.spans): the backend's kernel for the strategy does (walking_loops) and runs
         here, not the reference. Only the cost depends on it: padded frames are masked either way."""
         key = ("walks", B, numpy.dtype(dtype))
         if key not in self._costs:
@@ -161,7 +162,7 @@ class Executor:
         backward runs again instead of storing their values (the inputs are then referenced until it).
         into: output name -> [T, B, F], where a call in chunks writes that output (and returns it) instead of
         a buffer of its own; a whole call returns its workspace's views, for the caller to copy. ladder: calls
-        come in many lengths: run any T in chunks from the ladder (chunks.spans), so that nothing new is
+        come in many lengths: run any T in chunks from the ladder (chunk_plan.spans), so that nothing new is
         recorded once each step of it is."""
         x0 = inputs[next(iter(self.cell.inputs))]
         (T, B), K = x0.shape[:2], self.chunk_frames
