@@ -168,8 +168,8 @@ def _padded_b(records: list) -> str:
         return ""
     Bs = ", ".join(f"{B} to {bucket(B)}" for B in padded)
     return (f" The ladder also pads B ({Bs}), which is most of its cost in those rows: a minGRU's scan and "
-            f"elementwise loop, and the LSTM in float32, take longer at 4 rows than at 1 (the LSTM's cost by B "
-            f"is below).")
+            f"elementwise loop, and the LSTM in float32, take longer padded than at their own B (the LSTM's cost "
+            f"by B is below).")
 
 
 def shapes(results: Results, findings: Findings) -> str:
@@ -270,19 +270,17 @@ def _ungrouped(at: dict, ref: float, Bm: int) -> str:
     """What the rows beyond 16 that divide into no row group ran as (at: (impl, B) -> record): one group of B rows
     where the stored run kept them so, else padded to a multiple of GROUP_ROWS, as runner.padded_rows pads them."""
     loop = {B: r["gpu_loop"] for (impl, B), r in at.items() if impl == "graph" and B > 16}
-    padded = [B for B in sorted(loop) if "B padded to" in loop[B]]
     whole = [B for B in sorted(loop) if "groups" not in loop[B]]
-    cost = lambda Bs: ", ".join(times(at[("graph", B)]["train_ms"] / ref) for B in Bs)  # noqa: E731
-    rows = lambda Bs: ", ".join(str(-(-B // GROUP_ROWS) * GROUP_ROWS) for B in Bs)     # noqa: E731
-    Bs = lambda Bs: ", ".join(str(B) for B in Bs)                                       # noqa: E731
+    odd = whole or [B for B in sorted(loop) if "B padded to" in loop[B]]
+    if not odd:
+        return "every B measured here does"
+    Bs, rows = ", ".join(map(str, odd)), ", ".join(str(-(-B // GROUP_ROWS) * GROUP_ROWS) for B in odd)
+    took = f"{', '.join(times(at[('graph', B)]['train_ms'] / ref) for B in odd)} the time of B = {Bm}"
     if whole:
-        return (f"at their exact size B = {Bs(whole)} do not, run one group of B rows, and take {cost(whole)} the "
-                f"time of B = {Bm}, so a call of such a B runs padded to the next multiple of {GROUP_ROWS} rows "
-                f"({rows(whole)}), which splits")
-    if padded:
-        return (f"B = {Bs(padded)} do not, so they run padded to the next multiple of {GROUP_ROWS} rows "
-                f"({rows(padded)}), which splits, and take {cost(padded)} the time of B = {Bm}")
-    return "every B measured here does"
+        return (f"at their exact size B = {Bs} do not, run one group of B rows, and take {took}, so a call of such "
+                f"a B runs padded to the next multiple of {GROUP_ROWS} rows ({rows}), which splits")
+    return f"B = {Bs} do not, so they run padded to the next multiple of {GROUP_ROWS} rows ({rows}), which splits, " \
+           f"and take {took}"
 
 
 def _padding(s: dict, step: str) -> str:

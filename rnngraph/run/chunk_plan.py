@@ -86,14 +86,14 @@ def _cheapest(K: int) -> np.ndarray:
     """[2K] the step of the first chunk of the cheapest plan of t frames from the ladder (CHUNK_COST a chunk, 1 a
     padded frame; full chunks, then at most one padded one holding what they leave), negative where that chunk
     is the padded one. Worked out a smallest step of t at a time: each reads the plans of t - L, done already."""
-    steps, n = ladder(K), 2 * K
+    steps, n = np.array(ladder(K)), 2 * K
     cost, take = np.zeros(n, np.int64), np.zeros(n, np.int64)
     for a in range(1, n, steps[-1]):
         t = np.arange(a, min(a + steps[-1], n))
         options = np.stack([np.where(t >= L, cost[np.maximum(t - L, 0)], L - t) for L in steps])
         k = options.argmin(axis=0)
         cost[t] = CHUNK_COST + options[k, np.arange(len(t))]
-        take[t] = np.where(t >= np.array(steps)[k], 1, -1) * np.array(steps)[k]
+        take[t] = np.where(t >= steps[k], steps[k], -steps[k])
     return take
 
 
