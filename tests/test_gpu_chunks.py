@@ -45,10 +45,10 @@ def test_recordings_do_not_grow_with_t():
 
 
 def test_a_sweep_of_shapes_records_and_allocates_nothing_after_warm_up():
-    """Bounded shapes (buckets=True): once calls covering every ladder step (T = 80: 64 + 16 frames; T = 300,
-    the longest: 256 + 16 + 16 + 12 padded) ran at every B bucket, a sweep of random (T, B) records no graph, grows
-    no arena and takes no more memory from the device (the pool's bytes); a sample agrees with staged mode
-    (float32)."""
+    """Bounded shapes (buckets=True): once calls covering every ladder step the sweep's lengths use (T = 80 and
+    T = 300, the longest: chunks of 16, 64 and 256 frames, or of 64 and 256 where a loop walks a chunk's frames)
+    ran at every B bucket, a sweep of random (T, B) records no graph, grows no arena and takes no more memory from
+    the device (the pool's bytes); a sample agrees with staged mode (float32)."""
     import cupy
     kw = dict(backend="cupy", dtype="float32", seed=1)
     layer = Recurrent("lstm", 8, 16, mode="graph", buckets=True, **kw)

@@ -16,6 +16,8 @@ from ..run.settings import default_store_limit
 from ..run.workspace import stash_size, stored_bytes
 from .report_data import Findings, Results, num, pair, ratio, record, slope, source, table, times
 
+LATE = ": the later ones, each recorded once, are chunk lengths at B steps that none of the first {} calls ran"
+
 
 def charlm(results: Results, findings: Findings) -> str:
     doc = results.bench("charlm")
@@ -226,7 +228,8 @@ costs most where a step is shortest.{_padded_b(chunks["records"])}
 An LSTM layer (H = {st['H']}, graph mode, float32, the automatic shape policy) fed {st['calls']:,} training steps
 of random shapes, T in [{st['tmin']}, {st['tmax'] - 1}] and B in [{st['bmin']}, {st['bmax']}]: it holds
 {s['graphs_at_warm_up']} recordings after {st['warm']} calls and records {s['graphs_after_warm_up']} after that
-({last['graphs']} in all, {num(last['graph_mb'])} MB). Its arenas stay at {num(last['arenas_mb'])} MB and the memory
+({last['graphs']} in all, {num(last['graph_mb'])} MB){LATE.format(st['warm']) if s['graphs_after_warm_up'] else ''}.
+Its arenas stay at {num(last['arenas_mb'])} MB and the memory
 pool holds {last['pool_held_mb']:,.0f} MB from the first tenth of the run to the last; the device memory in use is
 {s['device_mb_at_warm_up']:,.0f} MB after {st['warm']} calls and {last['device_mb']:,.0f} MB after the last.
 {s['recomputed_calls']:,} of the calls recompute (the store limit is {s['store_limit_bytes'] / 1e9:.1f} GB). A call
