@@ -183,7 +183,7 @@ def test_the_wider_section_says_where_auto_beats_cudnn_and_by_how_much_elsewhere
 
 
 def test_the_b_curve_says_how_the_ungrouped_batches_ran():
-    from rnngraph.lab.report_models import _ungrouped
+    from rnngraph.lab.report_shapes import _ungrouped
     loop = "persistent (tensor cores in 3xTF32, weights in registers{})"
     runs = {16: ", 4 groups of 4 rows", 17: "", 31: "", 32: ", 4 groups of 8 rows"}
     at = {("graph", B): {"gpu_loop": loop.format(g), "train_ms": ms} for (B, g), ms in

@@ -8,7 +8,8 @@ import shlex
 
 from .figures import NAMES, headline_table
 from .report_bench import against_cudnn, half, headline, loops, norm, persistent, through_torch
-from .report_models import charlm, cpu, heads, memory, shapes, word_lm
+from .report_models import charlm, cpu, heads, memory, word_lm
+from .report_shapes import shapes
 from .report_tensor import tf32, wider
 from .report_data import Findings, Results, best_val, num, per_frame, record, rel, seconds, source, table
 
