@@ -38,8 +38,8 @@ GROUP_ROWS, GROUPS = 8, 4
 # Beyond ONE_TILE rows (one MMA tile), a B that splits into no row groups (B = 17, 31, any prime) runs one group of
 # B rows: the batch on one group's blocks. Such a call runs padded to the next multiple of GROUP_ROWS (batch_rows),
 # its added sequences of length 0. Measured on an H200 (float32 LSTM in 3xTF32, H = 256, T = 1000, training ms, one
-# group / the padded B exact; experiments/results/bench/batch_curve.json): B = 17 12.0 / 8.44 (24), B = 31 17.1 /
-# 8.85 (32).
+# group / the padded B exact): B = 17 12.0 / 8.44 (24), B = 31 17.1 / 8.85 (32); padded, B = 17 and 31 take 0.96x
+# and 1.03x of B = 32 (an H100, experiments/results/bench/batch_curve.json).
 ONE_TILE = 16
 # Down to groups of GROUP_FEWEST rows: at B = 8 and 16 groups put the batch on more SMs (each group its own blocks).
 # Measured (bfloat16 LSTM, T = 100, training ms, one group / groups of 8 rows / of 4): H = 512 B = 8 0.886 / - / 0.893,
