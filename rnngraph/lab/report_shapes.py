@@ -139,16 +139,12 @@ def _ungrouped(at: dict, ref: float, Bm: int) -> str:
 
 
 def _padding(s: dict, step: str) -> str:
-    """What padding B to `step` and the ladder's chunks cost the probe's paired calls (its summary s): apart where
-    the probe also timed them at their exact T with B padded, else as one."""
-    K = s["chunk_frames"]
-    if "paired_padded_ms" in s:
-        D = s["paired_padded_ms"]
-        return (f". At their exact T with B padded to {step}, they take {num(D)} ms: the ladder's chunks of at most "
-                f"{K} frames cost {s['paired_policy_ms'] / D:.3f}× and padding B {D / s['paired_exact_ms']:.3f}×")
-    lead = "that is what" if s["paired_ratio"] >= 1 else \
-        "in this run the padded calls ran faster than exact ones, so nothing measures what"
-    return f": {lead} padding B to {step} and the ladder's chunks of at most {K} frames cost"
+    """What padding B to `step` and the ladder's chunks cost the probe's paired calls (its summary s), apart: the
+    probe also times them at their exact T with B padded."""
+    D = s["paired_padded_ms"]
+    return (f". At their exact T with B padded to {step}, they take {num(D)} ms: the ladder's chunks of at most "
+            f"{s['chunk_frames']} frames cost {s['paired_policy_ms'] / D:.3f}× and padding B "
+            f"{D / s['paired_exact_ms']:.3f}×")
 
 
 def _chunks(sp: list) -> str:
