@@ -41,9 +41,9 @@ class Recurrent(torch.nn.Module):
     mode: None (default) runs graph mode on CUDA tensors and the staged schedule on CPU tensors; 'staged'
     (eager kernels), 'graph' or 'naive' choose one. Graph mode records each call shape's forward and backward
     once as CUDA graphs and replays them: up to 4 shapes (T, B) as they come, then every call bounded (T in a
-    ladder of chunk lengths, B padded to a power of two), long calls in chunks of each loop strategy's length
-    (RNNGRAPH_CHUNK_FRAMES sets one),
-    and the recordings kept within RNNGRAPH_GRAPH_CACHE_BYTES (2G; least recently used dropped first). loop is
+    ladder of chunk lengths, B padded to a step of 4, 8, 12, 16, 24, 32, 48, 64, 96, ... unless every call has
+    the same B), long calls in chunks of each loop strategy's length (RNNGRAPH_CHUNK_FRAMES sets one), and the
+    recordings kept within RNNGRAPH_GRAPH_CACHE_BYTES (2G; least recently used dropped first). loop is
     rnngraph's loop strategy. Inside torch.autocast the layer computes in the autocast dtype (float32
     parameters, their gradients in float32, outputs in that dtype); float32 on CUDA uses TF32 where torch would
     for the same layer (rnngraph.torch.precision). Dropout masks come from the module's own generator (seed),
